@@ -1,0 +1,290 @@
+"""The store interface: where messages wait between send and acknowledgement.
+
+A store keeps *boxes*: the physical queues of the broker. A queue is one box;
+every topic subscription (durable or not) is a box of its own that receives a
+copy of what is published to the topic, filtered by the subscription's
+selector and ``no_local`` at publish time. Box keys are strings
+(:func:`queue_box`, :func:`subscription_box`).
+
+An entry in a box is *available*, *in flight* (claimed by one consumer, not yet
+acknowledged) or gone. Claiming makes it in flight and counts a delivery;
+acknowledging removes it; releasing makes it available again, or moves it to
+the dead-letter queue once it has been delivered ``max_deliveries`` times.
+Expired entries are never claimed: they are counted and dropped (or moved to
+the configured expiry queue).
+
+The broker calls a store from many threads; a store is thread-safe. After a
+message becomes available in a box the store calls the ``on_available``
+callback given to :meth:`Store.attach` with the box key, outside its own locks.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+from typing import Any, Callable, Iterator, Sequence
+from urllib.parse import quote
+
+from ._destinations import Destination
+from ._envelope import Envelope
+
+__all__ = [
+    "Store",
+    "Reader",
+    "Delivery",
+    "Subscription",
+    "RedeliveryPolicy",
+    "DestinationStats",
+    "queue_box",
+    "subscription_box",
+    "now_ms",
+]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def queue_box(destination: Destination) -> str:
+    """The box key of a queue (or temporary queue)."""
+    return str(destination)
+
+
+def subscription_box(client_id: str | None, name: str | None, unique: str | None = None) -> str:
+    """The box key of a durable subscription (``client_id`` + ``name``), or of a
+    non-durable one (``unique``)."""
+    if name is not None:
+        return f"durable://{quote(client_id or '', safe='')}/{quote(name, safe='')}"
+    return f"subscriber://{unique}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RedeliveryPolicy:
+    """What happens to messages that are not acknowledged, and to expired ones.
+
+    ``max_deliveries`` (default 10): a message delivered this many times and
+    released again goes to ``dead_letter_prefix + destination name`` (default
+    ``DLQ.``). ``redelivery_delay`` seconds (default 0: at once) before the
+    first redelivery, multiplied by ``redelivery_backoff`` (default 2.0) for
+    each further one, up to ``max_redelivery_delay`` (default 60 s).
+    ``expiry_queue`` (default ``None``: expired messages are dropped and
+    counted) names a queue that receives expired messages instead.
+    """
+
+    max_deliveries: int = 10
+    redelivery_delay: float = 0.0
+    redelivery_backoff: float = 2.0
+    max_redelivery_delay: float = 60.0
+    dead_letter_prefix: str = "DLQ."
+    expiry_queue: str | None = None
+
+    def __post_init__(self) -> None:
+        from ._errors import InvalidArgumentError
+
+        if self.max_deliveries < 1:
+            raise InvalidArgumentError(f"max_deliveries must be at least 1, got {self.max_deliveries}")
+        if self.redelivery_delay < 0 or self.max_redelivery_delay < 0:
+            raise InvalidArgumentError("redelivery delays cannot be negative")
+        if self.redelivery_backoff < 1:
+            raise InvalidArgumentError(f"redelivery_backoff must be >= 1, got {self.redelivery_backoff}")
+        if not self.dead_letter_prefix:
+            raise InvalidArgumentError("dead_letter_prefix cannot be empty")
+
+    def delay_ms(self, delivery_count: int) -> int:
+        """Milliseconds to wait before making a message available again after
+        its ``delivery_count``-th delivery failed."""
+        if self.redelivery_delay <= 0:
+            return 0
+        delay = self.redelivery_delay * self.redelivery_backoff ** max(0, delivery_count - 1)
+        return int(min(delay, self.max_redelivery_delay) * 1000)
+
+    def dead_letter_name(self, destination: Destination) -> str:
+        return self.dead_letter_prefix + destination.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Subscription:
+    """A topic subscription as the store knows it.
+
+    ``local_origin`` is the origin (client id, or connection id) whose own
+    messages a ``no_local`` subscription does not receive.
+    """
+
+    box: str
+    topic: Destination
+    selector: str | None
+    no_local: bool
+    local_origin: str | None
+    client_id: str | None = None
+    name: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.name is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class DestinationStats:
+    """A snapshot of one box's counters.
+
+    ``name``: the destination (``queue://a``) or subscription box key;
+    ``depth``: messages waiting (available or waiting for a redelivery delay);
+    ``in_flight``: delivered, not yet acknowledged; ``consumers``: open
+    consumers; ``enqueued`` / ``dequeued`` (acknowledged) / ``expired`` /
+    ``dead_lettered``: counts since the store was opened.
+    ``topic``: for a subscription, the topic it subscribes to.
+    """
+
+    name: str
+    depth: int
+    in_flight: int
+    consumers: int
+    enqueued: int
+    dequeued: int
+    expired: int
+    dead_lettered: int
+    topic: str | None = None
+
+
+class Delivery:
+    """One delivery of an entry to a consumer: what acknowledge and release name."""
+
+    __slots__ = ("box", "ref", "envelope", "count")
+
+    def __init__(self, box: str, ref: Any, envelope: Envelope, count: int) -> None:
+        self.box = box
+        self.ref = ref
+        self.envelope = envelope
+        self.count = count
+
+    def __repr__(self) -> str:
+        return f"<Delivery {self.envelope.message_id} from {self.box} #{self.count}>"
+
+
+class Reader(abc.ABC):
+    """A consumer's cursor on one box, with its selector compiled once."""
+
+    @abc.abstractmethod
+    def claim(self, now: int, auto_ack: bool) -> Delivery | None:
+        """The next available entry that matches, made in flight (or, with
+        ``auto_ack``, removed at once); ``None`` if there is none now."""
+
+    def next_ready(self) -> int | None:
+        """Epoch ms at which a delayed redelivery becomes available, if any."""
+        return None
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Forget this reader. In-flight entries stay in flight."""
+
+
+class Store(abc.ABC):
+    """Where boxes live. See the module docstring for the model."""
+
+    policy: RedeliveryPolicy
+    #: True when sends may be seen by other processes (so temporary
+    #: destinations and subscriptions must be registered in the store).
+    shared = False
+
+    def attach(self, policy: RedeliveryPolicy, on_available: Callable[[str], None],
+               xpath_namespaces: dict[str, str] | None = None) -> None:
+        self.policy = policy
+        self._on_available = on_available
+        self._xpath_namespaces = xpath_namespaces
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # subscriptions and boxes
+    @abc.abstractmethod
+    def create_queue(self, box: str, destination: Destination) -> None:
+        """Make sure the box of a queue exists (idempotent)."""
+
+    @abc.abstractmethod
+    def delete_box(self, box: str) -> None:
+        """Drop a box and everything in it (temporary queues, unsubscribe)."""
+
+    @abc.abstractmethod
+    def create_subscription(self, subscription: Subscription) -> None:
+        """Add a topic subscription box (replacing none: callers delete first)."""
+
+    @abc.abstractmethod
+    def durable_subscription(self, client_id: str, name: str) -> Subscription | None: ...
+
+    def register_temporary(self, destination: Destination) -> None:
+        """Record that a temporary destination exists (for other processes)."""
+
+    def unregister_temporary(self, destination: Destination) -> None:
+        """Forget a temporary destination."""
+
+    def temporary_exists(self, destination: Destination) -> bool:
+        """Whether another process of a shared store owns this temporary destination."""
+        return False
+
+    # writes
+    @abc.abstractmethod
+    def send(self, envelope: Envelope) -> None:
+        """Store one message: into its queue's box, or a copy into every
+        matching subscription of its topic. Returns once stored (durably, for
+        a persistent message on a durable store)."""
+
+    @abc.abstractmethod
+    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery]) -> None:
+        """Atomically store ``sends`` and acknowledge ``acks`` (a transacted
+        session's commit)."""
+
+    # reads
+    @abc.abstractmethod
+    def reader(self, box: str, selector: str | None) -> Reader:
+        """A cursor for one consumer; raises InvalidSelectorError for a bad selector."""
+
+    @abc.abstractmethod
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Remove acknowledged entries."""
+
+    @abc.abstractmethod
+    def release(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        """Make in-flight entries available again (after the policy's delay),
+        or dead-letter those delivered ``max_deliveries`` times, with ``reason``."""
+
+    @abc.abstractmethod
+    def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
+        """Available entries in delivery order, without consuming them."""
+
+    @abc.abstractmethod
+    def stats(self) -> list[DestinationStats]:
+        """Counters of every box; ``consumers`` is filled in by the broker."""
+
+    @abc.abstractmethod
+    def sweep_expired(self, now: int) -> int:
+        """Remove expired entries from every box; returns how many."""
+
+
+def dead_letter_envelope(envelope: Envelope, policy: RedeliveryPolicy, reason: str, box: str) -> Envelope:
+    """The copy of ``envelope`` that goes to its dead-letter queue: it keeps its
+    id and headers, never expires, and says where it came from and why."""
+    from ._destinations import Queue
+
+    properties = dict(envelope.properties)
+    properties["JMS_DLQ_OriginalDestination"] = str(envelope.destination)
+    properties["JMS_DLQ_Reason"] = reason[:1000]
+    if box.startswith("durable://"):
+        properties["JMS_DLQ_Subscription"] = box
+    return envelope.replace(
+        destination=Queue(policy.dead_letter_name(envelope.destination)),
+        expiration=0,
+        properties=properties,
+    )
+
+
+def expired_envelope(envelope: Envelope, policy: RedeliveryPolicy) -> Envelope | None:
+    """The copy of an expired message for the expiry queue, or ``None`` if none is configured."""
+    from ._destinations import Queue
+
+    if policy.expiry_queue is None:
+        return None
+    properties = dict(envelope.properties)
+    properties["JMS_DLQ_OriginalDestination"] = str(envelope.destination)
+    properties["JMS_DLQ_Reason"] = f"expired at {envelope.expiration}"
+    return envelope.replace(destination=Queue(policy.expiry_queue), expiration=0, properties=properties)
