@@ -125,6 +125,12 @@ class Broker:
         return f"ID:{self.instance_id}-{next(self._ids)}"
 
     def _wake(self, box: str) -> None:
+        """Wake consumers of ``box`` (``"*"``: of every box)."""
+        if box == "*":
+            for wakers in list(self._wakers.values()):
+                for wake in tuple(wakers):
+                    wake()
+            return
         wakers = self._wakers.get(box)
         if wakers:
             for wake in tuple(wakers):

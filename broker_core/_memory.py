@@ -117,6 +117,9 @@ class MemoryStore(Store):
             self._boxes[subscription.box] = box
             self._topics.setdefault(subscription.topic, []).append(box)
 
+    def has_box(self, box: str) -> bool:
+        return box in self._boxes
+
     def durable_subscription(self, client_id: str, name: str) -> Subscription | None:
         with self._lock:
             for box in self._boxes.values():
@@ -285,7 +288,7 @@ class MemoryStore(Store):
                 reader.heap = [item for item in reader.heap if item[2].state is AVAILABLE]
                 heapq.heapify(reader.heap)
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
+    def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
         with self._lock:
             self._ack_locked(deliveries)
 

@@ -412,7 +412,7 @@ class Session:
             self._store.release([delivery], reason)
             return True
         if mode is AckMode.AUTO or mode is AckMode.DUPS_OK:
-            self._store.ack([delivery])
+            self._store.ack([delivery], wait=False)
         return True
 
 
@@ -484,13 +484,13 @@ class MessageProducer:
                 raise InvalidDestinationError(f"{destination} does not exist any more (deleted, or its connection closed)")
             mode = NON_PERSISTENT
         connection = session._connection
-        if connection.user is not None:
-            message._writable_props()["JMSXUserID"] = connection.user
         timestamp = int(time.time() * 1000)
         if message_id is None:
             message_id = f"ID:{broker.instance_id}-{next(broker._ids)}"
         env = message._to_envelope(message_id, destination, mode, prio, timestamp + ttl if ttl else 0,
                                    timestamp, connection.origin)
+        if connection.user is not None:  # stamped on the sent copy: a received message stays forwardable
+            env.properties["JMSXUserID"] = connection.user
         if session.transacted:
             with session._lock:
                 session._staged.append(env)

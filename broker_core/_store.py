@@ -240,8 +240,9 @@ class Store(abc.ABC):
         """A cursor for one consumer; raises InvalidSelectorError for a bad selector."""
 
     @abc.abstractmethod
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Remove acknowledged entries."""
+    def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
+        """Remove acknowledged entries; with ``wait=False`` the removal may
+        complete after the call returns (AUTO and DUPS_OK acknowledgements)."""
 
     @abc.abstractmethod
     def release(self, deliveries: Sequence[Delivery], reason: str) -> None:

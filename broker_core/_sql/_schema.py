@@ -1,0 +1,83 @@
+"""The SQL store's tables (SQLAlchemy Core). Alembic migrations create them."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+#: One row per message waiting in a box (a queue, or one topic subscription).
+#: ``id`` grows in commit order (SQLite serialises writers; on PostgreSQL the
+#: writers take an advisory lock), so selective readers can scan by id.
+entries = sa.Table(
+    "b2b_entries",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("box", sa.String(512), nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),  # FIFO order within a priority
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("state", sa.SmallInteger, nullable=False, server_default="0"),  # 0 available, 1 in flight
+    sa.Column("ready_at", sa.BigInteger, nullable=False, server_default="0"),  # epoch ms (redelivery delay)
+    sa.Column("owner", sa.String(64)),  # broker instance holding it in flight
+    sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("message_id", sa.String(128), nullable=False),
+    sa.Column("destination", sa.String(300), nullable=False),
+    sa.Column("delivery_mode", sa.SmallInteger, nullable=False),
+    sa.Column("expiration", sa.BigInteger, nullable=False),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
+    sa.Column("correlation_id", sa.Text),
+    sa.Column("reply_to", sa.String(300)),
+    sa.Column("type", sa.Text),
+    sa.Column("origin", sa.String(128)),
+    sa.Column("kind", sa.String(10), nullable=False),
+    sa.Column("properties", sa.Text, nullable=False),
+    sa.Column("body", sa.LargeBinary),
+    sa.Index("b2b_entries_claim", "box", "state", sa.text("priority DESC"), "seq"),
+    sa.Index("b2b_entries_owner", "owner", "state"),
+    sa.Index("b2b_entries_expiration", "expiration"),
+    sqlite_autoincrement=True,
+)
+
+#: Topic subscriptions: durable ones (client_id + name) and the non-durable
+#: ones of live broker instances (``owner``), so every process fans out to all.
+subscriptions = sa.Table(
+    "b2b_subscriptions",
+    metadata,
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("topic", sa.String(300), nullable=False, index=True),
+    sa.Column("selector", sa.Text),
+    sa.Column("no_local", sa.Boolean, nullable=False),
+    sa.Column("local_origin", sa.String(128)),
+    sa.Column("client_id", sa.String(200)),
+    sa.Column("name", sa.String(200)),
+    sa.Column("owner", sa.String(64)),  # NULL for durable subscriptions
+)
+
+#: Temporary destinations and the broker instance that owns each.
+temporaries = sa.Table(
+    "b2b_temporaries",
+    metadata,
+    sa.Column("name", sa.String(300), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+)
+
+#: Live broker instances; a stale heartbeat means the process died and its
+#: in-flight messages, temporary destinations and subscribers are reclaimed.
+instances = sa.Table(
+    "b2b_instances",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started", sa.BigInteger, nullable=False),
+    sa.Column("heartbeat", sa.BigInteger, nullable=False),
+)
+
+#: Named leases (e.g. "only one process runs the nightly ETL").
+leases = sa.Table(
+    "b2b_leases",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("expires", sa.BigInteger, nullable=False),
+)

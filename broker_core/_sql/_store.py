@@ -1,0 +1,929 @@
+"""The SQL store: persistent delivery on SQLite or PostgreSQL.
+
+PERSISTENT messages live in the ``b2b_entries`` table; NON_PERSISTENT ones
+never touch the database: they stay in an embedded :class:`MemoryStore` (so
+they reach consumers of this process only, except replies to another
+process's temporary queue, which must cross through the database). Every
+reader draws from both tiers.
+
+All writes go through one :class:`GroupCommitter` per process. A send returns
+once its transaction committed (SQLite WAL with ``synchronous=FULL`` by
+default). Claims mark rows in flight under this broker instance's id; a
+process that dies stops its heartbeat, and any other instance (or its own
+successor) puts its in-flight rows back, counted as delivered once more, so
+they come back with ``jms_redelivered``. Acknowledging deletes rows.
+
+Several processes on one database are one broker: competing claims use
+``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite serialises writers), new
+messages wake consumers of other processes through ``LISTEN/NOTIFY`` on
+PostgreSQL and ``PRAGMA data_version`` polling on SQLite.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from .._destinations import Destination
+from .._envelope import NON_PERSISTENT, Envelope
+from .._errors import InvalidArgumentError, StoreError, StoreUnavailableError
+from .._memory import MemoryStore
+from .._store import (
+    Delivery,
+    DestinationStats,
+    Reader,
+    RedeliveryPolicy,
+    Store,
+    Subscription,
+    dead_letter_envelope,
+    expired_envelope,
+    now_ms,
+)
+from . import _codec
+from ._schema import entries, instances, leases, subscriptions, temporaries
+from ._writer import Batch, GroupCommitter, is_retryable
+
+__all__ = ["SQLStore", "upgrade_database"]
+
+log = logging.getLogger("broker_core.sql")
+
+_CHANNEL = "b2b_available"
+_PG_WRITE_LOCK = 0x62326267  # "b2bg": serialises writers so ids grow in commit order
+_ENVELOPE_COLS = [entries.c[name] for name in _codec.ENVELOPE_COLUMNS]
+_RETURNING = [entries.c.id, entries.c.delivery_count, entries.c.seq, *_ENVELOPE_COLS]
+_COPY_COLS = [c for c in entries.c if c.name not in ("id", "state", "ready_at", "owner", "delivery_count")]
+
+_OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
+            "poll_interval", "pool_size"}
+
+
+def _split_url(url: str) -> tuple[str, str | None]:
+    """Remove our own ``schema=`` query option (PostgreSQL search path)."""
+    parsed = sa.engine.make_url(url)
+    schema = parsed.query.get("schema")
+    if schema is None:
+        return url, None
+    return parsed.difference_update_query(["schema"]).render_as_string(hide_password=False), str(schema)
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 5) -> sa.Engine:
+    """An engine set up for the store (WAL, busy timeout, search path)."""
+    clean, schema = _split_url(url)
+    if clean.startswith("sqlite"):
+        path = sa.engine.make_url(clean).database
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        engine = sa.create_engine(clean, pool_size=pool_size, max_overflow=10, connect_args={"timeout": 30,
+                                                                                           "check_same_thread": False})
+        if sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise InvalidArgumentError("sqlite_synchronous must be FULL (default), EXTRA or NORMAL")
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("b2b_write") else "BEGIN")
+
+        return engine
+    connect_args: dict[str, Any] = {"connect_timeout": 10}
+    if schema:
+        connect_args["options"] = f"-csearch_path={schema}"
+    return sa.create_engine(clean, pool_size=pool_size, max_overflow=10, pool_pre_ping=True,
+                            connect_args=connect_args)
+
+
+def upgrade_database(url: str) -> str:
+    """Create or upgrade the store's tables with Alembic; returns the revision."""
+    engine = make_engine(url)
+    try:
+        _upgrade(engine)
+        return _current_revision(engine) or ""
+    finally:
+        engine.dispose()
+
+
+def _alembic_config() -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
+    return cfg
+
+
+def _upgrade(engine: sa.Engine) -> None:
+    from alembic import command
+
+    cfg = _alembic_config()
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_WRITE_LOCK + 1})
+        try:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        finally:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_WRITE_LOCK + 1})
+                conn.commit()
+
+
+def _current_revision(engine: sa.Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": "b2b_broker_version"})
+        return ctx.get_current_revision()
+
+
+def _head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+class _Counters:
+    """In-process counters per box: enqueued, dequeued, expired, dead-lettered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_box: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+
+    def add(self, box: str, index: int, n: int = 1) -> None:
+        with self._lock:
+            self._by_box[box][index] += n
+
+    def get(self, box: str) -> list[int]:
+        with self._lock:
+            return list(self._by_box.get(box, (0, 0, 0, 0)))
+
+    def boxes(self) -> list[str]:
+        with self._lock:
+            return list(self._by_box)
+
+
+ENQ, DEQ, EXP, DLQ = range(4)
+
+
+class SQLStore(Store):
+    """Persistent store on SQLAlchemy 2 (``sqlite:///path`` or
+    ``postgresql+psycopg://user@host/db``).
+
+    Options: ``sqlite_synchronous`` (``"FULL"`` default; ``"NORMAL"`` is
+    faster and still survives a killed process, but a power cut or OS crash may
+    lose the last commits); ``prefetch`` (rows a consumer claims at once, 16);
+    ``heartbeat_interval`` (s, 1.0) and ``lease_timeout`` (s, 10.0): how soon
+    the in-flight messages of a dead process come back; ``retry_for`` (s, 30):
+    how long writes are retried through a database outage before
+    :class:`StoreUnavailableError`; ``auto_upgrade`` (migrate at open: default
+    on for SQLite; PostgreSQL needs ``b2bgw db upgrade``); ``poll_interval``
+    (s, 0.02): how often SQLite checks for other processes' commits.
+    """
+
+    shared = True
+
+    def __init__(self, url: str, **options: Any) -> None:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise InvalidArgumentError(f"unknown SQL store options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+        self.url = url
+        self.prefetch = int(options.get("prefetch", 16))
+        self.heartbeat_interval = float(options.get("heartbeat_interval", 1.0))
+        self.lease_timeout = float(options.get("lease_timeout", 10.0))
+        self.poll_interval = float(options.get("poll_interval", 0.02))
+        self._retry_for = float(options.get("retry_for", 30.0))
+        self.engine = make_engine(url, sqlite_synchronous=options.get("sqlite_synchronous", "FULL"),
+                                  pool_size=int(options.get("pool_size", 5)))
+        self.dialect = self.engine.dialect.name
+        self._pg = self.dialect == "postgresql"
+        auto_upgrade = options.get("auto_upgrade", not self._pg)
+        try:
+            if auto_upgrade:
+                _upgrade(self.engine)
+            else:
+                current, head = _current_revision(self.engine), _head_revision()
+                if current != head:
+                    raise StoreError(
+                        f"the database schema is at revision {current or 'none'}, the broker needs {head}: "
+                        f"run `b2bgw db upgrade --url {self.engine.url.render_as_string(hide_password=True)}` first"
+                    )
+        except sa.exc.OperationalError as exc:
+            self.engine.dispose()
+            raise StoreUnavailableError(f"cannot open the store at {url}: {str(exc).splitlines()[0]}") from exc
+        self.instance_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(4).hex()}"
+        self._mem = MemoryStore()
+        self._counters = _Counters()
+        self._tick = itertools.count(1)
+        self._versions: dict[str, int] = {}  # box -> tick of its last "messages may be available"
+        self._all_version = 0  # tick of the last "anything may have changed" (another process)
+        self._next_ready: dict[str, int] = {}
+        self._local_temps: set[Destination] = set()
+        self._remote_temps: dict[Destination, float] = {}
+        self._seq_lock = threading.Lock()
+        self._last_seq = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._writer: GroupCommitter | None = None
+        self._selectors: dict[str | None, Any] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def attach(self, policy: RedeliveryPolicy, on_available: Callable[[str], None],
+               xpath_namespaces: dict[str, str] | None = None) -> None:
+        super().attach(policy, self._available, xpath_namespaces)
+        self._broker_wake = on_available
+        self._mem.attach(policy, on_available, xpath_namespaces)
+        self._writer = GroupCommitter(
+            self.engine.execution_options(b2b_write=True) if not self._pg else self.engine,
+            begin=self._begin,
+            before_commit=self._notify_in_txn if self._pg else None,
+            on_touched=self._touched,
+            retry_for=self._retry_for,
+        )
+        now = now_ms()
+        self._write(lambda b: b.conn.execute(instances.insert(), {
+            "id": self.instance_id, "host": socket.gethostname()[:200], "pid": os.getpid(),
+            "started": now, "heartbeat": now}))
+        self._write(self._op_reap)
+        self._spawn(self._housekeeping_loop, "b2b-sql-heartbeat")
+        self._spawn(self._listen_loop if self._pg else self._poll_loop, "b2b-sql-wakeups")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._writer is not None:
+            try:
+                self._writer.submit(self._op_goodbye)
+            except StoreError:
+                log.warning("could not deregister broker instance %s; its lease will expire", self.instance_id)
+            self._writer.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._mem.close()
+        self.engine.dispose()
+
+    def _begin(self, conn: sa.Connection) -> None:
+        if self._pg:
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_WRITE_LOCK})
+        else:
+            conn.exec_driver_sql("SELECT 1")  # autobegin: BEGIN IMMEDIATE via the begin event
+
+    def _notify_in_txn(self, batch: Batch) -> None:
+        for box in batch.touched:
+            batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
+
+    def _touched(self, boxes: set[str]) -> None:
+        for box in boxes:
+            self._available(box)
+
+    def _available(self, box: str) -> None:
+        if box == "*":
+            self._all_version = next(self._tick)
+            self._next_ready.clear()
+        else:
+            self._versions[box] = next(self._tick)
+        self._broker_wake(box)
+
+    def _version(self, box: str) -> int:
+        """Changes whenever messages may have become available in ``box``."""
+        return max(self._versions.get(box, 0), self._all_version)
+
+    def _write(self, fn: Callable[[Batch], Any], wait: bool = True) -> Any:
+        if self._closed or self._writer is None:
+            raise StoreError("the store is closed")
+        return self._writer.submit(fn, wait)
+
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            seq = time.time_ns() // 1000
+            if seq <= self._last_seq:
+                seq = self._last_seq + 1
+            self._last_seq = seq
+        return seq
+
+    def _selector(self, text: str | None) -> Any:
+        try:
+            return self._selectors[text]
+        except KeyError:
+            from .._selector import compile_selector
+
+            compiled = compile_selector(text, xpath_namespaces=self._xpath_namespaces)
+            if len(self._selectors) < 1000:
+                self._selectors[text] = compiled
+            return compiled
+
+    # ------------------------------------------------------------ background threads
+
+    def _housekeeping_loop(self) -> None:
+        last_reap = time.monotonic()
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                self._write(self._op_heartbeat, wait=False)
+                if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
+                    last_reap = time.monotonic()
+                    self._write(self._op_reap, wait=False)
+            except StoreError:
+                if self._closed:
+                    return
+                log.exception("store housekeeping failed")
+
+    def _listen_loop(self) -> None:
+        import psycopg
+
+        clean, schema = _split_url(self.url)
+        dsn = sa.engine.make_url(clean).set(drivername="postgresql").render_as_string(hide_password=False)
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {_CHANNEL}")
+                    delay = 0.1
+                    self._available("*")  # we may have missed notifications while away
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._available(note.payload)
+            except Exception as exc:  # reconnect with backoff
+                if self._stop.is_set():
+                    return
+                log.warning("LISTEN connection lost (%s); reconnecting", str(exc).splitlines()[0][:200])
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _poll_loop(self) -> None:
+        last = None
+        while not self._stop.wait(self.poll_interval):
+            try:
+                with self.engine.connect() as conn:
+                    while not self._stop.wait(self.poll_interval):
+                        version = conn.exec_driver_sql("PRAGMA data_version").scalar()
+                        conn.rollback()
+                        if last is not None and version != last:
+                            self._available("*")
+                        last = version
+            except Exception:
+                if self._stop.is_set():
+                    return
+                log.warning("polling the SQLite store for changes failed; retrying", exc_info=True)
+
+    # ------------------------------------------------------------ operations (run in the writer)
+
+    def _op_heartbeat(self, batch: Batch) -> None:
+        batch.conn.execute(instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now_ms()))
+
+    def _op_goodbye(self, batch: Batch) -> None:
+        """Clean shutdown: give back in-flight rows at once (no lease wait)."""
+        conn = batch.conn
+        self._reclaim(batch, self.instance_id)
+        conn.execute(instances.delete().where(instances.c.id == self.instance_id))
+
+    def _op_reap(self, batch: Batch) -> None:
+        """Reclaim what dead broker instances held."""
+        conn = batch.conn
+        cutoff = now_ms() - int(self.lease_timeout * 1000)
+        dead = conn.execute(
+            sa.select(instances.c.id).where(instances.c.heartbeat < cutoff, instances.c.id != self.instance_id)
+        ).scalars().all()
+        for owner in dead:
+            log.warning("broker instance %s stopped sending heartbeats; reclaiming its messages", owner)
+            self._reclaim(batch, owner)
+            conn.execute(instances.delete().where(instances.c.id == owner))
+        # in-flight rows whose owner is unknown (instance row lost) come back too
+        orphans = conn.execute(
+            sa.select(entries.c.id).where(entries.c.state == 1, ~entries.c.owner.in_(sa.select(instances.c.id)))
+        ).scalars().all()
+        if orphans:
+            self._op_release(batch, list(orphans), "the consumer's process died", None)
+
+    def _reclaim(self, batch: Batch, owner: str) -> None:
+        conn = batch.conn
+        rows = conn.execute(sa.select(entries.c.id).where(entries.c.owner == owner, entries.c.state == 1)).scalars().all()
+        if rows:
+            self._op_release(batch, list(rows), "the consumer's process stopped", owner)
+        boxes = conn.execute(sa.select(subscriptions.c.box).where(subscriptions.c.owner == owner)).scalars().all()
+        temps = conn.execute(sa.select(temporaries.c.name).where(temporaries.c.owner == owner)).scalars().all()
+        for box in [*boxes, *temps]:
+            conn.execute(entries.delete().where(entries.c.box == box))
+        conn.execute(subscriptions.delete().where(subscriptions.c.owner == owner))
+        conn.execute(temporaries.delete().where(temporaries.c.owner == owner))
+
+    def _insert(self, batch: Batch, envs: Sequence[Envelope]) -> None:
+        """Insert entries for ``envs`` (queue: one; topic: one per matching
+        subscription, read in this same transaction)."""
+        conn = batch.conn
+        rows = []
+        topic_subs: dict[str, list[Any]] = {}
+        for env in envs:
+            dest = env.destination
+            if dest.is_topic:
+                key = str(dest)
+                subs = topic_subs.get(key)
+                if subs is None:
+                    subs = topic_subs[key] = conn.execute(
+                        sa.select(subscriptions.c.box, subscriptions.c.selector, subscriptions.c.no_local,
+                                  subscriptions.c.local_origin).where(subscriptions.c.topic == key)
+                    ).all()
+                seq = self._next_seq()
+                for sub in subs:
+                    if sub.no_local and env.origin is not None and env.origin == sub.local_origin:
+                        continue
+                    selector = self._selector(sub.selector) if sub.selector else None
+                    if selector is not None and not selector.matches(env):
+                        continue
+                    rows.append(_codec.envelope_row(env, sub.box, seq))
+            else:
+                rows.append(_codec.envelope_row(env, str(dest), self._next_seq()))
+        if rows:
+            conn.execute(entries.insert(), rows)
+            counts = collections.Counter(row["box"] for row in rows)
+            batch.touched.update(counts)
+            batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+
+    def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
+                    counted: bool = True) -> None:
+        """Put in-flight rows back (after the policy's delay) or dead-letter
+        them; ``counted=False`` undoes a claim whose message was never handed
+        out (prefetched, then the consumer closed)."""
+        conn = batch.conn
+        policy = self.policy
+        now = now_ms()
+        where = [entries.c.id.in_(ids), entries.c.state == 1]
+        if owner is not None:
+            where.append(entries.c.owner == owner)
+        rows = conn.execute(
+            sa.select(entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, *_ENVELOPE_COLS)
+            .where(*where).order_by(entries.c.seq)
+        ).all()
+        for row in rows:
+            if counted and row.delivery_count >= policy.max_deliveries:
+                why = (f"delivered {row.delivery_count} times without acknowledgement "
+                       f"(max_deliveries={policy.max_deliveries}); last failure: {reason}")
+                self._insert(batch, [dead_letter_envelope(_codec.row_envelope(row), policy, why, row.box)])
+                conn.execute(entries.delete().where(entries.c.id == row.id))
+                batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
+                continue
+            delay = policy.delay_ms(row.delivery_count) if counted else 0
+            count = row.delivery_count if counted else max(0, row.delivery_count - 1)
+            # a new id, so that selective readers that scanned past it see it again
+            conn.execute(entries.insert().from_select(
+                [*(c.name for c in _COPY_COLS), "state", "ready_at", "owner", "delivery_count"],
+                sa.select(*_COPY_COLS, sa.literal(0), sa.literal(now + delay if delay else 0),
+                          sa.null(), sa.literal(count)).where(entries.c.id == row.id),
+            ))
+            conn.execute(entries.delete().where(entries.c.id == row.id))
+            batch.touched.add(row.box)
+
+    def _expire_rows(self, batch: Batch, rows: list[Any]) -> None:
+        """Delete expired rows (already selected) and count or move them."""
+        batch.conn.execute(entries.delete().where(entries.c.id.in_([r.id for r in rows])))
+        copies = []
+        for row in rows:
+            copy = expired_envelope(_codec.row_envelope(row), self.policy)
+            if copy is not None:
+                copies.append(copy)
+            batch.after_commit.append(lambda box=row.box: self._counters.add(box, EXP))
+        if copies:
+            self._insert(batch, copies)
+
+    def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None, now: int) -> tuple[list[Any], int | None]:
+        conn = batch.conn
+        if ids is None:
+            pick = (sa.select(entries.c.id)
+                    .where(entries.c.box == box, entries.c.state == 0, entries.c.ready_at <= now)
+                    .order_by(entries.c.priority.desc(), entries.c.seq).limit(limit))
+            if self._pg:
+                pick = pick.with_for_update(skip_locked=True)
+            target = entries.c.id.in_(pick.scalar_subquery())
+        else:
+            target = sa.and_(entries.c.id.in_(ids), entries.c.state == 0, entries.c.ready_at <= now)
+        rows = conn.execute(
+            entries.update().where(target)
+            .values(state=1, owner=self.instance_id, delivery_count=entries.c.delivery_count + 1)
+            .returning(*_RETURNING, entries.c.box)
+        ).all()
+        expired = [r for r in rows if 0 < r.expiration <= now]
+        if expired:
+            self._expire_rows(batch, expired)
+            rows = [r for r in rows if not 0 < r.expiration <= now]
+        next_ready = None
+        if not rows:
+            next_ready = conn.execute(
+                sa.select(sa.func.min(entries.c.ready_at))
+                .where(entries.c.box == box, entries.c.state == 0, entries.c.ready_at > now)
+            ).scalar()
+        rows.sort(key=lambda r: (-r.priority, r.seq))
+        return rows, next_ready
+
+    def _op_delete(self, batch: Batch, ids: list[int]) -> int:
+        result = batch.conn.execute(entries.delete().where(entries.c.id.in_(ids), entries.c.owner == self.instance_id))
+        return result.rowcount
+
+    # ------------------------------------------------------------ boxes and subscriptions
+
+    def create_queue(self, box: str, destination: Destination) -> None:
+        self._mem.create_queue(box, destination)
+
+    def delete_box(self, box: str) -> None:
+        self._mem.delete_box(box)
+
+        def op(batch: Batch) -> None:
+            batch.conn.execute(entries.delete().where(entries.c.box == box))
+            batch.conn.execute(subscriptions.delete().where(subscriptions.c.box == box))
+
+        self._write(op)
+
+    def create_subscription(self, subscription: Subscription) -> None:
+        self._selector(subscription.selector)  # InvalidSelectorError before anything is written
+        row = {
+            "box": subscription.box, "topic": str(subscription.topic), "selector": subscription.selector,
+            "no_local": subscription.no_local, "local_origin": subscription.local_origin,
+            "client_id": subscription.client_id, "name": subscription.name,
+            "owner": None if subscription.durable else self.instance_id,
+        }
+
+        def op(batch: Batch) -> None:
+            batch.conn.execute(subscriptions.delete().where(subscriptions.c.box == subscription.box))
+            batch.conn.execute(subscriptions.insert(), row)
+
+        self._write(op)
+        self._mem.create_subscription(subscription)
+
+    def _subscription_row(self, box: str) -> Subscription | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(subscriptions).where(subscriptions.c.box == box)).first()
+        if row is None:
+            return None
+        return Subscription(row.box, _codec.destination(row.topic), row.selector, row.no_local, row.local_origin,
+                            client_id=row.client_id, name=row.name)
+
+    def durable_subscription(self, client_id: str, name: str) -> Subscription | None:
+        from .._store import subscription_box
+
+        sub = self._subscription_row(subscription_box(client_id, name))
+        return sub if sub is not None and sub.durable else None
+
+    def register_temporary(self, destination: Destination) -> None:
+        self._local_temps.add(destination)
+        self._write(lambda b: b.conn.execute(temporaries.insert(), {"name": str(destination),
+                                                                     "owner": self.instance_id}))
+
+    def unregister_temporary(self, destination: Destination) -> None:
+        self._local_temps.discard(destination)
+        name = str(destination)
+
+        def op(batch: Batch) -> None:
+            batch.conn.execute(temporaries.delete().where(temporaries.c.name == name))
+            batch.conn.execute(entries.delete().where(entries.c.box == name))
+
+        self._write(op)
+
+    def temporary_exists(self, destination: Destination) -> bool:
+        if destination in self._local_temps:
+            return True
+        seen = self._remote_temps.get(destination)
+        if seen is not None and time.monotonic() - seen < 1.0:
+            return True
+        with self.engine.connect() as conn:
+            found = conn.execute(sa.select(temporaries.c.name).where(temporaries.c.name == str(destination))).first()
+        if found is None:
+            self._remote_temps.pop(destination, None)
+            return False
+        self._remote_temps[destination] = time.monotonic()
+        return True
+
+    # ------------------------------------------------------------ writes
+
+    def _in_memory(self, env: Envelope) -> bool:
+        if env.delivery_mode != NON_PERSISTENT:
+            return False
+        dest = env.destination
+        return not dest.is_temporary or dest in self._local_temps or dest.is_topic
+
+    def send(self, envelope: Envelope) -> None:
+        if self._in_memory(envelope):
+            self._mem.send(envelope)
+            return
+        self._write(lambda batch: self._insert(batch, (envelope,)))
+
+    def send_many(self, envelopes: Sequence[Envelope]) -> None:
+        """Store several messages in one transaction (not atomic with anything else)."""
+        self.commit(envelopes, ())
+
+    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery]) -> None:
+        durable = [e for e in sends if not self._in_memory(e)]
+        sql_acks = [d.ref for d in acks if type(d.ref) is int]
+        if durable or sql_acks:
+            def op(batch: Batch) -> None:
+                if sql_acks:
+                    self._ack_rows(batch, acks)
+                if durable:
+                    self._insert(batch, durable)
+
+            self._write(op)
+        memory_sends = [e for e in sends if self._in_memory(e)]
+        memory_acks = [d for d in acks if type(d.ref) is not int]
+        if memory_sends or memory_acks:
+            self._mem.commit(memory_sends, memory_acks)
+
+    def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery]) -> None:
+        ids = [d.ref for d in deliveries if type(d.ref) is int]
+        if ids:
+            self._op_delete(batch, ids)
+            counts = collections.Counter(d.box for d in deliveries if type(d.ref) is int)
+            batch.after_commit.append(lambda: [self._counters.add(b, DEQ, n) for b, n in counts.items()])
+
+    def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
+        if any(type(d.ref) is int for d in deliveries):
+            self._write(lambda batch: self._ack_rows(batch, deliveries), wait)
+        memory = [d for d in deliveries if type(d.ref) is not int]
+        if memory:
+            self._mem.ack(memory)
+
+    def release(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        ids = [d.ref for d in deliveries if type(d.ref) is int]
+        if ids:
+            self._write(lambda batch: self._op_release(batch, ids, reason, self.instance_id))
+            for d in deliveries:
+                self._next_ready.pop(d.box, None)
+        memory = [d for d in deliveries if type(d.ref) is not int]
+        if memory:
+            self._mem.release(memory, reason)
+
+    # ------------------------------------------------------------ reads
+
+    def reader(self, box: str, selector: str | None) -> Reader:
+        compiled = self._selector(selector)
+        if box.startswith(("durable://", "subscriber://")) and not self._mem.has_box(box):
+            sub = self._subscription_row(box)
+            if sub is not None:
+                self._mem.create_subscription(sub)
+        return _SQLReader(self, box, compiled, self._mem.reader(box, selector))
+
+    def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Any]:
+        rows, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now))
+        if next_ready is not None:
+            self._next_ready[box] = next_ready
+        elif ids is None:
+            self._next_ready.pop(box, None)
+        return rows
+
+    def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
+        compiled = self._selector(selector)
+        now = now_ms()
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(*_ENVELOPE_COLS).where(entries.c.box == box, entries.c.state == 0)
+                .order_by(entries.c.priority.desc(), entries.c.seq)
+            ).all()
+        found = []
+        for row in rows:
+            if 0 < row.expiration <= now:
+                continue
+            env = _codec.row_envelope(row)
+            if compiled is None or compiled.matches(env):
+                found.append(env)
+        found.extend(self._mem.browse(box, selector))
+        return iter(found)
+
+    def stats(self) -> list[DestinationStats]:
+        with self.engine.connect() as conn:
+            counts = conn.execute(
+                sa.select(entries.c.box, entries.c.state, sa.func.count()).group_by(entries.c.box, entries.c.state)
+            ).all()
+            subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
+        depth: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        for box, state, n in counts:
+            depth[box][1 if state == 1 else 0] += n
+        memory = {s.name: s for s in self._mem.stats()}
+        names = set(depth) | set(subs) | set(memory) | set(self._counters.boxes())
+        out = []
+        for name in sorted(names):
+            db_depth, db_flight = depth.get(name, (0, 0))
+            mem = memory.get(name)
+            enq, deq, exp, dlq = self._counters.get(name)
+            out.append(DestinationStats(
+                name=name,
+                depth=db_depth + (mem.depth if mem else 0),
+                in_flight=db_flight + (mem.in_flight if mem else 0),
+                consumers=0,
+                enqueued=enq + (mem.enqueued if mem else 0),
+                dequeued=deq + (mem.dequeued if mem else 0),
+                expired=exp + (mem.expired if mem else 0),
+                dead_lettered=dlq + (mem.dead_lettered if mem else 0),
+                topic=subs.get(name) or (mem.topic if mem else None),
+            ))
+        return out
+
+    def sweep_expired(self, now: int) -> int:
+        def op(batch: Batch) -> int:
+            rows = batch.conn.execute(
+                sa.select(entries.c.id, entries.c.box, *_ENVELOPE_COLS)
+                .where(entries.c.state == 0, entries.c.expiration > 0, entries.c.expiration <= now)
+                .limit(10_000)
+            ).all()
+            if rows:
+                self._expire_rows(batch, rows)
+            return len(rows)
+
+        return self._write(op) + self._mem.sweep_expired(now)
+
+    # ------------------------------------------------------------ leases
+
+    def acquire_lease(self, name: str, seconds: float) -> bool:
+        """Take or renew the named lease for ``seconds``; False if another
+        live owner holds it."""
+        def op(batch: Batch) -> bool:
+            conn = batch.conn
+            now = now_ms()
+            row = conn.execute(sa.select(leases).where(leases.c.name == name)).first()
+            if row is not None and row.owner != self.instance_id and row.expires > now:
+                return False
+            values = {"owner": self.instance_id, "expires": now + int(seconds * 1000)}
+            if row is None:
+                conn.execute(leases.insert(), {"name": name, **values})
+            else:
+                conn.execute(leases.update().where(leases.c.name == name).values(**values))
+            return True
+
+        return self._write(op)
+
+    def release_lease(self, name: str) -> None:
+        self._write(lambda b: b.conn.execute(
+            leases.delete().where(leases.c.name == name, leases.c.owner == self.instance_id)))
+
+
+class _SQLReader(Reader):
+    """A consumer's cursor over both tiers of one box.
+
+    Rows are claimed ``prefetch`` at a time (fewer while the box is quiet) and
+    handed out one by one. With a selector, new rows are scanned once each (by
+    id, which grows in commit order), matching ones kept as candidates, so a
+    selective consumer never rescans a backlog it does not match.
+    """
+
+    def __init__(self, store: SQLStore, box: str, selector: Any, memory: Reader) -> None:
+        self._store = store
+        self._box = box
+        self._selector = selector
+        self._memory = memory
+        self._buffer: collections.deque[Delivery] = collections.deque()
+        self._batch = 1
+        self._empty_at: int | None = None  # box version when a claim last found nothing
+        self._flip = False
+        self._closed = False
+        self._lock = threading.Lock()
+        # selective state
+        self._cursor = 0
+        self._candidates: list[tuple[int, int, int, int]] = []  # (-priority, seq, id, ready_at)
+        self._needs_body = selector is not None and "XPATH" in selector.text.upper()
+
+    def claim(self, now: int, auto_ack: bool) -> Delivery | None:
+        self._flip = not self._flip
+        if self._flip:
+            return self._memory.claim(now, auto_ack) or self._claim_sql(now, auto_ack)
+        return self._claim_sql(now, auto_ack) or self._memory.claim(now, auto_ack)
+
+    def _claim_sql(self, now: int, auto_ack: bool) -> Delivery | None:
+        store = self._store
+        with self._lock:
+            while True:
+                if not self._buffer and not self._fill(now):
+                    return None
+                delivery = self._buffer.popleft()
+                env = delivery.envelope
+                if env.expiration and env.expiration <= now:
+                    store._write(lambda b, ids=[delivery.ref]: store._op_delete(b, ids), wait=False)
+                    store._counters.add(self._box, EXP)
+                    continue
+                if auto_ack:
+                    store.ack([delivery], wait=False)
+                return delivery
+
+    def _worth_claiming(self, now: int) -> bool:
+        """False when nothing changed since a claim found the box empty (saves a write)."""
+        if self._empty_at is None or self._empty_at != self._store._version(self._box):
+            return True
+        ready = self._store._next_ready.get(self._box)
+        return ready is not None and ready <= now
+
+    def _fill(self, now: int) -> bool:
+        store = self._store
+        if self._selector is not None:
+            return self._fill_selective(now)
+        if not self._worth_claiming(now):
+            return False
+        version = store._version(self._box)
+        rows = store._claim_rows(self._box, self._batch, None, now)
+        if not rows:
+            self._empty_at = version
+            self._batch = 1
+            return False
+        self._empty_at = None
+        self._batch = min(store.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
+        self._extend(rows)
+        return True
+
+    def _extend(self, rows: list[Any]) -> None:
+        box = self._box
+        for row in rows:
+            self._buffer.append(Delivery(box, row.id, _codec.row_envelope(row), row.delivery_count))
+
+    def _scan(self, now: int) -> None:
+        store = self._store
+        cols = [entries.c.id, entries.c.priority, entries.c.seq, entries.c.ready_at, entries.c.expiration,
+                entries.c.message_id, entries.c.timestamp, entries.c.correlation_id, entries.c.type,
+                entries.c.delivery_mode, entries.c.properties, entries.c.kind]
+        if self._needs_body:
+            cols.append(entries.c.body)
+        selector = self._selector
+        with store.engine.connect() as conn:
+            while True:
+                rows = conn.execute(
+                    sa.select(*cols).where(entries.c.box == self._box, entries.c.state == 0,
+                                           entries.c.id > self._cursor)
+                    .order_by(entries.c.id).limit(5000)
+                ).all()
+                for row in rows:
+                    self._cursor = row.id
+                    if 0 < row.expiration <= now:
+                        continue
+                    env = Envelope(row.message_id, None, row.delivery_mode, row.priority, row.expiration,
+                                   row.timestamp, row.correlation_id, None, row.type,
+                                   _codec.decode_properties(row.properties), row.kind,
+                                   _codec.decode_body(row.kind, row.body) if self._needs_body else None)
+                    if selector.matches(env):
+                        heapq.heappush(self._candidates, (-row.priority, row.seq, row.id, row.ready_at))
+                if len(rows) < 5000:
+                    conn.rollback()
+                    return
+
+    def _fill_selective(self, now: int) -> bool:
+        store = self._store
+        version = store._version(self._box)
+        if self._empty_at != version:
+            self._empty_at = version  # before scanning: a change during the scan is seen next time
+            self._scan(now)
+        while self._candidates:
+            picked, later = [], []
+            while self._candidates and len(picked) < max(1, store.prefetch):
+                item = heapq.heappop(self._candidates)
+                (later if item[3] > now else picked).append(item)
+            for item in later:
+                heapq.heappush(self._candidates, item)
+            if not picked:
+                return False
+            rows = store._claim_rows(self._box, len(picked), [item[2] for item in picked], now)
+            if rows:
+                self._extend(rows)
+                return True
+        return False
+
+    def next_ready(self) -> int | None:
+        ready = self._store._next_ready.get(self._box)
+        if self._selector is not None and self._candidates:
+            delayed = [item[3] for item in self._candidates if item[3] > 0]
+            if delayed:
+                ready = min(delayed) if ready is None else min(ready, min(delayed))
+        memory = self._memory.next_ready()
+        if ready is None:
+            return memory
+        return ready if memory is None else min(ready, memory)
+
+    def close(self) -> None:
+        """Give back prefetched rows that were never handed out."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ids = [d.ref for d in self._buffer]
+            self._buffer.clear()
+        self._memory.close()
+        if ids and not self._store._closed:
+            store = self._store
+            try:
+                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False))
+            except StoreError:
+                log.warning("could not give back %d prefetched messages; they return when the lease expires", len(ids))

@@ -1,0 +1,232 @@
+"""Group commit: one writer thread per store turns concurrent writes into
+shared transactions.
+
+Callers submit operations (functions of a :class:`Batch`); the writer takes
+everything queued, runs it in one transaction, commits once, then wakes the
+callers. Under load a commit carries many operations, so the cost of the
+fsync is shared. A failure that the database may recover from (connection
+lost, server restarting, SQLite busy) is retried with backoff for
+``retry_for`` seconds before the callers get :class:`StoreUnavailableError`;
+any other failure is isolated by re-running the operations one by one, so
+only the faulty one fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from .._errors import StoreError, StoreUnavailableError
+from .._waiters import ThreadWaiter
+
+log = logging.getLogger("broker_core.sql")
+
+
+class Batch:
+    """What an operation sees: the connection of the current transaction, and
+    where to record boxes that got messages (woken after the commit)."""
+
+    __slots__ = ("conn", "touched", "after_commit")
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self.conn = conn
+        self.touched: set[str] = set()
+        self.after_commit: list[Callable[[], None]] = []
+
+
+class _Op:
+    __slots__ = ("fn", "waiter", "result", "error", "done")
+
+    def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None) -> None:
+        self.fn = fn
+        self.waiter = waiter
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Connection-level or lock-contention failures, which a retry may cure."""
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        return True
+    text = str(error).lower()
+    return "database is locked" in text or "could not serialize" in text or "deadlock detected" in text
+
+
+class GroupCommitter:
+    """The writer thread. ``begin(conn)`` runs at the start of every
+    transaction (``BEGIN IMMEDIATE`` on SQLite, the commit-order lock on
+    PostgreSQL); ``before_commit(batch)`` runs last (NOTIFY);
+    ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
+    connection was lost and a new one obtained."""
+
+    def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection], None],
+                 before_commit: Callable[[Batch], None] | None = None,
+                 on_touched: Callable[[set[str]], None] | None = None,
+                 on_reconnect: Callable[[], None] | None = None,
+                 max_batch: int = 2000, retry_for: float = 30.0) -> None:
+        self._engine = engine
+        self._begin = begin
+        self._before_commit = before_commit
+        self._on_touched = on_touched
+        self._on_reconnect = on_reconnect
+        self._max_batch = max_batch
+        self.retry_for = retry_for
+        self._ops: collections.deque[_Op] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._conn: sa.Connection | None = None
+        self.commits = 0
+        self.operations = 0
+        self._thread = threading.Thread(target=self._run, name="b2b-sql-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[Batch], Any], wait: bool = True) -> Any:
+        """Run ``fn`` in the next transaction; with ``wait``, return its result
+        once committed (or raise its error)."""
+        if self._closed:
+            raise StoreError("the store is closed")
+        op = _Op(fn, ThreadWaiter() if wait else None)
+        with self._cond:
+            self._ops.append(op)
+            if len(self._ops) == 1:
+                self._cond.notify()
+        if not wait:
+            return None
+        while not op.done:
+            op.waiter.wait(1.0)
+            if not op.done and not self._thread.is_alive():
+                raise StoreError("the store's writer thread has stopped")
+        if op.error is not None:
+            raise op.error
+        return op.result
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------ the thread
+
+    def _connection(self) -> sa.Connection:
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except Exception:
+                pass
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ops and not self._closed:
+                    self._cond.wait()
+                if not self._ops and self._closed:
+                    return
+                ops = []
+                take = min(len(self._ops), self._max_batch)
+                for _ in range(take):
+                    ops.append(self._ops.popleft())
+            self._execute(ops)
+
+    def _transaction(self, ops: list[_Op]) -> set[str]:
+        conn = self._connection()
+        batch = Batch(conn)
+        try:
+            self._begin(conn)
+            for op in ops:
+                op.result = op.fn(batch)
+            if self._before_commit is not None and batch.touched:
+                self._before_commit(batch)
+            conn.commit()
+        except BaseException:
+            try:
+                conn.rollback()
+            except Exception:
+                self._drop_connection()
+            raise
+        for callback in batch.after_commit:
+            try:
+                callback()
+            except Exception:
+                log.exception("after-commit callback failed")
+        return batch.touched
+
+    def _execute(self, ops: list[_Op]) -> None:
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.01
+        lost = False
+        while True:
+            try:
+                if lost and self._on_reconnect is not None:
+                    self._on_reconnect_safely()
+                touched = self._transaction(ops)
+                self.commits += 1
+                self.operations += len(ops)
+                self._finish(ops, None)
+                if touched and self._on_touched is not None:
+                    self._on_touched(touched)
+                return
+            except BaseException as error:  # noqa: BLE001 - sorted below
+                if is_retryable(error) and time.monotonic() < deadline and not self._closed:
+                    log.warning("store write failed (%s); retrying in %.2f s", str(error).splitlines()[0][:200], delay)
+                    self._drop_connection()
+                    lost = True
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if is_retryable(error):
+                    self._finish(ops, StoreUnavailableError(
+                        f"the database is unavailable ({str(error).splitlines()[0][:300]}); nothing of this call "
+                        "took effect, retry later"))
+                    return
+                if len(ops) > 1:
+                    for op in ops:  # isolate the faulty operation
+                        self._execute([op])
+                    return
+                wrapped = error if isinstance(error, StoreError) else StoreError(
+                    f"store write failed: {type(error).__name__}: {str(error)[:500]}")
+                if not isinstance(error, Exception):
+                    wrapped = error
+                self._finish(ops, wrapped)
+                return
+
+    def _on_reconnect_safely(self) -> None:
+        try:
+            self._on_reconnect()
+        except Exception:
+            log.exception("store reconnect hook failed")
+            raise
+
+    @staticmethod
+    def _finish(ops: list[_Op], error: BaseException | None) -> None:
+        for op in ops:
+            if op.done:
+                continue
+            if error is not None:
+                op.error = error
+                op.result = None
+            op.done = True
+            if op.waiter is not None:
+                op.waiter.wake()

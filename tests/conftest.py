@@ -1,0 +1,102 @@
+"""Fixtures shared by every test package.
+
+``make_broker(**options)`` opens a broker on the store under test; the
+semantic suite in tests/broker_core runs once per store: memory, SQLite and
+PostgreSQL (when the SQL store is installed). PostgreSQL tests skip with a
+reason when the server is absent, unless B2BGW_REQUIRE_POSTGRES=1 (set by
+.ci/run), which turns the absence into a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import uuid
+
+import pytest
+
+from broker_core import Broker
+
+POSTGRES_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REQUIRE_POSTGRES = os.environ.get("B2BGW_REQUIRE_POSTGRES") == "1"
+
+HAVE_SQL_STORE = importlib.util.find_spec("broker_core._sql") is not None
+STORES = ["memory"] + (["sqlite", "postgres"] if HAVE_SQL_STORE else [])
+
+
+def postgres_available() -> str | None:
+    """None when PostgreSQL answers, else the reason it does not."""
+    try:
+        import psycopg
+
+        dsn = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return None
+    except Exception as exc:  # any failure means: not usable here
+        return f"PostgreSQL not reachable at {POSTGRES_URL}: {exc}"
+
+
+def require_postgres() -> None:
+    reason = postgres_available()
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"B2BGW_REQUIRE_POSTGRES=1 but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def postgres_schema():
+    """A fresh PostgreSQL schema (dropped afterwards); yields its broker URL."""
+    require_postgres()
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    url = f"{POSTGRES_URL}{sep}schema={schema}"
+    if HAVE_SQL_STORE:
+        from broker_core._sql import upgrade_database
+
+        upgrade_database(url)  # what `b2bgw db upgrade` does
+    yield url
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def broker_url(store_kind, tmp_path, request) -> str:
+    if store_kind == "memory":
+        return "memory://"
+    if store_kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'broker.db'}"
+    return request.getfixturevalue("postgres_schema")
+
+
+@pytest.fixture
+def make_broker(broker_url):
+    """Open brokers on the store under test (closed at teardown).
+    ``sweep_interval`` defaults to 0 so tests control expiry sweeps."""
+    opened = []
+
+    def make(**options) -> Broker:
+        options.setdefault("sweep_interval", 0)
+        broker = Broker.open(broker_url, **options)
+        opened.append(broker)
+        return broker
+
+    yield make
+    for broker in reversed(opened):
+        broker.close()
+
+
+@pytest.fixture
+def broker(make_broker) -> Broker:
+    return make_broker()
