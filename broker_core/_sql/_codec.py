@@ -17,6 +17,7 @@ from .._envelope import Byte, Envelope, Float, Int, Short
 from .._message import Char
 
 _TAG = "\u0000"
+_ESCAPED_TAG = "\\u0000"  # how json.dumps writes the tag
 _CODES = {Byte: "b", Short: "s", Int: "i", Float: "f", Char: "c"}
 _TYPES = {code: cls for cls, code in _CODES.items()}
 
@@ -58,7 +59,7 @@ def decode_properties(text: str) -> dict[str, Any]:
     if text == "{}":
         return {}
     props = json.loads(text)
-    if _TAG in text:
+    if _ESCAPED_TAG in text:
         return {k: _decode_value(v) for k, v in props.items()}
     return props
 

@@ -364,7 +364,7 @@ class SQLStore(Store):
                     delay = 0.1
                     self._available("*")  # we may have missed notifications while away
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        for note in conn.notifies(timeout=0.1):
                             self._available(note.payload)
             except Exception as exc:  # reconnect with backoff
                 if self._stop.is_set():
@@ -519,15 +519,18 @@ class SQLStore(Store):
             target = entries.c.id.in_(pick.scalar_subquery())
         else:
             target = sa.and_(entries.c.id.in_(ids), entries.c.state == 0, entries.c.ready_at <= now)
-        rows = conn.execute(
-            entries.update().where(target)
-            .values(state=1, owner=self.instance_id, delivery_count=entries.c.delivery_count + 1)
-            .returning(*_RETURNING, entries.c.box)
-        ).all()
-        expired = [r for r in rows if 0 < r.expiration <= now]
-        if expired:
+        claim = (entries.update().where(target)
+                 .values(state=1, owner=self.instance_id, delivery_count=entries.c.delivery_count + 1)
+                 .returning(*_RETURNING, entries.c.box))
+        while True:
+            rows = conn.execute(claim).all()
+            expired = [r for r in rows if 0 < r.expiration <= now]
+            if not expired:
+                break
             self._expire_rows(batch, expired)
             rows = [r for r in rows if not 0 < r.expiration <= now]
+            if rows or ids is not None:
+                break  # else: all were expired; claim the next ones
         next_ready = None
         if not rows:
             next_ready = conn.execute(
