@@ -5,7 +5,8 @@ Every error the broker raises derives from :class:`JMSError`; the names follow
 
     JMSError
     ├── IllegalStateError            (also RuntimeError)
-    │   └── TransactionInProgressError
+    │   ├── TransactionInProgressError
+    │   └── LeaseExpiredError
     ├── InvalidClientIDError
     ├── InvalidDestinationError
     ├── InvalidSelectorError         (also ValueError)
@@ -29,6 +30,7 @@ __all__ = [
     "JMSError",
     "IllegalStateError",
     "TransactionInProgressError",
+    "LeaseExpiredError",
     "InvalidClientIDError",
     "InvalidDestinationError",
     "InvalidSelectorError",
@@ -60,6 +62,13 @@ class IllegalStateError(JMSError, RuntimeError):
 
 class TransactionInProgressError(IllegalStateError):
     """Raised when an operation is not allowed while a transaction is open."""
+
+
+class LeaseExpiredError(IllegalStateError):
+    """Raised by ``acknowledge()`` when some of the messages being
+    acknowledged were taken back from this consumer because its process was
+    presumed dead (no heartbeat within the store's ``lease_timeout``). Those
+    messages are redelivered (marked redelivered); the others are acknowledged."""
 
 
 class InvalidClientIDError(JMSError):

@@ -36,7 +36,13 @@ from sqlalchemy import event
 
 from .._destinations import Destination
 from .._envelope import NON_PERSISTENT, Envelope
-from .._errors import InvalidArgumentError, StoreError, StoreUnavailableError
+from .._errors import (
+    InvalidArgumentError,
+    LeaseExpiredError,
+    StoreError,
+    StoreUnavailableError,
+    TransactionRolledBackError,
+)
 from .._memory import MemoryStore
 from .._store import (
     Delivery,
@@ -131,7 +137,7 @@ def _upgrade(engine: sa.Engine) -> None:
     from alembic import command
 
     cfg = _alembic_config()
-    with engine.connect() as conn:
+    with engine.connect().execution_options(b2b_write=True) as conn:  # SQLite: BEGIN IMMEDIATE, waits its turn
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_WRITE_LOCK + 1})
         try:
@@ -339,17 +345,32 @@ class SQLStore(Store):
     # ------------------------------------------------------------ background threads
 
     def _housekeeping_loop(self) -> None:
+        """Heartbeats go on their own connection, never queued behind the
+        writer's batches, so a busy process is not presumed dead."""
         last_reap = time.monotonic()
+        engine = self.engine.execution_options(b2b_write=True)
         while not self._stop.wait(self.heartbeat_interval):
             try:
-                self._write(self._op_heartbeat, wait=False)
+                self._heartbeat(engine)
                 if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
                     last_reap = time.monotonic()
                     self._write(self._op_reap, wait=False)
-            except StoreError:
+            except Exception:
                 if self._closed:
                     return
-                log.exception("store housekeeping failed")
+                log.warning("store heartbeat failed; retrying", exc_info=True)
+
+    def _heartbeat(self, engine: sa.Engine) -> None:
+        now = now_ms()
+        with engine.begin() as conn:
+            updated = conn.execute(
+                instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
+            ).rowcount
+            if not updated:
+                log.warning("this broker instance (%s) was presumed dead by another process; the messages it held "
+                            "are being redelivered", self.instance_id)
+                conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
+                                                  "pid": os.getpid(), "started": now, "heartbeat": now})
 
     def _listen_loop(self) -> None:
         import psycopg
@@ -390,9 +411,6 @@ class SQLStore(Store):
                 log.warning("polling the SQLite store for changes failed; retrying", exc_info=True)
 
     # ------------------------------------------------------------ operations (run in the writer)
-
-    def _op_heartbeat(self, batch: Batch) -> None:
-        batch.conn.execute(instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now_ms()))
 
     def _op_goodbye(self, batch: Batch) -> None:
         """Clean shutdown: give back in-flight rows at once (no lease wait)."""
@@ -641,7 +659,7 @@ class SQLStore(Store):
         if durable or sql_acks:
             def op(batch: Batch) -> None:
                 if sql_acks:
-                    self._ack_rows(batch, acks)
+                    self._ack_rows(batch, acks, strict=True)
                 if durable:
                     self._insert(batch, durable)
 
@@ -651,16 +669,35 @@ class SQLStore(Store):
         if memory_sends or memory_acks:
             self._mem.commit(memory_sends, memory_acks)
 
-    def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery]) -> None:
+    def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery], strict: bool = False) -> int:
+        """Delete acknowledged rows; returns how many were no longer ours
+        (reclaimed after our lease expired). ``strict`` raises instead, which
+        rolls the whole operation back (a transacted commit)."""
         ids = [d.ref for d in deliveries if type(d.ref) is int]
-        if ids:
-            self._op_delete(batch, ids)
-            counts = collections.Counter(d.box for d in deliveries if type(d.ref) is int)
-            batch.after_commit.append(lambda: [self._counters.add(b, DEQ, n) for b, n in counts.items()])
+        if not ids:
+            return 0
+        missing = len(ids) - self._op_delete(batch, ids)
+        if missing and strict:
+            raise TransactionRolledBackError(
+                f"{missing} of the messages this transaction consumed were taken back (this process was presumed "
+                "dead: no heartbeat within the lease timeout); the transaction was rolled back and they will be "
+                "redelivered"
+            )
+        counts = collections.Counter(d.box for d in deliveries if type(d.ref) is int)
+        batch.after_commit.append(lambda: [self._counters.add(b, DEQ, n) for b, n in counts.items()])
+        if missing and not strict:
+            log.warning("%d acknowledged messages had been taken back after this process's lease expired; "
+                        "they will be redelivered", missing)
+        return missing
 
     def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
         if any(type(d.ref) is int for d in deliveries):
-            self._write(lambda batch: self._ack_rows(batch, deliveries), wait)
+            missing = self._write(lambda batch: self._ack_rows(batch, deliveries), wait)
+            if missing:
+                raise LeaseExpiredError(
+                    f"{missing} of {len(deliveries)} messages could not be acknowledged: they were taken back after "
+                    "this process was presumed dead (no heartbeat within the lease timeout) and will be redelivered"
+                )
         memory = [d for d in deliveries if type(d.ref) is not int]
         if memory:
             self._mem.ack(memory)
