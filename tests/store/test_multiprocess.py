@@ -1,0 +1,123 @@
+"""Several processes on one database are one broker."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker_core import Broker, Queue, Requestor
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("broker_core._sql") is None,
+                                reason="the SQL store is not installed")
+
+WORKER = Path(__file__).with_name("mp_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared.db'}"
+    return request.getfixturevalue("postgres_schema")
+
+
+def spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_ready(path: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(str(path) + ".ready").exists():
+        assert proc.poll() is None, f"worker died: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "worker did not start"
+        time.sleep(0.05)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_competing_consumers_in_processes_never_share_a_message(shared_url, tmp_path):
+    total = 600
+    outs = [tmp_path / f"consumer{i}.txt" for i in range(3)]
+    procs = [spawn("consume", shared_url, str(out), str(total)) for out in outs]
+    for out, proc in zip(outs, procs):
+        wait_ready(out, proc)
+    with Broker.open(shared_url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue("mp.work"))
+        for i in range(total):
+            producer.send(session.create_text_message(f"m{i}"))
+    for proc in procs:
+        finish(proc)
+    received = [[line.split()[0] for line in out.read_text().splitlines()] for out in outs]
+    everything = [key for keys in received for key in keys]
+    assert sorted(everything) == sorted(f"m{i}" for i in range(total))  # each exactly once
+    assert len(set(everything)) == total
+    assert all(keys for keys in received), [len(k) for k in received]  # the load was shared
+
+
+def test_a_waiting_consumer_in_another_process_wakes_at_once(shared_url, tmp_path):
+    out = tmp_path / "consumer.txt"
+    proc = spawn("consume", shared_url, str(out), "20")
+    wait_ready(out, proc)
+    sent_at = {}
+    with Broker.open(shared_url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue("mp.work"))
+        time.sleep(0.5)  # the consumer is blocked in receive()
+        for i in range(20):
+            message = session.create_text_message(f"w{i}")
+            producer.send(message)
+            sent_at[f"w{i}"] = time.monotonic_ns()  # after the commit: the message is visible
+            time.sleep(0.05)
+    finish(proc)
+    latencies = []
+    for line in out.read_text().splitlines():
+        key, received_ns = line.split()
+        latencies.append((int(received_ns) - sent_at[key]) / 1e6)
+    assert len(latencies) == 20
+    median = statistics.median(latencies)
+    print(f"\ncross-process wake-up on {shared_url.split(':')[0]}: median {median:.1f} ms, max {max(latencies):.1f} ms")
+    assert median < 50, latencies  # LISTEN/NOTIFY on PostgreSQL, data_version polling (20 ms) on SQLite
+
+
+def test_request_reply_across_processes(shared_url, tmp_path):
+    out = tmp_path / "responder.txt"
+    proc = spawn("respond", shared_url, str(out))
+    wait_ready(out, proc)
+    with Broker.open(shared_url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        requestor = Requestor(session, Queue("svc"))
+        replies = [requestor.request(session.create_text_message(f"q{i}"), timeout=10).text for i in range(30)]
+        session.create_producer(Queue("svc")).send(session.create_text_message("stop"))
+    finish(proc)
+    assert replies == [f"reply to q{i} from pid {proc.pid}" for i in range(30)]
+
+
+def test_four_sqlite_processes_under_load_never_see_database_is_locked(tmp_path):
+    url = f"sqlite:///{tmp_path / 'load.db'}"
+    outs = [tmp_path / f"p{i}.txt" for i in range(4)]
+    procs = [spawn("produce", url, str(out), "400", f"p{i}", "and-consume") for i, out in enumerate(outs)]
+    errors = [finish(proc) for proc in procs]
+    for err in errors:
+        assert "database is locked" not in err
+        assert "Traceback" not in err
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        conn.start()
+        consumer = conn.create_session().create_consumer(Queue("mp.load"))
+        left = 0
+        while consumer.receive(timeout=0.5) is not None:
+            left += 1
+    got = sum(int(out.read_text().split("got ")[1].split()[0]) for out in outs)
+    assert got + left == 1600  # every message once, whichever process took it
