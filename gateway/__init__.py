@@ -1,0 +1,1 @@
+"""B2B XML integration gateway."""

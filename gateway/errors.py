@@ -1,0 +1,332 @@
+"""The one error hierarchy of the gateway.
+
+Every error the gateway raises on purpose derives from :class:`GatewayError`.
+Each class carries the HTTP ``status`` it maps to, a short stable machine
+``code`` (what a partner's software should switch on) and a human ``detail``
+that says what to do about it::
+
+    GatewayError                        500 internal-error
+    ├── DocumentTooLargeError           413 document-too-large
+    ├── UnsupportedMediaTypeError       415 unsupported-media-type
+    ├── InvalidDocumentError            400 (base: carries ``errors``)
+    │   ├── NotWellFormedError          400 not-well-formed
+    │   ├── XMLSecurityError            400 forbidden-xml
+    │   └── SchemaValidationError       400 schema-invalid
+    ├── AuthenticationError             401 unauthenticated
+    ├── ForbiddenRouteError             403 forbidden-route
+    ├── NoRouteError                    422 no-route
+    ├── ReplyTimeoutError               504 reply-timeout    (also TimeoutError)
+    └── ConfigError                     500 config-error     (``file``, ``line``)
+        └── UnknownSchemaError          500 unknown-schema
+
+Whatever a client sends is under its control, size included, so everything
+these errors can return to it is bounded: ``detail`` is clipped to
+:data:`MAX_DETAIL_CHARS`, each :class:`XMLErrorDetail` message and path to
+:data:`MAX_MESSAGE_CHARS` / :data:`MAX_PATH_CHARS`, and an
+:class:`InvalidDocumentError` keeps at most ``max_errors`` entries (the rest
+are only counted, in ``omitted``). Nothing here ever quotes the content of an
+entity or of an external file: the intake layer never expands or loads one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "MAX_DETAIL_CHARS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_PATH_CHARS",
+    "XMLErrorDetail",
+    "GatewayError",
+    "DocumentTooLargeError",
+    "UnsupportedMediaTypeError",
+    "InvalidDocumentError",
+    "NotWellFormedError",
+    "XMLSecurityError",
+    "SchemaValidationError",
+    "AuthenticationError",
+    "ForbiddenRouteError",
+    "NoRouteError",
+    "ReplyTimeoutError",
+    "ConfigError",
+    "UnknownSchemaError",
+    "clip",
+]
+
+#: Longest ``detail`` an error keeps (characters).
+MAX_DETAIL_CHARS = 500
+#: Longest message of one :class:`XMLErrorDetail` (characters).
+MAX_MESSAGE_CHARS = 300
+#: Longest element path of one :class:`XMLErrorDetail`; longer ones keep their end.
+MAX_PATH_CHARS = 512
+
+_ELLIPSIS = "\u2026"
+
+
+def clip(text: str, limit: int) -> str:
+    """Return *text* cut to at most *limit* characters, marking the cut with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - 1, 0)] + _ELLIPSIS
+
+
+def _clip_head(text: str, limit: int) -> str:
+    """Like :func:`clip` but keeps the end (the specific part of a path)."""
+    if len(text) <= limit:
+        return text
+    return _ELLIPSIS + text[len(text) - max(limit - 1, 0):]
+
+
+@dataclass(frozen=True, slots=True)
+class XMLErrorDetail:
+    """One problem found in a document.
+
+    ``line`` and ``column`` are 1-based positions in the document as received
+    (``None`` when unknown), ``path`` an XPath-like location of the element
+    with the document's own prefixes and a position where siblings share a
+    name (``/Order/cac:OrderLine[2]/cbc:Quantity``; ``None`` before there is a
+    tree), ``message`` what is wrong. Message and path are clipped on
+    construction, so a detail is always small.
+    """
+
+    line: int | None
+    column: int | None
+    path: str | None
+    message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clip(str(self.message), MAX_MESSAGE_CHARS))
+        if self.path is not None:
+            object.__setattr__(self, "path", _clip_head(str(self.path), MAX_PATH_CHARS))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict with the four fields."""
+        return {"line": self.line, "column": self.column, "path": self.path, "message": self.message}
+
+    def __str__(self) -> str:
+        where = []
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        if self.column is not None:
+            where.append(f"column {self.column}")
+        if self.path:
+            where.append(self.path)
+        return f"{', '.join(where)}: {self.message}" if where else self.message
+
+
+class GatewayError(Exception):
+    """Base of every error raised by the gateway; also the 500 for a bug."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal-error"
+    default_detail: ClassVar[str] = "The gateway failed to process the request; retry later or contact the operator."
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = clip(detail if detail else self.default_detail, MAX_DETAIL_CHARS)
+        super().__init__(self.detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready body of the error response."""
+        return {"status": self.status, "code": self.code, "detail": self.detail}
+
+    def __str__(self) -> str:
+        return self.detail
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self.status}, code={self.code!r}, detail={self.detail!r})"
+
+
+class DocumentTooLargeError(GatewayError):
+    """Raised when a request body is larger than the configured limit: as
+    soon as the running size read from the stream passes it (or when the
+    declared ``Content-Length`` already does). ``limit`` is that limit."""
+
+    status = 413
+    code = "document-too-large"
+    default_detail = "The document is larger than this gateway accepts; split it or send it compressed by agreement."
+
+    def __init__(self, detail: str | None = None, *, limit: int | None = None) -> None:
+        self.limit = limit
+        if detail is None and limit is not None:
+            detail = f"The document is larger than the {limit} bytes this gateway accepts; send a smaller document."
+        super().__init__(detail)
+
+
+class UnsupportedMediaTypeError(GatewayError):
+    """Raised when the request's ``Content-Type`` is missing or is not an XML
+    media type (``application/xml``, ``text/xml``, ``application/*+xml``), or
+    names a charset the gateway does not decode. ``received`` is the
+    (clipped) header value."""
+
+    status = 415
+    code = "unsupported-media-type"
+    default_detail = "Send the document with Content-Type application/xml."
+
+    def __init__(self, detail: str | None = None, *, received: str | None = None) -> None:
+        self.received = None if received is None else clip(received, 100)
+        super().__init__(detail)
+
+
+class InvalidDocumentError(GatewayError):
+    """Base of the errors about the document itself; ``errors`` lists the
+    problems (at most ``max_errors``; ``omitted`` counts those left out)."""
+
+    status = 400
+    code = "invalid-document"
+    default_detail = "The document was rejected; see errors."
+    max_errors: ClassVar[int] = 50
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        errors: Iterable[XMLErrorDetail] = (),
+        *,
+        omitted: int = 0,
+    ) -> None:
+        kept: list[XMLErrorDetail] = []
+        extra = 0
+        for err in errors:
+            if len(kept) < self.max_errors:
+                kept.append(err)
+            else:
+                extra += 1
+        self.errors: list[XMLErrorDetail] = kept
+        self.omitted = omitted + extra
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["errors"] = [e.to_dict() for e in self.errors]
+        if self.omitted:
+            body["omitted_errors"] = self.omitted
+        return body
+
+    def __str__(self) -> str:
+        if not self.errors:
+            return self.detail
+        more = len(self.errors) - 1 + self.omitted
+        tail = f" (+{more} more)" if more else ""
+        return f"{self.detail} [{self.errors[0]}]{tail}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status}, code={self.code!r}, detail={self.detail!r}, "
+            f"errors={self.errors!r}, omitted={self.omitted})"
+        )
+
+
+class NotWellFormedError(InvalidDocumentError):
+    """Raised when the body is not well-formed XML: a syntax error (each with
+    the line and column the parser reports), an empty body, bytes that do not
+    decode in the document's encoding, an unsupported encoding, or an HTTP
+    ``charset`` / byte order mark that conflicts with the XML declaration."""
+
+    code = "not-well-formed"
+    default_detail = "The document is not well-formed XML; fix the errors listed and send it again."
+    max_errors = 20
+
+
+class XMLSecurityError(InvalidDocumentError):
+    """Raised when the document uses a construct the gateway refuses for
+    safety: any DOCTYPE (internal or external DTD, entity declarations),
+    entity references other than the predefined five, nesting deeper than the
+    limit, more elements than the limit, or another parser resource limit.
+    Its messages are fixed texts: it never quotes entity content."""
+
+    code = "forbidden-xml"
+    default_detail = "The document uses an XML construct this gateway refuses for safety."
+    max_errors = 20
+
+
+class SchemaValidationError(InvalidDocumentError):
+    """Raised when a well-formed document does not validate against the schema
+    of its type: each error has the line, column, element path and message.
+    ``schema`` is the name of the schema it was checked against."""
+
+    code = "schema-invalid"
+    default_detail = "The document is not valid against its schema; fix the errors listed and send it again."
+    max_errors = 50
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        errors: Iterable[XMLErrorDetail] = (),
+        *,
+        omitted: int = 0,
+        schema: str | None = None,
+    ) -> None:
+        self.schema = schema
+        super().__init__(detail, errors, omitted=omitted)
+
+
+class AuthenticationError(GatewayError):
+    """Raised when a request carries no credentials, or credentials the
+    gateway does not accept."""
+
+    status = 401
+    code = "unauthenticated"
+    default_detail = "Authenticate with the credentials agreed for your partner account."
+
+
+class ForbiddenRouteError(GatewayError):
+    """Raised when an authenticated partner sends a document over a route
+    (endpoint, document type) it is not allowed to use."""
+
+    status = 403
+    code = "forbidden-route"
+    default_detail = "Your partner account may not send this document type here."
+
+
+class NoRouteError(GatewayError):
+    """Raised when a valid document matches no configured route (no route for
+    its partner, document type, or the route's conditions)."""
+
+    status = 422
+    code = "no-route"
+    default_detail = "No route accepts this document; check the document type and its routing fields."
+
+
+class ReplyTimeoutError(GatewayError, TimeoutError):
+    """Raised when a synchronous exchange got no reply from the back end in
+    time; the document may still be processed."""
+
+    status = 504
+    code = "reply-timeout"
+    default_detail = "No reply arrived in time; the document may still be processed, query its status before resending."
+
+
+class ConfigError(GatewayError):
+    """Raised when a configuration or route file, or a schema it names, is
+    wrong: unreadable, invalid, naming something unknown, or a schema that
+    does not compile. ``file`` and ``line`` locate it when known."""
+
+    status = 500
+    code = "config-error"
+    default_detail = "The gateway configuration is invalid."
+
+    def __init__(self, detail: str | None = None, *, file: str | None = None, line: int | None = None) -> None:
+        self.file = None if file is None else str(file)
+        self.line = line
+        super().__init__(detail)
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return self.detail
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.detail}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status}, code={self.code!r}, detail={self.detail!r}, "
+            f"file={self.file!r}, line={self.line!r})"
+        )
+
+
+class UnknownSchemaError(ConfigError):
+    """Raised when a schema name is asked for that is not registered (a route
+    or the startup configuration names a schema the registry does not have)."""
+
+    code = "unknown-schema"
+    default_detail = "The schema asked for is not registered."
