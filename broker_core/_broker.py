@@ -189,6 +189,24 @@ class Broker:
                 return
             yield message_from_envelope(env, 0)
 
+    def message_status(self, message_ids: list[str]) -> dict[str, str]:
+        """Where each message stands: ``"pending"`` (waiting in a queue or
+        subscription), ``"in_flight"`` (delivered, not yet acknowledged),
+        ``"dead_lettered"`` (in a dead-letter queue) or ``"gone"`` (consumed and
+        acknowledged, expired, or never stored)."""
+        found = self.store.locate(message_ids)
+        dlq = f"queue://{self.policy.dead_letter_prefix}"
+        out = {}
+        for message_id in message_ids:
+            where = found.get(message_id)
+            if where is None:
+                out[message_id] = "gone"
+            elif where[0].startswith(dlq):
+                out[message_id] = "dead_lettered"
+            else:
+                out[message_id] = "in_flight" if where[1] else "pending"
+        return out
+
     def replay_dead_letters(self, dead_letter_queue: Queue | str, limit: int | None = None) -> int:
         """Move messages from a dead-letter queue back to their original
         destination (``JMS_DLQ_OriginalDestination``) with a fresh delivery

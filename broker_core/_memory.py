@@ -79,6 +79,7 @@ class MemoryStore(Store):
         self._boxes: dict[str, _Box] = {}
         self._topics: dict[Destination, list[_Box]] = {}
         self._seq = itertools.count(1)
+        self._flying: dict[_Entry, str] = {}  # in-flight entries and their box (for locate)
 
     def close(self) -> None:
         with self._lock:
@@ -177,13 +178,41 @@ class MemoryStore(Store):
             self._route(envelope, touched)
         self._notify(touched)
 
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery]) -> None:
+    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
+               callback: Callable[[BaseException | None], None] | None = None) -> None:
+        try:
+            for fn in extra:
+                fn(None)
+        except BaseException as error:
+            if callback is None:
+                raise
+            callback(error)
+            return
         touched: list[str] = []
         with self._lock:
             self._ack_locked(acks)
             for env in sends:
                 self._route(env, touched)
         self._notify(touched)
+        if callback is not None:
+            callback(None)
+
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+        wanted = set(message_ids)
+        found: dict[str, tuple[str, bool]] = {}
+        with self._lock:
+            for box in self._boxes.values():
+                for level in box.levels:
+                    for entry in level:
+                        if entry.state is AVAILABLE and entry.env.message_id in wanted:
+                            found[entry.env.message_id] = (box.key, False)
+                for item in box.delayed:
+                    if item[2].state is DELAYED and item[2].env.message_id in wanted:
+                        found[item[2].env.message_id] = (box.key, False)
+            for entry, key in self._flying.items():
+                if entry.env.message_id in wanted:
+                    found[entry.env.message_id] = (key, True)
+        return found
 
     # ------------------------------------------------------------ reads
 
@@ -235,6 +264,7 @@ class MemoryStore(Store):
         else:
             entry.state = IN_FLIGHT
             box.in_flight += 1
+            self._flying[entry] = box.key
         return Delivery(box.key, entry, env, entry.count)
 
     def _claim_plain(self, box: _Box, now: int, auto_ack: bool) -> Delivery | None:
@@ -298,6 +328,7 @@ class MemoryStore(Store):
             entry = d.ref
             if entry.state is IN_FLIGHT:
                 entry.state = GONE
+                self._flying.pop(entry, None)
                 box = boxes.get(d.box)
                 if box is not None:
                     box.in_flight -= 1
@@ -314,6 +345,7 @@ class MemoryStore(Store):
                 if entry.state is not IN_FLIGHT:
                     continue
                 entry.state = GONE
+                self._flying.pop(entry, None)
                 box = self._boxes.get(d.box)
                 if box is None:
                     continue
@@ -377,11 +409,12 @@ class MemoryStore(Store):
         count = 0
         with self._lock:
             for box in list(self._boxes.values()):
-                for level in box.levels:
-                    for entry in level:
-                        if entry.state is AVAILABLE and entry.env.expiration and entry.env.expiration <= now:
-                            self._take(box, entry, now, True, touched)
-                            count += 1
+                # waiting entries: available ones and those delayed for redelivery
+                expired = [e for level in box.levels for e in level if e.state is AVAILABLE and e.env.expired(now)]
+                expired.extend(e for _, _, e in box.delayed if e.state is DELAYED and e.env.expired(now))
+                for entry in expired:
+                    self._take(box, entry, now, True, touched)
+                count += len(expired)
                 self._compact(box)
         self._notify(touched)
         return count

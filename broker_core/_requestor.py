@@ -6,11 +6,12 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ._destinations import Destination
 from ._errors import IllegalStateError, RequestTimeoutError
 from ._message import Message, message_from_envelope
+from ._session import _store_commit_async
 from ._store import now_ms, queue_box
 from ._waiters import AsyncWaiter, ThreadWaiter
 
@@ -145,11 +146,22 @@ class Requestor:
             waiter.wait(remaining)
         return self._outcome(message_id, key, slot, timeout)
 
-    async def request_async(self, message: Message, timeout: float | None = None, **options: Any) -> Message:
-        """Like :meth:`request`, for asyncio: waits without blocking the loop."""
+    async def request_async(self, message: Message, timeout: float | None = None,
+                            in_transaction: Sequence[Callable[[Any], Any]] = (), **options: Any) -> Message:
+        """Like :meth:`request`, for asyncio: waits without blocking the loop.
+        ``in_transaction`` functions run in the store transaction that stores
+        the request (see ``Session.commit``), e.g. to record it in a ledger."""
         waiter = AsyncWaiter()
         message_id, key, slot = self._prepare(message, waiter)
-        self._send(message, message_id, key, slot, options)
+        producer = self._producer
+        try:
+            env = producer._envelope(self.destination, message, options.get("delivery_mode"),
+                                     options.get("priority"), options.get("time_to_live"), message_id)
+            await _store_commit_async(self._broker.store, (env,), (), in_transaction)
+        except BaseException:
+            self._forget(key, slot)
+            raise
+        producer._stamp(message, env)
         deadline = None if timeout is None else time.monotonic() + timeout
         while slot.reply is None:
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -15,12 +15,38 @@ Values are SQL three-valued: TRUE, FALSE and UNKNOWN (``True``, ``False``,
   LIKE with a NULL operand are UNKNOWN; ``IS [NOT] NULL`` is never UNKNOWN.
 * Property types are taken from the Python type: ``bool``; ``int``/``float``
   and their subclasses (``Byte``, ``Short``, ``Int``, ``Float``) are numbers;
-  ``str``. A ``bool`` is *not* a number. Any other type behaves like a value
-  of an unknown type: comparing it is UNKNOWN, but it IS NOT NULL.
+  ``str``. A ``bool`` is *not* a number. Any other type (``bytes``,
+  ``Decimal``, a list...) is a type the selector does not know: such a value
+  IS NOT NULL, and is like no type, not even its own.
 * Only like types compare; ints and floats compare numerically (exactly, as
-  Python compares them). Comparing unlike types is UNKNOWN (the JMS text says
-  FALSE; this module follows the broker's contract, which says UNKNOWN: the two
-  differ only under NOT). Strings and booleans only take ``=`` and ``<>``.
+  Python compares them). As JMS 1.1 / 2.0 section 3.8.1.2 says, a comparison
+  (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``) of two non-NULL values of
+  unlike types is FALSE, whatever the operator: for ``s = 'x'`` both
+  ``s = 1`` and ``s <> 1`` are FALSE, and ``NOT (s = 1)`` is TRUE. The same
+  holds for a boolean compared with ``TRUE``/``FALSE`` or a condition
+  (``n = TRUE`` is FALSE for ``n = 1``), and a value of a type the selector
+  does not know compares FALSE with everything, itself included. So a
+  comparison is UNKNOWN only when an operand is NULL (or an UNKNOWN
+  condition), with one exception:
+  strings and booleans only take ``=`` and ``<>``, and ordering two strings
+  or two booleans (which only identifiers can ask for: the compiler rejects
+  it where it sees the types) is UNKNOWN.
+* ``x BETWEEN lo AND hi`` is ``x >= lo AND x <= hi`` and ``x NOT BETWEEN lo
+  AND hi`` is ``x < lo OR x > hi``, as the specification defines them: for a
+  non-NULL ``x`` that is not a number both are FALSE (as for a NaN).
+* IN and LIKE are defined for strings. For a non-NULL value that is not a
+  string, ``x IN (...)`` and ``x LIKE '...'`` are FALSE, so ``x NOT IN
+  (...)`` and ``x NOT LIKE '...'`` are TRUE. For IN this is what the
+  specification implies: it defines ``x IN ('a', 'b')`` as ``(x = 'a') OR (x
+  = 'b')`` and ``x NOT IN ('a', 'b')`` as ``NOT ((x = 'a') OR (x = 'b'))``,
+  and each of those comparisons is FALSE. LIKE is also one of its
+  comparison operators, so comparing a non-string with the pattern is
+  FALSE, and NOT LIKE is its negation (as in SQL-92, which JMS selectors
+  follow). ActiveMQ and Artemis give the same results for LIKE, but for a
+  non-string make IN and NOT IN both UNKNOWN, which breaks the equivalence
+  the specification states; this module follows the specification.
+* An identifier used alone as a condition (``urgent``) is not a comparison:
+  it is TRUE or FALSE when the value is a boolean, and UNKNOWN otherwise.
 * Arithmetic on a non-number is NULL; so is division by zero. Exact / exact
   divides like Java (truncates toward zero). Integers do not overflow.
 * ``JMSDeliveryMode``, ``JMSPriority``, ``JMSMessageID``, ``JMSTimestamp``,
@@ -350,7 +376,8 @@ class _Node:
     neg/pos num  [x]             -
     arith  num   operands        tuple of operators
     cmp    bool  [l, r]          (operator, operand type); a literal is on the right
-    truth  bool  [x]             -                  (an identifier used as a condition)
+                                 (operand type bool with a literal: an identifier
+                                 against TRUE/FALSE, and the operator is '=')
     between bool [x, lo, hi]     negated
     in     bool  [x]             (negated, frozenset of strings)
     like   bool  [x]             (negated, _Like)
@@ -594,15 +621,14 @@ class _Checker:
             what = "strings" if kind == _STR else "booleans"
             raise self.error(op_tok.start_pos, f"'{op}' cannot compare {what}: {what} only take = and <>")
         if kind == _BOOL:
-            # `x = TRUE` is x as a condition; `x = FALSE` / `x <> TRUE` is NOT x.
             for this, other in ((left, right), (right, left)):
                 if other.kind == "lit":
-                    node = this if this.type == _BOOL else _Node("truth", _BOOL, this.pos, this.end, args=(this,))
-                    if (op == "=") != other.value:
-                        node = _Node("not", _BOOL, pos, end, args=(node,))
-                    return node
-            left = left if left.type == _BOOL else _Node("truth", _BOOL, left.pos, left.end, args=(left,))
-            right = right if right.type == _BOOL else _Node("truth", _BOOL, right.pos, right.end, args=(right,))
+                    want = other.value if op == "=" else not other.value  # `x <> TRUE` is `x = FALSE`
+                    if this.type == _BOOL:  # a condition: `c = TRUE` is c, `c = FALSE` is NOT c
+                        return this if want else _Node("not", _BOOL, pos, end, args=(this,))
+                    # an identifier, which may hold a non-boolean: `x = <want>`
+                    lit = _Node("lit", _BOOL, other.pos, other.end, value=want)
+                    return _Node("cmp", _BOOL, pos, end, args=(this, lit), value=("=", _BOOL))
         elif left.kind == "lit" and right.kind != "lit":
             left, right, op = right, left, _FLIP[op]
         return _Node("cmp", _BOOL, pos, end, args=(left, right), value=(op, kind))
@@ -702,7 +728,7 @@ def _num(v: Any) -> Any:
 
 
 def _kind(v: Any) -> int:
-    """1 string, 2 number, 3 boolean, 0 anything else."""
+    """1 string, 2 number, 3 boolean, 0 a type the selector does not know."""
     c = v.__class__
     if c is str:
         return 1
@@ -717,38 +743,62 @@ def _kind(v: Any) -> int:
     return 0
 
 
+# Comparisons: UNKNOWN when an operand is NULL; FALSE (whatever the operator)
+# when the operands are of unlike types or of a type the selector does not know.
+
+
 def _eq(a: Any, b: Any) -> bool | None:
     if a is None or b is None:
         return None
     k = _kind(a)
     if k == 0 or k != _kind(b):
-        return None  # unlike types: UNKNOWN
+        return False  # unlike types
     return True if a == b else False
 
 
 def _ne(a: Any, b: Any) -> bool | None:
-    r = _eq(a, b)
-    return None if r is None else not r
+    if a is None or b is None:
+        return None
+    k = _kind(a)
+    if k == 0 or k != _kind(b):
+        return False  # unlike types: FALSE too, not the negation of _eq
+    return False if a == b else True
+
+
+def _unordered(a: Any, b: Any) -> bool | None:
+    """``<`` ``<=`` ``>`` ``>=`` of two non-NULL values that are not both
+    numbers: UNKNOWN for two strings or two booleans (JMS does not order
+    them), FALSE for unlike types."""
+    k = _kind(a)
+    return None if k != 0 and k == _kind(b) else False
 
 
 def _lt(a: Any, b: Any) -> bool | None:
-    a, b = _num(a), _num(b)
-    return None if a is None or b is None else a < b
+    if a is None or b is None:
+        return None
+    x, y = _num(a), _num(b)
+    return _unordered(a, b) if x is None or y is None else x < y
 
 
 def _le(a: Any, b: Any) -> bool | None:
-    a, b = _num(a), _num(b)
-    return None if a is None or b is None else a <= b
+    if a is None or b is None:
+        return None
+    x, y = _num(a), _num(b)
+    return _unordered(a, b) if x is None or y is None else x <= y
 
 
 def _gt(a: Any, b: Any) -> bool | None:
-    a, b = _num(a), _num(b)
-    return None if a is None or b is None else a > b
+    if a is None or b is None:
+        return None
+    x, y = _num(a), _num(b)
+    return _unordered(a, b) if x is None or y is None else x > y
 
 
 def _ge(a: Any, b: Any) -> bool | None:
-    a, b = _num(a), _num(b)
-    return None if a is None or b is None else a >= b
+    if a is None or b is None:
+        return None
+    x, y = _num(a), _num(b)
+    return _unordered(a, b) if x is None or y is None else x >= y
 
 
 def _between(x: Any, lo: Any, hi: Any) -> bool | None:  # lo <= x AND x <= hi
@@ -771,20 +821,32 @@ def _not_between(x: Any, lo: Any, hi: Any) -> bool | None:  # x < lo OR x > hi
     return None if first is None or second is None else False
 
 
+# IN and LIKE: UNKNOWN for NULL; for any other non-string, IN and LIKE are
+# FALSE and NOT IN and NOT LIKE are TRUE.
+
+
 def _in(v: Any, values: frozenset) -> bool | None:
-    return (v in values) if isinstance(v, str) else None
+    if isinstance(v, str):
+        return v in values
+    return None if v is None else False
 
 
 def _not_in(v: Any, values: frozenset) -> bool | None:
-    return (v not in values) if isinstance(v, str) else None
+    if isinstance(v, str):
+        return v not in values
+    return None if v is None else True
 
 
 def _like(v: Any, regex: re.Pattern) -> bool | None:
-    return (regex.fullmatch(v) is not None) if isinstance(v, str) else None
+    if isinstance(v, str):
+        return regex.fullmatch(v) is not None
+    return None if v is None else False
 
 
 def _not_like(v: Any, regex: re.Pattern) -> bool | None:
-    return (regex.fullmatch(v) is None) if isinstance(v, str) else None
+    if isinstance(v, str):
+        return regex.fullmatch(v) is None
+    return None if v is None else True
 
 
 def _neg(v: Any) -> Any:
@@ -998,8 +1060,6 @@ class _Generator:
             return f"({t} if ({t} := {self.value(node, depth + 1)}).__class__ is bool else None)"
         if kind == "lit":
             return self.const(node.value)
-        if kind == "truth":
-            return self.cond(node.args[0], depth)
         if kind in ("and", "or"):
             # AND: FALSE if any is FALSE, else UNKNOWN if any is UNKNOWN, else TRUE.
             # OR is the dual. Flat, short-circuit, each operand evaluated once.
@@ -1018,10 +1078,18 @@ class _Generator:
         if kind == "xpath":
             return f"_xpath(e, {self.const(node.value)})"
         if kind == "cmp" and node.value[1] == _BOOL:
-            a, b = self.temp(), self.temp()
-            left, right = (self.cond(x, depth + 1) for x in node.args)
-            same = "is" if node.value[0] == "=" else "is not"
-            return f"(None if ({a} := {left}) is None or ({b} := {right}) is None else {a} {same} {b})"
+            op, (left, right) = node.value[0], node.args
+            if right.kind == "lit":  # identifier = TRUE/FALSE: FALSE for a non-boolean
+                v = self.temp()
+                return f"(None if ({v} := {self.value(left, depth + 1)}) is None else {v} is {right.value})"
+            if left.type == _BOOL and right.type == _BOOL:  # two conditions: each True, False or None
+                a, b = self.temp(), self.temp()
+                lc, rc = self.cond(left, depth + 1), self.cond(right, depth + 1)
+                same = "is" if op == "=" else "is not"
+                return f"(None if ({a} := {lc}) is None or ({b} := {rc}) is None else {a} {same} {b})"
+            # an identifier (any value) against a condition
+            a, b = (self.cond(x, depth + 1) if x.type == _BOOL else self.value(x, depth + 1) for x in node.args)
+            return f"{_SLOW_CMP[op]}({a}, {b})"
         fast = self.fast(node, depth)
         if fast is not None:
             guard, quick, slow = fast
@@ -1104,8 +1172,12 @@ class _Generator:
             return f"({self.value(node, depth + 1)} is {want})"
         if kind == "lit":
             return repr(node.value is want)
-        if kind == "truth":
-            return self.test(node.args[0], want, depth)
+        if kind == "cmp" and node.value[1] == _BOOL and node.args[1].kind == "lit":
+            x, lit = self.value(node.args[0], depth + 1), node.args[1].value
+            if want:  # identifier = TRUE/FALSE
+                return f"({x} is {lit})"
+            v = self.temp()  # FALSE: any other non-NULL value
+            return f"(({v} := {x}) is not None and {v} is not {lit})"
         if kind == "not":
             return self.test(node.args[0], not want, depth + 1)
         if kind in ("and", "or"):

@@ -6,7 +6,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
 from ._destinations import Destination, Queue, Topic
@@ -39,6 +40,30 @@ __all__ = ["Session", "MessageProducer", "MessageConsumer", "QueueBrowser"]
 log = logging.getLogger("broker_core")
 
 MessageListener = Callable[[Message], Any]
+
+
+def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
+                        in_transaction: Sequence[Callable[[Any], Any]] = ()) -> "asyncio.Future[None]":
+    """Start a store commit and return a future of the running loop that
+    completes when it is durable."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def done(error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    store.commit(sends, acks, in_transaction, done)
+    return future
 
 
 class Session:
@@ -189,6 +214,10 @@ class Session:
         broker = self._broker
         store = self._store
         selector = selector or None
+        from ._selector import compile_selector
+
+        # fail before an existing subscription is replaced (and its messages dropped)
+        compile_selector(selector, xpath_namespaces=broker.xpath_namespaces or None)
         box = subscription_box(client_id, name)
         with broker._lock:
             if box in broker._active_durables:
@@ -296,8 +325,25 @@ class Session:
         if deliveries:
             self._store.release(deliveries, reason)
 
-    def commit(self) -> None:
-        """Make this transaction's sends and receives happen, atomically."""
+    def commit(self, in_transaction: Sequence[Callable[[Any], Any]] = ()) -> None:
+        """Make this transaction's sends and receives happen, atomically.
+
+        ``in_transaction``: functions called inside the same store transaction
+        with the store's handle (a SQLAlchemy connection on the SQL store), so
+        that an application record (a ledger row, say) commits with the
+        messages or not at all."""
+        staged, consumed = self._take_transaction()
+        if staged or consumed or in_transaction:
+            self._store.commit(staged, consumed, in_transaction)
+
+    async def commit_async(self, in_transaction: Sequence[Callable[[Any], Any]] = ()) -> None:
+        """Like :meth:`commit`, for asyncio: waits for the durable commit
+        without blocking the event loop (concurrent commits share one fsync)."""
+        staged, consumed = self._take_transaction()
+        if staged or consumed or in_transaction:
+            await _store_commit_async(self._store, staged, consumed, in_transaction)
+
+    def _take_transaction(self) -> tuple[list[Any], list[Delivery]]:
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("commit() is only for transacted sessions")
@@ -305,8 +351,7 @@ class Session:
             staged, self._staged = self._staged, []
             consumed = list(self._unacked.values())
             self._unacked.clear()
-        if staged or consumed:
-            self._store.commit(staged, consumed)
+        return staged, consumed
 
     def rollback(self) -> None:
         """Discard this transaction's sends and redeliver what it received."""
@@ -444,23 +489,63 @@ class MessageProducer:
         """``send(message)`` on a producer with a destination, or
         ``send(destination, message)`` on an unidentified one. Sets the sent
         message's ``jms_message_id``, ``jms_timestamp`` and the other headers."""
+        destination, message = self._target(args)
+        self._send(destination, message, delivery_mode, priority, time_to_live, None)
+
+    async def send_async(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
+                         time_to_live: int | None = None) -> None:
+        """Like :meth:`send`, for asyncio: returns once the message is stored
+        (durably, when persistent) without blocking the event loop; many
+        concurrent sends share commits. In a transacted session it stages."""
+        destination, message = self._target(args)
+        env = self._envelope(destination, message, delivery_mode, priority, time_to_live, None)
+        if self._session.transacted:
+            self._stage(env)
+        else:
+            await _store_commit_async(self._broker.store, (env,), ())
+        self._stamp(message, env)
+
+    def _target(self, args: tuple[Any, ...]) -> tuple[Destination, Message]:
         if len(args) == 1:
-            destination, message = self.destination, args[0]
-            if destination is None:
+            if self.destination is None:
                 raise InvalidDestinationError("this producer has no destination: use send(destination, message)")
-        elif len(args) == 2:
-            destination, message = args
+            return self.destination, args[0]
+        if len(args) == 2:
             if self.destination is not None:
                 raise InvalidDestinationError(
                     f"this producer sends to {self.destination}; use an unidentified producer to name destinations"
                 )
-            self._session._check_destination(destination)
-        else:
-            raise TypeError("send() takes (message) or (destination, message)")
-        self._send(destination, message, delivery_mode, priority, time_to_live, None)
+            self._session._check_destination(args[0])
+            return args[0], args[1]
+        raise TypeError("send() takes (message) or (destination, message)")
 
     def _send(self, destination: Destination, message: Message, delivery_mode: int | None, priority: int | None,
               time_to_live: int | None, message_id: str | None) -> None:
+        env = self._envelope(destination, message, delivery_mode, priority, time_to_live, message_id)
+        if self._session.transacted:
+            self._stage(env)
+        else:
+            self._broker.store.send(env)
+        self._stamp(message, env)
+
+    def _stage(self, env: Any) -> None:
+        session = self._session
+        with session._lock:
+            session._staged.append(env)
+
+    @staticmethod
+    def _stamp(message: Message, env: Any) -> None:
+        """Set the headers JMS sets on a sent message."""
+        message.jms_message_id = env.message_id
+        message.jms_destination = env.destination
+        message.jms_delivery_mode = env.delivery_mode
+        message.jms_priority = env.priority
+        message.jms_timestamp = env.timestamp
+        message.jms_expiration = env.expiration
+
+    def _envelope(self, destination: Destination, message: Message, delivery_mode: int | None,
+                  priority: int | None, time_to_live: int | None, message_id: str | None) -> Any:
+        """Check the arguments and snapshot ``message`` for sending."""
         session = self._session
         if self._closed:
             raise IllegalStateError("the producer is closed")
@@ -491,17 +576,7 @@ class MessageProducer:
                                    timestamp, connection.origin)
         if connection.user is not None:  # stamped on the sent copy: a received message stays forwardable
             env.properties["JMSXUserID"] = connection.user
-        if session.transacted:
-            with session._lock:
-                session._staged.append(env)
-        else:
-            broker.store.send(env)
-        message.jms_message_id = message_id
-        message.jms_destination = destination
-        message.jms_delivery_mode = mode
-        message.jms_priority = prio
-        message.jms_timestamp = timestamp
-        message.jms_expiration = env.expiration
+        return env
 
 
 class MessageConsumer:

@@ -230,9 +230,20 @@ class Store(abc.ABC):
         a persistent message on a durable store)."""
 
     @abc.abstractmethod
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery]) -> None:
+    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
+               callback: Callable[[BaseException | None], None] | None = None) -> None:
         """Atomically store ``sends`` and acknowledge ``acks`` (a transacted
-        session's commit)."""
+        session's commit). Each ``extra`` function is called inside the same
+        transaction with the store's handle (a SQLAlchemy connection on the SQL
+        store, ``None`` in memory), so an application's own record commits
+        with the messages or not at all. With ``callback`` the call returns at
+        once and ``callback(error_or_None)`` runs, in another thread, once the
+        commit is done."""
+
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+        """Where messages wait: ``{message_id: (box, in_flight)}``; messages not
+        found were consumed, expired or never stored."""
+        return {}
 
     # reads
     @abc.abstractmethod

@@ -35,6 +35,7 @@ entries = sa.Table(
     sa.Index("b2b_entries_claim", "box", "state", sa.text("priority DESC"), "seq"),
     sa.Index("b2b_entries_owner", "owner", "state"),
     sa.Index("b2b_entries_expiration", "expiration"),
+    sa.Index("b2b_entries_message_id", "message_id"),
     sqlite_autoincrement=True,
 )
 

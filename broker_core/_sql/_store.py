@@ -318,10 +318,11 @@ class SQLStore(Store):
         """Changes whenever messages may have become available in ``box``."""
         return max(self._versions.get(box, 0), self._all_version)
 
-    def _write(self, fn: Callable[[Batch], Any], wait: bool = True) -> Any:
+    def _write(self, fn: Callable[[Batch], Any], wait: bool = True,
+               callback: Callable[[Any, BaseException | None], None] | None = None) -> Any:
         if self._closed or self._writer is None:
             raise StoreError("the store is closed")
-        return self._writer.submit(fn, wait)
+        return self._writer.submit(fn, wait, callback)
 
     def _next_seq(self) -> int:
         with self._seq_lock:
@@ -653,21 +654,55 @@ class SQLStore(Store):
         """Store several messages in one transaction (not atomic with anything else)."""
         self.commit(envelopes, ())
 
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery]) -> None:
+    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
+               callback: Callable[[BaseException | None], None] | None = None) -> None:
         durable = [e for e in sends if not self._in_memory(e)]
-        sql_acks = [d.ref for d in acks if type(d.ref) is int]
-        if durable or sql_acks:
-            def op(batch: Batch) -> None:
-                if sql_acks:
-                    self._ack_rows(batch, acks, strict=True)
-                if durable:
-                    self._insert(batch, durable)
-
-            self._write(op)
+        sql_acks = [d for d in acks if type(d.ref) is int]
         memory_sends = [e for e in sends if self._in_memory(e)]
         memory_acks = [d for d in acks if type(d.ref) is not int]
-        if memory_sends or memory_acks:
-            self._mem.commit(memory_sends, memory_acks)
+
+        def memory_part() -> None:
+            if memory_sends or memory_acks:
+                self._mem.commit(memory_sends, memory_acks)
+
+        if not (durable or sql_acks or extra):
+            memory_part()
+            if callback is not None:
+                callback(None)
+            return
+
+        def op(batch: Batch) -> None:
+            if sql_acks:
+                self._ack_rows(batch, sql_acks, strict=True)
+            if durable:
+                self._insert(batch, durable)
+            for fn in extra:
+                fn(batch.conn)
+
+        if callback is None:
+            self._write(op)
+            memory_part()
+            return
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is None:
+                memory_part()
+            callback(error)
+
+        self._write(op, callback=done)
+
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+        found = self._mem.locate(message_ids)
+        ids = list(message_ids)
+        with self.engine.connect() as conn:
+            for start in range(0, len(ids), 500):
+                rows = conn.execute(
+                    sa.select(entries.c.message_id, entries.c.box, entries.c.state)
+                    .where(entries.c.message_id.in_(ids[start:start + 500]))
+                ).all()
+                for row in rows:
+                    found[row.message_id] = (row.box, row.state == 1)
+        return found
 
     def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery], strict: bool = False) -> int:
         """Delete acknowledged rows; returns how many were no longer ours

@@ -42,11 +42,13 @@ class Batch:
 
 
 class _Op:
-    __slots__ = ("fn", "waiter", "result", "error", "done")
+    __slots__ = ("fn", "waiter", "callback", "result", "error", "done")
 
-    def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None) -> None:
+    def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None,
+                 callback: Callable[[Any, BaseException | None], None] | None = None) -> None:
         self.fn = fn
         self.waiter = waiter
+        self.callback = callback
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -90,12 +92,16 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="b2b-sql-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[Batch], Any], wait: bool = True) -> Any:
+    def submit(self, fn: Callable[[Batch], Any], wait: bool = True,
+               callback: Callable[[Any, BaseException | None], None] | None = None) -> Any:
         """Run ``fn`` in the next transaction; with ``wait``, return its result
-        once committed (or raise its error)."""
+        once committed (or raise its error); with ``callback``, return at once
+        and call ``callback(result, error)`` from the writer thread when done."""
         if self._closed:
             raise StoreError("the store is closed")
-        op = _Op(fn, ThreadWaiter() if wait else None)
+        if callback is not None:
+            wait = False
+        op = _Op(fn, ThreadWaiter() if wait else None, callback)
         with self._cond:
             self._ops.append(op)
             if len(self._ops) == 1:
@@ -230,3 +236,10 @@ class GroupCommitter:
             op.done = True
             if op.waiter is not None:
                 op.waiter.wake()
+            if op.callback is not None:
+                try:
+                    op.callback(op.result, op.error)
+                except Exception:
+                    log.exception("store completion callback failed")
+            elif op.error is not None and op.waiter is None:
+                log.warning("a background store write failed: %s", op.error)

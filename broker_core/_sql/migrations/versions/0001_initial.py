@@ -41,6 +41,7 @@ def upgrade() -> None:
     op.create_index("b2b_entries_claim", "b2b_entries", ["box", "state", sa.text("priority DESC"), "seq"])
     op.create_index("b2b_entries_owner", "b2b_entries", ["owner", "state"])
     op.create_index("b2b_entries_expiration", "b2b_entries", ["expiration"])
+    op.create_index("b2b_entries_message_id", "b2b_entries", ["message_id"])
     op.create_table(
         "b2b_subscriptions",
         sa.Column("box", sa.String(512), primary_key=True),
