@@ -1,0 +1,57 @@
+"""The document ledger's tables: the contract between the gateway (which
+writes them) and the warehouse load in ``spark_etl`` (which reads them).
+
+Every accepted document has one ``b2b_ledger`` row, inserted in the same
+store transaction that enqueues its message, so a document is recorded if and
+only if it was enqueued. Each status change appends a ``b2b_ledger_events``
+row; ``seq`` grows with every event, which is what incremental readers follow.
+
+Statuses: ``accepted`` (stored, waiting for a consumer), ``delivered`` (a
+consumer acknowledged it), ``replied`` (request-reply: the reply arrived),
+``failed`` (the backend answered with an error, or the reply could not be
+recorded), ``dead_lettered`` (moved to a dead-letter queue).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+STATUSES = ("accepted", "delivered", "replied", "failed", "dead_lettered")
+#: Statuses after which a document counts as a delivered transaction.
+DELIVERED_STATUSES = ("delivered", "replied")
+
+documents = sa.Table(
+    "b2b_ledger",
+    metadata,
+    sa.Column("message_id", sa.String(128), primary_key=True),  # the JMS message id it was enqueued as
+    sa.Column("partner", sa.String(100), nullable=False),
+    sa.Column("doc_type", sa.String(100), nullable=False),  # the root element's local name: Order, Invoice, ...
+    sa.Column("doc_namespace", sa.String(300), nullable=False),
+    sa.Column("doc_id", sa.String(200)),  # the document's own cbc:ID
+    sa.Column("idempotency_key", sa.String(500), nullable=False, unique=True),
+    sa.Column("correlation_id", sa.String(200), nullable=False),
+    sa.Column("route", sa.String(100), nullable=False),
+    sa.Column("destination", sa.String(300), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("received_at", sa.BigInteger, nullable=False),  # epoch ms
+    sa.Column("updated_at", sa.BigInteger, nullable=False),  # epoch ms of the last status change
+    sa.Column("document", sa.LargeBinary, nullable=False),  # the XML as accepted (UTF-8)
+    sa.Column("reply", sa.LargeBinary),  # the reply document (UTF-8), request-reply routes
+    sa.Column("reply_type", sa.String(100)),
+    sa.Column("receipt", sa.Text),  # JSON of the first answer, replayed to duplicates
+    sa.Column("error", sa.Text),
+    sa.Index("ix_b2b_ledger_status", "status", "updated_at"),
+    sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
+)
+
+events = sa.Table(
+    "b2b_ledger_events",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("message_id", sa.String(128), nullable=False, index=True),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("at", sa.BigInteger, nullable=False),  # epoch ms
+    sqlite_autoincrement=True,
+)
