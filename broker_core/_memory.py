@@ -78,6 +78,7 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
         self._boxes: dict[str, _Box] = {}
         self._topics: dict[Destination, list[_Box]] = {}
+        self._by_destination: dict[Destination, _Box] = {}  # queue boxes, to route without formatting keys
         self._seq = itertools.count(1)
         self._flying: dict[_Entry, str] = {}  # in-flight entries and their box (for locate)
 
@@ -104,6 +105,7 @@ class MemoryStore(Store):
             if found is None:
                 return
             found.deleted = True
+            self._by_destination.pop(found.destination, None)
             if found.subscription is not None:
                 subs = self._topics.get(found.subscription.topic, [])
                 if found in subs:
@@ -159,13 +161,16 @@ class MemoryStore(Store):
                 self._put(box, _Entry(env, next(self._seq)))
                 touched.append(box.key)
         else:
-            key = str(dest)
-            box = self._boxes.get(key)
-            if box is None:
-                box = self._boxes[key] = _Box(key, dest)
+            box = self._by_destination.get(dest)
+            if box is None or box.deleted:
+                key = str(dest)
+                box = self._boxes.get(key)
+                if box is None:
+                    box = self._boxes[key] = _Box(key, dest)
+                self._by_destination[dest] = box
             box.enqueued += 1
             self._put(box, _Entry(env, next(self._seq)))
-            touched.append(key)
+            touched.append(box.key)
 
     def _notify(self, touched: list[str]) -> None:
         notify = self._on_available

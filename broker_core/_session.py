@@ -88,7 +88,7 @@ class Session:
         self.transacted = transacted
         self.ack_mode = AckMode.TRANSACTED if transacted else ack_mode
         self._closed = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards _unacked and _staged; never held while calling out
         self._consumers: list[MessageConsumer] = []
         self._producers: list[MessageProducer] = []
         self._browsers: list[QueueBrowser] = []
