@@ -27,10 +27,10 @@ Values are SQL three-valued: TRUE, FALSE and UNKNOWN (``True``, ``False``,
   (``n = TRUE`` is FALSE for ``n = 1``), and a value of a type the selector
   does not know compares FALSE with everything, itself included. So a
   comparison is UNKNOWN only when an operand is NULL (or an UNKNOWN
-  condition), with one exception:
-  strings and booleans only take ``=`` and ``<>``, and ordering two strings
-  or two booleans (which only identifiers can ask for: the compiler rejects
-  it where it sees the types) is UNKNOWN.
+  condition), with one exception: strings and booleans only take ``=`` and
+  ``<>``, and ordering two strings or two booleans (which only two
+  identifiers can ask for: the compiler rejects it where it sees the types)
+  is UNKNOWN.
 * ``x BETWEEN lo AND hi`` is ``x >= lo AND x <= hi`` and ``x NOT BETWEEN lo
   AND hi`` is ``x < lo OR x > hi``, as the specification defines them: for a
   non-NULL ``x`` that is not a number both are FALSE (as for a NaN).
@@ -774,31 +774,31 @@ def _unordered(a: Any, b: Any) -> bool | None:
 
 
 def _lt(a: Any, b: Any) -> bool | None:
-    if a is None or b is None:
-        return None
     x, y = _num(a), _num(b)
-    return _unordered(a, b) if x is None or y is None else x < y
+    if x is None or y is None:
+        return None if a is None or b is None else _unordered(a, b)
+    return x < y
 
 
 def _le(a: Any, b: Any) -> bool | None:
-    if a is None or b is None:
-        return None
     x, y = _num(a), _num(b)
-    return _unordered(a, b) if x is None or y is None else x <= y
+    if x is None or y is None:
+        return None if a is None or b is None else _unordered(a, b)
+    return x <= y
 
 
 def _gt(a: Any, b: Any) -> bool | None:
-    if a is None or b is None:
-        return None
     x, y = _num(a), _num(b)
-    return _unordered(a, b) if x is None or y is None else x > y
+    if x is None or y is None:
+        return None if a is None or b is None else _unordered(a, b)
+    return x > y
 
 
 def _ge(a: Any, b: Any) -> bool | None:
-    if a is None or b is None:
-        return None
     x, y = _num(a), _num(b)
-    return _unordered(a, b) if x is None or y is None else x >= y
+    if x is None or y is None:
+        return None if a is None or b is None else _unordered(a, b)
+    return x >= y
 
 
 def _between(x: Any, lo: Any, hi: Any) -> bool | None:  # lo <= x AND x <= hi
@@ -826,27 +826,27 @@ def _not_between(x: Any, lo: Any, hi: Any) -> bool | None:  # x < lo OR x > hi
 
 
 def _in(v: Any, values: frozenset) -> bool | None:
-    if isinstance(v, str):
-        return v in values
-    return None if v is None else False
+    if v is None:
+        return None
+    return (v in values) if isinstance(v, str) else False
 
 
 def _not_in(v: Any, values: frozenset) -> bool | None:
-    if isinstance(v, str):
-        return v not in values
-    return None if v is None else True
+    if v is None:
+        return None
+    return (v not in values) if isinstance(v, str) else True
 
 
 def _like(v: Any, regex: re.Pattern) -> bool | None:
-    if isinstance(v, str):
-        return regex.fullmatch(v) is not None
-    return None if v is None else False
+    if v is None:
+        return None
+    return (regex.fullmatch(v) is not None) if isinstance(v, str) else False
 
 
 def _not_like(v: Any, regex: re.Pattern) -> bool | None:
-    if isinstance(v, str):
-        return regex.fullmatch(v) is None
-    return None if v is None else True
+    if v is None:
+        return None
+    return (regex.fullmatch(v) is None) if isinstance(v, str) else True
 
 
 def _neg(v: Any) -> Any:

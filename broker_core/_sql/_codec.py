@@ -103,20 +103,12 @@ def destination(text: str | None) -> Any:
     return found
 
 
-def envelope_row(env: Envelope, box: str, seq: int, ready_at: int = 0, delivery_count: int = 0) -> dict[str, Any]:
-    """The insert parameters for one entry of ``env`` in ``box``."""
+def message_row(env: Envelope) -> dict[str, Any]:
+    """The insert parameters of the ``b2b_messages`` row of ``env``."""
     return {
-        "box": box,
-        "seq": seq,
-        "priority": env.priority,
-        "state": 0,
-        "ready_at": ready_at,
-        "owner": None,
-        "delivery_count": delivery_count,
         "message_id": env.message_id,
         "destination": str(env.destination),
         "delivery_mode": env.delivery_mode,
-        "expiration": env.expiration,
         "timestamp": env.timestamp,
         "correlation_id": env.correlation_id,
         "reply_to": None if env.reply_to is None else str(env.reply_to),
@@ -128,20 +120,21 @@ def envelope_row(env: Envelope, box: str, seq: int, ready_at: int = 0, delivery_
     }
 
 
-#: The columns an envelope is rebuilt from, in this order.
-ENVELOPE_COLUMNS = ("message_id", "destination", "delivery_mode", "priority", "expiration", "timestamp",
-                    "correlation_id", "reply_to", "type", "properties", "kind", "body", "origin")
+#: The b2b_messages columns an envelope is rebuilt from (with the entry's
+#: priority and expiration).
+MESSAGE_COLUMNS = ("message_id", "destination", "delivery_mode", "timestamp", "correlation_id", "reply_to", "type",
+                   "properties", "kind", "body", "origin")
 
 
-def row_envelope(row: Any) -> Envelope:
-    """Rebuild an envelope from a row that has the :data:`ENVELOPE_COLUMNS`."""
+def row_envelope(row: Any, priority: int, expiration: int) -> Envelope:
+    """Rebuild an envelope from a ``b2b_messages`` row."""
     kind = row.kind
     return Envelope(
         row.message_id,
         destination(row.destination),
         row.delivery_mode,
-        row.priority,
-        row.expiration,
+        priority,
+        expiration,
         row.timestamp,
         row.correlation_id,
         destination(row.reply_to),

@@ -6,24 +6,16 @@ import sqlalchemy as sa
 
 metadata = sa.MetaData()
 
-#: One row per message waiting in a box (a queue, or one topic subscription).
-#: ``id`` grows in commit order (SQLite serialises writers; on PostgreSQL the
-#: writers take an advisory lock), so selective readers can scan by id.
-entries = sa.Table(
-    "b2b_entries",
+#: One row per sent message: headers, properties and body, written once.
+#: Several entries (the copies of a topic message) may share it; it is deleted
+#: with the last entry that refers to it.
+messages = sa.Table(
+    "b2b_messages",
     metadata,
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("box", sa.String(512), nullable=False),
-    sa.Column("seq", sa.BigInteger, nullable=False),  # FIFO order within a priority
-    sa.Column("priority", sa.SmallInteger, nullable=False),
-    sa.Column("state", sa.SmallInteger, nullable=False, server_default="0"),  # 0 available, 1 in flight
-    sa.Column("ready_at", sa.BigInteger, nullable=False, server_default="0"),  # epoch ms (redelivery delay)
-    sa.Column("owner", sa.String(64)),  # broker instance holding it in flight
-    sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("message_id", sa.String(128), nullable=False),
     sa.Column("destination", sa.String(300), nullable=False),
     sa.Column("delivery_mode", sa.SmallInteger, nullable=False),
-    sa.Column("expiration", sa.BigInteger, nullable=False),
     sa.Column("timestamp", sa.BigInteger, nullable=False),
     sa.Column("correlation_id", sa.Text),
     sa.Column("reply_to", sa.String(300)),
@@ -32,10 +24,32 @@ entries = sa.Table(
     sa.Column("kind", sa.String(10), nullable=False),
     sa.Column("properties", sa.Text, nullable=False),
     sa.Column("body", sa.LargeBinary),
+    sa.Index("b2b_messages_message_id", "message_id"),
+    sqlite_autoincrement=True,
+)
+
+#: One small row per message waiting in a box (a queue, or one topic
+#: subscription): what claiming, acknowledging and redelivering change, kept
+#: apart from the bodies so those writes stay small. ``id`` grows in commit
+#: order (SQLite serialises writers; on PostgreSQL the writers take an
+#: advisory lock), so selective readers can scan by id.
+entries = sa.Table(
+    "b2b_entries",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("box", sa.String(512), nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),  # FIFO order within a priority
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("expiration", sa.BigInteger, nullable=False),  # epoch ms, 0 = never
+    sa.Column("state", sa.SmallInteger, nullable=False, server_default="0"),  # 0 available, 1 in flight
+    sa.Column("ready_at", sa.BigInteger, nullable=False, server_default="0"),  # epoch ms (redelivery delay)
+    sa.Column("owner", sa.String(64)),  # broker instance holding it in flight
+    sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("message", sa.BigInteger, nullable=False),  # b2b_messages.id
     sa.Index("b2b_entries_claim", "box", "state", sa.text("priority DESC"), "seq"),
     sa.Index("b2b_entries_owner", "owner", "state"),
     sa.Index("b2b_entries_expiration", "expiration"),
-    sa.Index("b2b_entries_message_id", "message_id"),
+    sa.Index("b2b_entries_message", "message"),
     sqlite_autoincrement=True,
 )
 

@@ -56,7 +56,7 @@ from .._store import (
     now_ms,
 )
 from . import _codec
-from ._schema import entries, instances, leases, subscriptions, temporaries
+from ._schema import entries, instances, leases, messages, subscriptions, temporaries
 from ._writer import Batch, GroupCommitter, is_retryable
 
 __all__ = ["SQLStore", "upgrade_database"]
@@ -65,9 +65,13 @@ log = logging.getLogger("broker_core.sql")
 
 _CHANNEL = "b2b_available"
 _PG_WRITE_LOCK = 0x62326267  # "b2bg": serialises writers so ids grow in commit order
-_ENVELOPE_COLS = [entries.c[name] for name in _codec.ENVELOPE_COLUMNS]
-_RETURNING = [entries.c.id, entries.c.delivery_count, entries.c.seq, *_ENVELOPE_COLS]
-_COPY_COLS = [c for c in entries.c if c.name not in ("id", "state", "ready_at", "owner", "delivery_count")]
+_MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
+#: What a claim returns of each entry.
+_CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
+            entries.c.expiration, entries.c.message]
+#: Entry columns copied when an entry is put back under a new id.
+_COPY_COLS = [entries.c.box, entries.c.seq, entries.c.priority, entries.c.expiration, entries.c.message]
+_JOINED = entries.join(messages, entries.c.message == messages.c.id)
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "pool_size"}
@@ -101,6 +105,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA secure_delete=OFF")  # freed pages are not zeroed: far less to write per ack
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -243,6 +248,9 @@ class SQLStore(Store):
         self._remote_temps: dict[Destination, float] = {}
         self._seq_lock = threading.Lock()
         self._last_seq = 0
+        self._later_lock = threading.Lock()
+        self._later: list[Delivery] = []  # acknowledgements not waited for
+        self._later_queued = False
         self._closed = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -259,7 +267,7 @@ class SQLStore(Store):
         self._writer = GroupCommitter(
             self.engine.execution_options(b2b_write=True) if not self._pg else self.engine,
             begin=self._begin,
-            before_commit=self._notify_in_txn if self._pg else None,
+            before_commit=self._before_commit,
             on_touched=self._touched,
             retry_for=self._retry_for,
         )
@@ -297,10 +305,6 @@ class SQLStore(Store):
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_WRITE_LOCK})
         else:
             conn.exec_driver_sql("SELECT 1")  # autobegin: BEGIN IMMEDIATE via the begin event
-
-    def _notify_in_txn(self, batch: Batch) -> None:
-        for box in batch.touched:
-            batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
 
     def _touched(self, boxes: set[str]) -> None:
         for box in boxes:
@@ -445,17 +449,39 @@ class SQLStore(Store):
         boxes = conn.execute(sa.select(subscriptions.c.box).where(subscriptions.c.owner == owner)).scalars().all()
         temps = conn.execute(sa.select(temporaries.c.name).where(temporaries.c.owner == owner)).scalars().all()
         for box in [*boxes, *temps]:
-            conn.execute(entries.delete().where(entries.c.box == box))
+            self._delete_box_entries(batch, box)
         conn.execute(subscriptions.delete().where(subscriptions.c.owner == owner))
         conn.execute(temporaries.delete().where(temporaries.c.owner == owner))
 
     def _insert(self, batch: Batch, envs: Sequence[Envelope]) -> None:
-        """Insert entries for ``envs`` (queue: one; topic: one per matching
-        subscription, read in this same transaction)."""
+        """Store ``envs`` in this transaction (written by :meth:`_flush_inserts`
+        just before the commit, together with every other op's)."""
+        batch.inserts.extend(envs)
+
+    def _before_commit(self, batch: Batch) -> None:
+        if batch.inserts:
+            self._flush_inserts(batch)
+        if self._pg and batch.touched:
+            for box in batch.touched:
+                batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
+
+    def _reserve_message_ids(self, conn: sa.Connection, n: int) -> list[int]:
+        """``n`` new b2b_messages ids in one query (the write lock is held)."""
+        if self._pg:
+            return conn.execute(sa.text(
+                "SELECT nextval(pg_get_serial_sequence('b2b_messages', 'id')) FROM generate_series(1, :n)"),
+                {"n": n}).scalars().all()
+        base = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_messages'").scalar() or 0
+        return list(range(base + 1, base + n + 1))
+
+    def _flush_inserts(self, batch: Batch) -> None:
+        """One message row per envelope, and an entry in every box that
+        receives it: a queue's, or each matching subscription of a topic (read
+        in this same transaction)."""
         conn = batch.conn
-        rows = []
+        placed: list[tuple[Envelope, list[str], int]] = []
         topic_subs: dict[str, list[Any]] = {}
-        for env in envs:
+        for env in batch.inserts:
             dest = env.destination
             if dest.is_topic:
                 key = str(dest)
@@ -465,25 +491,74 @@ class SQLStore(Store):
                         sa.select(subscriptions.c.box, subscriptions.c.selector, subscriptions.c.no_local,
                                   subscriptions.c.local_origin).where(subscriptions.c.topic == key)
                     ).all()
-                seq = self._next_seq()
+                boxes = []
                 for sub in subs:
                     if sub.no_local and env.origin is not None and env.origin == sub.local_origin:
                         continue
                     selector = self._selector(sub.selector) if sub.selector else None
                     if selector is not None and not selector.matches(env):
                         continue
-                    rows.append(_codec.envelope_row(env, sub.box, seq))
+                    boxes.append(sub.box)
+                if boxes:
+                    placed.append((env, boxes, self._next_seq()))
             else:
-                rows.append(_codec.envelope_row(env, str(dest), self._next_seq()))
-        if rows:
-            conn.execute(entries.insert(), rows)
-            counts = collections.Counter(row["box"] for row in rows)
-            batch.touched.update(counts)
-            batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+                placed.append((env, [str(dest)], self._next_seq()))
+        batch.inserts = []
+        if not placed:
+            return
+        ids = self._reserve_message_ids(conn, len(placed))
+        message_rows = []
+        for (env, _, _), message in zip(placed, ids):
+            row = _codec.message_row(env)
+            row["id"] = message
+            message_rows.append(row)
+        conn.execute(messages.insert(), message_rows)
+        rows = [
+            {"box": box, "seq": seq, "priority": env.priority, "expiration": env.expiration, "state": 0,
+             "ready_at": 0, "owner": None, "delivery_count": 0, "message": message}
+            for (env, boxes, seq), message in zip(placed, ids)
+            for box in boxes
+        ]
+        conn.execute(entries.insert(), rows)
+        counts = collections.Counter(row["box"] for row in rows)
+        batch.touched.update(counts)
+        batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+
+    def _envelopes(self, conn: sa.Connection, rows: Sequence[Any]) -> dict[int, Any]:
+        """The ``b2b_messages`` rows of some entry rows, by message id."""
+        refs = list({row.message for row in rows})
+        found: dict[int, Any] = {}
+        for start in range(0, len(refs), 500):
+            for msg in conn.execute(sa.select(messages.c.id, *_MESSAGE_COLS)
+                                    .where(messages.c.id.in_(refs[start:start + 500]))):
+                found[msg.id] = msg
+        return found
+
+    def _collect(self, batch: Batch, refs: Sequence[int]) -> None:
+        """Delete the message rows that no entry refers to any more."""
+        if refs:
+            batch.conn.execute(messages.delete().where(
+                messages.c.id.in_(list(set(refs))),
+                ~sa.exists().where(entries.c.message == messages.c.id),
+            ))
+
+    def _delete_entries(self, batch: Batch, ids: Sequence[int], owner: str | None = None) -> int:
+        """Delete entries (only ``owner``'s, when given) and their orphaned
+        messages; returns how many entries were deleted."""
+        where = [entries.c.id.in_(list(ids))]
+        if owner is not None:
+            where.append(entries.c.owner == owner)
+        refs = batch.conn.execute(entries.delete().where(*where).returning(entries.c.message)).scalars().all()
+        self._collect(batch, refs)
+        return len(refs)
+
+    def _delete_box_entries(self, batch: Batch, box: str) -> None:
+        refs = batch.conn.execute(entries.delete().where(entries.c.box == box).returning(entries.c.message)).scalars().all()
+        self._collect(batch, refs)
 
     def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
                     counted: bool = True) -> None:
-        """Put in-flight rows back (after the policy's delay) or dead-letter
+        """Put in-flight entries back (after the policy's delay) or dead-letter
         them; ``counted=False`` undoes a claim whose message was never handed
         out (prefetched, then the consumer closed)."""
         conn = batch.conn
@@ -492,17 +567,21 @@ class SQLStore(Store):
         where = [entries.c.id.in_(ids), entries.c.state == 1]
         if owner is not None:
             where.append(entries.c.owner == owner)
-        rows = conn.execute(
-            sa.select(entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, *_ENVELOPE_COLS)
-            .where(*where).order_by(entries.c.seq)
-        ).all()
-        for row in rows:
-            if counted and row.delivery_count >= policy.max_deliveries:
+        rows = conn.execute(sa.select(*_CLAIMED).where(*where).order_by(entries.c.seq)).all()
+        dead = [row for row in rows if counted and row.delivery_count >= policy.max_deliveries]
+        if dead:
+            found = self._envelopes(conn, dead)
+            letters = []
+            for row in dead:
                 why = (f"delivered {row.delivery_count} times without acknowledgement "
                        f"(max_deliveries={policy.max_deliveries}); last failure: {reason}")
-                self._insert(batch, [dead_letter_envelope(_codec.row_envelope(row), policy, why, row.box)])
-                conn.execute(entries.delete().where(entries.c.id == row.id))
+                env = _codec.row_envelope(found[row.message], row.priority, row.expiration)
+                letters.append(dead_letter_envelope(env, policy, why, row.box))
                 batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
+            self._insert(batch, letters)
+            self._delete_entries(batch, [row.id for row in dead])
+        for row in rows:
+            if counted and row.delivery_count >= policy.max_deliveries:
                 continue
             delay = policy.delay_ms(row.delivery_count) if counted else 0
             count = row.delivery_count if counted else max(0, row.delivery_count - 1)
@@ -515,19 +594,24 @@ class SQLStore(Store):
             conn.execute(entries.delete().where(entries.c.id == row.id))
             batch.touched.add(row.box)
 
-    def _expire_rows(self, batch: Batch, rows: list[Any]) -> None:
-        """Delete expired rows (already selected) and count or move them."""
-        batch.conn.execute(entries.delete().where(entries.c.id.in_([r.id for r in rows])))
+    def _expire_rows(self, batch: Batch, rows: Sequence[Any]) -> None:
+        """Delete expired entries (already selected) and count or move them."""
         copies = []
+        if self.policy.expiry_queue is not None:
+            found = self._envelopes(batch.conn, rows)
+            for row in rows:
+                copy = expired_envelope(_codec.row_envelope(found[row.message], row.priority, row.expiration),
+                                        self.policy)
+                if copy is not None:
+                    copies.append(copy)
+        self._delete_entries(batch, [row.id for row in rows])
         for row in rows:
-            copy = expired_envelope(_codec.row_envelope(row), self.policy)
-            if copy is not None:
-                copies.append(copy)
             batch.after_commit.append(lambda box=row.box: self._counters.add(box, EXP))
         if copies:
             self._insert(batch, copies)
 
-    def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None, now: int) -> tuple[list[Any], int | None]:
+    def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None,
+                  now: int) -> tuple[list[Delivery], int | None]:
         conn = batch.conn
         if ids is None:
             pick = (sa.select(entries.c.id)
@@ -540,7 +624,7 @@ class SQLStore(Store):
             target = sa.and_(entries.c.id.in_(ids), entries.c.state == 0, entries.c.ready_at <= now)
         claim = (entries.update().where(target)
                  .values(state=1, owner=self.instance_id, delivery_count=entries.c.delivery_count + 1)
-                 .returning(*_RETURNING, entries.c.box))
+                 .returning(*_CLAIMED))
         while True:
             rows = conn.execute(claim).all()
             expired = [r for r in rows if 0 < r.expiration <= now]
@@ -556,12 +640,11 @@ class SQLStore(Store):
                 sa.select(sa.func.min(entries.c.ready_at))
                 .where(entries.c.box == box, entries.c.state == 0, entries.c.ready_at > now)
             ).scalar()
+            return [], next_ready
         rows.sort(key=lambda r: (-r.priority, r.seq))
-        return rows, next_ready
-
-    def _op_delete(self, batch: Batch, ids: list[int]) -> int:
-        result = batch.conn.execute(entries.delete().where(entries.c.id.in_(ids), entries.c.owner == self.instance_id))
-        return result.rowcount
+        found = self._envelopes(conn, rows)
+        return [Delivery(row.box, row.id, _codec.row_envelope(found[row.message], row.priority, row.expiration),
+                         row.delivery_count) for row in rows], None
 
     # ------------------------------------------------------------ boxes and subscriptions
 
@@ -572,7 +655,7 @@ class SQLStore(Store):
         self._mem.delete_box(box)
 
         def op(batch: Batch) -> None:
-            batch.conn.execute(entries.delete().where(entries.c.box == box))
+            self._delete_box_entries(batch, box)
             batch.conn.execute(subscriptions.delete().where(subscriptions.c.box == box))
 
         self._write(op)
@@ -618,7 +701,7 @@ class SQLStore(Store):
 
         def op(batch: Batch) -> None:
             batch.conn.execute(temporaries.delete().where(temporaries.c.name == name))
-            batch.conn.execute(entries.delete().where(entries.c.box == name))
+            self._delete_box_entries(batch, name)
 
         self._write(op)
 
@@ -697,8 +780,8 @@ class SQLStore(Store):
         with self.engine.connect() as conn:
             for start in range(0, len(ids), 500):
                 rows = conn.execute(
-                    sa.select(entries.c.message_id, entries.c.box, entries.c.state)
-                    .where(entries.c.message_id.in_(ids[start:start + 500]))
+                    sa.select(messages.c.message_id, entries.c.box, entries.c.state).select_from(_JOINED)
+                    .where(messages.c.message_id.in_(ids[start:start + 500]))
                 ).all()
                 for row in rows:
                     found[row.message_id] = (row.box, row.state == 1)
@@ -711,7 +794,7 @@ class SQLStore(Store):
         ids = [d.ref for d in deliveries if type(d.ref) is int]
         if not ids:
             return 0
-        missing = len(ids) - self._op_delete(batch, ids)
+        missing = len(ids) - self._delete_entries(batch, ids, self.instance_id)
         if missing and strict:
             raise TransactionRolledBackError(
                 f"{missing} of the messages this transaction consumed were taken back (this process was presumed "
@@ -726,6 +809,9 @@ class SQLStore(Store):
         return missing
 
     def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
+        if not wait:
+            self._ack_later(deliveries)
+            return
         if any(type(d.ref) is int for d in deliveries):
             missing = self._write(lambda batch: self._ack_rows(batch, deliveries), wait)
             if missing:
@@ -736,6 +822,38 @@ class SQLStore(Store):
         memory = [d for d in deliveries if type(d.ref) is not int]
         if memory:
             self._mem.ack(memory)
+
+    def _ack_later(self, deliveries: Sequence[Delivery]) -> None:
+        """AUTO/DUPS_OK acknowledgements: queued, and deleted by one statement
+        in the writer's next transaction (one op for all that piled up)."""
+        memory = []
+        with self._later_lock:
+            for d in deliveries:
+                if type(d.ref) is int:
+                    self._later.append(d)
+                else:
+                    memory.append(d)
+            flush = bool(self._later) and not self._later_queued
+            if flush:
+                self._later_queued = True
+        if flush:
+            self._write(self._op_ack_later(), wait=False)
+        if memory:
+            self._mem.ack(memory)
+
+    def _op_ack_later(self) -> Callable[[Batch], None]:
+        taken: list[Delivery] = []
+
+        def op(batch: Batch) -> None:
+            if not taken:  # first run; a retried run deletes the same rows again
+                with self._later_lock:
+                    taken.extend(self._later)
+                    self._later = []
+                    self._later_queued = False
+            if taken:
+                self._ack_rows(batch, taken)
+
+        return op
 
     def release(self, deliveries: Sequence[Delivery], reason: str) -> None:
         ids = [d.ref for d in deliveries if type(d.ref) is int]
@@ -757,7 +875,7 @@ class SQLStore(Store):
                 self._mem.create_subscription(sub)
         return _SQLReader(self, box, compiled, self._mem.reader(box, selector))
 
-    def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Any]:
+    def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Delivery]:
         rows, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now))
         if next_ready is not None:
             self._next_ready[box] = next_ready
@@ -770,14 +888,15 @@ class SQLStore(Store):
         now = now_ms()
         with self.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(*_ENVELOPE_COLS).where(entries.c.box == box, entries.c.state == 0)
+                sa.select(entries.c.priority, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
+                .where(entries.c.box == box, entries.c.state == 0)
                 .order_by(entries.c.priority.desc(), entries.c.seq)
             ).all()
         found = []
         for row in rows:
             if 0 < row.expiration <= now:
                 continue
-            env = _codec.row_envelope(row)
+            env = _codec.row_envelope(row, row.priority, row.expiration)
             if compiled is None or compiled.matches(env):
                 found.append(env)
         found.extend(self._mem.browse(box, selector))
@@ -815,7 +934,7 @@ class SQLStore(Store):
     def sweep_expired(self, now: int) -> int:
         def op(batch: Batch) -> int:
             rows = batch.conn.execute(
-                sa.select(entries.c.id, entries.c.box, *_ENVELOPE_COLS)
+                sa.select(*_CLAIMED)
                 .where(entries.c.state == 0, entries.c.expiration > 0, entries.c.expiration <= now)
                 .limit(10_000)
             ).all()
@@ -890,7 +1009,8 @@ class _SQLReader(Reader):
                 delivery = self._buffer.popleft()
                 env = delivery.envelope
                 if env.expiration and env.expiration <= now:
-                    store._write(lambda b, ids=[delivery.ref]: store._op_delete(b, ids), wait=False)
+                    store._write(lambda b, ids=[delivery.ref]: store._delete_entries(b, ids, store.instance_id),
+                                 wait=False)
                     store._counters.add(self._box, EXP)
                     continue
                 if auto_ack:
@@ -921,24 +1041,22 @@ class _SQLReader(Reader):
         self._extend(rows)
         return True
 
-    def _extend(self, rows: list[Any]) -> None:
-        box = self._box
-        for row in rows:
-            self._buffer.append(Delivery(box, row.id, _codec.row_envelope(row), row.delivery_count))
+    def _extend(self, deliveries: list[Delivery]) -> None:
+        self._buffer.extend(deliveries)
 
     def _scan(self, now: int) -> None:
         store = self._store
         cols = [entries.c.id, entries.c.priority, entries.c.seq, entries.c.ready_at, entries.c.expiration,
-                entries.c.message_id, entries.c.timestamp, entries.c.correlation_id, entries.c.type,
-                entries.c.delivery_mode, entries.c.properties, entries.c.kind]
+                messages.c.message_id, messages.c.timestamp, messages.c.correlation_id, messages.c.type,
+                messages.c.delivery_mode, messages.c.properties, messages.c.kind]
         if self._needs_body:
-            cols.append(entries.c.body)
+            cols.append(messages.c.body)
         selector = self._selector
         with store.engine.connect() as conn:
             while True:
                 rows = conn.execute(
-                    sa.select(*cols).where(entries.c.box == self._box, entries.c.state == 0,
-                                           entries.c.id > self._cursor)
+                    sa.select(*cols).select_from(_JOINED).where(entries.c.box == self._box, entries.c.state == 0,
+                                                                entries.c.id > self._cursor)
                     .order_by(entries.c.id).limit(5000)
                 ).all()
                 for row in rows:

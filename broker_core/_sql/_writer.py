@@ -33,12 +33,13 @@ class Batch:
     """What an operation sees: the connection of the current transaction, and
     where to record boxes that got messages (woken after the commit)."""
 
-    __slots__ = ("conn", "touched", "after_commit")
+    __slots__ = ("conn", "touched", "after_commit", "inserts")
 
     def __init__(self, conn: sa.Connection) -> None:
         self.conn = conn
         self.touched: set[str] = set()
         self.after_commit: list[Callable[[], None]] = []
+        self.inserts: list[Any] = []  # messages to store, written together just before the commit
 
 
 class _Op:
@@ -67,7 +68,7 @@ def is_retryable(error: BaseException) -> bool:
 class GroupCommitter:
     """The writer thread. ``begin(conn)`` runs at the start of every
     transaction (``BEGIN IMMEDIATE`` on SQLite, the commit-order lock on
-    PostgreSQL); ``before_commit(batch)`` runs last (NOTIFY);
+    PostgreSQL); ``before_commit(batch)`` runs last (batched inserts, NOTIFY);
     ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
     connection was lost and a new one obtained."""
 
@@ -163,7 +164,7 @@ class GroupCommitter:
             self._begin(conn)
             for op in ops:
                 op.result = op.fn(batch)
-            if self._before_commit is not None and batch.touched:
+            if self._before_commit is not None:
                 self._before_commit(batch)
             conn.commit()
         except BaseException:

@@ -285,32 +285,95 @@ def test_numeric_comparisons(selector, props, expected):
 @pytest.mark.parametrize(
     "selector, props",
     [
-        # unlike types: UNKNOWN, as the broker's contract says (the JMS text says
-        # false; the two differ only under NOT)
+        # unlike types: FALSE, whatever the operator (section 3.8.1.2: "If the
+        # comparison of non-like type values is attempted, the value of the
+        # operation is false")
         ("s = 100", {"s": "100"}),
         ("s <> 100", {"s": "100"}),
+        ("s < 100", {"s": "100"}),
+        ("s >= 100", {"s": "100"}),
+        ("100 > s", {"s": "100"}),
+        ("s = 1.5", {"s": "1.5"}),
         ("n = '1'", {"n": 1}),
+        ("n <> '1'", {"n": 1}),
+        ("'1' <> n", {"n": 1.0}),
         ("flag = 1", {"flag": True}),
         ("flag <> 1", {"flag": True}),
         ("flag = 0", {"flag": False}),
         ("flag > 0", {"flag": True}),
+        ("flag <= 1", {"flag": False}),
         ("n = TRUE", {"n": 1}),
+        ("n = FALSE", {"n": 0}),
+        ("n <> TRUE", {"n": 1}),
+        ("n <> FALSE", {"n": 0}),
+        ("TRUE = n", {"n": 1}),
+        ("FALSE <> n", {"n": 0.0}),
         ("flag = 'true'", {"flag": True}),
+        ("flag <> 'true'", {"flag": True}),
         ("s = TRUE", {"s": "TRUE"}),
+        ("s <> FALSE", {"s": "TRUE"}),
         ("a = b", {"a": 1, "b": "1"}),
+        ("a <> b", {"a": 1, "b": "2"}),
+        ("a < b", {"a": 1, "b": "2"}),
         ("a = b", {"a": True, "b": 1}),
         ("a <> b", {"a": True, "b": "x"}),
-        # ordering of strings and booleans is not defined
+        ("a >= b", {"a": 2.5, "b": False}),
+        ("a + 1 = s", {"a": 1, "s": "2"}),
+        ("a * 2 <> s", {"a": 1, "s": "2"}),
+        # an identifier against a condition: a boolean compared with a number or a string
+        ("n = (m > 1)", {"n": 1, "m": 2}),
+        ("n <> (m > 1)", {"n": 1, "m": 2}),
+        ("(m > 1) = s", {"s": "TRUE", "m": 2}),
+        ("(m > 1) <> s", {"s": "x", "m": 0}),
+        # headers have types too: JMSDeliveryMode is a string, JMSPriority a number
+        ("JMSDeliveryMode = 2", {}),
+        ("JMSDeliveryMode <> 2", {}),
+        ("JMSPriority = '4'", {}),
+        ("JMSPriority <> TRUE", {}),
+        ("JMSMessageID = 1", {}),
+        # values of types the selector does not know are like no type, not even their own
+        ("a = b", {"a": b"x", "b": b"x"}),
+        ("a <> b", {"a": b"x", "b": b"y"}),
+        ("a = a", {"a": b"x"}),
+        ("a = 1", {"a": Decimal(1)}),
+        ("a <> 1", {"a": Decimal(1)}),
+        ("a > 0", {"a": Decimal(1)}),
+        ("a = 'x'", {"a": ["x"]}),
+        ("a <> 'x'", {"a": ["x"]}),
+        ("a = TRUE", {"a": ["x"]}),
+        ("a <> FALSE", {"a": object()}),
+        ("a = b", {"a": Fraction(1, 2), "b": 0.5}),
+        ("a = (m > 1)", {"a": {"x": 1}, "m": 2}),
+    ],
+)
+def test_unlike_types_compare_false(selector, props):
+    assert outcome(selector, props) == F
+    assert matches(f"NOT ({selector})", props)
+
+
+def test_not_of_an_unlike_type_comparison_is_true():
+    assert outcome("s = 1", {"s": "x"}) == F
+    assert outcome("s <> 1", {"s": "x"}) == F  # <> is a comparison too, not NOT (=)
+    assert matches("NOT (s = 1)", {"s": "x"})
+    assert matches("NOT s = 1", {"s": "x"})
+    assert matches("NOT (s <> 1)", {"s": "x"})
+    assert not matches("s = 1 OR s <> 1", {"s": "x"})
+    assert matches("NOT (s = 1 OR s <> 1)", {"s": "x"})
+    assert outcome("s = 1", {}) == U  # NULL stays UNKNOWN
+    assert not matches("NOT (s = 1)", {})
+
+
+@pytest.mark.parametrize(
+    "selector, props",
+    [
+        # like types that JMS does not order: strings and booleans only take = and <>
         ("a < b", {"a": "a", "b": "b"}),
         ("a >= b", {"a": "a", "b": "a"}),
         ("a > b", {"a": True, "b": False}),
-        # values of other types compare with nothing
-        ("a = b", {"a": b"x", "b": b"x"}),
-        ("a = 1", {"a": Decimal(1)}),
-        ("a = 'x'", {"a": ["x"]}),
+        ("a <= b", {"a": False, "b": False}),
     ],
 )
-def test_unlike_types_compare_unknown(selector, props):
+def test_ordering_strings_or_booleans_is_unknown(selector, props):
     assert outcome(selector, props) == U
 
 
@@ -446,8 +509,10 @@ def test_arithmetic_on_literal_non_numbers_is_rejected(selector):
 # `x >= 15 AND x <= 19` and `x < 15 OR x > 19`.
 BETWEEN_CASES = [
     (14, F, T), (15, T, F), (17, T, F), (19, T, F), (20, F, T), (15.0, T, F), (19.5, F, T), (14.99, F, T),
-    (Int(16), T, F), (Float(18.5), T, F), (None, U, U), ("17", U, U), (True, U, U),
+    (Int(16), T, F), (Float(18.5), T, F), (None, U, U),
     (float("nan"), F, F),  # NaN is neither >= 15 nor < 15, so both are FALSE
+    # a non-number compares FALSE with the bounds (unlike types), so both are FALSE too
+    ("17", F, F), ("", F, F), (True, F, F), (False, F, F), (b"17", F, F), (Decimal(17), F, F),
 ]
 
 
@@ -475,6 +540,15 @@ def test_between(x, between, not_between):
         ("x BETWEEN 9 AND 1", {"x": 5}, F),
         ("x BETWEEN 1 AND 3 AND y = 1", {"x": 2, "y": 1}, T),
         ("x NOT BETWEEN 1 AND 3 OR y = 1", {"x": 2, "y": 1}, T),
+        ("x BETWEEN lo AND hi", {"x": 5, "lo": "1", "hi": 9}, F),  # F AND T
+        ("x BETWEEN lo AND hi", {"x": 5, "lo": 1, "hi": True}, F),  # T AND F
+        ("x NOT BETWEEN lo AND hi", {"x": 5, "lo": "1", "hi": 9}, F),  # F OR F
+        ("x NOT BETWEEN lo AND hi", {"x": 50, "lo": "1", "hi": 9}, T),  # F OR T
+        ("x NOT BETWEEN lo AND hi", {"x": 5, "lo": "1"}, U),  # F OR U
+        ("x BETWEEN lo AND 19", {"x": "m"}, F),  # U AND F
+        ("x BETWEEN lo AND hi", {"x": "m", "lo": "a", "hi": "z"}, U),  # strings are not ordered
+        ("x NOT BETWEEN lo AND hi", {"x": "m", "lo": "a", "hi": "z"}, U),
+        ("x BETWEEN lo AND hi", {"x": "m", "lo": "a", "hi": 9}, F),  # U AND F
     ],
 )
 def test_between_expressions(selector, props, expected):
@@ -492,7 +566,9 @@ def test_bad_between(selector):
 
 @pytest.mark.parametrize(
     "country, expected_in",
-    [("UK", T), ("US", T), ("France", T), ("Peru", F), ("uk", F), (" UK", F), ("", F), (None, U), (5, U), (True, U)],
+    [("UK", T), ("US", T), ("France", T), ("Peru", F), ("uk", F), (" UK", F), ("", F), (None, U),
+     # a non-string: IN is an OR of = comparisons of unlike types, all FALSE
+     (5, F), (1.5, F), (Int(0), F), (True, F), (False, F), (b"UK", F), (Decimal(1), F), (["UK"], F)],
 )
 def test_in(country, expected_in):
     props = {} if country is None else {"Country": country}
@@ -503,6 +579,10 @@ def test_in(country, expected_in):
 def test_in_is_a_chain_of_equalities():
     props = {"c": "b"}
     assert outcome("c IN ('a', 'b')", props) == outcome("c = 'a' OR c = 'b'", props) == T
+    # the spec's equivalences hold for every value, also of another type
+    for props in ({"c": "b"}, {"c": "z"}, {}, {"c": 5}, {"c": True}, {"c": b"b"}):
+        assert outcome("c IN ('a', 'b')", props) == outcome("(c = 'a') OR (c = 'b')", props)
+        assert outcome("c NOT IN ('a', 'b')", props) == outcome("NOT ((c = 'a') OR (c = 'b'))", props)
     assert outcome("c IN ('it''s')", {"c": "it's"}) == T
     assert outcome("c IN ('x')", {"c": "x"}) == T
 
@@ -598,12 +678,23 @@ def test_like(selector, value, expected):
     assert outcome(selector, {"phone": value, "word": value, "underscored": value, "s": value}) == expected
 
 
-@pytest.mark.parametrize("value", [None, 5, 1.5, True, b"abc"])
-def test_like_on_null_or_non_strings_is_unknown(value):
-    props = {} if value is None else {"s": value}
-    assert outcome("s LIKE '%'", props) == U
-    assert outcome("s NOT LIKE 'x'", props) == U
-    assert outcome("s LIKE '5'", props) == U
+def test_like_on_null_is_unknown():
+    assert outcome("s LIKE '%'", {}) == U
+    assert outcome("s NOT LIKE 'x'", {}) == U
+    assert outcome("s LIKE 'x%' ESCAPE '!'", {}) == U
+
+
+@pytest.mark.parametrize("value", [5, 1.5, Int(5), True, False, b"abc", Decimal(5), ["5"]])
+def test_like_on_non_strings_is_false(value):
+    # LIKE compares a string with the pattern: with a non-string it is FALSE,
+    # and NOT LIKE (its negation) TRUE; no conversion to a string
+    props = {"s": value}
+    assert outcome("s LIKE '%'", props) == F
+    assert outcome("s LIKE '5'", props) == F
+    assert outcome("s LIKE '_%' ESCAPE '!'", props) == F
+    assert outcome("s NOT LIKE 'x'", props) == T
+    assert outcome("s NOT LIKE '%'", props) == T
+    assert outcome("s NOT LIKE 'True'", props) == T
 
 
 def test_like_patterns_do_not_backtrack_exponentially():
@@ -722,11 +813,33 @@ def test_not_applies_to_the_whole_comparison():
      ({"flag": "TRUE"}, U), ({"flag": 1.0}, U)],
 )
 def test_identifier_alone_is_a_condition(props, expected):
+    # not a comparison: a non-boolean value is UNKNOWN here (compare the next test)
     assert outcome("flag", props) == expected
     assert outcome("(flag)", props) == expected
     assert outcome("NOT flag", props) == NOT_TABLE[expected]
     assert outcome("flag AND t = 1", {**props, "t": 1}) == expected
     assert outcome("flag OR t = 2", {**props, "t": 1}) == expected
+
+
+@pytest.mark.parametrize(
+    "props, eq_true, eq_false",
+    [({"flag": True}, T, F), ({"flag": False}, F, T), ({}, U, U),
+     # a comparison of unlike types: FALSE both ways
+     ({"flag": 1}, F, F), ({"flag": 0}, F, F), ({"flag": "true"}, F, F), ({"flag": 1.0}, F, F),
+     ({"flag": b"x"}, F, F)],
+)
+def test_identifier_compared_with_a_boolean(props, eq_true, eq_false):
+    for selector, expected in [
+        ("flag = TRUE", eq_true), ("TRUE = flag", eq_true), ("flag <> FALSE", eq_true), ("FALSE <> flag", eq_true),
+        ("flag = FALSE", eq_false), ("FALSE = flag", eq_false), ("flag <> TRUE", eq_false),
+        ("TRUE <> flag", eq_false), ("flag = (t = 1)", eq_true), ("(t = 1) = flag", eq_true),
+        ("flag <> (t = 2)", eq_true), ("flag = (t = 2)", eq_false), ("(t = 1) <> flag", eq_false),
+        ("flag = (u = 1)", U), ("(u = 1) <> flag", U),
+        # nested, so the comparison's own value (not just "is it TRUE") is used
+        ("(flag = TRUE) = (t = 1)", eq_true), ("(flag <> TRUE) = (t = 1)", eq_false),
+        ("(t = 2) <> (flag = FALSE)", eq_false), ("NOT (flag = TRUE) OR t = 2", NOT_TABLE[eq_true]),
+    ]:
+        assert outcome(selector, {**props, "t": 1}) == expected, selector
 
 
 def test_boolean_literals_as_conditions():
@@ -1067,12 +1180,14 @@ def ref_arith(node, e):
 
 
 def ref_compare(op, x, y):
+    """Section 3.8.1.2: UNKNOWN when an operand is NULL, FALSE for non-like
+    types (and for a value of a type that is none of JMS's, like no type)."""
     if x is None or y is None:
         return U
     if ref_type(x) is None or ref_type(x) != ref_type(y):
-        return U
+        return F
     if ref_type(x) != "number" and op not in ("=", "<>"):
-        return U
+        return U  # strings and booleans are not ordered
     result = {"=": x == y, "<>": x != y, "<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y}[op]
     return T if result else F
 
@@ -1127,14 +1242,14 @@ def ref_eval(node, e):
     if tag == "bcmp":
         return ref_compare(node[1], ref_lookup(node[2], e), node[3])
     if tag == "ccmp":
-        if node[2][0] == node[3][0] == "ident":
-            # `(s) = (t)`: parentheses do not make an identifier a condition;
-            # this compares the two values
-            return ref_compare(node[1], ref_lookup(node[2][1], e), ref_lookup(node[3][1], e))
-        x, y = ref_eval(node[2], e), ref_eval(node[3], e)
-        if U in (x, y):
-            return U
-        return T if (x == y) == (node[1] == "=") else F
+        # `(s) = (x > 1)`: parentheses do not make an identifier a condition;
+        # its value is compared with the other side's (a boolean, or NULL for UNKNOWN)
+        def operand(n):
+            if n[0] == "ident":
+                return ref_lookup(n[1], e)
+            return {T: True, F: False, U: None}[ref_eval(n, e)]
+
+        return ref_compare(node[1], operand(node[2]), operand(node[3]))
     if tag == "between":
         _, negated, x, lo, hi = node
         x, lo, hi = ref_arith(x, e), ref_arith(lo, e), ref_arith(hi, e)
@@ -1142,17 +1257,21 @@ def ref_eval(node, e):
             return OR_TABLE[ref_compare("<", x, lo), ref_compare(">", x, hi)]
         return AND_TABLE[ref_compare(">=", x, lo), ref_compare("<=", x, hi)]
     if tag == "in":
+        # `v IN (a, b)` is `(v = a) OR (v = b)`; NOT IN is NOT of that
         _, negated, name, values = node
         v = ref_lookup(name, e)
-        if not isinstance(v, str):
-            return U
-        return T if (v in values) != negated else F
+        result = F  # the identity of OR
+        for item in values:
+            result = OR_TABLE[result, ref_compare("=", v, item)]
+        return NOT_TABLE[result] if negated else result
     if tag == "like":
+        # a comparison of v with a string pattern: FALSE for a non-string; NOT LIKE is NOT of it
         _, negated, name, pattern, _escape = node
         v = ref_lookup(name, e)
-        if not isinstance(v, str):
+        if v is None:
             return U
-        return T if ref_like(v, pattern) != negated else F
+        result = T if isinstance(v, str) and ref_like(v, pattern) else F
+        return NOT_TABLE[result] if negated else result
     if tag == "isnull":
         return T if (ref_lookup(node[2], e) is None) != node[1] else F
     if tag == "xpath":
@@ -1230,6 +1349,7 @@ values = st.one_of(
     st.sampled_from([0.5, 2.0]).map(Float),
     STRINGS,
     st.sampled_from(["PERSISTENT", "NON_PERSISTENT"]),
+    st.sampled_from([b"a", Decimal("1.5"), ("a",)]),  # types the selector does not know
 )
 envelopes = st.builds(
     lambda props, priority, type_, mode, body: env(

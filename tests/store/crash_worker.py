@@ -4,7 +4,8 @@ Every line it logs is written with os.write, so what the log says happened
 did happen before any kill:
   producer: ``S key`` after send() returned;
   consumer: ``D key redelivered t`` when a message is received, ``A key t``
-  after acknowledge() returned, where ``t`` is CLOCK_MONOTONIC in ns (one
+  after acknowledge() returned (``L key - t`` when it raised LeaseExpiredError:
+  not acknowledged, it comes back), where ``t`` is CLOCK_MONOTONIC in ns (one
   clock for every process of the machine, so two consumers' logs interleave
   correctly).
 """
@@ -15,7 +16,7 @@ import os
 import sys
 import time
 
-from broker_core import AckMode, Broker, Queue
+from broker_core import AckMode, Broker, LeaseExpiredError, Queue
 
 QUEUE = Queue("crash.test")
 STORE_OPTIONS = dict(heartbeat_interval=0.25, lease_timeout=2.0, sweep_interval=0, prefetch=8)
@@ -41,17 +42,21 @@ def main() -> None:
         done_flag = sys.argv[5]
         session = conn.create_session(False, AckMode.CLIENT)
         consumer = session.create_consumer(QUEUE)
-        idle_since = time.monotonic()
         while True:
             msg = consumer.receive(timeout=0.2)
             if msg is None:
-                if os.path.exists(done_flag) and time.monotonic() - idle_since > 4.0:
-                    break
+                if os.path.exists(done_flag):
+                    stats = broker.stats(QUEUE)  # the whole database: every process's messages
+                    if stats.depth == 0 and stats.in_flight == 0:
+                        break
                 continue
-            idle_since = time.monotonic()
             key = msg.text
             os.write(fd, f"D {key} {int(msg.jms_redelivered)} {time.monotonic_ns()}\n".encode())
-            msg.acknowledge()
+            try:
+                msg.acknowledge()
+            except LeaseExpiredError:  # presumed dead while busy: it is redelivered, like a rollback
+                os.write(fd, f"L {key} - {time.monotonic_ns()}\n".encode())
+                continue
             os.write(fd, f"A {key} - {time.monotonic_ns()}\n".encode())
     conn.close()
     broker.close()

@@ -106,7 +106,7 @@ def run_crash_scenario(url: str, tmp_path: Path) -> tuple[int, int, int]:
                 unflagged += 1
             delivered.add(key)
             pending.add(key)
-        else:
+        elif kind == "A":
             acked.add(key)
             pending.discard(key)
     lost = len(sent - delivered)

@@ -1,0 +1,191 @@
+"""SQL store benchmark: persistent delivery on SQLite and PostgreSQL.
+
+Prints, in one run, for each database:
+  * the raw batched-insert limit (plain sqlite3 / psycopg, 100 rows of 2 KB
+    per commit, same durability settings), measured now;
+  * persistent send + receive + acknowledge throughput for 2 KB messages
+    with 1 and 4 producers: threads calling send() (each send waits for its
+    commit) and asyncio producers calling send_async() with 64 sends in
+    flight each (JMS 2.0 asynchronous send); two consumer threads in AUTO
+    mode receive everything; and the ratio to the raw limit;
+  * single persistent send latency p50/p99 (one producer, nothing else running).
+
+Usage: python bench/store_bench.py [--messages N] [--sqlite-only] [--pg URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+from broker_core import AckMode, Broker, Queue
+
+BODY = "x" * 2048
+PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def raw_sqlite(path: str, rows: int) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, box TEXT, body BLOB)")
+    payload = BODY.encode()
+    start = time.perf_counter()
+    for _ in range(rows // 100):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO raw (box, body) VALUES (?, ?)", [("q", payload)] * 100)
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return rows / elapsed
+
+
+def raw_postgres(dsn: str, schema: str, rows: int) -> float:
+    import psycopg
+
+    payload = BODY.encode()
+    with psycopg.connect(dsn, options=f"-csearch_path={schema}") as conn:
+        conn.execute("CREATE TABLE raw (id bigserial PRIMARY KEY, box text, body bytea)")
+        conn.commit()
+        start = time.perf_counter()
+        with conn.cursor() as cur:
+            for _ in range(rows // 100):
+                cur.executemany("INSERT INTO raw (box, body) VALUES (%s, %s)", [("q", payload)] * 100)
+                conn.commit()
+        return rows / (time.perf_counter() - start)
+
+
+def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> float:
+    total = producers * per_producer
+    queue = Queue(f"bench.{uuid.uuid4().hex[:8]}")
+    with Broker.open(url, sweep_interval=0) as broker:
+        received = 0
+        lock = threading.Lock()
+        finished = threading.Event()
+
+        def consume() -> None:
+            nonlocal received
+            with broker.connect() as conn:
+                conn.start()
+                consumer = conn.create_session(False, AckMode.AUTO).create_consumer(queue)
+                while not finished.is_set():
+                    if consumer.receive(timeout=0.2) is not None:
+                        with lock:
+                            received += 1
+                            if received >= total:
+                                finished.set()
+
+        consumers = [threading.Thread(target=consume) for _ in range(2)]
+        for thread in consumers:
+            thread.start()
+        start = time.perf_counter()
+        if use_async:
+            async def produce_all() -> None:
+                conn = broker.connect()
+                session = conn.create_session()
+                producer = session.create_producer(queue)
+                window = asyncio.Semaphore(64 * producers)
+
+                async def one_producer() -> None:
+                    pending = set()
+                    for _ in range(per_producer):
+                        await window.acquire()
+                        task = asyncio.ensure_future(producer.send_async(session.create_text_message(BODY)))
+                        task.add_done_callback(lambda t: window.release())
+                        pending.add(task)
+                        if len(pending) > 256:
+                            pending = {t for t in pending if not t.done()}
+                    await asyncio.gather(*pending)
+
+                await asyncio.gather(*(one_producer() for _ in range(producers)))
+
+            asyncio.run(produce_all())
+        else:
+            def produce() -> None:
+                with broker.connect() as conn:
+                    session = conn.create_session()
+                    producer = session.create_producer(queue)
+                    for _ in range(per_producer):
+                        producer.send(session.create_text_message(BODY))
+
+            threads = [threading.Thread(target=produce) for _ in range(producers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finished.wait(timeout=600)
+        elapsed = time.perf_counter() - start
+        for thread in consumers:
+            thread.join()
+        return received / elapsed
+
+
+def send_latency(url: str, count: int) -> tuple[float, float]:
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue("bench.latency"))
+        samples = []
+        for i in range(count + 50):
+            message = session.create_text_message(BODY)
+            start = time.perf_counter()
+            producer.send(message)
+            if i >= 50:
+                samples.append(time.perf_counter() - start)
+        samples.sort()
+        return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3
+
+
+def run(name: str, url: str, raw: float, messages: int) -> None:
+    print(f"{name}: raw batched insert limit (100 x 2 KB per commit): {raw:,.0f} rows/s")
+    for producers in (1, 4):
+        for use_async in (False, True):
+            rate = end_to_end(url, producers, messages // producers, use_async)
+            kind = "async send_async, 64 in flight each" if use_async else "threads, synchronous send"
+            print(f"  {producers} producer{'s' if producers > 1 else ' '} ({kind}): {rate:,.0f} msg/s end to end "
+                  f"({rate / raw:.0%} of raw)")
+    p50, p99 = send_latency(url, 1000)
+    print(f"  single persistent send latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument("--pg", default=os.environ.get("B2BGW_TEST_POSTGRES", PG_DEFAULT))
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="b2b-store-bench-")
+    try:
+        raw = raw_sqlite(os.path.join(tmp, "raw.db"), 20_000)
+        run("SQLite (WAL, synchronous=FULL)", f"sqlite:///{os.path.join(tmp, 'bench.db')}", raw, args.messages)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.sqlite_only:
+        return
+    import psycopg
+
+    from broker_core._sql import upgrade_database
+
+    dsn = args.pg.replace("postgresql+psycopg://", "postgresql://")
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        raw = raw_postgres(dsn, schema, 20_000)
+        url = f"{args.pg}?schema={schema}"
+        upgrade_database(url)
+        run("PostgreSQL", url, raw, args.messages)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""asyncio: receive_async and request_async wait without blocking the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from broker_core import Queue, Requestor
+
+QUEUE = Queue("async")
+
+
+def test_receive_async_returns_a_waiting_message(session, send):
+    send(QUEUE, "ready")
+    consumer = session.create_consumer(QUEUE)
+    message = asyncio.run(consumer.receive_async(timeout=2))
+    assert message is not None and message.text == "ready"
+
+
+def test_receive_async_times_out_with_none(session):
+    consumer = session.create_consumer(QUEUE)
+
+    async def main():
+        start = time.monotonic()
+        message = await consumer.receive_async(timeout=0.3)
+        return message, time.monotonic() - start
+
+    message, elapsed = asyncio.run(main())
+    assert message is None
+    assert 0.25 <= elapsed < 5
+
+
+def test_receive_async_does_not_block_the_loop(broker, session):
+    consumer = session.create_consumer(QUEUE)
+    other = broker.connect().create_session()
+    producer = other.create_producer(QUEUE)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick_task = asyncio.create_task(ticker())
+        threading.Timer(0.3, lambda: producer.send(other.create_text_message("from a thread"))).start()
+        message = await consumer.receive_async(timeout=5)
+        tick_task.cancel()
+        return message, ticks
+
+    message, ticks = asyncio.run(main())
+    assert message is not None and message.text == "from a thread"
+    assert ticks >= 2, "the event loop was blocked while waiting"
+
+
+def test_receive_async_wakes_on_a_send_from_the_loop(session):
+    consumer = session.create_consumer(QUEUE)
+    producer = session.create_producer(QUEUE)
+
+    async def main():
+        waiting = asyncio.create_task(consumer.receive_async(timeout=5))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        producer.send(session.create_text_message("same loop"))
+        return await waiting
+
+    message = asyncio.run(main())
+    assert message is not None and message.text == "same loop"
+
+
+def test_concurrent_receive_async_on_several_consumers(conn, send):
+    queues = [Queue(f"async.{i}") for i in range(3)]
+    consumers = [conn.create_session().create_consumer(q) for q in queues]
+
+    async def main():
+        tasks = [asyncio.create_task(c.receive_async(timeout=5)) for c in consumers]
+        await asyncio.sleep(0.05)
+        for i, q in enumerate(reversed(queues)):
+            send(q, f"to {q.name}")
+        return await asyncio.gather(*tasks)
+
+    messages = asyncio.run(main())
+    assert [m.text for m in messages] == [f"to {q.name}" for q in queues]
+
+
+def test_receive_async_waits_for_start(broker, send):
+    stopped = broker.connect()
+    consumer = stopped.create_session().create_consumer(QUEUE)
+    send(QUEUE, "after start")
+
+    async def main():
+        waiting = asyncio.create_task(consumer.receive_async(timeout=5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        stopped.start()
+        return await waiting
+
+    message = asyncio.run(main())
+    assert message is not None and message.text == "after start"
+
+
+def test_request_async(broker, session):
+    service = Queue("async.svc")
+    responder_session = broker.connect().create_session()
+    responder_session.connection.start()
+    requests = responder_session.create_consumer(service)
+    replies = responder_session.create_producer(None)
+
+    def respond(n):
+        for _ in range(n):
+            request = requests.receive(timeout=10)
+            if request is None:
+                return
+            reply = responder_session.create_text_message(request.text.upper())
+            reply.jms_correlation_id = request.jms_correlation_id or request.jms_message_id
+            replies.send(request.jms_reply_to, reply)
+
+    n = 20
+    thread = threading.Thread(target=respond, args=(n,), daemon=True)
+    thread.start()
+    requestor = Requestor(session, service)
+
+    async def main():
+        return await asyncio.gather(*(
+            requestor.request_async(session.create_text_message(f"req-{i}"), timeout=10) for i in range(n)
+        ))
+
+    results = asyncio.run(main())
+    thread.join(10)
+    assert [r.text for r in results] == [f"REQ-{i}" for i in range(n)]
+
+
+def test_request_async_timeout(session):
+    import pytest
+
+    from broker_core import RequestTimeoutError
+
+    requestor = Requestor(session, Queue("async.nobody"))
+
+    async def main():
+        await requestor.request_async(session.create_text_message("hello?"), timeout=0.2)
+
+    with pytest.raises(RequestTimeoutError):
+        asyncio.run(main())
