@@ -21,7 +21,10 @@ POSTGRES_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postg
 REQUIRE_POSTGRES = os.environ.get("B2BGW_REQUIRE_POSTGRES") == "1"
 
 HAVE_SQL_STORE = importlib.util.find_spec("broker_core._sql") is not None
-STORES = ["memory"] + (["sqlite", "postgres"] if HAVE_SQL_STORE else [])
+#: Stores the semantic suite runs on; B2BGW_TEST_STORES=memory,sqlite narrows it.
+STORES = [s for s in os.environ.get("B2BGW_TEST_STORES", "memory,sqlite,postgres").split(",") if s]
+if not HAVE_SQL_STORE:
+    STORES = [s for s in STORES if s == "memory"]
 
 
 def postgres_available() -> str | None:
@@ -45,9 +48,9 @@ def require_postgres() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture
-def postgres_schema():
-    """A fresh PostgreSQL schema (dropped afterwards); yields its broker URL."""
+@pytest.fixture(scope="session")
+def _postgres_session_schema():
+    """One migrated PostgreSQL schema for the whole run (dropped at the end)."""
     require_postgres()
     import psycopg
 
@@ -61,9 +64,26 @@ def postgres_schema():
         from broker_core._sql import upgrade_database
 
         upgrade_database(url)  # what `b2bgw db upgrade` does
-    yield url
+    yield schema, url
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def postgres_schema(_postgres_session_schema):
+    """The broker URL of an empty, migrated PostgreSQL schema: every table
+    but Alembic's is truncated before each test."""
+    import psycopg
+
+    schema, url = _postgres_session_schema
+    dsn = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename NOT LIKE %s",
+            (schema, "%version"))]
+        if tables:
+            conn.execute("TRUNCATE " + ", ".join(f'"{schema}"."{t}"' for t in tables) + " RESTART IDENTITY")
+    return url
 
 
 @pytest.fixture(params=STORES)

@@ -22,6 +22,7 @@ PostgreSQL and ``PRAGMA data_version`` polling on SQLite.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -163,6 +164,7 @@ def _current_revision(engine: sa.Engine) -> str | None:
         return ctx.get_current_revision()
 
 
+@functools.lru_cache(maxsize=1)
 def _head_revision() -> str:
     from alembic.script import ScriptDirectory
 
