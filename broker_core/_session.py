@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 import asyncio
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
@@ -42,11 +43,46 @@ log = logging.getLogger("broker_core")
 MessageListener = Callable[[Message], Any]
 
 
+class _LoopBridge:
+    """Hands completions from store threads to one event loop: one wake-up of
+    the loop per burst of completions, not one per message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: list[tuple[Callable[[Any], None], Any]] = []
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        with self._lock:
+            self._pending.append((fn, arg))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+            self._scheduled = False
+        for fn, arg in items:
+            fn(arg)
+
+
+_bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = weakref.WeakKeyDictionary()
+
+
 def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
                         in_transaction: Sequence[Callable[[Any], Any]] = ()) -> "asyncio.Future[None]":
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
     loop = asyncio.get_running_loop()
+    bridge = _bridges.get(loop)
+    if bridge is None:
+        bridge = _bridges[loop] = _LoopBridge(loop)
     future: asyncio.Future[None] = loop.create_future()
 
     def settle(error: BaseException | None) -> None:
@@ -56,13 +92,7 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
             else:
                 future.set_exception(error)
 
-    def done(error: BaseException | None) -> None:
-        try:
-            loop.call_soon_threadsafe(settle, error)
-        except RuntimeError:  # the loop closed meanwhile
-            pass
-
-    store.commit(sends, acks, in_transaction, done)
+    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error))
     return future
 
 

@@ -74,6 +74,40 @@ _CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq
 _COPY_COLS = [entries.c.box, entries.c.seq, entries.c.priority, entries.c.expiration, entries.c.message]
 _JOINED = entries.join(messages, entries.c.message == messages.c.id)
 
+
+class _Statements:
+    """The hot statements, built once per dialect (building and cache-keying
+    SQLAlchemy constructs per call cost more than running them)."""
+
+    def __init__(self, postgres: bool) -> None:
+        claimed = "id, box, delivery_count, seq, priority, expiration, message"
+        lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+        self.claim_next = sa.text(
+            "UPDATE b2b_entries SET state = 1, owner = :owner, delivery_count = delivery_count + 1 "
+            "WHERE id IN (SELECT id FROM b2b_entries WHERE box = :box AND state = 0 AND ready_at <= :now "
+            f"ORDER BY priority DESC, seq LIMIT :limit{lock}) RETURNING {claimed}")
+        self.claim_ids = sa.text(
+            "UPDATE b2b_entries SET state = 1, owner = :owner, delivery_count = delivery_count + 1 "
+            f"WHERE id IN :ids AND state = 0 AND ready_at <= :now RETURNING {claimed}"
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        self.next_ready = sa.text(
+            "SELECT min(ready_at) FROM b2b_entries WHERE box = :box AND state = 0 AND ready_at > :now")
+        self.messages = sa.text(
+            f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id IN :ids"
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        self.delete_owned = sa.text(
+            "DELETE FROM b2b_entries WHERE id IN :ids AND owner = :owner RETURNING message"
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        self.delete_any = sa.text(
+            "DELETE FROM b2b_entries WHERE id IN :ids RETURNING message"
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        self.collect = sa.text(
+            "DELETE FROM b2b_messages WHERE id IN :ids "
+            "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)"
+        ).bindparams(sa.bindparam("ids", expanding=True))
+        self.insert_messages = messages.insert()
+        self.insert_entries = entries.insert()
+
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "pool_size"}
 
@@ -200,7 +234,8 @@ class SQLStore(Store):
 
     Options: ``sqlite_synchronous`` (``"FULL"`` default; ``"NORMAL"`` is
     faster and still survives a killed process, but a power cut or OS crash may
-    lose the last commits); ``prefetch`` (rows a consumer claims at once, 16);
+    lose the last commits); ``prefetch`` (at most this many rows a consumer claims at once, 64; it starts
+    at 1 and doubles while the box stays full);
     ``heartbeat_interval`` (s, 1.0) and ``lease_timeout`` (s, 10.0): how soon
     the in-flight messages of a dead process come back; ``retry_for`` (s, 30):
     how long writes are retried through a database outage before
@@ -216,15 +251,18 @@ class SQLStore(Store):
         if unknown:
             raise InvalidArgumentError(f"unknown SQL store options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
         self.url = url
-        self.prefetch = int(options.get("prefetch", 16))
+        self.prefetch = int(options.get("prefetch", 64))
         self.heartbeat_interval = float(options.get("heartbeat_interval", 1.0))
         self.lease_timeout = float(options.get("lease_timeout", 10.0))
         self.poll_interval = float(options.get("poll_interval", 0.02))
         self._retry_for = float(options.get("retry_for", 30.0))
-        self.engine = make_engine(url, sqlite_synchronous=options.get("sqlite_synchronous", "FULL"),
+        self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
+        self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
+        self.engine = make_engine(url, sqlite_synchronous=self._sqlite_sync,
                                   pool_size=int(options.get("pool_size", 5)))
         self.dialect = self.engine.dialect.name
         self._pg = self.dialect == "postgresql"
+        self._sql = _Statements(self._pg)
         auto_upgrade = options.get("auto_upgrade", not self._pg)
         try:
             if auto_upgrade:
@@ -250,6 +288,8 @@ class SQLStore(Store):
         self._remote_temps: dict[Destination, float] = {}
         self._seq_lock = threading.Lock()
         self._last_seq = 0
+        self._own_ids_lock = threading.Lock()
+        self._own_ids: list[tuple[int, int]] = []  # entry id ranges this process reserved (SQLite poller)
         self._later_lock = threading.Lock()
         self._later: list[Delivery] = []  # acknowledgements not waited for
         self._later_queued = False
@@ -279,7 +319,11 @@ class SQLStore(Store):
             "started": now, "heartbeat": now}))
         self._write(self._op_reap)
         self._spawn(self._housekeeping_loop, "b2b-sql-heartbeat")
-        self._spawn(self._listen_loop if self._pg else self._poll_loop, "b2b-sql-wakeups")
+        if self._pg:
+            self._spawn(self._listen_loop, "b2b-sql-wakeups")
+        else:
+            high_water = self._entry_high_water()
+            self._spawn(lambda: self._poll_loop(high_water), "b2b-sql-wakeups")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -289,8 +333,10 @@ class SQLStore(Store):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         self._stop.set()
+        for thread in self._threads[:1]:  # housekeeping: no heartbeat may re-register us after goodbye
+            thread.join(timeout=5)
+        self._closed = True
         if self._writer is not None:
             try:
                 self._writer.submit(self._op_goodbye)
@@ -302,11 +348,19 @@ class SQLStore(Store):
         self._mem.close()
         self.engine.dispose()
 
-    def _begin(self, conn: sa.Connection) -> None:
+    def _begin(self, conn: sa.Connection, durable: bool) -> None:
+        """Start a writer transaction; a non-durable one does not wait for the
+        disk at commit (claims and bookkeeping: see GroupCommitter.submit)."""
         if self._pg:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_WRITE_LOCK})
-        else:
-            conn.exec_driver_sql("SELECT 1")  # autobegin: BEGIN IMMEDIATE via the begin event
+            if not durable:
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            return
+        mode = self._sqlite_sync if durable else "NORMAL"
+        if mode != self._sqlite_mode:  # outside any transaction, on the raw connection
+            conn.connection.dbapi_connection.execute(f"PRAGMA synchronous={mode}")
+            self._sqlite_mode = mode
+        # the first statement of the batch opens it with BEGIN IMMEDIATE (see make_engine)
 
     def _touched(self, boxes: set[str]) -> None:
         for box in boxes:
@@ -325,10 +379,10 @@ class SQLStore(Store):
         return max(self._versions.get(box, 0), self._all_version)
 
     def _write(self, fn: Callable[[Batch], Any], wait: bool = True,
-               callback: Callable[[Any, BaseException | None], None] | None = None) -> Any:
+               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> Any:
         if self._closed or self._writer is None:
             raise StoreError("the store is closed")
-        return self._writer.submit(fn, wait, callback)
+        return self._writer.submit(fn, wait, callback, durable)
 
     def _next_seq(self) -> int:
         with self._seq_lock:
@@ -358,26 +412,35 @@ class SQLStore(Store):
         engine = self.engine.execution_options(b2b_write=True)
         while not self._stop.wait(self.heartbeat_interval):
             try:
-                self._heartbeat(engine)
+                if self._pg:
+                    self._heartbeat(engine)
+                else:  # SQLite has one write lock: queue behind the writer rather than starve waiting for it
+                    self._write(lambda batch: self._heartbeat_in(batch.conn), wait=False, durable=False)
                 if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
                     last_reap = time.monotonic()
-                    self._write(self._op_reap, wait=False)
+                    self._write(self._op_reap, wait=False, durable=False)
             except Exception:
                 if self._closed:
                     return
                 log.warning("store heartbeat failed; retrying", exc_info=True)
 
     def _heartbeat(self, engine: sa.Engine) -> None:
-        now = now_ms()
         with engine.begin() as conn:
-            updated = conn.execute(
-                instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
-            ).rowcount
-            if not updated:
-                log.warning("this broker instance (%s) was presumed dead by another process; the messages it held "
-                            "are being redelivered", self.instance_id)
-                conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
-                                                  "pid": os.getpid(), "started": now, "heartbeat": now})
+            self._heartbeat_in(conn)
+
+    def _heartbeat_in(self, conn: sa.Connection) -> None:
+        """Refresh our heartbeat; re-register if another process reaped us."""
+        if self._stop.is_set():  # closing: goodbye removes the row, nothing may re-add it
+            return
+        now = now_ms()
+        updated = conn.execute(
+            instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
+        ).rowcount
+        if not updated:
+            log.warning("this broker instance (%s) was presumed dead by another process; the messages it held "
+                        "are being redelivered", self.instance_id)
+            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
+                                              "pid": os.getpid(), "started": now, "heartbeat": now})
 
     def _listen_loop(self) -> None:
         import psycopg
@@ -401,21 +464,46 @@ class SQLStore(Store):
                 self._stop.wait(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _poll_loop(self) -> None:
-        last = None
+    def _entry_high_water(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
+
+    def _poll_loop(self, last: int) -> None:
+        """SQLite has no LISTEN/NOTIFY: every ``poll_interval`` look at the
+        highest entry id handed out; if other processes added entries (ids
+        this process did not reserve), wake the consumers of their boxes.
+        ``last`` is read at attach, before any consumer can find a box empty."""
         while not self._stop.wait(self.poll_interval):
             try:
                 with self.engine.connect() as conn:
                     while not self._stop.wait(self.poll_interval):
-                        version = conn.exec_driver_sql("PRAGMA data_version").scalar()
+                        high = conn.exec_driver_sql(
+                            "SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
+                        if high > last and self._foreign_ids(last, high):
+                            boxes = conn.exec_driver_sql(
+                                "SELECT DISTINCT box FROM b2b_entries WHERE id > ? AND id <= ?", (last, high)
+                            ).scalars().all()
+                            for box in boxes:
+                                self._available(box)
                         conn.rollback()
-                        if last is not None and version != last:
-                            self._available("*")
-                        last = version
+                        last = max(last, high)
             except Exception:
                 if self._stop.is_set():
                     return
                 log.warning("polling the SQLite store for changes failed; retrying", exc_info=True)
+
+    def _note_own_ids(self, first: int, last: int) -> None:
+        with self._own_ids_lock:
+            self._own_ids.append((first, last))
+
+    def _foreign_ids(self, low: int, high: int) -> bool:
+        """Whether ids in (low, high] were handed out to another process (or
+        to rows this process re-inserted)."""
+        with self._own_ids_lock:
+            ranges = [(a, b) for a, b in self._own_ids if b > low]
+            self._own_ids = ranges
+        ours = sum(max(0, min(b, high) - max(a - 1, low)) for a, b in ranges)
+        return ours < high - low
 
     # ------------------------------------------------------------ operations (run in the writer)
 
@@ -467,13 +555,13 @@ class SQLStore(Store):
             for box in batch.touched:
                 batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
 
-    def _reserve_message_ids(self, conn: sa.Connection, n: int) -> list[int]:
-        """``n`` new b2b_messages ids in one query (the write lock is held)."""
+    def _reserve_ids(self, conn: sa.Connection, table: str, n: int) -> list[int]:
+        """``n`` new ids of ``table`` in one query (the write lock is held)."""
         if self._pg:
             return conn.execute(sa.text(
-                "SELECT nextval(pg_get_serial_sequence('b2b_messages', 'id')) FROM generate_series(1, :n)"),
+                f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, :n)"),
                 {"n": n}).scalars().all()
-        base = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_messages'").scalar() or 0
+        base = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).scalar() or 0
         return list(range(base + 1, base + n + 1))
 
     def _flush_inserts(self, batch: Batch) -> None:
@@ -508,20 +596,25 @@ class SQLStore(Store):
         batch.inserts = []
         if not placed:
             return
-        ids = self._reserve_message_ids(conn, len(placed))
+        ids = self._reserve_ids(conn, "b2b_messages", len(placed))
         message_rows = []
         for (env, _, _), message in zip(placed, ids):
             row = _codec.message_row(env)
             row["id"] = message
             message_rows.append(row)
-        conn.execute(messages.insert(), message_rows)
+        conn.execute(self._sql.insert_messages, message_rows)
         rows = [
             {"box": box, "seq": seq, "priority": env.priority, "expiration": env.expiration, "state": 0,
              "ready_at": 0, "owner": None, "delivery_count": 0, "message": message}
             for (env, boxes, seq), message in zip(placed, ids)
             for box in boxes
         ]
-        conn.execute(entries.insert(), rows)
+        entry_ids = self._reserve_ids(conn, "b2b_entries", len(rows))
+        for row, entry_id in zip(rows, entry_ids):
+            row["id"] = entry_id
+        conn.execute(self._sql.insert_entries, rows)
+        if not self._pg:
+            batch.after_commit.append(lambda: self._note_own_ids(entry_ids[0], entry_ids[-1]))
         counts = collections.Counter(row["box"] for row in rows)
         batch.touched.update(counts)
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
@@ -531,26 +624,22 @@ class SQLStore(Store):
         refs = list({row.message for row in rows})
         found: dict[int, Any] = {}
         for start in range(0, len(refs), 500):
-            for msg in conn.execute(sa.select(messages.c.id, *_MESSAGE_COLS)
-                                    .where(messages.c.id.in_(refs[start:start + 500]))):
+            for msg in conn.execute(self._sql.messages, {"ids": refs[start:start + 500]}):
                 found[msg.id] = msg
         return found
 
     def _collect(self, batch: Batch, refs: Sequence[int]) -> None:
         """Delete the message rows that no entry refers to any more."""
         if refs:
-            batch.conn.execute(messages.delete().where(
-                messages.c.id.in_(list(set(refs))),
-                ~sa.exists().where(entries.c.message == messages.c.id),
-            ))
+            batch.conn.execute(self._sql.collect, {"ids": list(set(refs))})
 
     def _delete_entries(self, batch: Batch, ids: Sequence[int], owner: str | None = None) -> int:
         """Delete entries (only ``owner``'s, when given) and their orphaned
         messages; returns how many entries were deleted."""
-        where = [entries.c.id.in_(list(ids))]
         if owner is not None:
-            where.append(entries.c.owner == owner)
-        refs = batch.conn.execute(entries.delete().where(*where).returning(entries.c.message)).scalars().all()
+            refs = batch.conn.execute(self._sql.delete_owned, {"ids": list(ids), "owner": owner}).scalars().all()
+        else:
+            refs = batch.conn.execute(self._sql.delete_any, {"ids": list(ids)}).scalars().all()
         self._collect(batch, refs)
         return len(refs)
 
@@ -616,19 +705,11 @@ class SQLStore(Store):
                   now: int) -> tuple[list[Delivery], int | None]:
         conn = batch.conn
         if ids is None:
-            pick = (sa.select(entries.c.id)
-                    .where(entries.c.box == box, entries.c.state == 0, entries.c.ready_at <= now)
-                    .order_by(entries.c.priority.desc(), entries.c.seq).limit(limit))
-            if self._pg:
-                pick = pick.with_for_update(skip_locked=True)
-            target = entries.c.id.in_(pick.scalar_subquery())
+            claim, params = self._sql.claim_next, {"owner": self.instance_id, "box": box, "now": now, "limit": limit}
         else:
-            target = sa.and_(entries.c.id.in_(ids), entries.c.state == 0, entries.c.ready_at <= now)
-        claim = (entries.update().where(target)
-                 .values(state=1, owner=self.instance_id, delivery_count=entries.c.delivery_count + 1)
-                 .returning(*_CLAIMED))
+            claim, params = self._sql.claim_ids, {"owner": self.instance_id, "ids": ids, "now": now}
         while True:
-            rows = conn.execute(claim).all()
+            rows = conn.execute(claim, params).all()
             expired = [r for r in rows if 0 < r.expiration <= now]
             if not expired:
                 break
@@ -636,13 +717,8 @@ class SQLStore(Store):
             rows = [r for r in rows if not 0 < r.expiration <= now]
             if rows or ids is not None:
                 break  # else: all were expired; claim the next ones
-        next_ready = None
         if not rows:
-            next_ready = conn.execute(
-                sa.select(sa.func.min(entries.c.ready_at))
-                .where(entries.c.box == box, entries.c.state == 0, entries.c.ready_at > now)
-            ).scalar()
-            return [], next_ready
+            return [], conn.execute(self._sql.next_ready, {"box": box, "now": now}).scalar()
         rows.sort(key=lambda r: (-r.priority, r.seq))
         found = self._envelopes(conn, rows)
         return [Delivery(row.box, row.id, _codec.row_envelope(found[row.message], row.priority, row.expiration),
@@ -741,10 +817,13 @@ class SQLStore(Store):
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
                callback: Callable[[BaseException | None], None] | None = None) -> None:
-        durable = [e for e in sends if not self._in_memory(e)]
-        sql_acks = [d for d in acks if type(d.ref) is int]
-        memory_sends = [e for e in sends if self._in_memory(e)]
-        memory_acks = [d for d in acks if type(d.ref) is not int]
+        if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
+            durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
+        else:
+            durable = [e for e in sends if not self._in_memory(e)]
+            sql_acks = [d for d in acks if type(d.ref) is int]
+            memory_sends = [e for e in sends if self._in_memory(e)]
+            memory_acks = [d for d in acks if type(d.ref) is not int]
 
         def memory_part() -> None:
             if memory_sends or memory_acks:
@@ -839,7 +918,7 @@ class SQLStore(Store):
             if flush:
                 self._later_queued = True
         if flush:
-            self._write(self._op_ack_later(), wait=False)
+            self._write(self._op_ack_later(), wait=False, durable=False)
         if memory:
             self._mem.ack(memory)
 
@@ -878,7 +957,7 @@ class SQLStore(Store):
         return _SQLReader(self, box, compiled, self._mem.reader(box, selector))
 
     def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Delivery]:
-        rows, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now))
+        rows, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)
         if next_ready is not None:
             self._next_ready[box] = next_ready
         elif ids is None:
@@ -1012,7 +1091,7 @@ class _SQLReader(Reader):
                 env = delivery.envelope
                 if env.expiration and env.expiration <= now:
                     store._write(lambda b, ids=[delivery.ref]: store._delete_entries(b, ids, store.instance_id),
-                                 wait=False)
+                                 wait=False, durable=False)
                     store._counters.add(self._box, EXP)
                     continue
                 if auto_ack:
@@ -1119,6 +1198,7 @@ class _SQLReader(Reader):
         if ids and not self._store._closed:
             store = self._store
             try:
-                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False))
+                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False),
+                             durable=False)
             except StoreError:
                 log.warning("could not give back %d prefetched messages; they return when the lease expires", len(ids))

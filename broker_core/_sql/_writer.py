@@ -43,11 +43,12 @@ class Batch:
 
 
 class _Op:
-    __slots__ = ("fn", "waiter", "callback", "result", "error", "done")
+    __slots__ = ("fn", "waiter", "callback", "durable", "result", "error", "done")
 
     def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None,
-                 callback: Callable[[Any, BaseException | None], None] | None = None) -> None:
+                 callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> None:
         self.fn = fn
+        self.durable = durable
         self.waiter = waiter
         self.callback = callback
         self.result: Any = None
@@ -72,7 +73,7 @@ class GroupCommitter:
     ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
     connection was lost and a new one obtained."""
 
-    def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection], None],
+    def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
                  before_commit: Callable[[Batch], None] | None = None,
                  on_touched: Callable[[set[str]], None] | None = None,
                  on_reconnect: Callable[[], None] | None = None,
@@ -94,15 +95,18 @@ class GroupCommitter:
         self._thread.start()
 
     def submit(self, fn: Callable[[Batch], Any], wait: bool = True,
-               callback: Callable[[Any, BaseException | None], None] | None = None) -> Any:
+               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> Any:
         """Run ``fn`` in the next transaction; with ``wait``, return its result
         once committed (or raise its error); with ``callback``, return at once
-        and call ``callback(result, error)`` from the writer thread when done."""
+        and call ``callback(result, error)`` from the writer thread when done.
+        A batch of only non-``durable`` operations commits without waiting for
+        the disk (still safe if the process is killed; not if the machine
+        loses power): for claims and background bookkeeping."""
         if self._closed:
             raise StoreError("the store is closed")
         if callback is not None:
             wait = False
-        op = _Op(fn, ThreadWaiter() if wait else None, callback)
+        op = _Op(fn, ThreadWaiter() if wait else None, callback, durable)
         with self._cond:
             self._ops.append(op)
             if len(self._ops) == 1:
@@ -161,7 +165,7 @@ class GroupCommitter:
         conn = self._connection()
         batch = Batch(conn)
         try:
-            self._begin(conn)
+            self._begin(conn, any(op.durable for op in ops))
             for op in ops:
                 op.result = op.fn(batch)
             if self._before_commit is not None:
