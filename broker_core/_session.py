@@ -451,7 +451,9 @@ class Session:
                     listener = consumer._listener
                     if listener is None or consumer._closed:
                         continue
-                    with self._dispatch_lock:
+                    with self._dispatch_lock:  # stop() waits on this lock, then nothing new starts
+                        if self._closed or not self._connection._started:
+                            break
                         delivered |= self._dispatch_one(consumer, listener)
                     ready = consumer._reader.next_ready()
                     if ready is not None:
