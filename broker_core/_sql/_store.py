@@ -107,6 +107,15 @@ class _Statements:
         ).bindparams(sa.bindparam("ids", expanding=True))
         self.insert_messages = messages.insert()
         self.insert_entries = entries.insert()
+        #: SQLite: plain driver executemany with tuples (SQLAlchemy's per-row
+        #: parameter processing cost as much as the insert itself).
+        self.message_columns = ("id", *_codec.MESSAGE_COLUMNS)
+        self.entry_columns = ("id", "box", "seq", "priority", "expiration", "state", "ready_at", "owner",
+                              "delivery_count", "message")
+        self.raw_insert_messages = (f"INSERT INTO b2b_messages ({', '.join(self.message_columns)}) "
+                                    f"VALUES ({', '.join('?' * len(self.message_columns))})")
+        self.raw_insert_entries = (f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
+                                   f"VALUES ({', '.join('?' * len(self.entry_columns))})")
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "pool_size"}
@@ -602,7 +611,6 @@ class SQLStore(Store):
             row = _codec.message_row(env)
             row["id"] = message
             message_rows.append(row)
-        conn.execute(self._sql.insert_messages, message_rows)
         rows = [
             {"box": box, "seq": seq, "priority": env.priority, "expiration": env.expiration, "state": 0,
              "ready_at": 0, "owner": None, "delivery_count": 0, "message": message}
@@ -612,8 +620,14 @@ class SQLStore(Store):
         entry_ids = self._reserve_ids(conn, "b2b_entries", len(rows))
         for row, entry_id in zip(rows, entry_ids):
             row["id"] = entry_id
-        conn.execute(self._sql.insert_entries, rows)
-        if not self._pg:
+        sql = self._sql
+        if self._pg:
+            conn.execute(sql.insert_messages, message_rows)
+            conn.execute(sql.insert_entries, rows)
+        else:
+            conn.exec_driver_sql(sql.raw_insert_messages,
+                                 [tuple(row[c] for c in sql.message_columns) for row in message_rows])
+            conn.exec_driver_sql(sql.raw_insert_entries, [tuple(row[c] for c in sql.entry_columns) for row in rows])
             batch.after_commit.append(lambda: self._note_own_ids(entry_ids[0], entry_ids[-1]))
         counts = collections.Counter(row["box"] for row in rows)
         batch.touched.update(counts)
