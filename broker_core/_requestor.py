@@ -157,11 +157,11 @@ class Requestor:
         try:
             env = producer._envelope(self.destination, message, options.get("delivery_mode"),
                                      options.get("priority"), options.get("time_to_live"), message_id)
+            producer._stamp(message, env)  # ``in_transaction`` code can read message.jms_message_id
             await _store_commit_async(self._broker.store, (env,), (), in_transaction)
         except BaseException:
             self._forget(key, slot)
             raise
-        producer._stamp(message, env)
         deadline = None if timeout is None else time.monotonic() + timeout
         while slot.reply is None:
             remaining = None if deadline is None else deadline - time.monotonic()

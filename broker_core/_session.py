@@ -531,11 +531,11 @@ class MessageProducer:
         concurrent sends share commits. In a transacted session it stages."""
         destination, message = self._target(args)
         env = self._envelope(destination, message, delivery_mode, priority, time_to_live, None)
+        self._stamp(message, env)  # before the commit: code running inside it can read jms_message_id
         if self._session.transacted:
             self._stage(env)
         else:
             await _store_commit_async(self._broker.store, (env,), ())
-        self._stamp(message, env)
 
     def _target(self, args: tuple[Any, ...]) -> tuple[Destination, Message]:
         if len(args) == 1:

@@ -12,9 +12,14 @@ that says what to do about it::
     │   ├── NotWellFormedError          400 not-well-formed
     │   ├── XMLSecurityError            400 forbidden-xml
     │   └── SchemaValidationError       400 schema-invalid
+    ├── InvalidHeaderError              400 invalid-header
     ├── AuthenticationError             401 unauthenticated
     ├── ForbiddenRouteError             403 forbidden-route
+    ├── NotFoundError                   404 not-found
+    ├── MethodNotAllowedError           405 method-not-allowed
     ├── NoRouteError                    422 no-route
+    ├── BackendError                    502 backend-error
+    ├── StoreUnavailableError           503 store-unavailable
     ├── ReplyTimeoutError               504 reply-timeout    (also TimeoutError)
     └── ConfigError                     500 config-error     (``file``, ``line``)
         └── UnknownSchemaError          500 unknown-schema
@@ -46,9 +51,14 @@ __all__ = [
     "NotWellFormedError",
     "XMLSecurityError",
     "SchemaValidationError",
+    "InvalidHeaderError",
     "AuthenticationError",
     "ForbiddenRouteError",
+    "NotFoundError",
+    "MethodNotAllowedError",
     "NoRouteError",
+    "BackendError",
+    "StoreUnavailableError",
     "ReplyTimeoutError",
     "ConfigError",
     "UnknownSchemaError",
@@ -261,6 +271,26 @@ class SchemaValidationError(InvalidDocumentError):
         super().__init__(detail, errors, omitted=omitted)
 
 
+class InvalidHeaderError(GatewayError):
+    """Raised when a request header the gateway reads is malformed (an
+    ``Idempotency-Key`` or ``X-Correlation-ID`` that is too long or holds
+    characters outside printable ASCII). ``header`` names it."""
+
+    status = 400
+    code = "invalid-header"
+    default_detail = "A request header is malformed."
+
+    def __init__(self, detail: str | None = None, *, header: str | None = None) -> None:
+        self.header = header
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if self.header:
+            body["header"] = self.header
+        return body
+
+
 class AuthenticationError(GatewayError):
     """Raised when a request carries no credentials, or credentials the
     gateway does not accept."""
@@ -279,6 +309,28 @@ class ForbiddenRouteError(GatewayError):
     default_detail = "Your partner account may not send this document type here."
 
 
+class NotFoundError(GatewayError):
+    """Raised for a path that does not exist, and for a document that does
+    not exist *or belongs to another partner* (the two are never told apart)."""
+
+    status = 404
+    code = "not-found"
+    default_detail = "There is nothing at this address."
+
+
+class MethodNotAllowedError(GatewayError):
+    """Raised for an HTTP method a path does not serve; ``allowed`` lists
+    the methods it does."""
+
+    status = 405
+    code = "method-not-allowed"
+    default_detail = "This method is not allowed here."
+
+    def __init__(self, detail: str | None = None, *, allowed: Iterable[str] = ()) -> None:
+        self.allowed = tuple(allowed)
+        super().__init__(detail)
+
+
 class NoRouteError(GatewayError):
     """Raised when a valid document matches no configured route (no route for
     its partner, document type, or the route's conditions)."""
@@ -288,9 +340,58 @@ class NoRouteError(GatewayError):
     default_detail = "No route accepts this document; check the document type and its routing fields."
 
 
-class ReplyTimeoutError(GatewayError, TimeoutError):
+class _AcceptedDocumentError(GatewayError):
+    """An error about a document that *was* accepted (stored, enqueued):
+    carries its ``message_id``, ``correlation_id`` and ``status_url`` so the
+    client can follow it up instead of resending."""
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        status_url: str | None = None,
+    ) -> None:
+        self.message_id = message_id
+        self.correlation_id = correlation_id
+        self.status_url = status_url
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        for name in ("message_id", "correlation_id", "status_url"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        return body
+
+
+class BackendError(_AcceptedDocumentError):
+    """Raised when the back end answered a request-reply document with an
+    error (a reply carrying the ``B2BError`` property) instead of a business
+    reply. The document was accepted; its ledger status is ``failed``.
+    ``message_id`` and ``correlation_id`` identify it."""
+
+    status = 502
+    code = "backend-error"
+    default_detail = "The back end could not process the document; contact the operator before resending."
+
+
+class StoreUnavailableError(GatewayError):
+    """Raised when the message store (the database) cannot be reached or did
+    not take the write: nothing of the request took effect, retry later."""
+
+    status = 503
+    code = "store-unavailable"
+    default_detail = "The gateway's store is unavailable; nothing was accepted, retry later."
+
+
+class ReplyTimeoutError(_AcceptedDocumentError, TimeoutError):
     """Raised when a synchronous exchange got no reply from the back end in
-    time; the document may still be processed."""
+    time; the document may still be processed. ``message_id``,
+    ``correlation_id`` and ``status_url`` (when known) tell the client where
+    to look for the reply later."""
 
     status = 504
     code = "reply-timeout"

@@ -1,0 +1,502 @@
+"""Benchmark of the HTTP gateway, driven over loopback. Prints, in one run:
+
+1. lxml's parse + validate rate alone (the UBL Order example, this process, one thread);
+2. the server's rate on a no-op endpoint (``POST /v1/noop``: reads the same body, answers 202);
+3. accepted UBL Orders per second on a one-way route (HTTP, auth, parse, validate, route,
+   durable store on SQLite with the ledger row in the same commit), each order with a
+   fresh ``cbc:ID`` so none is an idempotent replay;
+4. request-reply round trips through the sample order responder (in-process worker) with
+   100 concurrent clients: p50 / p99 latency, paced (each client sends, waits for its
+   reply, then thinks), and closed-loop (no think time) for the saturation figures.
+
+Goals: (3) >= 60% of the ceiling 1 / (1/(2) + 1/(1)); p99 of (4, paced) <= 20 ms.
+
+Usage::
+
+    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--rate 200] [--keep]
+
+The server is ``b2bgw serve`` in a subprocess (one uvicorn process, uvloop + httptools
+when installed) on a fresh SQLite store (``synchronous=FULL``) in a temporary folder.
+Load comes from ``wrk`` when it is installed (``apt-get install wrk``) for (2) and (3),
+else from an asyncio client that speaks HTTP/1.1 by hand over keep-alive connections
+(one per client); (4) always uses that asyncio client (it paces and times each request). Everything talks to 127.0.0.1 only and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gateway.partners import generate_key, hash_key  # noqa: E402
+from gateway.schemas import SchemaRegistry  # noqa: E402
+from gateway.xmlintake import parse_document  # noqa: E402
+
+ORDER_FILE = REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-Order-2.1-Example.xml"
+ORDER = ORDER_FILE.read_bytes()
+ID_TAG = b"<cbc:ID>34</cbc:ID>"
+HEAD, TAIL = ORDER.split(ID_TAG, 1)
+ACME_KEY = "acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA"
+
+
+def order_with_id(order_id: str) -> bytes:
+    return HEAD + b"<cbc:ID>" + order_id.encode() + b"</cbc:ID>" + TAIL
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None) -> Path:
+    config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
+    partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
+    routes = yaml.safe_load((REPO / "config" / "routes.yaml").read_text())["routes"]
+    partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}]}
+    order_route = next(r for r in routes if r["id"] == "ubl-order")
+    routes.append({
+        "id": "bench-order-one-way",
+        "partners": ["bench"],
+        "root": order_route["root"],
+        "schema": order_route["schema"],
+        "properties": order_route["properties"],
+        "destination": "queue://orders.bench",
+        "delivery_mode": "persistent",
+    })
+    config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
+    config["store"].setdefault("options", {})["sqlite_synchronous"] = synchronous
+    if os.environ.get("BENCH_PREFETCH"):
+        config["store"]["options"]["prefetch"] = int(os.environ["BENCH_PREFETCH"])
+    config["partners"] = partners
+    config["routes"] = routes
+    config["etl"] = {"enabled": False}
+    if responders is not None:
+        config["workers"] = [{"module": "gateway.samples.order_responder", "concurrency": responders}]
+    path = folder / "bench.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class ServerProcess:
+    def __init__(self, config: Path, port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        env = {**os.environ, "B2BGW_NOOP_ENDPOINT": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+             "--port", str(port), "--no-access-log", "--no-etl"],
+            cwd=str(config.parent), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: see {self.log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the server did not become ready")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --------------------------------------------------------------------------- 1. lxml alone
+
+
+def validate_rate(seconds: float) -> float:
+    registry = SchemaRegistry.ubl21(["Order"])
+    registry.compile(details=False)
+    for _ in range(200):
+        registry.is_valid(parse_document(ORDER), "ubl-2.1/Order")
+    count = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(50):
+            root = parse_document(ORDER)
+            assert registry.is_valid(root, "ubl-2.1/Order")
+        count += 50
+    return count / (time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------- load: wrk
+
+
+def lua_long(data: bytes) -> str:
+    text = data.decode("utf-8")
+    level = "=" * 4
+    assert f"]{level}]" not in text
+    return f"[{level}[{text}]{level}]"
+
+
+def wrk_script(path: Path, headers: dict[str, str], *, unique: bool, body: bytes = ORDER) -> Path:
+    header_lines = "\n".join(f'headers["{k}"] = "{v}"' for k, v in headers.items())
+    if unique:
+        head, tail = body.split(ID_TAG, 1)
+        script = f"""
+local counter = 0
+local threads = 0
+headers = {{}}
+{header_lines}
+local head = {lua_long(head)}
+local tail = {lua_long(tail)}
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+request = function()
+  counter = counter + 1
+  local id = "<cbc:ID>" .. prefix .. "-" .. tid .. "-" .. counter .. "</cbc:ID>"
+  return wrk.format("POST", "/v1/documents", headers, head .. id .. tail)
+end
+function init(args)
+  prefix = args[1]
+end
+"""
+    else:
+        script = f"""
+headers = {{}}
+{header_lines}
+local body = {lua_long(body)}
+request = function()
+  return wrk.format("POST", path_, headers, body)
+end
+function init(args)
+  path_ = args[1]
+end
+"""
+    path.write_text(script)
+    return path
+
+
+def run_wrk(url: str, script: Path, seconds: float, connections: int, args: list[str]) -> dict[str, float]:
+    cmd = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency", "-s", str(script), url,
+           "--", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    total = int(re.search(r"(\d+) requests in ([\d.]+)(\w+)", out).group(1))
+    span = re.search(r"requests in ([\d.]+)(ms|s|m)", out)
+    duration = float(span.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[span.group(2)]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    lat = {}
+    for pct in ("50", "99"):
+        m = re.search(rf"\s{pct}(?:\.000)?%\s+([\d.]+)(us|ms|s)", out)
+        if m:
+            lat[pct] = float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+    bad = int(non2xx.group(1)) if non2xx else 0
+    return {"total": total, "ok": total - bad, "bad": bad, "seconds": duration,
+            "rate": (total - bad) / duration, "p50_ms": lat.get("50", float("nan")),
+            "p99_ms": lat.get("99", float("nan")), "socket_errors": errors.group(1) if errors else ""}
+
+
+# --------------------------------------------------------------------------- load: asyncio, raw HTTP/1.1
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection, written and read by hand: the asyncio client must cost the
+    server's two CPUs as little as possible (httpx's pool alone caps 100 concurrent clients near 70 req/s)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.used = 0.0
+
+    async def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        try:
+            return await self._post(path, headers, body)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            await self.close()  # the server closed an idle connection before reading the request: send again
+            return await self._post(path, headers, body)
+
+    async def _post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        if self.writer is not None and time.monotonic() - self.used > 3.0:  # uvicorn closes idle ones after 5 s
+            await self.close()
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        self.writer.write(head.encode("latin-1") + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        close = False
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "connection" and value.strip().lower() == "close":
+                close = True
+        data = await self.reader.readexactly(length) if length else b""
+        self.used = time.monotonic()
+        if close:
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except OSError:
+                pass
+        self.reader = self.writer = None
+
+
+async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurrency: int, body_for,
+                      expect: int) -> dict[str, float]:
+    """``concurrency`` clients, each on its own connection, sending back to back."""
+    host, port, path = _split(url)
+    latencies: list[float] = []
+    bad = 0
+    counter = iter(range(10**9))
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal bad
+        conn = Connection(host, port)
+        try:
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                status, _ = await conn.post(path, headers, body_for(next(counter)))
+                if status == expect:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    bad += 1
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return summary(latencies, bad, time.perf_counter() - started)
+
+
+async def paced(url: str, headers: dict[str, str], seconds: float, clients: int, rate: float, body_for,
+                expect: int) -> dict[str, float]:
+    """``clients`` concurrent clients, each on its own connection: send, wait for the reply, think (exponential,
+    so that all together offer ``rate`` requests/s); latency is send to reply."""
+    host, port, path = _split(url)
+    latencies: list[float] = []
+    bad = 0
+    think = clients / rate  # mean seconds between one client's requests
+    counter = iter(range(10**9))
+    deadline = time.perf_counter() + seconds
+
+    async def one() -> None:
+        nonlocal bad
+        conn = Connection(host, port)
+        try:
+            await asyncio.sleep(random.uniform(0, think))
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                status, _ = await conn.post(path, headers, body_for(next(counter)))
+                elapsed = time.perf_counter() - started
+                if status == expect:
+                    latencies.append(elapsed)
+                else:
+                    bad += 1
+                await asyncio.sleep(max(0.0, random.expovariate(1 / think) - elapsed))
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(clients)])
+    return summary(latencies, bad, time.perf_counter() - started)
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    rest = url.split("://", 1)[1]
+    hostport, _, path = rest.partition("/")
+    host, _, port = hostport.partition(":")
+    return host, int(port), "/" + path
+
+
+def summary(latencies: list[float], bad: int, elapsed: float) -> dict[str, float]:
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        if not latencies:
+            return float("nan")
+        return latencies[min(len(latencies) - 1, int(round(p / 100 * (len(latencies) - 1))))] * 1000
+
+    return {"total": len(latencies) + bad, "ok": len(latencies), "bad": bad, "seconds": elapsed,
+            "rate": len(latencies) / elapsed, "p50_ms": pct(50), "p99_ms": pct(99),
+            "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan")}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> None:
+    """Print phases 1-3 and check that every 202 is one message and one ledger row."""
+    import sqlalchemy as sa
+
+    from broker_core import Broker, Queue
+
+    broker = Broker.open(f"sqlite:///{folder / 'bench.db'}", sweep_interval=0)
+    try:
+        queued = broker.stats(Queue("orders.bench")).depth
+        with broker.store.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT count(*) FROM b2b_ledger WHERE route = 'bench-order-one-way'")).scalar()
+    finally:
+        broker.close()
+    validate = results["validate"]
+    noop = results["noop"]["rate"]
+    accepted = results["accepted"]
+    ceiling = 1 / (1 / noop + 1 / validate)
+    ratio = accepted["rate"] / ceiling
+    print(f"lxml parse+validate alone     {validate:9.0f} documents/s")
+    print(f"no-op endpoint                {noop:9.0f} requests/s")
+    print(f"ceiling 1/(1/noop+1/validate) {ceiling:9.0f} requests/s")
+    print(f"one-way Orders accepted       {accepted['rate']:9.0f} orders/s = {ratio:.0%} of the ceiling "
+          f"(goal >= 60%: {'met' if ratio >= 0.6 else 'NOT met'}); p50 {accepted['p50_ms']:.1f} ms, "
+          f"p99 {accepted['p99_ms']:.1f} ms; {accepted['bad']:.0f} refused")
+    print(f"   stored: {queued} messages in queue://orders.bench, {rows} ledger rows "
+          f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase)")
+    print(f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
+          f"{cpu['accepted'] * 1e6:.0f} us per accepted order")
+
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
+    parser.add_argument("--connections", type=int, default=32, help="connections for the throughput phases")
+    parser.add_argument("--clients", type=int, default=100, help="concurrent request-reply clients")
+    parser.add_argument("--rate", type=float, default=50.0,
+                        help="paced request-reply requests/s from all clients together (default 50: each client "
+                             "sends one every 2 s on average)")
+    parser.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"],
+                        help="the store's SQLite synchronous mode (FULL: the default, fsync per commit)")
+    parser.add_argument("--responders", type=int, help="sessions of the sample order responder (default: as configured)")
+    parser.add_argument("--only-request-reply", action="store_true", help="run phase 4 only")
+    parser.add_argument("--no-wrk", action="store_true", help="use the asyncio client even if wrk is installed")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, logs)")
+    args = parser.parse_args()
+
+    use_wrk = shutil.which("wrk") is not None and not args.no_wrk
+    folder = Path(tempfile.mkdtemp(prefix="b2bgw-bench-"))
+    bench_key = generate_key("bench")
+    config = write_config(folder, bench_key, args.sqlite_synchronous, args.responders)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    results: dict[str, dict[str, float] | float] = {}
+
+    print(f"b2bgw gateway benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"load from {'wrk' if use_wrk else 'an asyncio client'}, {args.seconds:g} s per phase, "
+          f"SQLite synchronous={args.sqlite_synchronous}; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
+    only_rr = args.only_request_reply
+    if not only_rr:
+        print(f"1. lxml parse + validate alone ({len(ORDER)} byte UBL Order) ...", flush=True)
+        results["validate"] = validate_rate(min(args.seconds, 5.0))
+
+    server = ServerProcess(config, port, folder / "server.log")
+    try:
+        server.wait_ready()
+        bench_headers = {"Authorization": f"Bearer {bench_key}", "Content-Type": "application/xml"}
+        acme_headers = {"Authorization": f"Bearer {ACME_KEY}", "Content-Type": "application/xml"}
+        # warm up: the key cache, the routes, the responder
+        for i in range(50):
+            httpx.post(f"{base}/v1/documents", content=order_with_id(f"warm-{i}"), headers=bench_headers, timeout=30)
+            httpx.post(f"{base}/v1/documents", content=order_with_id(f"warm-rr-{i}"), headers=acme_headers, timeout=30)
+        run = uuid.uuid4().hex[:8]
+
+        cpu: dict[str, float] = {}
+        if not only_rr:
+            print("2. no-op endpoint ...", flush=True)
+            before = server.cpu_seconds()
+            if use_wrk:
+                script = wrk_script(folder / "noop.lua", {"Content-Type": "application/xml"}, unique=False)
+                results["noop"] = run_wrk(base, script, args.seconds, args.connections, ["/v1/noop"])
+            else:
+                results["noop"] = asyncio.run(closed_loop(f"{base}/v1/noop", {"Content-Type": "application/xml"},
+                                                          args.seconds, args.connections, lambda n: ORDER, 202))
+
+            cpu["noop"] = (server.cpu_seconds() - before) / max(1, results["noop"]["total"])
+            print("3. one-way Orders accepted ...", flush=True)
+            before = server.cpu_seconds()
+            if use_wrk:
+                script = wrk_script(folder / "oneway.lua", bench_headers, unique=True)
+                results["accepted"] = run_wrk(base, script, args.seconds, args.connections, [f"ow{run}"])
+            else:
+                results["accepted"] = asyncio.run(closed_loop(
+                    f"{base}/v1/documents", bench_headers, args.seconds, args.connections,
+                    lambda n: order_with_id(f"ow{run}-{n}"), 202))
+
+            cpu["accepted"] = (server.cpu_seconds() - before) / max(1, results["accepted"]["total"])
+        print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
+        results["rr_paced"] = asyncio.run(paced(
+            f"{base}/v1/documents", acme_headers, args.seconds, args.clients, args.rate,
+            lambda n: order_with_id(f"rp{run}-{n}"), 200))
+        print(f"   ... and closed-loop (no think time) ...", flush=True)
+        results["rr_closed"] = asyncio.run(closed_loop(
+            f"{base}/v1/documents", acme_headers, args.seconds, args.clients,
+            lambda n: order_with_id(f"rc{run}-{n}"), 200))
+    finally:
+        server.stop()
+
+    print()
+    if not only_rr:
+        report_throughput(folder, results, cpu)
+    paced_rr = results["rr_paced"]
+    closed_rr = results["rr_closed"]
+    print(f"request-reply, {args.clients} clients paced ({paced_rr['rate']:.0f}/s): p50 {paced_rr['p50_ms']:.1f} ms, "
+          f"p99 {paced_rr['p99_ms']:.1f} ms (goal <= 20 ms: {'met' if paced_rr['p99_ms'] <= 20 else 'NOT met'}); "
+          f"{paced_rr['bad']:.0f} failed")
+    print(f"request-reply, {args.clients} clients closed-loop: {closed_rr['rate']:.0f} round trips/s, "
+          f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed")
+    print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
+    print(json.dumps({**results, "server_cpu_per_request_s": cpu}, default=float))
+    if args.keep:
+        print(f"kept {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

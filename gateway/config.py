@@ -1,0 +1,470 @@
+"""The gateway's YAML configuration, with a file and line for every error.
+
+One main file (``config/b2bgw.yaml``) holds the settings; its ``partners:``
+and ``routes:`` sections are either inline or the name of another YAML file
+(relative to the main file) whose top level is that section. Every mapping and
+sequence is loaded as a :class:`MarkedDict` / :class:`MarkedList` that
+remembers where it and each of its entries came from (:class:`Where`), so any
+later check (a schema that does not load, an XPath that does not compile, two
+routes that shadow each other) points at ``file:line``. Duplicate keys in a
+mapping are an error (plain PyYAML silently keeps the last one).
+
+The sections, all optional::
+
+    store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
+    server:     {host: 127.0.0.1, port: 8080}
+    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
+    namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
+    schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
+    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
+    routes:     routes.yaml | [{id, partners, root, when, schema, ...}]
+    exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
+    workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
+    etl:        {...}                     # passed through to spark_etl untouched
+    stomp:      {...}                     # reserved for the STOMP listener
+
+Parsing only checks shapes and types; :mod:`gateway.partners` and
+:mod:`gateway.routes` check meaning.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, clip
+from .xmlintake import DEFAULT_LIMITS, IntakeLimits
+
+__all__ = [
+    "DEFAULT_CONFIG_NAME",
+    "MarkedDict",
+    "MarkedList",
+    "Settings",
+    "Where",
+    "default_config_path",
+    "load_settings",
+    "load_yaml",
+    "parse_duration",
+    "settings_from_mapping",
+]
+
+DEFAULT_CONFIG_NAME = "config/b2bgw.yaml"
+DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
+
+_KNOWN_SECTIONS = {
+    "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
+}
+
+
+# --------------------------------------------------------------------------- marked YAML
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A place in a configuration file (``line`` is 1-based)."""
+
+    file: str | None
+    line: int | None
+
+    def error(self, detail: str) -> ConfigError:
+        return ConfigError(detail, file=self.file, line=self.line)
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return "<config>"
+        return self.file if self.line is None else f"{self.file}:{self.line}"
+
+
+NOWHERE = Where(None, None)
+
+
+class MarkedDict(dict):
+    """A mapping that knows where it starts (``where``) and where each key is (``at(key)``)."""
+
+    where: Where = NOWHERE
+    key_where: dict[Any, Where]
+
+    def at(self, key: Any) -> Where:
+        return getattr(self, "key_where", {}).get(key, self.where)
+
+
+class MarkedList(list):
+    """A sequence that knows where it starts (``where``) and where each item is (``at(index)``)."""
+
+    where: Where = NOWHERE
+    item_where: list[Where]
+
+    def at(self, index: int) -> Where:
+        items = getattr(self, "item_where", [])
+        return items[index] if 0 <= index < len(items) else self.where
+
+
+class _MarkedLoader(yaml.SafeLoader):
+    """A safe loader whose mappings and sequences remember their file and lines."""
+
+    file_name: str | None = None
+
+    def _where(self, node: yaml.Node) -> Where:
+        return Where(self.file_name, node.start_mark.line + 1)
+
+    def construct_marked_mapping(self, node: yaml.MappingNode) -> MarkedDict:
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(None, None, "expected a mapping", node.start_mark)
+        self.flatten_mapping(node)
+        result = MarkedDict()
+        result.where = self._where(node)
+        result.key_where = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError("a mapping key must be a plain value", file=self.file_name,
+                                  line=key_node.start_mark.line + 1) from None
+            if key in result:
+                raise ConfigError(
+                    f"duplicate key {clip(str(key), 80)!r} (first at line {result.key_where[key].line})",
+                    file=self.file_name, line=key_node.start_mark.line + 1,
+                )
+            result[key] = self.construct_object(value_node, deep=True)
+            result.key_where[key] = self._where(key_node)
+        return result
+
+    def construct_marked_sequence(self, node: yaml.SequenceNode) -> MarkedList:
+        result = MarkedList(self.construct_object(child, deep=True) for child in node.value)
+        result.where = self._where(node)
+        result.item_where = [self._where(child) for child in node.value]
+        return result
+
+
+_MarkedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _MarkedLoader.construct_marked_mapping)
+_MarkedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _MarkedLoader.construct_marked_sequence)
+
+
+def load_yaml(path: str | Path | None = None, *, text: str | None = None, name: str | None = None) -> Any:
+    """Load one YAML document (from *path*, or from *text* named *name*) with marks.
+
+    Raises :class:`ConfigError` with the file and line of a syntax error, a
+    duplicate key, or an unreadable file.
+    """
+    shown = name if name is not None else (str(path) if path is not None else "<config>")
+    if text is None:
+        if path is None:
+            raise ValueError("load_yaml needs a path or a text")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError("no such file", file=shown) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the file: {clip(str(exc), 200)}", file=shown) from None
+    loader = _MarkedLoader(text)
+    loader.file_name = shown
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"YAML syntax error: {clip(problem or str(exc), 300)}", file=shown, line=line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"YAML error: {clip(str(exc), 300)}", file=shown) from None
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------- typed values
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any, where: Where, what: str) -> float:
+    """Seconds from a number (seconds) or a string like ``250ms``, ``10s``, ``5m``, ``1h``, ``7d``."""
+    if isinstance(value, bool):
+        raise where.error(f"{what} must be a duration such as 10s, 250ms, 5m; got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise where.error(f"{what} must not be negative; got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise where.error(f"{what} must be a duration such as 10s, 250ms, 5m, 1h or 7d; got {clip(repr(value), 60)}")
+
+
+def expect_mapping(value: Any, where: Where, what: str) -> MarkedDict:
+    if value is None:
+        empty = MarkedDict()
+        empty.where = where
+        empty.key_where = {}
+        return empty
+    if not isinstance(value, dict):
+        raise where.error(f"{what} must be a mapping, not {_kind(value)}")
+    if not isinstance(value, MarkedDict):
+        marked = MarkedDict(value)
+        marked.where = where
+        marked.key_where = {}
+        return marked
+    return value
+
+
+def expect_list(value: Any, where: Where, what: str) -> MarkedList:
+    if value is None:
+        empty = MarkedList()
+        empty.where = where
+        empty.item_where = []
+        return empty
+    if not isinstance(value, list):
+        raise where.error(f"{what} must be a list, not {_kind(value)}")
+    if not isinstance(value, MarkedList):
+        marked = MarkedList(value)
+        marked.where = where
+        marked.item_where = []
+        return marked
+    return value
+
+
+def expect_str(value: Any, where: Where, what: str, *, pattern: re.Pattern[str] | None = None,
+               hint: str = "") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise where.error(f"{what} must be a non-empty string, not {_kind(value)}")
+    if pattern is not None and not pattern.match(value):
+        raise where.error(f"{what} {clip(value, 80)!r} is not valid{': ' + hint if hint else ''}")
+    return value
+
+
+def expect_int(value: Any, where: Where, what: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(f"{what} must be an integer, not {_kind(value)}")
+    if minimum is not None and value < minimum or maximum is not None and value > maximum:
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+        raise where.error(f"{what} must be {bounds}; got {value}")
+    return value
+
+
+def expect_bool(value: Any, where: Where, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise where.error(f"{what} must be true or false, not {_kind(value)}")
+    return value
+
+
+def check_keys(mapping: MarkedDict, allowed: set[str], what: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise mapping.at(key).error(
+                f"unknown key {clip(str(key), 60)!r} in {what}; known keys: {', '.join(sorted(allowed))}"
+            )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return f"the boolean {value}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {clip(value, 40)!r}"
+    return f"{type(value).__name__} {clip(repr(value), 40)}"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass
+class SchemaFile:
+    """A partner's own XSD registered by configuration."""
+
+    name: str
+    path: Path
+    version: str
+    group: str | None
+    where: Where
+
+
+@dataclass
+class Settings:
+    """Everything the gateway reads from its configuration (shapes checked, meaning not yet)."""
+
+    config_path: Path | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+    store_url: str = DEFAULT_STORE_URL
+    store_options: dict[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    limits: IntakeLimits = DEFAULT_LIMITS
+    namespaces: dict[str, str] = field(default_factory=dict)
+    ubl_documents: list[str] = field(default_factory=list)
+    schema_files: list[SchemaFile] = field(default_factory=list)
+    schema_dirs: list[Path] = field(default_factory=list)
+    partners: MarkedDict = field(default_factory=MarkedDict)
+    routes: MarkedList = field(default_factory=MarkedList)
+    workers: list[str] = field(default_factory=list)
+    #: module -> concurrency override for its handlers (``- {module: m, concurrency: 4}``)
+    worker_concurrency: dict[str, int] = field(default_factory=dict)
+    workers_where: Where = NOWHERE
+    late_reply_window: float = 3600.0
+    reconcile_interval: float = 2.0
+    etl: dict[str, Any] = field(default_factory=dict)
+    stomp: dict[str, Any] | None = None
+    where: Where = NOWHERE
+
+    @property
+    def is_sql_store(self) -> bool:
+        return self.store_url.startswith(("sqlite:", "postgresql"))
+
+
+_PREFIX = re.compile(r"^[A-Za-z_][\w.\-]*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def default_config_path() -> Path:
+    """Where ``b2bgw`` looks for its configuration when none is given.
+
+    ``$B2BGW_CONFIG``, else ``./config/b2bgw.yaml`` in the current directory,
+    else the sample configuration of the source tree this package runs from.
+    """
+    env = os.environ.get("B2BGW_CONFIG")
+    if env:
+        return Path(env)
+    local = Path.cwd() / DEFAULT_CONFIG_NAME
+    if local.is_file():
+        return local
+    bundled = Path(__file__).resolve().parent.parent / DEFAULT_CONFIG_NAME
+    return bundled if bundled.is_file() else local
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load the configuration file at *path* (default: :func:`default_config_path`)."""
+    config_path = Path(path) if path is not None else default_config_path()
+    data = load_yaml(config_path, name=str(config_path))
+    return settings_from_mapping(data, config_path=config_path)
+
+
+def _section_file(value: Any, where: Where, base_dir: Path, section: str) -> Any:
+    """An inline section, or the section loaded from the file it names."""
+    if not isinstance(value, str):
+        return value
+    file = base_dir / value
+    data = load_yaml(file, name=str(file))
+    if isinstance(data, dict) and set(data) == {section}:  # the file may wrap the section in its name
+        return data[section]
+    return data
+
+
+def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_dir: Path | None = None) -> Settings:
+    """Build :class:`Settings` from a loaded (marked) mapping."""
+    file_where = Where(str(config_path) if config_path else None, 1)
+    root = expect_mapping(data, file_where, "the configuration")
+    check_keys(root, _KNOWN_SECTIONS, "the configuration")
+    if base_dir is None:
+        base_dir = config_path.resolve().parent if config_path is not None else Path.cwd()
+    s = Settings(config_path=config_path, base_dir=base_dir, where=root.where)
+
+    store = expect_mapping(root.get("store"), root.at("store"), "store")
+    check_keys(store, {"url", "options"}, "store")
+    if "url" in store:
+        s.store_url = expect_str(store["url"], store.at("url"), "store.url")
+    env_url = os.environ.get("B2BGW_STORE_URL")
+    if env_url:
+        s.store_url = env_url
+    s.store_options = dict(expect_mapping(store.get("options"), store.at("options"), "store.options"))
+
+    server = expect_mapping(root.get("server"), root.at("server"), "server")
+    check_keys(server, {"host", "port"}, "server")
+    if "host" in server:
+        s.host = expect_str(server["host"], server.at("host"), "server.host")
+    if "port" in server:
+        s.port = expect_int(server["port"], server.at("port"), "server.port", minimum=0, maximum=65535)
+
+    limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
+    check_keys(limits, {"max_body_bytes", "max_depth", "max_elements"}, "limits")
+    values = {
+        "max_bytes": limits.get("max_body_bytes", DEFAULT_LIMITS.max_bytes),
+        "max_depth": limits.get("max_depth", DEFAULT_LIMITS.max_depth),
+        "max_elements": limits.get("max_elements", DEFAULT_LIMITS.max_elements),
+    }
+    for key, name in (("max_body_bytes", "max_bytes"), ("max_depth", "max_depth"), ("max_elements", "max_elements")):
+        expect_int(values[name], limits.at(key), f"limits.{key}", minimum=1)
+    try:
+        s.limits = IntakeLimits(**values)
+    except ValueError as exc:
+        raise limits.where.error(str(exc)) from None
+
+    namespaces = expect_mapping(root.get("namespaces"), root.at("namespaces"), "namespaces")
+    for prefix, uri in namespaces.items():
+        expect_str(prefix, namespaces.at(prefix), "a namespace prefix", pattern=_PREFIX, hint="use an XML name")
+        s.namespaces[prefix] = expect_str(uri, namespaces.at(prefix), f"namespace {prefix!r}")
+
+    _schemas(s, expect_mapping(root.get("schemas"), root.at("schemas"), "schemas"))
+
+    partners = _section_file(root.get("partners"), root.at("partners"), base_dir, "partners")
+    s.partners = expect_mapping(partners, getattr(partners, "where", root.at("partners")), "partners")
+    routes = _section_file(root.get("routes"), root.at("routes"), base_dir, "routes")
+    s.routes = expect_list(routes, getattr(routes, "where", root.at("routes")), "routes")
+
+    exchange = expect_mapping(root.get("exchange"), root.at("exchange"), "exchange")
+    check_keys(exchange, {"late_reply_window", "reconcile_interval"}, "exchange")
+    if "late_reply_window" in exchange:
+        s.late_reply_window = parse_duration(exchange["late_reply_window"], exchange.at("late_reply_window"),
+                                             "exchange.late_reply_window")
+    if "reconcile_interval" in exchange:
+        s.reconcile_interval = parse_duration(exchange["reconcile_interval"], exchange.at("reconcile_interval"),
+                                              "exchange.reconcile_interval")
+        if s.reconcile_interval <= 0:
+            raise exchange.at("reconcile_interval").error("exchange.reconcile_interval must be positive")
+
+    workers = expect_list(root.get("workers"), root.at("workers"), "workers")
+    s.workers_where = root.at("workers")
+    for i, item in enumerate(workers):
+        if isinstance(item, dict):
+            entry = expect_mapping(item, workers.at(i), "a worker")
+            check_keys(entry, {"module", "concurrency"}, "a worker")
+            module = expect_str(entry.get("module"), entry.at("module"), "a worker module", pattern=_MODULE,
+                                hint="a dotted Python module name")
+            if "concurrency" in entry:
+                s.worker_concurrency[module] = expect_int(entry["concurrency"], entry.at("concurrency"),
+                                                          f"worker {module} concurrency", minimum=1, maximum=64)
+        else:
+            module = expect_str(item, workers.at(i), "a worker module", pattern=_MODULE,
+                                hint="a dotted Python module name")
+        s.workers.append(module)
+
+    s.etl = dict(expect_mapping(root.get("etl"), root.at("etl"), "etl"))
+    if root.get("stomp") is not None:
+        s.stomp = dict(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+    return s
+
+
+def _schemas(s: Settings, schemas: MarkedDict) -> None:
+    check_keys(schemas, {"ubl-2.1", "files", "dirs"}, "schemas")
+    ubl = expect_list(schemas.get("ubl-2.1"), schemas.at("ubl-2.1"), "schemas.ubl-2.1")
+    for i, doc in enumerate(ubl):
+        s.ubl_documents.append(expect_str(doc, ubl.at(i), "a UBL 2.1 document name"))
+    dirs = expect_list(schemas.get("dirs"), schemas.at("dirs"), "schemas.dirs")
+    for i, d in enumerate(dirs):
+        path = (s.base_dir / expect_str(d, dirs.at(i), "a schema directory")).resolve()
+        if not path.is_dir():
+            raise dirs.at(i).error(f"schema directory {path} does not exist")
+        s.schema_dirs.append(path)
+    files = expect_list(schemas.get("files"), schemas.at("files"), "schemas.files")
+    for i, item in enumerate(files):
+        entry = expect_mapping(item, files.at(i), "a schema file entry")
+        check_keys(entry, {"name", "path", "version", "group"}, "a schema file entry")
+        name = expect_str(entry.get("name"), entry.at("name"), "schema name")
+        path = (s.base_dir / expect_str(entry.get("path"), entry.at("path"), "schema path")).resolve()
+        version = str(entry.get("version", "1.0"))
+        if version not in ("1.0", "1.1"):
+            raise entry.at("version").error(f"schema version must be '1.0' or '1.1', not {version!r}")
+        group = entry.get("group")
+        if group is not None:
+            group = expect_str(group, entry.at("group"), "schema group")
+        s.schema_files.append(SchemaFile(name, path, version, group, entry.where))

@@ -1,0 +1,346 @@
+"""The document ledger: one row per accepted document (see :mod:`gateway.ledger_tables`).
+
+Writes never run on their own connection: they are functions of the store
+transaction's SQLAlchemy connection, run by the broker store's writer.
+
+* :meth:`Ledger.insert` runs through ``in_transaction`` in the very commit
+  that stores the document's message, so a document is recorded if and only
+  if it was enqueued. Its ``idempotency_key`` is unique: a second document
+  with the same key makes the insert fail with :class:`DuplicateDocument`,
+  which rolls back that commit, message included. Concurrent duplicates
+  therefore enqueue once: the database's unique constraint decides, and the
+  loser reads the winner's row.
+* Status changes (:meth:`Ledger.transition`) go through the store's writer
+  too (:func:`write` / :func:`write_async`), so SQLite sees one writer. A
+  change applies only from the statuses it lists, and appends a
+  ``b2b_ledger_events`` row only when it applied, so racing updaters (the
+  reconciler, a reply, a late reply) never move a document backwards.
+
+Reads (:meth:`Ledger.get`, :meth:`Ledger.find`) use the store's engine from
+the calling thread; the HTTP handlers call them through ``asyncio.to_thread``.
+The ledger's own Alembic chain (:func:`upgrade_ledger`, version table
+``b2b_gateway_version``) creates the tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from broker_core import StoreError
+
+from .ledger_tables import documents, events
+
+__all__ = [
+    "DuplicateDocument",
+    "Ledger",
+    "LedgerRecord",
+    "NewDocument",
+    "current_revision",
+    "head_revision",
+    "now_ms",
+    "upgrade_ledger",
+    "write",
+    "write_async",
+]
+
+VERSION_TABLE = "b2b_gateway_version"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DuplicateDocument(StoreError):
+    """The idempotency key is taken: a document with it was accepted before.
+
+    A :class:`broker_core.StoreError` so the store's writer hands it back
+    as it is (it fails the commit it was raised in, and only that one)."""
+
+    def __init__(self, idempotency_key: str) -> None:
+        self.idempotency_key = idempotency_key
+        super().__init__("a document with this idempotency key was already accepted")
+
+
+@dataclass(slots=True)
+class NewDocument:
+    """What :meth:`Ledger.insert` records for an accepted document."""
+
+    message_id: str
+    partner: str
+    doc_type: str
+    doc_namespace: str
+    doc_id: str | None
+    idempotency_key: str
+    correlation_id: str
+    route: str
+    destination: str
+    received_at: int
+    document: bytes
+    receipt: str
+
+
+@dataclass(slots=True)
+class LedgerRecord:
+    """One ``b2b_ledger`` row (``history`` filled by :meth:`Ledger.get` with ``history=True``)."""
+
+    message_id: str
+    partner: str
+    doc_type: str
+    doc_namespace: str
+    doc_id: str | None
+    idempotency_key: str
+    correlation_id: str
+    route: str
+    destination: str
+    status: str
+    received_at: int
+    updated_at: int
+    reply: bytes | None
+    reply_type: str | None
+    receipt: str | None
+    error: str | None
+    document: bytes | None = None
+    history: list[tuple[str, int]] | None = None
+
+
+_SUMMARY_COLUMNS = [c for c in documents.c if c.name != "document"]
+
+
+def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRecord:
+    m = row._mapping
+    return LedgerRecord(
+        message_id=m["message_id"], partner=m["partner"], doc_type=m["doc_type"],
+        doc_namespace=m["doc_namespace"], doc_id=m["doc_id"], idempotency_key=m["idempotency_key"],
+        correlation_id=m["correlation_id"], route=m["route"], destination=m["destination"], status=m["status"],
+        received_at=m["received_at"], updated_at=m["updated_at"], reply=m["reply"], reply_type=m["reply_type"],
+        receipt=m["receipt"], error=m["error"], document=m.get("document"), history=history,
+    )
+
+
+class Ledger:
+    """Reads and writes of the ledger tables on the store's engine."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self._insert_event = events.insert()
+        self._is_duplicate = _duplicate_detector(engine.dialect.name)
+        # the hot-path inserts as driver SQL: a third of the cost of Core statements, in the writer thread
+        style = (lambda name: f"%({name})s") if engine.dialect.paramstyle == "pyformat" else (lambda name: f":{name}")
+        cols = [c.name for c in documents.c]
+        self._doc_columns = cols
+        self._insert_doc_sql = (f"INSERT INTO {documents.name} ({', '.join(cols)}) "
+                                f"VALUES ({', '.join(style(c) for c in cols)})")
+        self._insert_event_sql = (f"INSERT INTO {events.name} (message_id, status, at) "
+                                  f"VALUES ({style('message_id')}, {style('status')}, {style('at')})")
+
+    # ----------------------------------------------------------------- writes (functions of a store transaction)
+
+    def insert(self, conn: sa.Connection, doc: NewDocument) -> None:
+        """Record an accepted document (status ``accepted``) in the caller's transaction.
+
+        Raises :class:`DuplicateDocument` when its idempotency key is taken."""
+        try:
+            conn.exec_driver_sql(self._insert_doc_sql, {
+                "message_id": doc.message_id, "partner": doc.partner, "doc_type": doc.doc_type,
+                "doc_namespace": doc.doc_namespace, "doc_id": doc.doc_id, "idempotency_key": doc.idempotency_key,
+                "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
+                "status": "accepted", "received_at": doc.received_at, "updated_at": doc.received_at,
+                "document": doc.document, "reply": None, "reply_type": None, "receipt": doc.receipt, "error": None,
+            })
+        except sa.exc.IntegrityError as exc:
+            if self._is_duplicate(exc):
+                raise DuplicateDocument(doc.idempotency_key) from None
+            raise
+        conn.exec_driver_sql(self._insert_event_sql,
+                             {"message_id": doc.message_id, "status": "accepted", "at": doc.received_at})
+
+    def transition(
+        self,
+        conn: sa.Connection,
+        message_id: str,
+        status: str,
+        *,
+        from_statuses: Iterable[str],
+        reply: bytes | None = None,
+        reply_type: str | None = None,
+        error: str | None = None,
+        at: int | None = None,
+    ) -> bool:
+        """Move a document to *status* if it is in one of *from_statuses*; True if it moved."""
+        at = now_ms() if at is None else at
+        values: dict[str, Any] = {"status": status, "updated_at": at}
+        if reply is not None:
+            values["reply"] = reply
+            values["reply_type"] = reply_type
+        if error is not None:
+            values["error"] = error[:2000]
+        result = conn.execute(
+            documents.update()
+            .where(documents.c.message_id == message_id, documents.c.status.in_(list(from_statuses)))
+            .values(**values)
+        )
+        if result.rowcount != 1:
+            return False
+        conn.execute(self._insert_event, {"message_id": message_id, "status": status, "at": at})
+        return True
+
+    # ----------------------------------------------------------------- reads (any thread)
+
+    def get(self, message_id: str, *, history: bool = False, document: bool = False) -> LedgerRecord | None:
+        cols = list(documents.c) if document else _SUMMARY_COLUMNS
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(*cols).where(documents.c.message_id == message_id)).first()
+            if row is None:
+                return None
+            events_list = None
+            if history:
+                events_list = [
+                    (r.status, r.at)
+                    for r in conn.execute(
+                        sa.select(events.c.status, events.c.at)
+                        .where(events.c.message_id == message_id)
+                        .order_by(events.c.seq)
+                    )
+                ]
+            conn.rollback()
+        return _record(row, events_list)
+
+    def find(self, idempotency_key: str) -> LedgerRecord | None:
+        """The document accepted with this idempotency key, if any."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(*_SUMMARY_COLUMNS).where(documents.c.idempotency_key == idempotency_key)
+            ).first()
+            conn.rollback()
+        return None if row is None else _record(row)
+
+    def exists(self, idempotency_key: str) -> bool:
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(documents.c.message_id).where(documents.c.idempotency_key == idempotency_key)
+            ).first()
+            conn.rollback()
+        return found is not None
+
+    def in_status(self, statuses: Sequence[str], *, after: tuple[int, str] | None = None, limit: int = 500,
+                  routes: Sequence[str] | None = None) -> list[tuple[str, str, int, str]]:
+        """``(message_id, route, updated_at, status)`` of documents in *statuses*, by (updated_at,
+        message_id), strictly after the cursor *after*."""
+        query = sa.select(documents.c.message_id, documents.c.route, documents.c.updated_at, documents.c.status).where(
+            documents.c.status.in_(list(statuses))
+        )
+        if routes is not None:
+            query = query.where(documents.c.route.in_(list(routes)))
+        if after is not None:
+            at, mid = after
+            query = query.where(sa.or_(documents.c.updated_at > at,
+                                       sa.and_(documents.c.updated_at == at, documents.c.message_id > mid)))
+        query = query.order_by(documents.c.updated_at, documents.c.message_id).limit(limit)
+        with self.engine.connect() as conn:
+            rows = [(r.message_id, r.route, r.updated_at, r.status) for r in conn.execute(query)]
+            conn.rollback()
+        return rows
+
+    def ping(self) -> None:
+        """Raise if the database does not answer a read of the ledger."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.select(sa.func.count()).select_from(documents).where(documents.c.message_id == ""))
+            conn.rollback()
+
+
+def _duplicate_detector(dialect: str) -> Callable[[sa.exc.IntegrityError], bool]:
+    def is_duplicate(exc: sa.exc.IntegrityError) -> bool:
+        text = str(exc.orig).lower()
+        if dialect == "postgresql":
+            return "idempotency_key" in text or getattr(exc.orig, "sqlstate", None) == "23505"
+        return "unique" in text and "idempotency_key" in text
+
+    return is_duplicate
+
+
+# --------------------------------------------------------------------------- writes through the store
+
+
+def write(store: Any, *fns: Callable[[Any], Any]) -> None:
+    """Run *fns* (functions of the SQLAlchemy connection) in one store transaction; waits."""
+    store.commit((), (), list(fns))
+
+
+def write_async(store: Any, *fns: Callable[[Any], Any]) -> asyncio.Future[None]:
+    """Like :func:`write`, without blocking the event loop (a future of the running loop)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def done(error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    store.commit((), (), list(fns), done)
+    return future
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def _alembic_config() -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        revision = ctx.get_current_revision()
+        conn.rollback()
+        return revision
+
+
+_PG_LOCK = 0x62326777  # "b2gw": one migrator at a time
+
+
+def upgrade_ledger(engine: sa.Engine) -> str:
+    """Create or upgrade the ledger tables to the head revision; returns it."""
+    from alembic import command
+
+    cfg = _alembic_config()
+    with engine.connect().execution_options(b2b_write=True) as conn:  # SQLite: BEGIN IMMEDIATE on the store's engine
+        pg = conn.dialect.name == "postgresql"
+        if pg:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK})
+            conn.commit()
+        try:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        finally:
+            if pg:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK})
+                conn.commit()
+    return current_revision(engine) or ""

@@ -1,0 +1,1 @@
+"""The document ledger's Alembic migrations (version table ``b2b_gateway_version``)."""

@@ -1,0 +1,525 @@
+"""The gateway's work for one document, independent of HTTP.
+
+:meth:`Gateway.submit` takes an authenticated partner's request body and
+returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
+:class:`~gateway.errors.GatewayError`:
+
+1. parse (hardened intake) -> :meth:`RouteTable.select` (422 / 403) ->
+   validate against the route's schema (lxml; xmlschema details only when
+   invalid, in a worker thread) -> extract the document id and properties ->
+   transform (XSLT) if the route says so;
+2. idempotency: a document whose key (``Idempotency-Key``, else partner +
+   document type + document id) was accepted before gets the first answer
+   again, and nothing is enqueued. The ledger's unique key decides: the
+   insert of a duplicate fails its commit (message included) and the
+   document is answered from the row that holds the key. Keys this process
+   accepted lately are remembered, so the usual replay (a client retrying
+   against the same gateway) skips the doomed insert and its cost (a refused
+   insert fails the whole group commit, which the store then redoes one
+   operation at a time) -- a database read per request would cost more than
+   that on the hot path;
+3. one-way: the message is sent in a transacted session and committed with
+   the ledger insert (``in_transaction``): the receipt is returned only once
+   both are durable. Request-reply: the route's long-lived
+   :class:`broker_core.Requestor` sends it (ledger insert in the same
+   commit) and waits up to the route's timeout; the reply is recorded in the
+   ledger (status ``replied``, or ``failed`` for a reply carrying
+   ``B2BError``) as it is returned (the write is not awaited: it would add
+   a commit to every round trip; until it lands the reply is kept in memory
+   for replays and GET). No reply in time:
+   :class:`~gateway.errors.ReplyTimeoutError` (504), and a reply that comes
+   later is still recorded (``on_late_reply``), so ``GET`` shows it.
+
+Documents up to :data:`INLINE_MAX_BYTES` are parsed and validated on the
+event loop (a 14 KB UBL order takes ~0.3 ms); larger ones in a worker thread
+so one 10 MB document does not stall every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import collections
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from lxml import etree
+
+from broker_core import (
+    Broker,
+    Message,
+    Requestor,
+    RequestTimeoutError,
+    StoreUnavailableError as BrokerStoreUnavailable,
+    XMLMessage,
+)
+
+from .assemble import Assembly
+from .errors import (
+    BackendError,
+    GatewayError,
+    NotFoundError,
+    ReplyTimeoutError,
+    StoreUnavailableError,
+)
+from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
+from .partners import Partner
+from .routes import Route
+from .xmlintake import parse_document
+
+__all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "iso_ms"]
+
+log = logging.getLogger(__name__)
+
+#: Bodies up to this size are parsed and validated on the event loop; larger ones in a thread.
+INLINE_MAX_BYTES = 256 * 1024
+#: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
+DOCUMENTS_PATH = "/v1/documents/"
+#: The property a back end sets on a reply to say it failed (its value: why).
+ERROR_PROPERTY = "B2BError"
+#: At most this many timed-out requests per route wait for a late reply.
+MAX_LATE = 100_000
+
+
+def iso_ms(epoch_ms: int | None) -> str | None:
+    """``2024-03-14T09:30:00.123Z`` from epoch milliseconds."""
+    if epoch_ms is None:
+        return None
+    seconds, ms = divmod(int(epoch_ms), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ms:03d}Z"
+
+
+@dataclass
+class Outcome:
+    """What :meth:`Gateway.submit` answers: a receipt (one-way, 202) or a reply (request-reply, 200)."""
+
+    message_id: str
+    correlation_id: str
+    route: str
+    receipt: dict[str, Any]
+    reply: bytes | None = None
+    reply_type: str | None = None
+    replayed: bool = False
+
+    @property
+    def status_url(self) -> str:
+        return DOCUMENTS_PATH + self.message_id
+
+
+@dataclass
+class _Exchange:
+    """A request-reply route's requestor and the requests it may still get replies to."""
+
+    route: Route
+    requestor: Requestor
+    # correlation id -> [the message while waiting, then its message id; deadline for a late reply
+    # (monotonic), None while waiting]
+    open: dict[str, list[Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Gateway:
+    """Accepts documents for one broker, with the routes, schemas and partners of an :class:`Assembly`."""
+
+    def __init__(self, assembly: Assembly, broker: Broker, *, late_reply_window: float | None = None,
+                 inline_max_bytes: int = INLINE_MAX_BYTES, duplicate_poll: float = 0.05,
+                 recent_keys: int = 100_000) -> None:
+        store = broker.store
+        if getattr(store, "engine", None) is None:
+            raise GatewayError("the gateway needs a SQL store (sqlite:///PATH or postgresql+psycopg://...)")
+        self.assembly = assembly
+        self.settings = assembly.settings
+        self.registry = assembly.registry
+        self.routes = assembly.routes
+        self.partners = assembly.partners
+        self.broker = broker
+        self.store = store
+        self.ledger = Ledger(store.engine)
+        self.limits = assembly.settings.limits
+        self.late_reply_window = (assembly.settings.late_reply_window if late_reply_window is None
+                                  else late_reply_window)
+        self.inline_max_bytes = inline_max_bytes
+        self.duplicate_poll = duplicate_poll
+        self._connection: Any = None
+        self._sessions: collections.deque[tuple[Any, Any]] = collections.deque()
+        # idempotency key -> message id of documents this process accepted lately (a replay then skips the
+        # insert that the unique key would refuse: a refused insert fails its whole group commit, which the
+        # store then redoes one operation at a time)
+        self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # message id -> (status, reply, reply type, error) of replies whose ledger write is under way
+        self._unrecorded: dict[str, tuple[str, bytes, str | None, str | None]] = {}
+        self.recent_keys = recent_keys
+        self._exchanges: dict[str, _Exchange] = {}
+        self._started = False
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Connect to the broker and open one requestor per request-reply route."""
+        if self._started:
+            return
+        self._connection = self.broker.connect()
+        self._connection.start()
+        for route in self.routes:
+            if route.request_reply:
+                session = self._connection.create_session(False)
+
+                def late(reply: Message, _route: Route = route) -> None:
+                    self._late_reply(self._exchanges[_route.id], reply)
+
+                requestor = Requestor(session, route.destination, on_late_reply=late)
+                self._exchanges[route.id] = _Exchange(route, requestor)
+        self._started = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for exchange in self._exchanges.values():
+            exchange.requestor.close()
+        if self._connection is not None:
+            self._connection.close()
+
+    @property
+    def ready(self) -> bool:
+        return self._started and not self._closed and not self.broker.closed
+
+    def _session(self) -> tuple[Any, Any]:
+        if self._sessions:
+            return self._sessions.pop()
+        session = self._connection.create_session(True)
+        return session, session.create_producer(None)
+
+    # ----------------------------------------------------------------- submitting
+
+    async def submit(
+        self,
+        partner: Partner,
+        body: bytes,
+        *,
+        charset: str | None = None,
+        correlation_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Outcome:
+        """Accept one document (see the module docstring); raises a GatewayError subclass when refused."""
+        received_at = now_ms()
+        large = len(body) > self.inline_max_bytes
+        if large:
+            root = await asyncio.to_thread(parse_document, body, self.limits, declared_charset=charset)
+        else:
+            root = parse_document(body, self.limits, declared_charset=charset)
+        route = self.routes.select(root, partner.id)
+        if large:
+            valid = await asyncio.to_thread(self.registry.is_valid, root, route.schema)
+        else:
+            valid = self.registry.is_valid(root, route.schema)
+        if not valid:  # the rich errors (xmlschema) take milliseconds: never on the loop
+            await asyncio.to_thread(self.registry.validate, root, route.schema, source=body)
+            raise GatewayError("validation failed without errors")  # pragma: no cover - validate raised
+
+        doc_id = route.extract_document_id(root)
+        key = self.idempotency_key(partner.id, route, doc_id, idempotency_key)
+        known = self._recent.get(key)
+        if known is not None:  # accepted by this process lately: replay without trying to insert
+            before = self._unrecorded.get(known)
+            existing = await asyncio.to_thread(self.ledger.get, known)
+            if existing is not None:
+                return await self._replay(self._with_unrecorded(existing, before))
+
+        properties = route.extract(root)
+        text = route.apply_transform(root)
+        if text is None:
+            text = self._text(body, root)
+        document = self._document_bytes(body, root)
+        correlation = correlation_id or str(uuid.uuid4())
+
+        message = XMLMessage(text)
+        message.jms_type = route.doc_type
+        message.set_string_property("JMSXUserID", partner.id)
+        message.set_string_property("B2BRoute", route.id)
+        if doc_id is not None:
+            message.set_string_property("B2BDocumentID", doc_id)
+        route.set_properties(message, properties)
+
+        try:
+            if route.request_reply:
+                return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
+                                                 received_at)
+            return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at)
+        except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
+            existing = await asyncio.to_thread(self.ledger.find, key)
+            if existing is None:  # pragma: no cover - the winner's row is committed before we fail
+                raise StoreUnavailableError() from None
+            self._remember(key, existing.message_id)
+            return await self._replay(existing)
+        except BrokerStoreUnavailable as exc:
+            log.warning("store unavailable while accepting a document: %s", exc)
+            raise StoreUnavailableError() from None
+
+    def _remember(self, key: str, message_id: str) -> None:
+        recent = self._recent
+        recent[key] = message_id
+        if len(recent) > self.recent_keys:
+            recent.popitem(last=False)
+
+    @staticmethod
+    def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: str | None) -> str:
+        """The ledger's idempotency key: per partner, from the header, else document type + id."""
+        if header is not None:
+            key = f"{partner_id}|key|{header}"
+        elif doc_id is not None:
+            key = f"{partner_id}|{route.root}|{doc_id}"
+        else:
+            return f"{partner_id}|unique|{uuid.uuid4()}"
+        if len(key) > 500:
+            key = f"{partner_id}|sha256|{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
+        return key
+
+    @staticmethod
+    def _text(body: bytes, root: etree._Element) -> str:
+        """The message text: the document as received when it is UTF-8, else re-serialised."""
+        if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
+            return body.decode("utf-8-sig")
+        return etree.tostring(root, encoding="unicode")
+
+    @staticmethod
+    def _document_bytes(body: bytes, root: etree._Element) -> bytes:
+        """The document for the ledger, UTF-8."""
+        if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
+            return body[3:] if body.startswith(codecs.BOM_UTF8) else body
+        return etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
+
+    def _receipt(self, route: Route, message_id: str, correlation: str, doc_id: str | None,
+                 received_at: int) -> dict[str, Any]:
+        return {
+            "message_id": message_id,
+            "correlation_id": correlation,
+            "route": route.id,
+            "document_type": route.doc_type,
+            "document_id": doc_id,
+            "status": "accepted",
+            "received_at": iso_ms(received_at),
+            "status_url": DOCUMENTS_PATH + message_id,
+        }
+
+    def _record(self, route: Route, partner: Partner, message_id: str, correlation: str, key: str,
+                doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any]) -> NewDocument:
+        return NewDocument(
+            message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
+            doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
+            destination=str(route.destination), received_at=received_at, document=document,
+            receipt=json.dumps(receipt, separators=(",", ":")),
+        )
+
+    async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
+                       key: str, doc_id: str | None, document: bytes, received_at: int) -> Outcome:
+        message.jms_correlation_id = correlation
+        session, producer = self._session()
+        try:
+            await producer.send_async(route.destination, message, delivery_mode=route.delivery_mode,
+                                      priority=route.priority, time_to_live=route.time_to_live_ms)
+            message_id = message.jms_message_id
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt)
+            ledger = self.ledger
+            await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
+            self._remember(key, message_id)
+        except BaseException:
+            try:
+                session.rollback()
+            except Exception:  # pragma: no cover - the session is dropped below
+                session = None
+            raise
+        finally:
+            if session is not None:
+                self._sessions.append((session, producer))
+        return Outcome(message_id, correlation, route.id, receipt)
+
+    async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
+                             key: str, doc_id: str | None, document: bytes, received_at: int) -> Outcome:
+        exchange = self._exchanges[route.id]
+        with exchange.lock:
+            self._expire_late(exchange)
+            if correlation in exchange.open:  # replies are matched by correlation id: keep it unique
+                correlation = f"{correlation}~{secrets.token_hex(4)}"
+            exchange.open[correlation] = [message, None]
+        message.jms_correlation_id = correlation
+        ledger = self.ledger
+        holder: dict[str, Any] = {}
+
+        def record(conn: Any) -> None:
+            message_id = message.jms_message_id
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            holder["receipt"] = receipt
+            ledger.insert(conn, self._record(route, partner, message_id, correlation, key, doc_id, document,
+                                             received_at, receipt))
+
+        try:
+            reply = await exchange.requestor.request_async(
+                message, route.timeout, in_transaction=[record], delivery_mode=route.delivery_mode,
+                priority=route.priority, time_to_live=route.time_to_live_ms,
+            )
+        except RequestTimeoutError:
+            message_id = message.jms_message_id
+            self._remember(key, message_id)
+            with exchange.lock:
+                entry = exchange.open.get(correlation)
+                if entry is not None:  # keep the id (not the message and its document) for a late reply
+                    entry[0] = message_id
+                    entry[1] = time.monotonic() + self.late_reply_window
+            raise ReplyTimeoutError(
+                f"No reply arrived within {route.timeout:g} s. The document was accepted as {message_id}; "
+                f"GET {DOCUMENTS_PATH}{message_id} returns its status and the reply once it comes. Do not resend it.",
+                message_id=message_id, correlation_id=correlation, status_url=DOCUMENTS_PATH + message_id,
+            ) from None
+        except BaseException:
+            with exchange.lock:
+                exchange.open.pop(correlation, None)
+            raise
+        with exchange.lock:
+            exchange.open.pop(correlation, None)
+        message_id = message.jms_message_id
+        self._remember(key, message_id)
+        reply_bytes, reply_type, error = self._reply_parts(reply)
+        self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered"))
+        if error is not None:
+            raise BackendError(
+                f"The back end could not process the document: {error}",
+                message_id=message_id, correlation_id=correlation, status_url=DOCUMENTS_PATH + message_id,
+            )
+        return Outcome(message_id, correlation, route.id, holder["receipt"], reply=reply_bytes, reply_type=reply_type)
+
+    @staticmethod
+    def _reply_parts(reply: Message) -> tuple[bytes, str | None, str | None]:
+        text = getattr(reply, "text", None)
+        error = reply.get_string_property(ERROR_PROPERTY) if reply.property_exists(ERROR_PROPERTY) else None
+        if text is None:
+            text = ""
+            error = error or "the reply has no text body"
+        return text.encode("utf-8"), (reply.jms_type or None), error
+
+    # ----------------------------------------------------------------- late replies
+
+    def _expire_late(self, exchange: _Exchange) -> None:
+        """Forget timed-out requests whose late-reply window has passed, and the oldest of them beyond
+        :data:`MAX_LATE` (call with the lock held)."""
+        if len(exchange.open) < 64:
+            return
+        now = time.monotonic()
+        stale = [c for c, (_, deadline) in exchange.open.items() if deadline is not None and deadline < now]
+        for c in stale:
+            del exchange.open[c]
+        excess = len(exchange.open) - MAX_LATE
+        if excess > 0:  # in insertion order: the oldest first
+            for c in [c for c, (_, deadline) in exchange.open.items() if deadline is not None][:excess]:
+                del exchange.open[c]
+
+    def _late_reply(self, exchange: _Exchange, reply: Message) -> None:
+        """A reply came after its request timed out: record it (runs in the replier's thread)."""
+        correlation = reply.jms_correlation_id
+        with exchange.lock:
+            entry = exchange.open.pop(correlation, None) if correlation else None
+        target = None if entry is None else entry[0]
+        message_id = target if isinstance(target, str) or target is None else target.jms_message_id
+        if message_id is None:
+            log.warning("route %s: a reply (correlation id %r) matches no request of this gateway; dropped",
+                        exchange.route.id, (correlation or "")[:100])
+            return
+        reply_bytes, reply_type, error = self._reply_parts(reply)
+        self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
+        log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
+
+    def _record_reply(self, message_id: str, reply: bytes, reply_type: str | None, error: str | None,
+                      from_statuses: tuple[str, ...]) -> None:
+        """Record a reply in the ledger without waiting for the commit (any thread).
+
+        The HTTP answer does not wait for this write (it would add a commit to every round trip); until it
+        lands, the reply is kept in memory so a replay or a GET of the document already sees it."""
+        status = "failed" if error is not None else "replied"
+        ledger = self.ledger
+        self._unrecorded[message_id] = (status, reply, reply_type, error)
+
+        def done(err: BaseException | None) -> None:
+            self._unrecorded.pop(message_id, None)
+            if err is not None:
+                log.error("could not record the reply to %s: %s", message_id, err)
+
+        try:
+            self.store.commit((), (), [lambda conn: ledger.transition(
+                conn, message_id, status, from_statuses=from_statuses, reply=reply, reply_type=reply_type,
+                error=error)], done)
+        except Exception as exc:  # noqa: BLE001 - the store is closing: the reply is only in memory now
+            self._unrecorded.pop(message_id, None)
+            log.error("could not record the reply to %s: %s", message_id, exc)
+
+    def _with_unrecorded(self, record: LedgerRecord, before: Any = None) -> LedgerRecord:
+        """*record* with a reply that is still on its way to the ledger (*before*: what was pending before
+        the record was read, in case the write landed between the read and now)."""
+        pending = self._unrecorded.get(record.message_id) or before
+        if pending is not None and record.reply is None:
+            record.status, record.reply, record.reply_type, record.error = pending
+            if record.history is not None:
+                record.history.append((record.status, now_ms()))
+        return record
+
+    # ----------------------------------------------------------------- replays
+
+    async def _replay(self, record: LedgerRecord) -> Outcome:
+        """The first answer to a document accepted before (same idempotency key)."""
+        record = self._with_unrecorded(record)
+        route = self.routes.get(record.route)
+        receipt = json.loads(record.receipt) if record.receipt else {
+            "message_id": record.message_id, "correlation_id": record.correlation_id, "route": record.route,
+            "status_url": DOCUMENTS_PATH + record.message_id,
+        }
+        request_reply = route.request_reply if route is not None else record.reply is not None
+        if request_reply and record.reply is None:
+            timeout = route.timeout if route is not None else 0.0
+            deadline = record.received_at / 1000 + timeout
+            while record.reply is None and time.time() < deadline:  # the first request may still be waiting
+                await asyncio.sleep(self.duplicate_poll)
+                before = self._unrecorded.get(record.message_id)
+                fresh = await asyncio.to_thread(self.ledger.get, record.message_id)
+                if fresh is None:  # pragma: no cover - ledger rows are never deleted
+                    break
+                record = self._with_unrecorded(fresh, before)
+            if record.reply is None:
+                raise ReplyTimeoutError(
+                    f"This document was accepted before as {record.message_id} and no reply has come yet; "
+                    f"GET {DOCUMENTS_PATH}{record.message_id} returns its status and the reply once it comes.",
+                    message_id=record.message_id, correlation_id=record.correlation_id,
+                    status_url=DOCUMENTS_PATH + record.message_id,
+                )
+        if record.reply is not None and record.status == "failed":
+            raise BackendError(
+                f"The back end could not process the document: {record.error or 'no reason given'}",
+                message_id=record.message_id, correlation_id=record.correlation_id,
+                status_url=DOCUMENTS_PATH + record.message_id,
+            )
+        return Outcome(record.message_id, record.correlation_id, record.route, receipt, reply=record.reply,
+                       reply_type=record.reply_type, replayed=True)
+
+    # ----------------------------------------------------------------- status
+
+    async def document(self, partner: Partner, message_id: str, refresh: Any = None) -> LedgerRecord:
+        """The partner's own document with its history; NotFoundError for any other (or none)."""
+        if not message_id or len(message_id) > 128:
+            raise NotFoundError()
+        before = self._unrecorded.get(message_id)
+        record = await asyncio.to_thread(self.ledger.get, message_id, history=True)
+        if record is None or record.partner != partner.id:
+            raise NotFoundError(f"No document {message_id[:128]!r} was accepted from your partner account.")
+        record = self._with_unrecorded(record, before)
+        if refresh is not None and record.status in ("accepted", "dead_lettered"):
+            if await asyncio.to_thread(refresh, [(record.message_id, record.status)]):
+                record = await asyncio.to_thread(self.ledger.get, message_id, history=True) or record
+        return record
+

@@ -1,0 +1,127 @@
+"""Tests of gateway.config: the YAML configuration, with file and line in every error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import (
+    DEFAULT_STORE_URL,
+    Where,
+    load_settings,
+    load_yaml,
+    parse_duration,
+    settings_from_mapping,
+)
+from gateway.errors import ConfigError
+from gwtest import SAMPLE_CONFIG
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_sample_configuration_loads():
+    s = load_settings(SAMPLE_CONFIG)
+    assert s.store_url == DEFAULT_STORE_URL == "sqlite:///var/b2bgw.db"
+    assert s.port == 8080 and s.host == "127.0.0.1"
+    assert s.limits.max_bytes == 10 * 1024 * 1024
+    assert set(s.ubl_documents) == {"Order", "OrderResponse", "OrderChange", "OrderCancellation",
+                                    "DespatchAdvice", "Invoice"}
+    assert set(s.partners) == {"acme", "globex"}
+    assert [r["id"] for r in s.routes] == ["ubl-order", "ubl-order-change", "ubl-order-cancellation",
+                                          "ubl-despatch-advice", "ubl-invoice"]
+    assert s.workers == ["gateway.samples.order_responder"]
+    assert s.worker_concurrency == {"gateway.samples.order_responder": 4}
+    assert s.etl["schedule"] == "0 2 * * *"  # passed through untouched
+    assert s.late_reply_window == 3600 and s.reconcile_interval == 2
+    # entries remember where they are, in the file they come from
+    assert s.routes.where.file.endswith("routes.yaml")
+    assert s.routes.at(0).line is not None and s.partners.at("globex").file.endswith("partners.yaml")
+
+
+def test_yaml_syntax_error_has_file_and_line(tmp_path):
+    path = write(tmp_path, "b.yaml", "store:\n  url: sqlite:///x\nserver: [1, 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.file == str(path) and info.value.line in (3, 4)
+    assert str(info.value).startswith(f"{path}:")
+
+
+def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
+    path = write(tmp_path, "b.yaml", "server:\n  port: 1\n  host: a\n  port: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.line == 4 and "first at line 2" in info.value.detail
+
+
+def test_unknown_keys_and_wrong_types_point_at_their_line(tmp_path):
+    path = write(tmp_path, "b.yaml", "server:\n  host: a\n  prot: 80\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.line == 3 and "prot" in info.value.detail
+    path = write(tmp_path, "c.yaml", "limits:\n  max_body_bytes: ten\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.line == 2
+    path = write(tmp_path, "d.yaml", "\n\nbogus: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.line == 3
+
+
+def test_section_files_report_their_own_file(tmp_path):
+    write(tmp_path, "routes.yaml", "routes:\n  - id: a\n  - id: b\n")
+    write(tmp_path, "partners.yaml", "just text\n")
+    main = write(tmp_path, "b.yaml", "partners: partners.yaml\nroutes: routes.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(main)
+    assert info.value.file == str(main) and "partners must be a mapping" in info.value.detail
+    main = write(tmp_path, "c.yaml", "routes: routes.yaml\n")
+    s = load_settings(main)
+    assert s.routes.at(1) == Where(str(tmp_path / "routes.yaml"), 3)
+    missing = write(tmp_path, "d.yaml", "routes: nowhere.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(missing)
+    assert info.value.file == str(tmp_path / "nowhere.yaml") and "no such file" in info.value.detail
+
+
+def test_inline_sections_and_defaults(tmp_path):
+    data = load_yaml(text="partners: {}\nroutes: []\nworkers: [a.b]\netl: {enabled: false}\nstomp: {port: 61613}\n",
+                     name="inline.yaml")
+    s = settings_from_mapping(data, base_dir=tmp_path)
+    assert s.routes == [] and s.workers == ["a.b"] and s.etl == {"enabled": False}
+    assert s.stomp == {"port": 61613}  # reserved, passed through
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping(load_yaml(text="workers: [not a module]\n", name="w.yaml"), base_dir=tmp_path)
+    assert info.value.file == "w.yaml" and info.value.line == 1
+
+
+def test_store_url_can_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("B2BGW_STORE_URL", "sqlite:////tmp/elsewhere.db")
+    assert settings_from_mapping({}, base_dir=tmp_path).store_url == "sqlite:////tmp/elsewhere.db"
+
+
+def test_limits_are_checked(tmp_path):
+    data = load_yaml(text="limits:\n  max_depth: 1000\n", name="l.yaml")
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping(data, base_dir=tmp_path)
+    assert "256" in info.value.detail
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (10, 10.0), (0.5, 0.5), ("250ms", 0.25), ("10s", 10.0), ("5m", 300.0), ("1h", 3600.0), ("7d", 604800.0),
+    ("1.5s", 1.5), ("3", 3.0),
+])
+def test_durations(value, seconds):
+    assert parse_duration(value, Where("f", 1), "x") == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1s", -1, True, None, "10 parsecs", [1]])
+def test_bad_durations(value):
+    with pytest.raises(ConfigError) as info:
+        parse_duration(value, Where("f.yaml", 7), "timeout")
+    assert info.value.line == 7 and "timeout" in info.value.detail

@@ -1,0 +1,247 @@
+"""Tests of gateway.ledger: the migration (the contract tables exactly), inserts inside
+the store's commit (recorded iff enqueued), the unique idempotency key under
+concurrency, conditional status moves with events, and the reconciler."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from broker_core import AckMode, Broker, Queue, XMLMessage
+from gateway.ledger import (
+    DuplicateDocument,
+    Ledger,
+    NewDocument,
+    current_revision,
+    head_revision,
+    now_ms,
+    upgrade_ledger,
+    write,
+)
+from gateway.ledger_tables import documents, events, metadata
+from gateway.status import Reconciler
+
+
+@pytest.fixture
+def broker(tmp_path):
+    broker = Broker.open(f"sqlite:///{tmp_path / 'l.db'}", sweep_interval=0, max_deliveries=1)
+    upgrade_ledger(broker.store.engine)
+    yield broker
+    broker.close()
+
+
+def record(message_id: str, key: str | None = None) -> NewDocument:
+    return NewDocument(message_id=message_id, partner="acme", doc_type="Order", doc_namespace="urn:x",
+                       doc_id="34", idempotency_key=key or f"acme|{message_id}", correlation_id="c",
+                       route="r", destination="queue://q", received_at=now_ms(), document=b"<Order/>",
+                       receipt='{"message_id": "%s"}' % message_id)
+
+
+def test_migration_makes_exactly_the_contract_tables(broker):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    engine = broker.store.engine
+    assert current_revision(engine) == head_revision() == "g0001"
+    assert upgrade_ledger(engine) == "g0001"  # idempotent
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"include_name": lambda name, type_, parent: (
+            type_ != "table" or name in metadata.tables)})
+        diff = compare_metadata(ctx, metadata)
+    assert diff == []
+    names = sa.inspect(engine).get_table_names()
+    assert "b2b_gateway_version" in names and "b2b_broker_version" in names
+
+
+def test_insert_get_and_history(broker):
+    ledger = Ledger(broker.store.engine)
+    write(broker.store, lambda conn: ledger.insert(conn, record("ID:1")))
+    got = ledger.get("ID:1", history=True, document=True)
+    assert got.status == "accepted" and got.document == b"<Order/>" and got.history[0][0] == "accepted"
+    assert ledger.find("acme|ID:1").message_id == "ID:1"
+    assert ledger.get("ID:nope") is None and ledger.find("nope") is None
+
+
+def test_duplicate_key_fails_the_whole_commit_message_included(broker):
+    ledger = Ledger(broker.store.engine)
+    conn = broker.connect()
+    session = conn.create_session(True)
+    producer = session.create_producer(Queue("q"))
+    producer.send(XMLMessage("<a/>"))
+    session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:a", "k"))])
+    producer.send(XMLMessage("<b/>"))
+    with pytest.raises(DuplicateDocument):
+        session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:b", "k"))])
+    assert [m.text for m in broker.browse(Queue("q"))] == ["<a/>"]
+    with broker.store.engine.connect() as c:
+        assert c.execute(sa.select(sa.func.count()).select_from(documents)).scalar() == 1
+        assert c.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 1
+    conn.close()
+
+
+def test_concurrent_duplicates_commit_once(broker):
+    ledger = Ledger(broker.store.engine)
+    results: list[str] = []
+    barrier = threading.Barrier(16)
+
+    def attempt(n: int) -> None:
+        conn = broker.connect()
+        session = conn.create_session(True)
+        producer = session.create_producer(Queue("dups"))
+        message = XMLMessage(f"<m n='{n}'/>")
+        producer.send(message)
+        barrier.wait()
+        try:
+            session.commit(in_transaction=[lambda c: ledger.insert(c, record(message.jms_message_id, "same"))])
+            results.append("won")
+        except DuplicateDocument:
+            results.append("lost")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=attempt, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["lost"] * 15 + ["won"]
+    [message] = list(broker.browse(Queue("dups")))
+    assert ledger.find("same").message_id == message.jms_message_id
+
+
+def test_transitions_are_conditional_and_append_events(broker):
+    ledger = Ledger(broker.store.engine)
+    write(broker.store, lambda c: ledger.insert(c, record("ID:t")))
+    moved = []
+    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:t", "replied", from_statuses=("accepted",),
+                                                                  reply=b"<R/>", reply_type="R")))
+    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:t", "delivered", from_statuses=("accepted",))))
+    assert moved == [True, False]
+    got = ledger.get("ID:t", history=True)
+    assert got.status == "replied" and got.reply == b"<R/>" and [s for s, _ in got.history] == ["accepted", "replied"]
+
+
+def test_reconciler_moves_accepted_documents_on(broker):
+    ledger = Ledger(broker.store.engine)
+    conn = broker.connect()
+    conn.start()
+    session = conn.create_session(True)
+    producer = session.create_producer(Queue("work"))
+    ids = []
+    for n in range(3):
+        message = XMLMessage(f"<m n='{n}'/>")
+        producer.send(message)
+        doc = record(message.jms_message_id)
+        session.commit(in_transaction=[lambda c, doc=doc: ledger.insert(c, doc)])
+        ids.append(message.jms_message_id)
+    reconciler = Reconciler(broker, ledger, batch=2)
+    assert reconciler.run_once() + reconciler.run_once() == 0  # all pending
+    consumer_session = conn.create_session(False, AckMode.CLIENT)
+    consumer = consumer_session.create_consumer(Queue("work"))
+    first = consumer.receive(2)
+    first.acknowledge()
+    second = consumer.receive(2)
+    consumer_session.recover()  # max_deliveries=1: dead-lettered
+    moved = sum(reconciler.run_once() for _ in range(3))
+    assert moved == 2
+    statuses = {mid: ledger.get(mid).status for mid in ids}
+    assert statuses[first.jms_message_id] == "delivered"
+    assert statuses[second.jms_message_id] == "dead_lettered"
+    assert list(statuses.values()).count("accepted") == 1
+    # replaying the dead letter puts the document back to accepted
+    assert broker.replay_dead_letters(Queue("DLQ.work")) == 1
+    assert reconciler.after_replay([second.jms_message_id]) == 1
+    assert ledger.get(second.jms_message_id, history=True).history[-1][0] == "accepted"
+    conn.close()
+
+
+def test_reconciler_runs_in_the_background_with_a_lease(broker):
+    ledger = Ledger(broker.store.engine)
+    conn = broker.connect()
+    session = conn.create_session(True)
+    producer = session.create_producer(Queue("bg"))
+    message = XMLMessage("<m/>")
+    producer.send(message)
+    doc = record(message.jms_message_id)
+    session.commit(in_transaction=[lambda c: ledger.insert(c, doc)])
+    conn.start()
+    taker = conn.create_session(False).create_consumer(Queue("bg"))
+    assert taker.receive(2) is not None
+    reconciler = Reconciler(broker, ledger, interval=0.05)
+    reconciler.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 5
+        while ledger.get(doc.message_id).status != "delivered" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ledger.get(doc.message_id).status == "delivered"
+    finally:
+        reconciler.stop()
+        conn.close()
+
+
+@pytest.mark.postgres
+def test_ledger_on_postgresql(postgres_schema):
+    """`b2bgw db upgrade` on PostgreSQL; the driver-SQL insert and duplicate detection work there too."""
+    from gateway import cli
+    from gateway.runtime import open_broker
+    from gateway.config import settings_from_mapping
+
+    assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
+    settings = settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}})
+    broker = open_broker(settings)  # checks the ledger revision: no migration at start-up on PostgreSQL
+    try:
+        ledger = Ledger(broker.store.engine)
+        conn = broker.connect()
+        session = conn.create_session(True)
+        producer = session.create_producer(Queue("pg"))
+        message = XMLMessage("<a/>")
+        producer.send(message)
+        doc = record(message.jms_message_id, "pg-key")
+        session.commit(in_transaction=[lambda c: ledger.insert(c, doc)])
+        producer.send(XMLMessage("<b/>"))
+        with pytest.raises(DuplicateDocument):
+            session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:other", "pg-key"))])
+        assert [m.text for m in broker.browse(Queue("pg"))] == ["<a/>"]
+        got = ledger.get(doc.message_id, history=True, document=True)
+        assert got.document == b"<Order/>" and got.history[0][0] == "accepted"
+        conn.close()
+    finally:
+        broker.close()
+
+
+@pytest.mark.postgres
+def test_postgresql_store_without_the_ledger_migration_is_refused():
+    import uuid
+
+    import psycopg
+
+    from broker_core._sql import upgrade_database
+    from gateway.config import settings_from_mapping
+    from gateway.errors import ConfigError
+    from gateway.runtime import open_broker
+
+    url_base = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    dsn = url_base.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        admin = psycopg.connect(dsn, autocommit=True, connect_timeout=3)
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("B2BGW_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL required but not reachable: {exc}")
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            url = f"{url_base}{'&' if '?' in url_base else '?'}schema={schema}"
+            upgrade_database(url)  # the broker's tables only
+            settings = settings_from_mapping({"store": {"url": url, "options": {"sweep_interval": 0}}})
+            with pytest.raises(ConfigError) as info:
+                open_broker(settings)
+            assert "b2bgw db upgrade" in info.value.detail
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
