@@ -49,7 +49,7 @@ def sample_data(tmp_path: Path, **changes: Any) -> Any:
     """The sample configuration as a marked mapping, partners and routes inlined, store in tmp_path."""
     data = load_yaml(SAMPLE_CONFIG)
     data["partners"] = load_yaml(REPO / "config" / "partners.yaml")["partners"]
-    data["routes"] = load_yaml(REPO / "config" / "routes.yaml")["routes"]
+    data["routes"] = load_yaml(REPO / "routes" / "ubl-2.1.yaml")["routes"]
     data["store"]["url"] = f"sqlite:///{tmp_path / 'gw.db'}"
     data["store"]["options"] = {"max_deliveries": 2, "sweep_interval": 0}
     data["workers"] = []

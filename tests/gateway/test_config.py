@@ -39,7 +39,7 @@ def test_sample_configuration_loads():
     assert s.etl["schedule"] == "0 2 * * *"  # passed through untouched
     assert s.late_reply_window == 3600 and s.reconcile_interval == 2
     # entries remember where they are, in the file they come from
-    assert s.routes.where.file.endswith("routes.yaml")
+    assert s.routes.where.file.endswith("ubl-2.1.yaml")
     assert s.routes.at(0).line is not None and s.partners.at("globex").file.endswith("partners.yaml")
 
 
