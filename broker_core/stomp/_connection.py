@@ -1,0 +1,714 @@
+"""One STOMP connection: frames in, broker calls, frames out.
+
+Each STOMP connection is one broker :class:`~broker_core.Connection`. Each
+SUBSCRIBE is a consumer on its own session (AUTO for ``ack:auto``, else
+INDIVIDUAL with STOMP's cumulative ``client`` ACK emulated per
+subscription); each BEGIN a transacted session whose sends are staged and
+committed, with the transaction's ACKs, in one store transaction at COMMIT.
+
+Back-pressure: frames of one connection are handled in order and the socket
+is not read while a frame waits, so a producer faster than the store is
+slowed by TCP (at most ``MAX_INFLIGHT`` store writes are pipelined); a
+subscription delivers at most ``prefetch`` unacknowledged messages (client
+modes) and waits whenever the socket's send buffer is above its high-water
+mark, so a slow consumer does not make the server buffer without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._constants import AckMode, DeliveryMode
+from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
+from .._errors import InvalidDestinationError, JMSError
+from .._memory import MemoryStore
+from .._session import _store_commit_async
+from .._store import Delivery, now_ms
+from .._waiters import AsyncWaiter
+from ._frames import Frame, FrameError, FrameParser, encode
+from ._mapping import encode_message, message_from_send, split_destination
+
+if TYPE_CHECKING:
+    from ._server import StompServer
+
+__all__ = ["StompConnection", "ProtocolError"]
+
+log = logging.getLogger("broker_core.stomp")
+
+VERSIONS = ("1.2", "1.1", "1.0")
+MAX_INFLIGHT = 512  # pipelined store writes per connection before reading pauses
+WRITE_HIGH_WATER = 256 * 1024
+BATCH = 64  # messages claimed and written per socket write
+
+
+class ProtocolError(Exception):
+    """A client mistake: becomes an ERROR frame (``message`` header, ``detail``
+    body) and the connection closes."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or message
+
+
+def _error_title(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".split("\n", 1)[0][:200]
+
+
+class _Transaction:
+    __slots__ = ("session", "producer", "acks", "nacks")
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.producer = session.create_producer(None)
+        self.acks: list[Delivery] = []
+        self.nacks: list[Delivery] = []
+
+
+class Subscription:
+    """A SUBSCRIBE: a consumer and the task that delivers its messages."""
+
+    def __init__(self, conn: "StompConnection", sub_id: str, destination: Destination, ack: str, prefetch: int,
+                 session: Any, consumer: Any, durable_name: str | None) -> None:
+        self.conn = conn
+        self.id = sub_id
+        self.destination = destination
+        self.ack = ack
+        self.auto = ack == "auto"
+        self.prefetch = prefetch
+        self.session = session
+        self.consumer = consumer
+        self.durable_name = durable_name
+        self.pending: dict[str, Delivery] = {}  # ack token -> delivery, in delivery order
+        self.by_message_id: dict[str, str] = {}
+        self.window = asyncio.Event()
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        conn = self.conn
+        consumer = self.consumer
+        reader = consumer._reader
+        session = self.session
+        auto = self.auto
+        waiter = AsyncWaiter()
+        consumer._waiter = waiter  # the broker wakes it when the box gets messages
+        version = conn.version
+        ack_header = version == "1.2"
+        pending = self.pending
+        try:
+            while not self.closed and not conn.closed:
+                room = BATCH if auto else min(BATCH, self.prefetch - len(pending))
+                if room <= 0:
+                    self.window.clear()
+                    await self.window.wait()
+                    continue
+                chunks = []
+                now = now_ms()
+                while room > 0:
+                    delivery = reader.claim(now, auto)
+                    if delivery is None:
+                        break
+                    room -= 1
+                    token = None
+                    if not auto:
+                        token = conn.new_token()
+                        pending[token] = delivery
+                        self.by_message_id[delivery.envelope.message_id] = token
+                        conn.acks[token] = self
+                        with session._lock:  # so that closing the session redelivers it
+                            session._unacked[id(delivery)] = delivery
+                    chunks.append(encode_message(delivery.envelope, self.id, token if ack_header else None,
+                                                 delivery.count > 1, version, conn.destination_text))
+                if chunks:
+                    conn.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                    await conn.drain_if_needed()
+                    continue
+                ready = reader.next_ready()
+                timeout = None if ready is None else max(0.0, (ready - now_ms()) / 1000) + 0.001
+                await waiter.wait(timeout)
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionError, OSError):
+            conn.closed = True
+        except Exception as error:  # a store failure: tell the client, close
+            log.exception("delivery to subscription %s failed", self.id)
+            conn.fail(error)
+
+    def take(self, token: str, cumulative: bool) -> list[Delivery]:
+        """Remove and return the deliveries an ACK/NACK of ``token`` covers."""
+        pending = self.pending
+        if token not in pending:
+            raise ProtocolError("unknown ack id", f"no unacknowledged message with ack id {token!r} on "
+                                f"subscription {self.id!r}; it was acknowledged already or never delivered")
+        taken: list[tuple[str, Delivery]] = []
+        if cumulative:
+            for key in list(pending):
+                taken.append((key, pending.pop(key)))
+                if key == token:
+                    break
+        else:
+            taken.append((token, pending.pop(token)))
+        acks = self.conn.acks
+        unacked = self.session._unacked
+        with self.session._lock:
+            for key, delivery in taken:
+                unacked.pop(id(delivery), None)
+        for key, delivery in taken:
+            acks.pop(key, None)
+            self.by_message_id.pop(delivery.envelope.message_id, None)
+        self.window.set()
+        return [d for _, d in taken]
+
+    async def close(self) -> None:
+        """Stop delivering; unacknowledged messages are redelivered."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except BaseException:
+                pass
+        for token in self.pending:
+            self.conn.acks.pop(token, None)
+        self.pending.clear()
+        await self.conn.blocking(self.session.close)
+
+
+class StompConnection:
+    def __init__(self, server: "StompServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.store = server.broker.store
+        self._sync_store = isinstance(self.store, MemoryStore)
+        self.reader = reader
+        self.writer = writer
+        self.transport = writer.transport
+        self.parser = FrameParser("1.2", max_frame_size=server.max_frame_size, max_headers=server.max_headers,
+                                  max_header_bytes=server.max_header_bytes)
+        self.version: str | None = None
+        self.jms: Any = None  # the broker Connection once CONNECTed
+        self.session: Any = None  # for non-transacted sends and unsubscribes
+        self.producer: Any = None
+        self.subs: dict[str, Subscription] = {}
+        self.acks: dict[str, Subscription] = {}
+        self.txs: dict[str, _Transaction] = {}
+        self.temps: dict[tuple[str, str], Destination] = {}
+        self.aliases: dict[Destination, str] = {}
+        self.inflight: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._tokens = itertools.count(1)
+        self.closed = False
+        self._finished = False
+        self.last_read = self.last_write = time.monotonic()
+        self.send_interval = 0.0
+        self.recv_interval = 0.0
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:
+            self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ I/O
+
+    def new_token(self) -> str:
+        return str(next(self._tokens))
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport.is_closing():
+            raise ConnectionResetError("the STOMP connection is closed")
+        self.transport.write(data)
+        self.last_write = time.monotonic()
+
+    async def drain_if_needed(self) -> None:
+        if self.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            await self.writer.drain()
+
+    def send_frame(self, command: str, headers: dict[str, Any], body: bytes = b"") -> None:
+        self.write(encode(Frame(command, headers, body), self.version or "1.0"))
+
+    async def blocking(self, fn: Any, *args: Any) -> Any:
+        """Run a call that may wait on the store: inline on the memory store,
+        in a thread otherwise (SQL writes must not stall the event loop)."""
+        if self._sync_store:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    async def run(self) -> None:
+        try:
+            await self._read_loop()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("STOMP connection %s failed", self.peer)
+        finally:
+            await self.finish()
+
+    async def _read_loop(self) -> None:
+        reader = self.reader
+        parser = self.parser
+        while not self.closed:
+            data = await reader.read(65536)
+            if not data:
+                return
+            self.last_read = time.monotonic()
+            try:
+                frames = parser.feed(data)
+            except FrameError as error:
+                self.error("malformed frame", f"{error}\nThe connection is closed.")
+                return
+            for frame in frames:
+                try:
+                    await self.handle(frame)
+                except ProtocolError as error:
+                    self.error(error.message, error.detail, frame)
+                except JMSError as error:
+                    self.error(_error_title(error), str(error), frame)
+                except (ConnectionError, OSError):
+                    raise
+                except Exception as error:
+                    log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
+                    self.error(f"internal error: {_error_title(error)}",
+                               "the server failed processing this frame; see its log", frame)
+                if self.closed:
+                    return
+
+    def error(self, message: str, detail: str, frame: Frame | None = None) -> None:
+        """Send an ERROR frame and close (after flushing it)."""
+        if self.closed:
+            return
+        headers: dict[str, Any] = {"message": message.replace("\n", " ").replace("\r", " ")}
+        if frame is not None and "receipt" in frame.headers:
+            headers["receipt-id"] = frame.headers["receipt"]
+        body = detail.encode("utf-8")
+        headers["content-type"] = "text/plain"
+        headers["content-length"] = len(body)
+        try:
+            self.send_frame("ERROR", headers, body)
+        except (ConnectionError, OSError):
+            pass
+        self.closed = True
+        log.info("STOMP ERROR to %s: %s", self.peer, message)
+
+    def fail(self, error: BaseException) -> None:
+        """An asynchronous failure (a pipelined store write): ERROR and close."""
+        if self.closed:
+            return
+        self.error(_error_title(error), str(error))
+        self.transport.close()
+
+    async def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+        for sub in list(self.subs.values()):
+            sub.closed = True
+            if sub.task is not None:
+                sub.task.cancel()
+        for sub in list(self.subs.values()):
+            if sub.task is not None:
+                try:
+                    await sub.task
+                except BaseException:
+                    pass
+        if self.inflight:
+            await asyncio.wait(list(self.inflight), timeout=30)
+        releases = [d for tx in self.txs.values() for d in tx.acks + tx.nacks]
+        self.txs.clear()
+        try:
+            if releases:
+                await self.blocking(self.store.release, releases, "the STOMP connection closed")
+            if self.jms is not None:
+                # closes every session: unacknowledged messages are redelivered
+                await self.blocking(self.jms.close)
+        except Exception:
+            log.exception("closing the broker connection of %s failed", self.peer)
+        try:
+            self.writer.close()
+            await asyncio.wait_for(self.writer.wait_closed(), 5)
+        except (Exception, asyncio.CancelledError):
+            pass
+        self.server._connection_done(self)
+
+    # ------------------------------------------------------------ pipelined store writes
+
+    def track(self, future: "asyncio.Future[None]") -> None:
+        inflight = self.inflight
+        while inflight and inflight[0].done():
+            inflight.popleft()
+        if future.done():
+            if future.exception() is not None:
+                self.fail(future.exception())  # type: ignore[arg-type]
+            return
+        future.add_done_callback(self._settled)
+        inflight.append(future)
+
+    def _settled(self, future: "asyncio.Future[None]") -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.fail(future.exception())  # type: ignore[arg-type]
+
+    async def settle(self) -> None:
+        """Wait until every pipelined store write so far is done."""
+        inflight = self.inflight
+        if inflight:
+            pending = [f for f in inflight if not f.done()]
+            inflight.clear()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def _throttle(self) -> None:
+        inflight = self.inflight
+        while inflight and inflight[0].done():
+            inflight.popleft()
+        if len(inflight) >= MAX_INFLIGHT:
+            await asyncio.wait([inflight[0]])
+
+    # ------------------------------------------------------------ destinations
+
+    def destination_text(self, destination: Destination) -> str:
+        if destination.is_temporary:
+            alias = self.aliases.get(destination)
+            prefix = "/temp-topic/" if destination.is_topic else "/temp-queue/"
+            return prefix + (alias if alias is not None else destination.name)
+        return ("/topic/" if destination.is_topic else "/queue/") + destination.name
+
+    def resolve(self, text: str) -> Destination:
+        kind, name = split_destination(text)
+        if kind == "queue":
+            return Queue(name)
+        if kind == "topic":
+            return Topic(name)
+        topic = kind.endswith("topic")
+        cls = TemporaryTopic if topic else TemporaryQueue
+        if not kind.startswith("remote-"):
+            own = self.temps.get((kind, name))
+            if own is not None:
+                return own
+        try:
+            foreign = cls(name)
+        except InvalidDestinationError:
+            foreign = None
+        if foreign is not None and (foreign in self.broker._temporaries or self.store.temporary_exists(foreign)):
+            return foreign
+        if kind.startswith("remote-"):
+            raise InvalidDestinationError(f"{text}: no such temporary destination (its connection closed?)")
+        temp = self.jms.create_temporary_topic() if topic else self.jms.create_temporary_queue()
+        self.temps[(kind, name)] = temp
+        self.aliases[temp] = name
+        return temp
+
+    # ------------------------------------------------------------ frames
+
+    async def handle(self, frame: Frame) -> None:
+        command = frame.command
+        if self.version is None:
+            if command not in ("CONNECT", "STOMP"):
+                raise ProtocolError("not connected", f"the first frame must be CONNECT (or STOMP), got {command}")
+            self._connect(frame)
+            return
+        handler = _HANDLERS.get(command)
+        if handler is None:
+            if command in ("CONNECT", "STOMP"):
+                raise ProtocolError("already connected", "CONNECT was sent twice on one connection")
+            raise ProtocolError(f"unknown command {command[:40]}",
+                                "valid commands: SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, NACK, BEGIN, COMMIT, ABORT, "
+                                "DISCONNECT")
+        await handler(self, frame)
+        receipt = frame.headers.get("receipt")
+        if receipt is not None and not self.closed:
+            await self.settle()
+            self.send_frame("RECEIPT", {"receipt-id": receipt})
+            await self.drain_if_needed()
+        if command == "DISCONNECT":
+            self.closed = True
+
+    def _connect(self, frame: Frame) -> None:
+        headers = frame.headers
+        offered = [v.strip() for v in headers.get("accept-version", "1.0").split(",")]
+        version = next((v for v in VERSIONS if v in offered), None)
+        if version is None:
+            self.version = "1.0"
+            self.write(encode(Frame("ERROR", {"version": ",".join(reversed(VERSIONS)), "content-type": "text/plain",
+                                               "message": "unsupported protocol version"},
+                                    f"Supported protocol versions are {', '.join(reversed(VERSIONS))}; the client "
+                                    f"offered {headers.get('accept-version')!r}".encode()), "1.0"))
+            self.closed = True
+            return
+        users = self.server.users
+        login = headers.get("login")
+        if users is not None:
+            if login is None or login not in users or users[login] != headers.get("passcode"):
+                self.version = version
+                raise ProtocolError("authentication failed",
+                                    f"login {login!r}: unknown user or wrong passcode")
+        cx = cy = 0
+        if version != "1.0" and "heart-beat" in headers:
+            try:
+                cx, cy = (int(p) for p in headers["heart-beat"].split(","))
+                if cx < 0 or cy < 0:
+                    raise ValueError
+            except ValueError:
+                self.version = version
+                raise ProtocolError("invalid heart-beat header",
+                                    f"heart-beat must be two non-negative integers 'cx,cy', got "
+                                    f"{headers['heart-beat']!r}") from None
+        sx, sy = self.server.heartbeat if version != "1.0" else (0, 0)
+        self.version = version
+        self.parser.version = version
+        try:
+            self.jms = self.broker.connect(client_id=headers.get("client-id") or None, user=login)
+        except JMSError as error:
+            raise ProtocolError(_error_title(error), str(error)) from None
+        self.session = self.jms.create_session(False, AckMode.AUTO)
+        self.producer = self.session.create_producer(None)
+        self.jms.start()
+        self.send_interval = max(sx, cy) / 1000 if sx and cy else 0.0
+        self.recv_interval = max(cx, sy) / 1000 if cx and sy else 0.0
+        reply = {"version": version, "server": "b2bgw-stomp/1.0", "session": self.jms._id}
+        if version != "1.0":
+            reply["heart-beat"] = f"{sx},{sy}"
+        self.send_frame("CONNECTED", reply)
+        if self.send_interval or self.recv_interval:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        intervals = [i for i in (self.send_interval, self.recv_interval) if i]
+        tick = min(intervals) / 2
+        try:
+            while not self.closed:
+                await asyncio.sleep(tick)
+                now = time.monotonic()
+                if self.send_interval and now - self.last_write >= self.send_interval / 2:
+                    self.write(b"\n")
+                if self.recv_interval and now - self.last_read > self.recv_interval * 2:
+                    self.error("heart-beat timeout",
+                               f"nothing received for {now - self.last_read:.1f} s; the negotiated heart-beat is "
+                               f"{self.recv_interval * 1000:.0f} ms")
+                    self.transport.close()
+                    return
+        except (ConnectionError, OSError):
+            self.transport.close()
+
+    def _required(self, frame: Frame, name: str) -> str:
+        value = frame.headers.get(name)
+        if value is None or value == "":
+            raise ProtocolError(f"missing {name} header", f"a {frame.command} frame needs a {name} header")
+        return value
+
+    def _transaction(self, frame: Frame) -> _Transaction | None:
+        name = frame.headers.get("transaction")
+        if name is None:
+            return None
+        tx = self.txs.get(name)
+        if tx is None:
+            raise ProtocolError("unknown transaction", f"transaction {name!r} was not begun (or is already over)")
+        return tx
+
+    async def on_send(self, frame: Frame) -> None:
+        destination = self.resolve(self._required(frame, "destination"))
+        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self.resolve)
+        tx = self._transaction(frame)
+        if tx is not None:
+            tx.producer.send(destination, message, delivery_mode=mode, priority=priority, time_to_live=ttl)
+            return
+        env = self.producer._envelope(destination, message, mode, priority, ttl, None)
+        if self._sync_store or (mode == DeliveryMode.NON_PERSISTENT and not destination.is_temporary):
+            self.store.send(env)
+        else:
+            await self._throttle()
+            self.track(_store_commit_async(self.store, (env,), ()))
+
+    async def on_subscribe(self, frame: Frame) -> None:
+        headers = frame.headers
+        text = self._required(frame, "destination")
+        sub_id = headers.get("id")
+        if sub_id is None:
+            if self.version != "1.0":
+                raise ProtocolError("missing id header", "SUBSCRIBE needs an id header (STOMP 1.1 and 1.2)")
+            sub_id = text
+        if sub_id in self.subs:
+            raise ProtocolError("duplicate subscription id", f"subscription id {sub_id!r} is already in use")
+        ack = headers.get("ack", "auto")
+        if ack not in ("auto", "client", "client-individual"):
+            raise ProtocolError("invalid ack mode", f"ack must be auto, client or client-individual, got {ack!r}")
+        raw = headers.get("activemq.prefetchSize") or headers.get("prefetch") or headers.get("prefetch-count")
+        prefetch = self.server.prefetch
+        if raw is not None:
+            try:
+                prefetch = int(raw)
+                if prefetch < 1:
+                    raise ValueError
+            except ValueError:
+                raise ProtocolError("invalid prefetch", f"prefetch must be a positive integer, got {raw!r}") from None
+        selector = headers.get("selector") or None
+        destination = self.resolve(text)
+        if headers.get("browser", "false").lower() == "true":
+            await self._browse(sub_id, destination, selector)
+            return
+        durable_name = headers.get("durable-subscription-name") or headers.get("activemq.subscriptionName")
+        no_local = (headers.get("no-local") or headers.get("activemq.noLocal") or "false").lower() == "true"
+        session = self.jms.create_session(False, AckMode.AUTO if ack == "auto" else AckMode.INDIVIDUAL)
+        try:
+            if durable_name:
+                if not destination.is_topic or destination.is_temporary:
+                    raise ProtocolError("durable subscriptions need a topic",
+                                        f"{text} is not a /topic/ destination")
+                if self.jms.client_id is None:
+                    raise ProtocolError("durable subscriptions need a client-id",
+                                        "send a client-id header in CONNECT to use durable subscriptions")
+                consumer = session.create_durable_subscriber(destination, durable_name, selector, no_local)
+            else:
+                consumer = session.create_consumer(destination, selector, no_local)
+        except BaseException:
+            session.close()
+            raise
+        sub = Subscription(self, sub_id, destination, ack, prefetch, session, consumer, durable_name)
+        self.subs[sub_id] = sub
+        sub.start()
+
+    async def _browse(self, sub_id: str, destination: Destination, selector: str | None) -> None:
+        if not isinstance(destination, Queue) or destination.is_topic:
+            raise ProtocolError("only queues can be browsed", f"browser:true needs a /queue/ destination")
+        browser = self.session.create_browser(destination, selector)
+        version = self.version or "1.2"
+        try:
+            chunks: list[bytes] = []
+            for message_env in _browse_envelopes(self, destination, selector):
+                chunks.append(encode_message(message_env, sub_id, None, False, version, self.destination_text))
+                if len(chunks) >= BATCH:
+                    self.write(b"".join(chunks))
+                    chunks = []
+                    await self.drain_if_needed()
+            if chunks:
+                self.write(b"".join(chunks))
+        finally:
+            browser.close()
+        self.send_frame("MESSAGE", {"subscription": sub_id, "destination": self.destination_text(destination),
+                                    "message-id": "BrowseDone", "browser": "end"})
+
+    async def on_unsubscribe(self, frame: Frame) -> None:
+        headers = frame.headers
+        sub_id = headers.get("id")
+        if sub_id is None:
+            if self.version != "1.0" or "destination" not in headers:
+                raise ProtocolError("missing id header", "UNSUBSCRIBE needs the id of the SUBSCRIBE")
+            sub_id = headers["destination"]
+        sub = self.subs.pop(sub_id, None)
+        durable_name = headers.get("durable-subscription-name") or headers.get("activemq.subscriptionName")
+        if sub is None and not durable_name:
+            raise ProtocolError("unknown subscription", f"no subscription with id {sub_id!r}")
+        if sub is not None:
+            await sub.close()
+        if durable_name:  # also delete the durable subscription and its messages
+            self.session.unsubscribe(durable_name)
+
+    def _ack_target(self, frame: Frame) -> tuple[Subscription, str]:
+        headers = frame.headers
+        if self.version == "1.2":
+            token = self._required(frame, "id")
+            sub = self.acks.get(token)
+            if sub is None:
+                raise ProtocolError("unknown ack id", f"no unacknowledged message has ack id {token!r}; it was "
+                                    "acknowledged already, or belongs to an auto-ack subscription")
+            return sub, token
+        message_id = self._required(frame, "message-id")
+        sub_id = headers.get("subscription")
+        candidates = [self.subs[sub_id]] if sub_id in self.subs else list(self.subs.values())
+        if sub_id is None and self.version == "1.1":
+            raise ProtocolError("missing subscription header", "ACK and NACK need a subscription header in STOMP 1.1")
+        for sub in candidates:
+            token = sub.by_message_id.get(message_id)
+            if token is not None:
+                return sub, token
+        raise ProtocolError("unknown message-id", f"no unacknowledged message {message_id!r}")
+
+    async def on_ack(self, frame: Frame) -> None:
+        sub, token = self._ack_target(frame)
+        tx = self._transaction(frame)
+        deliveries = sub.take(token, sub.ack == "client")
+        if tx is not None:
+            tx.acks.extend(deliveries)
+        elif deliveries:
+            await self._throttle()
+            self.track(_store_commit_async(self.store, (), deliveries))
+
+    async def on_nack(self, frame: Frame) -> None:
+        if self.version == "1.0":
+            raise ProtocolError("unknown command NACK", "NACK is a STOMP 1.1 command")
+        sub, token = self._ack_target(frame)
+        tx = self._transaction(frame)
+        deliveries = sub.take(token, False)
+        if tx is not None:
+            tx.nacks.extend(deliveries)
+        else:
+            await self.blocking(self.store.release, deliveries, "NACK from the STOMP client")
+
+    async def on_begin(self, frame: Frame) -> None:
+        name = self._required(frame, "transaction")
+        if name in self.txs:
+            raise ProtocolError("transaction already begun", f"transaction {name!r} is already open")
+        self.txs[name] = _Transaction(self.jms.create_session(True))
+
+    async def on_commit(self, frame: Frame) -> None:
+        self._required(frame, "transaction")
+        tx = self._transaction(frame)
+        assert tx is not None
+        del self.txs[frame.headers["transaction"]]
+        staged, _consumed = tx.session._take_transaction()
+        try:
+            if staged or tx.acks:
+                await self.settle()
+                await _store_commit_async(self.store, staged, tx.acks)
+            if tx.nacks:
+                await self.blocking(self.store.release, tx.nacks, "NACK from the STOMP client")
+        finally:
+            tx.session.close()
+
+    async def on_abort(self, frame: Frame) -> None:
+        self._required(frame, "transaction")
+        tx = self._transaction(frame)
+        assert tx is not None
+        del self.txs[frame.headers["transaction"]]
+        tx.session.rollback()
+        tx.session.close()
+        released = tx.acks + tx.nacks
+        if released:  # the transaction's acknowledgements are undone: redelivered
+            await self.blocking(self.store.release, released, "the STOMP transaction was aborted")
+
+    async def on_disconnect(self, frame: Frame) -> None:
+        await self.settle()
+
+
+def _browse_envelopes(conn: StompConnection, queue: Destination, selector: str | None) -> Any:
+    from .._store import queue_box
+
+    return conn.store.browse(queue_box(queue), selector)
+
+
+_HANDLERS = {
+    "SEND": StompConnection.on_send,
+    "SUBSCRIBE": StompConnection.on_subscribe,
+    "UNSUBSCRIBE": StompConnection.on_unsubscribe,
+    "ACK": StompConnection.on_ack,
+    "NACK": StompConnection.on_nack,
+    "BEGIN": StompConnection.on_begin,
+    "COMMIT": StompConnection.on_commit,
+    "ABORT": StompConnection.on_abort,
+    "DISCONNECT": StompConnection.on_disconnect,
+}

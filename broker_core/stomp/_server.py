@@ -1,0 +1,111 @@
+"""The asyncio STOMP server: accepts connections, one task each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ._connection import StompConnection
+from ._frames import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS
+
+__all__ = ["StompServer", "DEFAULT_PORT"]
+
+log = logging.getLogger("broker_core.stomp")
+
+DEFAULT_PORT = 61613
+
+
+class StompServer:
+    """A STOMP 1.2 listener (1.0 and 1.1 clients accepted) over ``broker``.
+
+    ``users``: ``None`` accepts any login; a ``{login: passcode}`` dict
+    checks CONNECT's ``login``/``passcode``. ``heartbeat``: the (send, receive)
+    milliseconds the server offers in CONNECTED. ``max_frame_size``: the
+    largest body accepted. ``prefetch``: unacknowledged messages per
+    client-ack subscription unless its SUBSCRIBE says otherwise
+    (``activemq.prefetchSize`` or ``prefetch``). ``port=0`` lets the OS
+    choose; :attr:`port` is the actual port once started.
+    """
+
+    def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 users: dict[str, str] | None = None, heartbeat: tuple[int, int] = (10000, 10000),
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, prefetch: int = 1000,
+                 max_headers: int = DEFAULT_MAX_HEADERS, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.users = dict(users) if users is not None else None
+        self.heartbeat = (int(heartbeat[0]), int(heartbeat[1]))
+        self.max_frame_size = max_frame_size
+        self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
+        self.prefetch = prefetch
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[StompConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=256 * 1024)
+        sockets = self._server.sockets or ()
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("STOMP listener on %s:%d", self.host, self.port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = StompConnection(self, reader, writer)
+        self._connections.add(conn)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await conn.run()
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    def _connection_done(self, conn: StompConnection) -> None:
+        self._connections.discard(conn)
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection (their unacknowledged
+        messages are redelivered) and wait for them to finish."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.closed = True
+            try:
+                conn.transport.close()
+            except Exception:
+                pass
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            self._server = None
+
+    async def serve_forever(self) -> None:
+        """Start (if needed) and serve until cancelled; then stop."""
+        if self._server is None:
+            await self.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> "StompServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()

@@ -1,0 +1,67 @@
+"""A STOMP server on 127.0.0.1, port chosen by the OS, its event loop in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from broker_core import Broker
+from broker_core.stomp import StompServer
+
+
+class ServerThread:
+    def __init__(self, broker: Broker, **options: Any) -> None:
+        self.broker = broker
+        self.loop = asyncio.new_event_loop()
+        self.server = StompServer(broker, host="127.0.0.1", port=0, **options)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="stomp-test-loop", daemon=True)
+        self._thread.start()
+        self.call(self.server.start())
+        self.port = self.server.port
+
+    def call(self, coro: Any, timeout: float = 15) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        try:
+            self.call(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    b = Broker.open("memory://")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def sqlite_url() -> str:
+    os.makedirs("/tmp/stomp", exist_ok=True)
+    return f"sqlite:////tmp/stomp/test-{uuid.uuid4().hex}.db"
+
+
+@pytest.fixture
+def start_server() -> Iterator[Any]:
+    servers: list[ServerThread] = []
+
+    def start(broker: Broker, **options: Any) -> ServerThread:
+        server = ServerThread(broker, **options)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def server(broker: Broker, start_server: Any) -> ServerThread:
+    return start_server(broker, heartbeat=(0, 0))
