@@ -46,7 +46,7 @@ from .errors import (
 from .ledger import LedgerRecord
 from .openapi import openapi_document
 from .problems import problem_response
-from .runtime import Runtime
+from .runtime import Runtime, start_stomp
 from .service import Gateway, Outcome, iso_ms
 from .xmlintake import check_media_type, read_body
 
@@ -149,8 +149,12 @@ def create_app(
     etl: bool = True,
     reconcile: bool = True,
     noop_endpoint: bool = False,
+    stomp: bool = False,
 ) -> Starlette:
     """The gateway's ASGI app for *settings* (or an already assembled configuration).
+
+    With *stomp* the lifespan also starts the STOMP listener (``stomp:``
+    section; on by default at 127.0.0.1:61613) on the app's event loop.
 
     The configuration is checked here (a :class:`~gateway.errors.ConfigError`
     raises at once); the broker, ledger, reconciler, workers (``workers:``)
@@ -250,13 +254,18 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own = state["runtime"] is None
+        listener = None
         if own:
             rt = Runtime(assembly, workers=workers, etl=etl, reconcile=reconcile)
             await asyncio.to_thread(rt.start)
             state["runtime"] = rt
+            if stomp:
+                listener = await start_stomp(assembly.settings, rt.broker)
         try:
             yield
         finally:
+            if listener is not None:
+                await listener.stop()
             if own:
                 rt = state["runtime"]
                 state["runtime"] = None

@@ -59,12 +59,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
-    app = create_app(settings, workers=not args.no_workers, etl=not args.no_etl,
+    app = create_app(settings, workers=not args.no_workers, etl=not args.no_etl, stomp=not args.no_stomp,
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1")
     log.info("serving %d routes for %d partners on http://%s:%d (store %s)", len(app.state.assembly.routes),
              len(app.state.assembly.partners.partners), host, port, settings.store_url)
     uvicorn.run(app, host=host, port=port, log_level=args.log_level.lower(), access_log=not args.no_access_log,
                 lifespan="on", timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_stomp(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .runtime import open_broker, start_stomp
+
+    settings = _settings(args)
+    if args.port is not None or args.host is not None:
+        settings.stomp = {**(settings.stomp or {}), **({"port": args.port} if args.port is not None else {}),
+                          **({"host": args.host} if args.host is not None else {}), "enabled": True}
+    broker = open_broker(settings)
+
+    async def run() -> None:
+        server = await start_stomp(settings, broker)
+        if server is None:
+            raise SystemExit("the STOMP listener did not start (see the log above)")
+        print(f"STOMP listener on {server.host}:{server.port} (store {settings.store_url})", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.close()
     return 0
 
 
@@ -354,8 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-workers", action="store_true", help="do not run the configured handler workers")
     p.add_argument("--no-etl", action="store_true", help="do not schedule the nightly warehouse load")
     p.add_argument("--no-access-log", action="store_true", help="do not log each request")
+    p.add_argument("--no-stomp", action="store_true", help="do not start the STOMP listener (stomp: section)")
     p.add_argument("--noop-endpoint", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_serve)
+
+    p = with_config(sub.add_parser("stomp", help="run only the STOMP listener on the configured store"))
+    p.add_argument("--host", help="listen address (default: stomp.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default: stomp.port, 61613)")
+    p.set_defaults(func=cmd_stomp)
 
     p = with_config(sub.add_parser("worker", help="run only the configured handler workers"))
     p.set_defaults(func=cmd_worker)

@@ -21,7 +21,7 @@ The sections, all optional::
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # passed through to spark_etl untouched
-    stomp:      {...}                     # reserved for the STOMP listener
+    stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
 
 Parsing only checks shapes and types; :mod:`gateway.partners` and
 :mod:`gateway.routes` check meaning.

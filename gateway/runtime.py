@@ -24,7 +24,7 @@ from .ledger import Ledger, current_revision, head_revision, upgrade_ledger
 from .service import Gateway
 from .status import Reconciler
 
-__all__ = ["Runtime", "etl_enabled", "open_broker", "start_workers"]
+__all__ = ["Runtime", "etl_enabled", "open_broker", "start_stomp", "start_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,46 @@ def start_workers(settings: Settings, broker: Broker) -> Any:
     worker = handlers.Worker(broker, items)
     worker.start()
     return worker
+
+
+def stomp_options(settings: Settings) -> dict[str, Any] | None:
+    """The STOMP listener's options from the ``stomp:`` section, or ``None``
+    when it is disabled (``enabled: false``). Defaults: 127.0.0.1:61613, any
+    login accepted (``users: {login: passcode}`` to check them)."""
+    section = dict(settings.stomp or {})
+    if section.pop("enabled", True) is False:
+        return None
+    options: dict[str, Any] = {"host": section.pop("host", "127.0.0.1"), "port": int(section.pop("port", 61613))}
+    if "users" in section:
+        options["users"] = {str(k): str(v) for k, v in dict(section.pop("users")).items()}
+    if "heartbeat" in section:
+        send, receive = section.pop("heartbeat")
+        options["heartbeat"] = (int(send), int(receive))
+    for key in ("prefetch", "max_frame_size"):
+        if key in section:
+            options[key] = int(section.pop(key))
+    if section:
+        raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: enabled, host, port, users, "
+                          "heartbeat, prefetch, max_frame_size)", file=settings.where.file)
+    return options
+
+
+async def start_stomp(settings: Settings, broker: Broker) -> Any:
+    """Start the STOMP listener on the running loop; ``None`` if disabled or
+    its port is taken (logged: the HTTP gateway still serves)."""
+    options = stomp_options(settings)
+    if options is None:
+        return None
+    from broker_core.stomp import StompServer
+
+    server = StompServer(broker, **options)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("STOMP listener not started on %s:%s: %s (set stomp.port, or stomp.enabled: false)",
+                  options["host"], options["port"], exc)
+        return None
+    return server
 
 
 class Runtime:

@@ -1,0 +1,65 @@
+"""The STOMP listener as `b2bgw serve` starts it from the `stomp:` section."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import stomp
+
+from broker_core import Broker, Queue
+from gateway.errors import ConfigError
+from gateway.runtime import start_stomp, stomp_options
+
+
+class _Settings:
+    def __init__(self, stomp_section):
+        self.stomp = stomp_section
+        self.where = type("W", (), {"file": "b2bgw.yaml"})()
+
+
+def test_defaults_are_loopback_on_61613():
+    assert stomp_options(_Settings(None)) == {"host": "127.0.0.1", "port": 61613}
+
+
+def test_disabled_section_starts_nothing():
+    assert stomp_options(_Settings({"enabled": False})) is None
+
+
+def test_unknown_keys_are_a_config_error_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="known: enabled, host, port"):
+        stomp_options(_Settings({"prot": 61613}))
+
+
+def test_a_listener_started_from_the_section_carries_messages_into_the_broker():
+    broker = Broker.open("memory://", sweep_interval=0)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        holder["server"] = loop.run_until_complete(
+            start_stomp(_Settings({"port": 0, "users": {"erp": "secret"}}), broker))
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    server = holder["server"]
+    try:
+        client = stomp.Connection([("127.0.0.1", server.port)])
+        client.connect("erp", "secret", wait=True)
+        client.send("/queue/orders.inbound", "<Order/>", headers={"partner": "acme"})
+        client.disconnect(receipt="bye")
+        with broker.connect() as conn:
+            conn.start()
+            message = conn.create_session().create_consumer(Queue("orders.inbound")).receive(timeout=5)
+        assert message is not None and message.get_string_property("partner") == "acme"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        broker.close()
