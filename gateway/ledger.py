@@ -11,7 +11,7 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
   therefore enqueue once: the database's unique constraint decides, and the
   loser reads the winner's row.
 * Status changes (:meth:`Ledger.transition`) go through the store's writer
-  too (:func:`write` / :func:`write_async`), so SQLite sees one writer. A
+  too (:func:`write`), so SQLite sees one writer. A
   change applies only from the statuses it lists, and appends a
   ``b2b_ledger_events`` row only when it applied, so racing updaters (the
   reconciler, a reply, a late reply) never move a document backwards.
@@ -24,7 +24,6 @@ The ledger's own Alembic chain (:func:`upgrade_ledger`, version table
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,7 +46,6 @@ __all__ = [
     "now_ms",
     "upgrade_ledger",
     "write",
-    "write_async",
 ]
 
 VERSION_TABLE = "b2b_gateway_version"
@@ -271,28 +269,6 @@ def _duplicate_detector(dialect: str) -> Callable[[sa.exc.IntegrityError], bool]
 def write(store: Any, *fns: Callable[[Any], Any]) -> None:
     """Run *fns* (functions of the SQLAlchemy connection) in one store transaction; waits."""
     store.commit((), (), list(fns))
-
-
-def write_async(store: Any, *fns: Callable[[Any], Any]) -> asyncio.Future[None]:
-    """Like :func:`write`, without blocking the event loop (a future of the running loop)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if not future.done():
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
-
-    def done(error: BaseException | None) -> None:
-        try:
-            loop.call_soon_threadsafe(settle, error)
-        except RuntimeError:  # the loop is closed
-            pass
-
-    store.commit((), (), list(fns), done)
-    return future
 
 
 # --------------------------------------------------------------------------- migrations
