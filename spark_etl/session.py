@@ -1,0 +1,62 @@
+"""The SparkSession of the load: local mode by default, any master by
+configuration, or the session ``spark-submit`` already created."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["get_spark"]
+
+#: Modest defaults for a 2-core gateway host; ``etl.spark_conf`` overrides them.
+LOCAL_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.driver.memory": "2g",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.compression.codec": "snappy",
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "true",
+    "spark.python.worker.reuse": "true",
+    # partitioned writes keep one writer per partition open instead of sorting
+    # every task's rows by partition first (falls back to sorting past 64)
+    "spark.sql.maxConcurrentOutputFileWriters": "64",
+}
+
+
+def get_spark(settings: dict[str, Any] | None = None):
+    """The active SparkSession, or a new one for ``settings['spark_master']``.
+
+    A session created by ``spark-submit`` (or by a test) is used as it is.
+    Locally, the Python workers run this interpreter (``spark.pyspark.python``)
+    unless ``PYSPARK_PYTHON`` says otherwise.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        _register(active)
+        return active
+    settings = settings or {}
+    master = settings.get("spark_master") or "local[2]"
+    builder = SparkSession.builder.appName("b2bgw-etl").master(master)
+    conf = dict(LOCAL_DEFAULTS)
+    conf.update({str(k): str(v) for k, v in (settings.get("spark_conf") or {}).items()})
+    if master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # PySpark takes the workers' interpreter from this variable (the Python
+        # Data Source planner too); locally that is this very interpreter.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    _register(spark)
+    return spark
+
+
+def _register(spark) -> None:
+    from .source import register
+
+    register(spark)
