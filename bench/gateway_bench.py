@@ -74,7 +74,7 @@ def free_port() -> int:
 def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None) -> Path:
     config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
-    routes = yaml.safe_load((REPO / "config" / "routes.yaml").read_text())["routes"]
+    routes = yaml.safe_load((REPO / "routes" / "ubl-2.1.yaml").read_text())["routes"]
     partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}]}
     order_route = next(r for r in routes if r["id"] == "ubl-order")
     routes.append({
