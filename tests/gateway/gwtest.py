@@ -7,6 +7,10 @@ the test modules (``from gwtest import ...``).
 
 from __future__ import annotations
 
+import socket
+from contextlib import contextmanager
+from collections.abc import Callable as _Callable, Iterator as _Iterator
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -165,3 +169,28 @@ class GatewayEnv:
 
         with self.broker.store.engine.connect() as conn:
             return list(conn.execute(sa.select(documents)))
+
+
+@contextmanager
+def listening_socket() -> _Iterator[tuple[int, _Callable[[], int]]]:
+    """A local TCP listener; yields its port and a function counting connections made to it
+    (hostile documents must never make the parser connect anywhere)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.setblocking(False)
+
+    def connections() -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = server.accept()
+            except (BlockingIOError, InterruptedError):
+                return count
+            conn.close()
+            count += 1
+
+    try:
+        yield server.getsockname()[1], connections
+    finally:
+        server.close()

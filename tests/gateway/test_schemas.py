@@ -5,14 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from gwtest import listening_socket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
@@ -63,27 +61,6 @@ def invalid(data: bytes, registry: SchemaRegistry, schema: str | None = None) ->
     return info.value
 
 
-@contextmanager
-def listening_socket() -> Iterator[tuple[int, Callable[[], int]]]:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    server.setblocking(False)
-
-    def connections() -> int:
-        count = 0
-        while True:
-            try:
-                conn, _ = server.accept()
-            except (BlockingIOError, InterruptedError):
-                return count
-            conn.close()
-            count += 1
-
-    try:
-        yield server.getsockname()[1], connections
-    finally:
-        server.close()
 
 
 # --------------------------------------------------------------------------- vendored files

@@ -11,15 +11,13 @@ import asyncio
 import codecs
 import json
 import resource
-import socket
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from gwtest import listening_socket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
@@ -85,28 +83,6 @@ def secret_file(tmp_path: Path) -> tuple[Path, str]:
     return path, secret
 
 
-@contextmanager
-def listening_socket() -> Iterator[tuple[int, Callable[[], int]]]:
-    """A local TCP listener; yields its port and a function counting connections made to it."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    server.setblocking(False)
-
-    def connections() -> int:
-        count = 0
-        while True:
-            try:
-                conn, _ = server.accept()
-            except (BlockingIOError, InterruptedError):
-                return count
-            conn.close()
-            count += 1
-
-    try:
-        yield server.getsockname()[1], connections
-    finally:
-        server.close()
 
 
 def nested(depth: int) -> bytes:
