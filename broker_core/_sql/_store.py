@@ -134,13 +134,13 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
     """An engine set up for the store (WAL, busy timeout, search path)."""
     clean, schema = _split_url(url)
     if clean.startswith("sqlite"):
+        if sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise InvalidArgumentError("sqlite_synchronous must be FULL (default), EXTRA or NORMAL")
         path = sa.engine.make_url(clean).database
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         engine = sa.create_engine(clean, pool_size=pool_size, max_overflow=10, connect_args={"timeout": 30,
                                                                                            "check_same_thread": False})
-        if sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
-            raise InvalidArgumentError("sqlite_synchronous must be FULL (default), EXTRA or NORMAL")
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, record: Any) -> None:
@@ -824,10 +824,6 @@ class SQLStore(Store):
             self._mem.send(envelope)
             return
         self._write(lambda batch: self._insert(batch, (envelope,)))
-
-    def send_many(self, envelopes: Sequence[Envelope]) -> None:
-        """Store several messages in one transaction (not atomic with anything else)."""
-        self.commit(envelopes, ())
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
                callback: Callable[[BaseException | None], None] | None = None) -> None:
