@@ -401,6 +401,101 @@ async def test_error_bodies_are_bounded(gw_env):
     assert len(body["errors"]) <= 50
 
 
+# --------------------------------------------------------------------------- the direct path for POST
+
+
+async def test_post_documents_bypasses_the_router_and_answers_like_it(gw_env):
+    """POST /v1/documents is served without Starlette's router and middleware; under a root_path it goes
+    through them. Both answer with the same statuses, headers and bodies."""
+    import httpx
+
+    app = gw_env.app
+    assert set(app.fast_posts) == {"/v1/documents"}
+    routed = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, root_path="/gw"), base_url="http://gw.test")
+
+    async def failing_stack(scope, receive, send):
+        raise AssertionError(f"the router was used for {scope['method']} {scope['path']}")
+
+    cases = [
+        ("one-way", with_id(INVOICE, "FAST-1"), GLOBEX, {"X-Correlation-ID": "c-1"}),
+        ("replay", with_id(INVOICE, "FAST-1"), GLOBEX, {}),
+        ("request-reply", with_id(ORDER, "FAST-2"), ACME, {"Idempotency-Key": "k-fast-2"}),
+        ("no key", INVOICE, {"Content-Type": "application/xml"}, {}),
+        ("media type", INVOICE, {**GLOBEX, "Content-Type": "text/plain"}, {}),
+        ("bad header", INVOICE, GLOBEX, {"X-Correlation-ID": "has space"}),
+        ("not well-formed", b"<Invoice>", GLOBEX, {}),
+        ("no route", b"<a/>", GLOBEX, {}),
+    ]
+    try:
+        for name, document, headers, extra in cases:
+            stack, app.middleware_stack = app.middleware_stack, failing_stack
+            try:
+                direct = await post(gw_env, document, headers, **extra)
+            finally:
+                app.middleware_stack = stack
+            if name == "one-way":  # the routed request is then a replay of it
+                again = await routed.post("/v1/documents", content=document, headers={**headers, **extra})
+                assert again.headers["idempotent-replayed"] == "true" and again.json() == direct.json()
+                continue
+            if name == "request-reply":  # a replay too: the same reply document
+                again = await routed.post("/v1/documents", content=document, headers={**headers, **extra})
+                assert again.status_code == 200 and again.content == direct.content
+                assert again.headers["idempotent-replayed"] == "true"
+                assert [k for k in again.headers if k != "idempotent-replayed"] == list(direct.headers)
+                continue
+            via_router = await routed.post("/v1/documents", content=document, headers={**headers, **extra})
+            assert direct.status_code == via_router.status_code, name
+            assert list(direct.headers) == list(via_router.headers), name
+            for header in ("content-type", "content-length", "location", "x-route-id", "cache-control",
+                           "idempotent-replayed", "connection"):
+                assert direct.headers.get(header) == via_router.headers.get(header), (name, header)
+            if direct.headers["content-type"] == PROBLEM:
+                a, b = direct.json(), via_router.json()
+                assert a == {**b, "instance": a["instance"]}, name
+            else:
+                assert direct.json() == via_router.json(), name
+    finally:
+        await routed.aclose()
+
+
+async def test_post_documents_direct_path_reads_a_streamed_body_and_refuses_a_large_one(gw_env):
+    async def chunks(document: bytes):
+        for i in range(0, len(document), 1000):
+            yield document[i:i + 1000]
+
+    response = await gw_env.client.post("/v1/documents", content=chunks(with_id(INVOICE, "STREAM-1")),
+                                        headers=GLOBEX)
+    assert response.status_code == 202 and response.json()["document_id"] == "STREAM-1"
+    limit = gw_env.assembly.settings.limits.max_bytes
+    declared = await post(gw_env, b"<a/>", {**GLOBEX, "Content-Length": str(limit + 1)})
+    assert declared.status_code == 413
+
+
+async def test_noop_endpoint_uses_the_same_direct_path(make_assembly):
+    import httpx
+
+    from gateway.app import create_app
+
+    app = create_app(make_assembly(), noop_endpoint=True)
+    assert set(app.fast_posts) == {"/v1/documents", "/v1/noop"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+        response = await client.post("/v1/noop", content=b"<a>12345</a>", headers={"Content-Type": "application/xml"})
+    assert response.status_code == 202 and response.json() == {"status": "noop", "bytes": 12}
+    assert response.headers["content-type"] == "application/json"
+
+
+def test_serve_freezes_the_startup_objects_out_of_the_collector(monkeypatch):
+    import gc
+
+    from gateway import cli
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    cli._freeze_startup_objects()
+    assert calls == ["collect", "freeze"]
+
+
 # --------------------------------------------------------------------------- random requests
 
 

@@ -45,8 +45,8 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     from alembic.migration import MigrationContext
 
     engine = broker.store.engine
-    assert current_revision(engine) == head_revision() == "g0001"
-    assert upgrade_ledger(engine) == "g0001"  # idempotent
+    assert current_revision(engine) == head_revision() == "g0002"
+    assert upgrade_ledger(engine) == "g0002"  # idempotent
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"include_name": lambda name, type_, parent: (
             type_ != "table" or name in metadata.tables)})
@@ -122,6 +122,27 @@ def test_transitions_are_conditional_and_append_events(broker):
     assert moved == [True, False]
     got = ledger.get("ID:t", history=True)
     assert got.status == "replied" and got.reply == b"<R/>" and [s for s, _ in got.history] == ["accepted", "replied"]
+
+
+def test_transition_from_several_statuses_with_an_error_touches_only_its_row(broker):
+    ledger = Ledger(broker.store.engine)
+    for mid in ("ID:a", "ID:b"):
+        write(broker.store, lambda c, mid=mid: ledger.insert(c, record(mid)))
+    moved = []
+    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:a", "delivered", from_statuses=["accepted"],
+                                                                  at=1000)))
+    write(broker.store, lambda c: moved.append(ledger.transition(
+        c, "ID:a", "failed", from_statuses=("accepted", "delivered", "dead_lettered"), reply=b"<E/>",
+        reply_type=None, error="x" * 3000, at=2000)))
+    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:a", "replied", from_statuses=())))
+    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:missing", "replied",
+                                                                  from_statuses=("accepted",))))
+    assert moved == [True, True, False, False]
+    a = ledger.get("ID:a", history=True)
+    assert (a.status, a.reply, a.reply_type, a.updated_at) == ("failed", b"<E/>", None, 2000)
+    assert a.error == "x" * 2000 and a.history == [("accepted", a.received_at), ("delivered", 1000), ("failed", 2000)]
+    b = ledger.get("ID:b", history=True)
+    assert b.status == "accepted" and b.reply is None and b.error is None and len(b.history) == 1
 
 
 def test_reconciler_moves_accepted_documents_on(broker):
