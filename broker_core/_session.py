@@ -524,18 +524,24 @@ class MessageProducer:
         destination, message = self._target(args)
         self._send(destination, message, delivery_mode, priority, time_to_live, None)
 
-    async def send_async(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
-                         time_to_live: int | None = None) -> None:
-        """Like :meth:`send`, for asyncio: returns once the message is stored
-        (durably, when persistent) without blocking the event loop; many
-        concurrent sends share commits. In a transacted session it stages."""
+    def send_async(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
+                   time_to_live: int | None = None) -> "asyncio.Future[None]":
+        """Like :meth:`send`, for asyncio (JMS 2.0's asynchronous send):
+        ``await producer.send_async(message)`` returns once the message is
+        stored (durably, when persistent) without blocking the event loop;
+        many concurrent sends share commits. What it returns is a plain
+        future of the running loop (no task per send): gather it, or add a
+        done callback. Invalid arguments raise at the call. In a transacted
+        session the message is staged and the future is already done."""
         destination, message = self._target(args)
         env = self._envelope(destination, message, delivery_mode, priority, time_to_live, None)
         self._stamp(message, env)  # before the commit: code running inside it can read jms_message_id
         if self._session.transacted:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._stage(env)
-        else:
-            await _store_commit_async(self._broker.store, (env,), ())
+            future.set_result(None)
+            return future
+        return _store_commit_async(self._broker.store, (env,), ())
 
     def _target(self, args: tuple[Any, ...]) -> tuple[Destination, Message]:
         if len(args) == 1:
@@ -636,6 +642,12 @@ class MessageConsumer:
         self._waiter: Any = None
         self._thread_waiter = ThreadWaiter()
         self._auto_ack = session.ack_mode in (AckMode.AUTO, AckMode.DUPS_OK, AckMode.NO_ACKNOWLEDGE)
+        reader.demand = self._waiting  # stores may hand new messages straight to a waiting consumer
+
+    def _waiting(self) -> bool:
+        """Whether this consumer is waiting for a message right now."""
+        return (not self._closed and self._session._connection._started
+                and (self._waiter is not None or self._listener is not None))
 
     def __enter__(self) -> "MessageConsumer":
         return self

@@ -165,6 +165,11 @@ class Delivery:
 class Reader(abc.ABC):
     """A consumer's cursor on one box, with its selector compiled once."""
 
+    #: Set by the consumer that owns the reader: whether it is waiting for a
+    #: message right now. A store may hand new messages straight to a
+    #: waiting reader (the SQL store does, saving the claim round trip).
+    demand: Callable[[], bool] | None = None
+
     @abc.abstractmethod
     def claim(self, now: int, auto_ack: bool) -> Delivery | None:
         """The next available entry that matches, made in flight (or, with

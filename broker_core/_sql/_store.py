@@ -8,7 +8,9 @@ reader draws from both tiers.
 
 All writes go through one :class:`GroupCommitter` per process. A send returns
 once its transaction committed (SQLite WAL with ``synchronous=FULL`` by
-default). Claims mark rows in flight under this broker instance's id; a
+default). Claims mark rows in flight under this broker instance's id (a
+consumer of this process waiting on an empty box gets new rows inserted
+already claimed for it, without a claim of its own); a
 process that dies stops its heartbeat, and any other instance (or its own
 successor) puts its in-flight rows back, counted as delivered once more, so
 they come back with ``jms_redelivered``. Acknowledging deletes rows.
@@ -105,17 +107,17 @@ class _Statements:
             "DELETE FROM b2b_messages WHERE id IN :ids "
             "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)"
         ).bindparams(sa.bindparam("ids", expanding=True))
-        self.insert_messages = messages.insert()
-        self.insert_entries = entries.insert()
-        #: SQLite: plain driver executemany with tuples (SQLAlchemy's per-row
-        #: parameter processing cost as much as the insert itself).
+        #: Inserts through the driver's executemany with tuples (SQLAlchemy's
+        #: per-row parameter processing cost as much as the insert itself).
+        mark = "%s" if postgres else "?"
         self.message_columns = ("id", *_codec.MESSAGE_COLUMNS)
         self.entry_columns = ("id", "box", "seq", "priority", "expiration", "state", "ready_at", "owner",
                               "delivery_count", "message")
         self.raw_insert_messages = (f"INSERT INTO b2b_messages ({', '.join(self.message_columns)}) "
-                                    f"VALUES ({', '.join('?' * len(self.message_columns))})")
+                                    f"VALUES ({', '.join([mark] * len(self.message_columns))})")
         self.raw_insert_entries = (f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
-                                   f"VALUES ({', '.join('?' * len(self.entry_columns))})")
+                                   f"VALUES ({', '.join([mark] * len(self.entry_columns))})")
+
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "pool_size"}
@@ -214,6 +216,42 @@ def _head_revision() -> str:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
+class _WriteTurn:
+    """The write turn of the processes sharing one SQLite file. SQLite's own
+    write lock is taken by polling (the busy handler sleeps 1, 2, 5 ... ms
+    between tries), so competing writers of several processes waste most of
+    their turns asleep; an ``flock`` on a file beside the database queues
+    them in the kernel instead, and the next one runs as soon as the lock is
+    released. (Writers that do not take it still work: they fall back on the
+    busy timeout.)"""
+
+    def __init__(self, path: str) -> None:
+        import fcntl
+
+        self._flock = fcntl.flock
+        self._exclusive, self._unlock = fcntl.LOCK_EX, fcntl.LOCK_UN
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __enter__(self) -> None:
+        self._flock(self._fd, self._exclusive)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._flock(self._fd, self._unlock)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    @staticmethod
+    def for_url(url: str) -> "_WriteTurn | None":
+        path = sa.engine.make_url(_split_url(url)[0]).database
+        if not path or path == ":memory:" or path.startswith("file:"):
+            return None
+        try:
+            return _WriteTurn(os.path.abspath(path) + "-writer.lock")
+        except (ImportError, OSError):  # no flock here (or a read-only folder): the busy timeout alone
+            return None
+
+
 class _Counters:
     """In-process counters per box: enqueued, dequeued, expired, dead-lettered."""
 
@@ -307,6 +345,8 @@ class SQLStore(Store):
         self._threads: list[threading.Thread] = []
         self._writer: GroupCommitter | None = None
         self._selectors: dict[str | None, Any] = {}
+        self._readers_lock = threading.Lock()
+        self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # readers that may take entries straight away
 
     # ------------------------------------------------------------ lifecycle
 
@@ -315,9 +355,12 @@ class SQLStore(Store):
         super().attach(policy, self._available, xpath_namespaces)
         self._broker_wake = on_available
         self._mem.attach(policy, on_available, xpath_namespaces)
+        self._turn = None if self._pg else _WriteTurn.for_url(self.url)
+        turn = self._turn
         self._writer = GroupCommitter(
             self.engine.execution_options(b2b_write=True) if not self._pg else self.engine,
             begin=self._begin,
+            serialize=(lambda: turn) if turn is not None else None,
             before_commit=self._before_commit,
             on_touched=self._touched,
             retry_for=self._retry_for,
@@ -356,6 +399,8 @@ class SQLStore(Store):
             thread.join(timeout=5)
         self._mem.close()
         self.engine.dispose()
+        if getattr(self, "_turn", None) is not None:
+            self._turn.close()
 
     def _begin(self, conn: sa.Connection, durable: bool) -> None:
         """Start a writer transaction; a non-durable one does not wait for the
@@ -393,12 +438,14 @@ class SQLStore(Store):
             raise StoreError("the store is closed")
         return self._writer.submit(fn, wait, callback, durable)
 
-    def _next_seq(self) -> int:
+    def _next_seqs(self, n: int) -> int:
+        """The first of ``n`` consecutive FIFO sequence numbers (microseconds
+        since the epoch, so they keep growing across restarts)."""
         with self._seq_lock:
             seq = time.time_ns() // 1000
             if seq <= self._last_seq:
                 seq = self._last_seq + 1
-            self._last_seq = seq
+            self._last_seq = seq + n - 1
         return seq
 
     def _selector(self, text: str | None) -> Any:
@@ -576,9 +623,11 @@ class SQLStore(Store):
     def _flush_inserts(self, batch: Batch) -> None:
         """One message row per envelope, and an entry in every box that
         receives it: a queue's, or each matching subscription of a topic (read
-        in this same transaction)."""
+        in this same transaction). Entries for a consumer of this process that
+        is waiting on an empty box are inserted already claimed and handed to
+        it after the commit (no claim round trip, no reading back)."""
         conn = batch.conn
-        placed: list[tuple[Envelope, list[str], int]] = []
+        placed: list[tuple[Envelope, Sequence[str]]] = []
         topic_subs: dict[str, list[Any]] = {}
         for env in batch.inserts:
             dest = env.destination
@@ -599,39 +648,91 @@ class SQLStore(Store):
                         continue
                     boxes.append(sub.box)
                 if boxes:
-                    placed.append((env, boxes, self._next_seq()))
+                    placed.append((env, boxes))
             else:
-                placed.append((env, [str(dest)], self._next_seq()))
+                placed.append((env, (str(dest),)))
         batch.inserts = []
         if not placed:
             return
         ids = self._reserve_ids(conn, "b2b_messages", len(placed))
+        seq = self._next_seqs(len(placed))
+        message_values = _codec.message_values
         message_rows = []
-        for (env, _, _), message in zip(placed, ids):
-            row = _codec.message_row(env)
-            row["id"] = message
-            message_rows.append(row)
-        rows = [
-            {"box": box, "seq": seq, "priority": env.priority, "expiration": env.expiration, "state": 0,
-             "ready_at": 0, "owner": None, "delivery_count": 0, "message": message}
-            for (env, boxes, seq), message in zip(placed, ids)
-            for box in boxes
-        ]
-        entry_ids = self._reserve_ids(conn, "b2b_entries", len(rows))
-        for row, entry_id in zip(rows, entry_ids):
-            row["id"] = entry_id
-        sql = self._sql
-        if self._pg:
-            conn.execute(sql.insert_messages, message_rows)
-            conn.execute(sql.insert_entries, rows)
+        pending: list[tuple[str, int, int, int, int, Envelope]] = []  # box, seq, priority, expiration, message
+        for (env, boxes), message in zip(placed, ids):
+            message_rows.append(message_values(env, message))
+            for box in boxes:
+                pending.append((box, seq, env.priority, env.expiration, message, env))
+            seq += 1
+        entry_ids = self._reserve_ids(conn, "b2b_entries", len(pending))
+        handed = self._pick_waiting_readers(pending) if self._waiting_boxes else None
+        if handed:
+            owner = self.instance_id
+            rows = [(entry_id, box, s, prio, exp, 1, 0, owner, 1, message) if i in handed
+                    else (entry_id, box, s, prio, exp, 0, 0, None, 0, message)
+                    for i, (entry_id, (box, s, prio, exp, message, _)) in enumerate(zip(entry_ids, pending))]
+            by_reader: dict[_SQLReader, list[Delivery]] = {}
+            for i, reader in handed.items():
+                box, _, _, _, _, env = pending[i]
+                by_reader.setdefault(reader, []).append(Delivery(box, entry_ids[i], env, 1))
+            batch.after_commit.append(lambda: self._hand_over(by_reader))
         else:
-            conn.exec_driver_sql(sql.raw_insert_messages,
-                                 [tuple(row[c] for c in sql.message_columns) for row in message_rows])
-            conn.exec_driver_sql(sql.raw_insert_entries, [tuple(row[c] for c in sql.entry_columns) for row in rows])
-            batch.after_commit.append(lambda: self._note_own_ids(entry_ids[0], entry_ids[-1]))
-        counts = collections.Counter(row["box"] for row in rows)
+            rows = [(entry_id, box, s, prio, exp, 0, 0, None, 0, message)
+                    for entry_id, (box, s, prio, exp, message, _) in zip(entry_ids, pending)]
+        sql = self._sql
+        conn.exec_driver_sql(sql.raw_insert_messages, message_rows)
+        conn.exec_driver_sql(sql.raw_insert_entries, rows)
+        if not self._pg:
+            first, last = entry_ids[0], entry_ids[-1]
+            batch.after_commit.append(lambda: self._note_own_ids(first, last))
+        counts = collections.Counter(p[0] for p in pending)
         batch.touched.update(counts)
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+
+    def _pick_waiting_readers(self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
+                              ) -> dict[int, "_SQLReader"]:
+        """Which of ``pending`` (by index) go straight to a consumer of this
+        process: one blocked waiting on a box it found empty, with nothing
+        changed since (so nothing older is waiting in the database); at most
+        ``prefetch`` each, highest priority first."""
+        with self._readers_lock:
+            candidates = {box: list(readers) for box, readers in self._waiting_boxes.items()}
+        chosen: dict[int, _SQLReader] = {}
+        for box, readers in candidates.items():
+            hungry = [reader for reader in readers if reader._waiting_for_new()]
+            if not hungry:
+                continue
+            indexes = [i for i, p in enumerate(pending) if p[0] == box]
+            if not indexes:
+                continue
+            indexes.sort(key=lambda i: (-pending[i][2], pending[i][1]))
+            for k, i in enumerate(indexes[:self.prefetch * len(hungry)]):
+                chosen[i] = hungry[k % len(hungry)]
+        return chosen
+
+    def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]]) -> None:
+        """After the commit: give the pre-claimed entries to their readers;
+        a reader closed meanwhile gets nothing and the entries go back."""
+        give_back: list[int] = []
+        for reader, deliveries in by_reader.items():
+            deliveries.sort(key=lambda d: (-d.envelope.priority, d.ref))
+            if not reader._accept(deliveries):
+                give_back.extend(d.ref for d in deliveries)
+        if give_back:
+            self._write(lambda b: self._op_release(b, give_back, "not delivered", self.instance_id, counted=False),
+                        wait=False, durable=False)
+
+    def _register_reader(self, reader: "_SQLReader") -> None:
+        with self._readers_lock:
+            self._waiting_boxes.setdefault(reader._box, []).append(reader)
+
+    def _unregister_reader(self, reader: "_SQLReader") -> None:
+        with self._readers_lock:
+            readers = self._waiting_boxes.get(reader._box)
+            if readers is not None and reader in readers:
+                readers.remove(reader)
+                if not readers:
+                    del self._waiting_boxes[reader._box]
 
     def _envelopes(self, conn: sa.Connection, rows: Sequence[Any]) -> dict[int, Any]:
         """The ``b2b_messages`` rows of some entry rows, by message id."""
@@ -1084,6 +1185,9 @@ class _SQLReader(Reader):
         self._cursor = 0
         self._candidates: list[tuple[int, int, int, int]] = []  # (-priority, seq, id, ready_at)
         self._needs_body = selector is not None and "XPATH" in selector.text.upper()
+        self._inbox_lock = threading.Lock()  # the writer's hand-over vs close; never held while waiting
+        if selector is None:
+            store._register_reader(self)
 
     def claim(self, now: int, auto_ack: bool) -> Delivery | None:
         self._flip = not self._flip
@@ -1134,6 +1238,21 @@ class _SQLReader(Reader):
 
     def _extend(self, deliveries: list[Delivery]) -> None:
         self._buffer.extend(deliveries)
+
+    def _waiting_for_new(self) -> bool:
+        """For the writer: this reader found its box empty, nothing came in
+        since, it holds nothing, and its consumer is waiting."""
+        demand = self.demand
+        return (not self._buffer and self._empty_at is not None and not self._closed
+                and self._empty_at == self._store._version(self._box) and demand is not None and demand())
+
+    def _accept(self, deliveries: list[Delivery]) -> bool:
+        """Entries claimed for this reader by the writer; False if closed."""
+        with self._inbox_lock:
+            if self._closed:
+                return False
+            self._buffer.extend(deliveries)
+            return True
 
     def _scan(self, now: int) -> None:
         store = self._store
@@ -1198,12 +1317,14 @@ class _SQLReader(Reader):
 
     def close(self) -> None:
         """Give back prefetched rows that were never handed out."""
-        with self._lock:
+        with self._lock, self._inbox_lock:
             if self._closed:
                 return
             self._closed = True
             ids = [d.ref for d in self._buffer]
             self._buffer.clear()
+        if self._selector is None:
+            self._store._unregister_reader(self)
         self._memory.close()
         if ids and not self._store._closed:
             store = self._store

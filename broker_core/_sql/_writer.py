@@ -14,11 +14,12 @@ only the faulty one fails.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -71,14 +72,17 @@ class GroupCommitter:
     transaction (``BEGIN IMMEDIATE`` on SQLite, the commit-order lock on
     PostgreSQL); ``before_commit(batch)`` runs last (batched inserts, NOTIFY);
     ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
-    connection was lost and a new one obtained."""
+    connection was lost and a new one obtained; ``serialize()`` is a context
+    manager held around each transaction (SQLite: the processes' write turn)."""
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
                  before_commit: Callable[[Batch], None] | None = None,
                  on_touched: Callable[[set[str]], None] | None = None,
                  on_reconnect: Callable[[], None] | None = None,
+                 serialize: Callable[[], ContextManager[Any]] | None = None,
                  max_batch: int = 2000, retry_for: float = 30.0) -> None:
         self._engine = engine
+        self._serialize = serialize or contextlib.nullcontext
         self._begin = begin
         self._before_commit = before_commit
         self._on_touched = on_touched
@@ -164,19 +168,20 @@ class GroupCommitter:
     def _transaction(self, ops: list[_Op]) -> set[str]:
         conn = self._connection()
         batch = Batch(conn)
-        try:
-            self._begin(conn, any(op.durable for op in ops))
-            for op in ops:
-                op.result = op.fn(batch)
-            if self._before_commit is not None:
-                self._before_commit(batch)
-            conn.commit()
-        except BaseException:
+        with self._serialize():
             try:
-                conn.rollback()
-            except Exception:
-                self._drop_connection()
-            raise
+                self._begin(conn, any(op.durable for op in ops))
+                for op in ops:
+                    op.result = op.fn(batch)
+                if self._before_commit is not None:
+                    self._before_commit(batch)
+                conn.commit()
+            except BaseException:
+                try:
+                    conn.rollback()
+                except Exception:
+                    self._drop_connection()
+                raise
         for callback in batch.after_commit:
             try:
                 callback()

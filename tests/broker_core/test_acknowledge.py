@@ -3,6 +3,9 @@ or connection had not acknowledged."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from broker_core import AckMode, IllegalStateError, InvalidArgumentError, Queue
@@ -224,3 +227,30 @@ def test_session_reports_its_ack_mode(conn, mode):
     session = conn.create_session(ack_mode=mode)
     assert session.ack_mode == mode
     assert session.transacted is False
+
+
+def test_messages_that_reach_a_waiting_consumer_and_are_not_received_come_back_unmarked(broker, conn, drain):
+    """A consumer blocked in receive() may be handed several messages at once
+    (prefetch, or the SQL store's direct hand-over to a waiting consumer);
+    those it never returned to the application are not redelivered ones."""
+    queue = Queue("ack.handover")
+    waiting_session = conn.create_session(ack_mode=AckMode.CLIENT)
+    waiting = waiting_session.create_consumer(queue)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(waiting.receive(timeout=10)))
+    thread.start()
+    time.sleep(0.2)  # blocked in receive on an empty queue
+    sender = broker.connect().create_session(transacted=True)
+    producer = sender.create_producer(queue)
+    for i in range(5):
+        producer.send(sender.create_text_message(f"h{i}"))
+    sender.commit()  # all five arrive together
+    thread.join(10)
+    assert got and got[0] is not None and got[0].text == "h0"
+    waiting.close()
+    waiting_session.close()  # the received one was never acknowledged: back, marked redelivered
+    other = broker.connect()
+    other.start()
+    again = drain(other.create_session().create_consumer(queue), timeout=0.5)
+    assert sorted(m.text for m in again) == [f"h{i}" for i in range(5)]
+    assert {m.text: m.jms_redelivered for m in again} == {"h0": True, "h1": False, "h2": False, "h3": False, "h4": False}

@@ -145,3 +145,55 @@ def test_request_async_timeout(session):
 
     with pytest.raises(RequestTimeoutError):
         asyncio.run(main())
+
+
+def test_send_async_returns_once_stored(broker, session):
+    producer = session.create_producer(QUEUE)
+
+    async def main():
+        futures = [producer.send_async(session.create_text_message(f"m{i}")) for i in range(50)]
+        await asyncio.gather(*futures)
+
+    asyncio.run(main())
+    consumer = broker.connect()
+    consumer.start()
+    reader = consumer.create_session().create_consumer(QUEUE)
+    texts = []
+    while (message := reader.receive_no_wait()) is not None:  # stored before gather returned: all there now
+        texts.append(message.text)
+    assert texts == [f"m{i}" for i in range(50)]  # one producer: sent order
+
+
+def test_send_async_stamps_the_message_and_checks_arguments_at_the_call(session):
+    import pytest
+
+    from broker_core import InvalidArgumentError
+
+    producer = session.create_producer(QUEUE)
+
+    async def main():
+        message = session.create_text_message("stamped")
+        future = producer.send_async(message, priority=7)
+        assert message.jms_message_id is not None and message.jms_priority == 7  # set before the commit
+        await future
+        with pytest.raises(InvalidArgumentError):
+            producer.send_async(session.create_text_message("bad"), priority=12)
+
+    asyncio.run(main())
+
+
+def test_send_async_in_a_transacted_session_stages_until_commit(broker, conn):
+    transacted = conn.create_session(transacted=True)
+    producer = transacted.create_producer(QUEUE)
+    consumer = broker.connect()
+    consumer.start()
+    reader = consumer.create_session().create_consumer(QUEUE)
+
+    async def main():
+        await producer.send_async(transacted.create_text_message("staged"))
+        assert reader.receive_no_wait() is None
+        await transacted.commit_async()
+
+    asyncio.run(main())
+    message = reader.receive(timeout=5)
+    assert message is not None and message.text == "staged"
