@@ -320,6 +320,8 @@ class _Runner:
         self.logger = logging.getLogger(f"{__name__}.{item.name}")
         self.connection: Connection | None = None
         self.threads: list[threading.Thread] = []
+        # held by the one session that waits on the broker for the next message (see _receive)
+        self.waiting = threading.Lock()
 
     def open(self) -> None:
         broker = self.worker.broker
@@ -357,7 +359,7 @@ class _Runner:
         backoff = poll
         while not stopping.is_set():
             try:
-                message = consumer.receive(poll)
+                message = self._receive(consumer, poll)
             except IllegalStateError:
                 return  # the session, connection or broker was closed
             except JMSError:
@@ -371,6 +373,25 @@ class _Runner:
             if message is not None:
                 # a message received is processed even when stopping: it is claimed already
                 self._process(session, producer, context, message)
+
+    def _receive(self, consumer: MessageConsumer, poll: float) -> Message | None:
+        """The next message for this session: one it holds already or that is there now, else the one it
+        waits for -- but only one session of the handler waits on the broker at a time, the others wait
+        for their turn here. Otherwise every new message would wake all of them: each would look for it,
+        all but one would try to claim it in vain, every such attempt a write the store's single writer
+        serialises ahead of the real work, and the round-trip latency of every request grows with
+        ``concurrency``."""
+        if self.handler.concurrency == 1:
+            return consumer.receive(poll)
+        message = consumer.receive_no_wait()
+        if message is not None:
+            return message
+        if not self.waiting.acquire(timeout=poll):
+            return None
+        try:
+            return consumer.receive(poll)
+        finally:
+            self.waiting.release()
 
     def _process(self, session: Session, producer: MessageProducer, context: HandlerContext,
                  request: Message) -> None:

@@ -367,6 +367,52 @@ def test_stop_is_prompt_and_the_worker_restarts(broker):
     assert time.monotonic() - started < 1.5
 
 
+@pytest.mark.parametrize("selector", [None, "JMSType = 'Job'"])
+def test_one_session_of_a_handler_waits_on_the_broker_and_the_others_still_work_in_parallel(
+        broker, monkeypatch, selector):
+    """With concurrency N, a new message wakes one waiting session, not all N (each would look for it and
+    try to claim it); the sessions still process messages in parallel."""
+    import broker_core
+
+    waiting, most, guard = [0], [0], threading.Lock()
+    real_receive = broker_core.MessageConsumer.receive
+
+    def receive(self, timeout=None):
+        if timeout == 0:
+            return real_receive(self, timeout)
+        with guard:
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+        try:
+            return real_receive(self, timeout)
+        finally:
+            with guard:
+                waiting[0] -= 1
+
+    monkeypatch.setattr(broker_core.MessageConsumer, "receive", receive)
+    inside, busiest = [0], [0]
+
+    @handler(WORK, selector=selector, concurrency=4, name="parallel", registry=None)
+    def job(message, context):
+        with guard:
+            inside[0] += 1
+            busiest[0] = max(busiest[0], inside[0])
+        time.sleep(0.3)
+        with guard:
+            inside[0] -= 1
+
+    with Worker(broker, [job], poll_interval=0.05) as worker:
+        time.sleep(0.2)  # all four sessions idle: one of them waits on the broker
+        for n in range(4):
+            send(broker, f"<Job n='{n}'/>", jms_type="Job")
+        started = time.monotonic()
+        wait_until(lambda: worker.stats()["parallel"].handled == 4, what="four jobs")
+        elapsed = time.monotonic() - started
+    assert most[0] == 1
+    assert busiest[0] >= 2 and elapsed < 1.0  # not one after the other (4 x 0.3 s)
+    assert broker.stats(WORK).depth == 0
+
+
 def test_stop_waits_for_the_message_in_progress(broker):
     started = threading.Event()
 
