@@ -113,10 +113,18 @@ class _Statements:
         self.message_columns = ("id", *_codec.MESSAGE_COLUMNS)
         self.entry_columns = ("id", "box", "seq", "priority", "expiration", "state", "ready_at", "owner",
                               "delivery_count", "message")
-        self.raw_insert_messages = (f"INSERT INTO b2b_messages ({', '.join(self.message_columns)}) "
-                                    f"VALUES ({', '.join([mark] * len(self.message_columns))})")
-        self.raw_insert_entries = (f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
-                                   f"VALUES ({', '.join([mark] * len(self.entry_columns))})")
+        self.insert_sql = {
+            "messages": f"INSERT INTO b2b_messages ({', '.join(self.message_columns)}) "
+                        f"VALUES ({', '.join([mark] * len(self.message_columns))})",
+            "entries": f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
+                       f"VALUES ({', '.join([mark] * len(self.entry_columns))})",
+        }
+
+    def insert_rows(self, conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """Insert tuples in column order with the driver's executemany (one
+        prepared statement stepped per row on SQLite, a pipeline on psycopg;
+        measured faster here than multi-row VALUES statements or COPY)."""
+        conn.exec_driver_sql(self.insert_sql[table], rows)
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
@@ -406,7 +414,6 @@ class SQLStore(Store):
         """Start a writer transaction; a non-durable one does not wait for the
         disk at commit (claims and bookkeeping: see GroupCommitter.submit)."""
         if self._pg:
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_WRITE_LOCK})
             if not durable:
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             return
@@ -415,6 +422,16 @@ class SQLStore(Store):
             conn.connection.dbapi_connection.execute(f"PRAGMA synchronous={mode}")
             self._sqlite_mode = mode
         # the first statement of the batch opens it with BEGIN IMMEDIATE (see make_engine)
+
+    def _ordered(self, batch: Batch) -> None:
+        """Before inserting rows whose ids (or seqs) readers follow in order:
+        entries, and whatever code run inside a commit writes (the gateway's
+        ledger events). On PostgreSQL such transactions take one advisory
+        lock, so ids grow in commit order across processes; claims and
+        acknowledgements do not need it and never wait for it."""
+        if self._pg and not batch.ordered:
+            batch.conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)" % _PG_WRITE_LOCK)
+            batch.ordered = True
 
     def _touched(self, boxes: set[str]) -> None:
         for box in boxes:
@@ -654,6 +671,7 @@ class SQLStore(Store):
         batch.inserts = []
         if not placed:
             return
+        self._ordered(batch)
         ids = self._reserve_ids(conn, "b2b_messages", len(placed))
         seq = self._next_seqs(len(placed))
         message_values = _codec.message_values
@@ -680,8 +698,8 @@ class SQLStore(Store):
             rows = [(entry_id, box, s, prio, exp, 0, 0, None, 0, message)
                     for entry_id, (box, s, prio, exp, message, _) in zip(entry_ids, pending)]
         sql = self._sql
-        conn.exec_driver_sql(sql.raw_insert_messages, message_rows)
-        conn.exec_driver_sql(sql.raw_insert_entries, rows)
+        sql.insert_rows(conn, "messages", message_rows)
+        sql.insert_rows(conn, "entries", rows)
         if not self._pg:
             first, last = entry_ids[0], entry_ids[-1]
             batch.after_commit.append(lambda: self._note_own_ids(first, last))
@@ -786,6 +804,8 @@ class SQLStore(Store):
                 batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
             self._insert(batch, letters)
             self._delete_entries(batch, [row.id for row in dead])
+        if rows:
+            self._ordered(batch)
         for row in rows:
             if counted and row.delivery_count >= policy.max_deliveries:
                 continue
@@ -951,8 +971,10 @@ class SQLStore(Store):
                 self._ack_rows(batch, sql_acks, strict=True)
             if durable:
                 self._insert(batch, durable)
-            for fn in extra:
-                fn(batch.conn)
+            if extra:
+                self._ordered(batch)
+                for fn in extra:
+                    fn(batch.conn)
 
         if callback is None:
             self._write(op)

@@ -34,10 +34,11 @@ class Batch:
     """What an operation sees: the connection of the current transaction, and
     where to record boxes that got messages (woken after the commit)."""
 
-    __slots__ = ("conn", "touched", "after_commit", "inserts")
+    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered")
 
     def __init__(self, conn: sa.Connection) -> None:
         self.conn = conn
+        self.ordered = False  # whether this transaction holds the commit-order lock (PostgreSQL)
         self.touched: set[str] = set()
         self.after_commit: list[Callable[[], None]] = []
         self.inserts: list[Any] = []  # messages to store, written together just before the commit
