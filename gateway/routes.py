@@ -39,6 +39,7 @@ own, or the very same one, takes every document the later one could).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -156,11 +157,11 @@ class Route:
     namespaces: dict[str, str] = field(default_factory=dict)
     where: Where = field(default_factory=lambda: Where(None, None))
 
-    @property
+    @functools.cached_property
     def doc_type(self) -> str:
         return etree.QName(self.root).localname
 
-    @property
+    @functools.cached_property
     def doc_namespace(self) -> str:
         return etree.QName(self.root).namespace or ""
 

@@ -88,12 +88,19 @@ ERROR_PROPERTY = "B2BError"
 MAX_LATE = 100_000
 
 
+_ISO_SECOND: tuple[int, str] = (-1, "")  # the last second formatted (receipts come many to the second)
+
+
 def iso_ms(epoch_ms: int | None) -> str | None:
     """``2024-03-14T09:30:00.123Z`` from epoch milliseconds."""
+    global _ISO_SECOND
     if epoch_ms is None:
         return None
     seconds, ms = divmod(int(epoch_ms), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ms:03d}Z"
+    last = _ISO_SECOND
+    if last[0] != seconds:
+        last = _ISO_SECOND = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+    return f"{last[1]}.{ms:03d}Z"
 
 
 @dataclass

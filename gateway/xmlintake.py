@@ -170,6 +170,10 @@ async def read_body(
 _XML_SUBTYPE = re.compile(r"^application/[a-z0-9!#$&^_.+-]+\+xml$")
 
 
+_MEDIA_TYPES: dict[str, str | None] = {}  # accepted Content-Type values seen -> their charset
+_MEDIA_TYPES_MAX = 256
+
+
 def check_media_type(content_type: str | None) -> str | None:
     """Check a ``Content-Type`` header value; return its charset, if any.
 
@@ -181,6 +185,15 @@ def check_media_type(content_type: str | None) -> str | None:
     received and what is accepted, for a missing or other media type or a
     charset that is not supported.
     """
+    if content_type in _MEDIA_TYPES:  # the few values clients send, checked once each
+        return _MEDIA_TYPES[content_type]
+    charset = _check_media_type(content_type)
+    if len(_MEDIA_TYPES) < _MEDIA_TYPES_MAX:
+        _MEDIA_TYPES[content_type] = charset  # type: ignore[index]  # None never gets here: it raises
+    return charset
+
+
+def _check_media_type(content_type: str | None) -> str | None:
     accepted = ", ".join(ACCEPTED_MEDIA_TYPES)
     if content_type is None or not content_type.strip():
         raise UnsupportedMediaTypeError(

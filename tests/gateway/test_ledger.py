@@ -266,3 +266,14 @@ def test_postgresql_store_without_the_ledger_migration_is_refused():
             assert "b2bgw db upgrade" in info.value.detail
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_iso_ms_formats_milliseconds_across_seconds():
+    from gateway.service import iso_ms
+
+    assert iso_ms(None) is None
+    for epoch_ms, text in [(1710408600123, "2024-03-14T09:30:00.123Z"), (1710408600999, "2024-03-14T09:30:00.999Z"),
+                           (1710408601000, "2024-03-14T09:30:01.000Z"), (0, "1970-01-01T00:00:00.000Z"),
+                           (1710408600007, "2024-03-14T09:30:00.007Z")]:
+        assert iso_ms(epoch_ms) == text
+        assert iso_ms(epoch_ms) == text  # the second formatted last is reused

@@ -273,6 +273,24 @@ def test_unsupported_charset_is_415(charset: str) -> None:
     assert charset in info.value.detail
 
 
+def test_media_type_results_are_remembered_for_accepted_values_only(monkeypatch) -> None:
+    from gateway import xmlintake
+
+    monkeypatch.setattr(xmlintake, "_MEDIA_TYPES", {})
+    monkeypatch.setattr(xmlintake, "_MEDIA_TYPES_MAX", 3)
+    for _ in range(2):
+        assert check_media_type("text/xml; charset=latin1") == "ISO-8859-1"
+        assert check_media_type("application/xml") is None
+        with pytest.raises(UnsupportedMediaTypeError):
+            check_media_type("text/plain")
+        with pytest.raises(UnsupportedMediaTypeError):
+            check_media_type(None)
+    assert xmlintake._MEDIA_TYPES == {"text/xml; charset=latin1": "ISO-8859-1", "application/xml": None}
+    for n in range(5):
+        assert check_media_type(f"application/xml; v={n}") is None
+    assert len(xmlintake._MEDIA_TYPES) == 3
+
+
 def test_media_type_error_is_bounded() -> None:
     with pytest.raises(UnsupportedMediaTypeError) as info:
         check_media_type("text/plain; junk=" + "A" * 100_000)
