@@ -118,21 +118,23 @@ MESSAGE_COLUMNS = ("message_id", "destination", "delivery_mode", "timestamp", "c
                    "properties", "kind", "body", "origin")
 
 
-def row_envelope(row: Any, priority: int, expiration: int) -> Envelope:
-    """Rebuild an envelope from a ``b2b_messages`` row."""
-    kind = row.kind
+def row_envelope(row: Any, priority: int, expiration: int, at: int = 0) -> Envelope:
+    """Rebuild an envelope from the MESSAGE_COLUMNS values of a
+    ``b2b_messages`` row, starting at index ``at`` of ``row``."""
+    (message_id, dest, delivery_mode, timestamp, correlation_id, reply_to, type_, properties, kind, body,
+     origin) = row[at:at + 11]
     return Envelope(
-        row.message_id,
-        destination(row.destination),
-        row.delivery_mode,
+        message_id,
+        destination(dest),
+        delivery_mode,
         priority,
         expiration,
-        row.timestamp,
-        row.correlation_id,
-        destination(row.reply_to),
-        row.type,
-        decode_properties(row.properties),
+        timestamp,
+        correlation_id,
+        destination(reply_to),
+        type_,
+        decode_properties(properties),
         kind,
-        decode_body(kind, row.body),
-        row.origin,
+        decode_body(kind, body),
+        origin,
     )

@@ -94,19 +94,17 @@ class _Statements:
         ).bindparams(sa.bindparam("ids", expanding=True))
         self.next_ready = sa.text(
             "SELECT min(ready_at) FROM b2b_entries WHERE box = :box AND state = 0 AND ready_at > :now")
-        self.messages = sa.text(
-            f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id IN :ids"
-        ).bindparams(sa.bindparam("ids", expanding=True))
-        self.delete_owned = sa.text(
-            "DELETE FROM b2b_entries WHERE id IN :ids AND owner = :owner RETURNING message"
-        ).bindparams(sa.bindparam("ids", expanding=True))
-        self.delete_any = sa.text(
-            "DELETE FROM b2b_entries WHERE id IN :ids RETURNING message"
-        ).bindparams(sa.bindparam("ids", expanding=True))
-        self.collect = sa.text(
-            "DELETE FROM b2b_messages WHERE id IN :ids "
-            "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)"
-        ).bindparams(sa.bindparam("ids", expanding=True))
+        #: Statements over a list of ids, run through the driver: ``IN (?, ...)``
+        #: on SQLite (text cached per length), ``= ANY(%s)`` on PostgreSQL.
+        self._postgres = postgres
+        self._by_ids = {
+            "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
+            "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
+            "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message",
+            "collect": "DELETE FROM b2b_messages WHERE id {ids} "
+                       "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)",
+        }
+        self._by_ids_cache: dict[tuple[str, int], str] = {}
         #: Inserts through the driver's executemany with tuples (SQLAlchemy's
         #: per-row parameter processing cost as much as the insert itself).
         mark = "%s" if postgres else "?"
@@ -119,6 +117,29 @@ class _Statements:
             "entries": f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
                        f"VALUES ({', '.join([mark] * len(self.entry_columns))})",
         }
+
+    def by_ids(self, conn: sa.Connection, name: str, ids: Sequence[int], *more: Any) -> list[tuple[Any, ...]]:
+        """Run statement ``name`` over ``ids`` (in chunks of 500) with the
+        ``more`` parameters after the id list; the rows it returns, as tuples."""
+        out: list[tuple[Any, ...]] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            if self._postgres:
+                key = (name, 0)
+                params: tuple[Any, ...] = (chunk, *more)
+            else:
+                key = (name, len(chunk))
+                params = (*chunk, *more)
+            statement = self._by_ids_cache.get(key)
+            if statement is None:
+                ids_sql = "= ANY(%s)" if self._postgres else f"IN ({', '.join('?' * len(chunk))})"
+                statement = self._by_ids[name].format(ids=ids_sql, p="%s" if self._postgres else "?")
+                if len(self._by_ids_cache) < 2000:
+                    self._by_ids_cache[key] = statement
+            result = conn.exec_driver_sql(statement, params)
+            if result.returns_rows:
+                out.extend(result.cursor.fetchall())
+        return out
 
     def insert_rows(self, conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
         """Insert tuples in column order with the driver's executemany (one
@@ -752,27 +773,23 @@ class SQLStore(Store):
                 if not readers:
                     del self._waiting_boxes[reader._box]
 
-    def _envelopes(self, conn: sa.Connection, rows: Sequence[Any]) -> dict[int, Any]:
-        """The ``b2b_messages`` rows of some entry rows, by message id."""
-        refs = list({row.message for row in rows})
-        found: dict[int, Any] = {}
-        for start in range(0, len(refs), 500):
-            for msg in conn.execute(self._sql.messages, {"ids": refs[start:start + 500]}):
-                found[msg.id] = msg
-        return found
+    def _envelopes(self, conn: sa.Connection, rows: Sequence[Any]) -> dict[int, tuple[Any, ...]]:
+        """The ``b2b_messages`` rows (``id``, then MESSAGE_COLUMNS) of some
+        entry rows, by message id."""
+        return {msg[0]: msg for msg in self._sql.by_ids(conn, "messages", list({row.message for row in rows}))}
 
     def _collect(self, batch: Batch, refs: Sequence[int]) -> None:
         """Delete the message rows that no entry refers to any more."""
         if refs:
-            batch.conn.execute(self._sql.collect, {"ids": list(set(refs))})
+            self._sql.by_ids(batch.conn, "collect", list(set(refs)))
 
     def _delete_entries(self, batch: Batch, ids: Sequence[int], owner: str | None = None) -> int:
         """Delete entries (only ``owner``'s, when given) and their orphaned
         messages; returns how many entries were deleted."""
         if owner is not None:
-            refs = batch.conn.execute(self._sql.delete_owned, {"ids": list(ids), "owner": owner}).scalars().all()
+            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_owned", ids, owner)]
         else:
-            refs = batch.conn.execute(self._sql.delete_any, {"ids": list(ids)}).scalars().all()
+            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_any", ids)]
         self._collect(batch, refs)
         return len(refs)
 
@@ -799,7 +816,7 @@ class SQLStore(Store):
             for row in dead:
                 why = (f"delivered {row.delivery_count} times without acknowledgement "
                        f"(max_deliveries={policy.max_deliveries}); last failure: {reason}")
-                env = _codec.row_envelope(found[row.message], row.priority, row.expiration)
+                env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
                 letters.append(dead_letter_envelope(env, policy, why, row.box))
                 batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
             self._insert(batch, letters)
@@ -826,7 +843,7 @@ class SQLStore(Store):
         if self.policy.expiry_queue is not None:
             found = self._envelopes(batch.conn, rows)
             for row in rows:
-                copy = expired_envelope(_codec.row_envelope(found[row.message], row.priority, row.expiration),
+                copy = expired_envelope(_codec.row_envelope(found[row.message], row.priority, row.expiration, 1),
                                         self.policy)
                 if copy is not None:
                     copies.append(copy)
@@ -856,7 +873,7 @@ class SQLStore(Store):
             return [], conn.execute(self._sql.next_ready, {"box": box, "now": now}).scalar()
         rows.sort(key=lambda r: (-r.priority, r.seq))
         found = self._envelopes(conn, rows)
-        return [Delivery(row.box, row.id, _codec.row_envelope(found[row.message], row.priority, row.expiration),
+        return [Delivery(row.box, row.id, _codec.row_envelope(found[row.message], row.priority, row.expiration, 1),
                          row.delivery_count) for row in rows], None
 
     # ------------------------------------------------------------ boxes and subscriptions
@@ -1110,7 +1127,7 @@ class SQLStore(Store):
         for row in rows:
             if 0 < row.expiration <= now:
                 continue
-            env = _codec.row_envelope(row, row.priority, row.expiration)
+            env = _codec.row_envelope(row, row.priority, row.expiration, 2)
             if compiled is None or compiled.matches(env):
                 found.append(env)
         found.extend(self._mem.browse(box, selector))
