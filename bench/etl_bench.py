@@ -4,15 +4,20 @@ Generates N UBL Orders (default 100,000) from the structure of the OASIS
 example ``UBL-Order-2.1-Example.xml`` (its header, parties, totals and its
 order line, with varied partners, buyers, sellers, ids, dates, currencies,
 items and 1-20 lines each), records them in a SQLite ledger as delivered
-(``b2b_ledger`` + ``accepted``/``delivered`` events), then prints:
+(``b2b_ledger`` + ``accepted``/``delivered`` events) with their warehouse
+facts extracted the way the gateway does at intake (the gateway's own parse,
+then ``gateway.facts.for_ledger`` on that tree; its CPU time per order is
+printed: that is what the edge pays), then prints:
 
 * the ETL (``spark_etl.job.run``, local[2]): orders/s and lines/s of a first
-  full load of the N orders into an empty warehouse (the SparkSession is
-  started before the clock starts; its start-up time is printed separately);
-* the baseline: one Python process, lxml + pyarrow, reading the same ledger
-  and writing the same fact tables (fact_order, fact_order_line, partitioned
-  by issue_date) with no Spark at all;
-* the time of a rerun with nothing new (the incremental run right after).
+  load of the N orders into an empty warehouse, from the stored facts (the
+  SparkSession is started before the clock starts; its start-up time is
+  printed separately);
+* the time of a rerun with nothing new (the incremental run right after);
+* the time of a full rebuild from the raw XML alone (``--full --reparse``);
+* the baseline: one Python process, lxml + pyarrow, parsing the same
+  ledger's XML and writing the same fact tables (fact_order,
+  fact_order_line, partitioned by issue_date) with no Spark at all.
 
 Usage::
 
@@ -135,10 +140,13 @@ def generate(n_orders: int, seed: int = 42, pretty: bool = False):
 
 
 def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = False) -> dict:
-    """Create the ledger tables in a SQLite file and record *n_orders* delivered orders."""
+    """Create the ledger tables in a SQLite file and record *n_orders* delivered
+    orders, each with the facts the gateway extracts at intake."""
     import sqlalchemy as sa
 
+    from gateway import facts as gateway_facts
     from gateway.ledger_tables import metadata
+    from gateway.xmlintake import IntakeLimits, parse_document
 
     if db_path.exists():
         db_path.unlink()
@@ -150,11 +158,20 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     conn.execute("PRAGMA synchronous=OFF")
     t0 = 1_790_000_000_000
     docs, events = [], []
-    n_lines = n_bytes = 0
+    n_lines = n_bytes = n_facts_bytes = 0
+    edge_cpu = 0.0
+    limits = IntakeLimits()
     for k, (message_id, partner, order_id, xml, lines) in enumerate(generate(n_orders, seed, pretty)):
         at = t0 + k * 10
+        root = parse_document(xml, limits)  # the gateway's parse (already paid at intake: not counted)
+        c0 = time.process_time()
+        facts = gateway_facts.for_ledger(root, "Order")  # what the edge adds
+        edge_cpu += time.process_time() - c0
+        if facts is None:
+            raise RuntimeError(f"no facts for generated order {message_id}")
+        n_facts_bytes += len(facts.encode("utf-8"))
         docs.append((message_id, partner, "Order", ORDER_NS, order_id, f"{partner}:{order_id}", message_id,
-                     "orders", "queue://orders", "delivered", at, at + 5, xml))
+                     "orders", "queue://orders", "delivered", at, at + 5, xml, facts, gateway_facts.VERSION))
         events.append((message_id, "accepted", at))
         events.append((message_id, "delivered", at + 5))
         n_lines += lines
@@ -164,15 +181,16 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     _flush(conn, docs, events)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    return {"orders": n_orders, "lines": n_lines, "bytes": n_bytes}
+    return {"orders": n_orders, "lines": n_lines, "bytes": n_bytes, "facts_bytes": n_facts_bytes,
+            "edge_us_per_order": round(edge_cpu / n_orders * 1e6, 1)}
 
 
 def _flush(conn: sqlite3.Connection, docs: list, events: list) -> None:
     with conn:
         conn.executemany(
             "INSERT INTO b2b_ledger (message_id, partner, doc_type, doc_namespace, doc_id, idempotency_key,"
-            " correlation_id, route, destination, status, received_at, updated_at, document)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " correlation_id, route, destination, status, received_at, updated_at, document, facts, facts_version)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             docs,
         )
         conn.executemany("INSERT INTO b2b_ledger_events (message_id, status, at) VALUES (?,?,?)", events)
@@ -182,8 +200,10 @@ def _flush(conn: sqlite3.Connection, docs: list, events: list) -> None:
 
 def cached_ledger(workdir: Path, n_orders: int, seed: int, pretty: bool) -> tuple[Path, dict]:
     """The ledger for these parameters, generated once and reused."""
+    from gateway import facts as gateway_facts
+
     workdir.mkdir(parents=True, exist_ok=True)
-    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}"
+    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}-facts{gateway_facts.VERSION}"
     db, meta = workdir / f"{name}.db", workdir / f"{name}.json"
     if db.exists() and meta.exists():
         return db, json.loads(meta.read_text())
@@ -198,7 +218,7 @@ def cached_ledger(workdir: Path, n_orders: int, seed: int, pretty: bool) -> tupl
 
 
 def baseline(db: Path, out: Path) -> dict:
-    """One process, no Spark: sqlite3 + lxml (the same extractor) + pyarrow
+    """One process, no Spark: sqlite3 + lxml (the same extractor, on the XML) + pyarrow
     writing fact_order and fact_order_line partitioned by issue_date (one file
     per partition)."""
     import pyarrow as pa
@@ -336,6 +356,35 @@ def compare_parsers(spark, url: str, n_docs: int) -> dict[str, float]:
     return out
 
 
+# --------------------------------------------------------------------------- the edge
+
+
+def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
+    """CPU us of ``gateway.facts.for_ledger`` on the OASIS Order example as the
+    gateway parsed it (best and median of *rounds* rounds), and of the
+    gateway's parse + validation for scale."""
+    import statistics
+
+    from gateway import facts as gateway_facts
+    from gateway.xmlintake import IntakeLimits, parse_document
+
+    xml = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
+    root = parse_document(xml, IntakeLimits())
+    assert gateway_facts.for_ledger(root, "Order") is not None
+    out = []
+    for _ in range(rounds):
+        c0 = time.process_time()
+        for _ in range(repeat):
+            gateway_facts.for_ledger(root, "Order")
+        out.append((time.process_time() - c0) / repeat * 1e6)
+    c0 = time.process_time()
+    for _ in range(repeat // 4):
+        parse_document(xml, IntakeLimits())
+    parse_us = (time.process_time() - c0) / (repeat // 4) * 1e6
+    return {"best": min(out), "median": statistics.median(out), "parse": parse_us,
+            "bytes": len(gateway_facts.for_ledger(root, "Order").encode())}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -350,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time from_xml / mapInArrow / reader parsing on N documents")  # fmt: skip
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--no-warm", action="store_true", help="do not repeat the load in the warm session")
+    ap.add_argument("--skip-reparse", action="store_true", help="do not time the full rebuild from the XML")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
 
@@ -361,7 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     db, info = cached_ledger(workdir, args.orders, args.seed, args.pretty)
     print(f"ledger: {info['orders']:,} orders, {info['lines']:,} lines, {info['bytes'] / 1e6:,.0f} MB of XML "
           f"(avg {info['bytes'] / info['orders'] / 1024:.1f} KiB/order, {'pretty' if args.pretty else 'compact'}), "
+          f"{info['facts_bytes'] / 1e6:,.0f} MB of facts (avg {info['facts_bytes'] / info['orders']:,.0f} B/order), "
           f"{db}", flush=True)  # fmt: skip
+    edge = edge_cost()
+    print(f"edge (gateway.facts.for_ledger on the tree the gateway parsed): OASIS Order example (2 lines) "
+          f"{edge['best']:.1f} us best, {edge['median']:.1f} us median of 7 rounds ({edge['bytes']} B of facts; "
+          f"the gateway's parse alone {edge['parse']:.0f} us); generated orders "
+          f"{info['edge_us_per_order']:.1f} us/order on average, timed while generating", flush=True)  # fmt: skip
     url = f"sqlite:///{db}"
     wh = workdir / "warehouse"
     if wh.exists():
@@ -405,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ETL rerun with nothing new: {t_again:.2f}s ({again.docs_read} documents read) = "
           f"{100 * t_again / (t_warm or t_first):.2f}% of the {'warm' if t_warm else 'first'} load", flush=True)  # fmt: skip
 
+    t_reparse = None
+    if not args.skip_reparse:
+        t = time.perf_counter()
+        rebuilt = job.run(settings, url, spark=spark, full=True, reparse=True)
+        t_reparse = time.perf_counter() - t
+        print(f"ETL full rebuild from the raw XML (--full --reparse): {rebuilt.loaded:,} orders in {t_reparse:.1f}s = "
+              f"{rebuilt.loaded / t_reparse:,.0f} orders/s", flush=True)  # fmt: skip
+        print(f"  steps (s): {rebuilt.stats.get('seconds')}", flush=True)
+
     if not args.skip_baseline:
         t = time.perf_counter()
         base = baseline(db, workdir / "baseline")
@@ -412,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline (1 process, lxml + pyarrow): {base['orders']:,} orders, {base['lines']:,} lines in "
               f"{t_base:.1f}s = {base['orders'] / t_base:,.0f} orders/s, {base['lines'] / t_base:,.0f} lines/s", flush=True)
         print(f"ETL / baseline throughput: {t_base / t_first:.2f}x (first load)"
-              + (f", {t_base / t_warm:.2f}x (warm session)" if t_warm else ""), flush=True)
+              + (f", {t_base / t_warm:.2f}x (warm session)" if t_warm else "")
+              + (f"; full rebuild from XML / baseline: {t_base / t_reparse:.2f}x" if t_reparse else ""), flush=True)
 
     if args.compare_parsers:
         res = compare_parsers(spark, url, args.compare_parsers)

@@ -82,6 +82,8 @@ class NewDocument:
     received_at: int
     document: bytes
     receipt: str
+    facts: str | None = None  # gateway.facts JSON, extracted at intake (None: the warehouse parses the XML)
+    facts_version: int | None = None  # the gateway.facts.VERSION that wrote facts
 
 
 @dataclass(slots=True)
@@ -108,7 +110,7 @@ class LedgerRecord:
     history: list[tuple[str, int]] | None = None
 
 
-_SUMMARY_COLUMNS = [c for c in documents.c if c.name != "document"]
+_SUMMARY_COLUMNS = [c for c in documents.c if c.name not in ("document", "facts", "facts_version")]
 
 
 def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRecord:
@@ -153,6 +155,7 @@ class Ledger:
                 "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
                 "status": "accepted", "received_at": doc.received_at, "updated_at": doc.received_at,
                 "document": doc.document, "reply": None, "reply_type": None, "receipt": doc.receipt, "error": None,
+                "facts": doc.facts, "facts_version": doc.facts_version if doc.facts is not None else None,
             })
         except sa.exc.IntegrityError as exc:
             if self._is_duplicate(exc):

@@ -6,6 +6,14 @@ store transaction that enqueues its message, so a document is recorded if and
 only if it was enqueued. Each status change appends a ``b2b_ledger_events``
 row; ``seq`` grows with every event, which is what incremental readers follow.
 
+``facts`` holds what the warehouse keeps of the document, extracted by the
+gateway at intake from the tree it had just validated (:mod:`gateway.facts`,
+JSON), for the types the warehouse loads; ``facts_version`` is the version of
+the extractor that wrote it. Both are NULL when the type is not loaded or the
+extraction failed: the warehouse load then parses ``document`` itself, as it
+does for facts of an older version. ``document`` stays the source of truth
+(``b2bgw etl run --full --reparse`` rebuilds the warehouse from it alone).
+
 Statuses: ``accepted`` (stored, waiting for a consumer), ``delivered`` (a
 consumer acknowledged it), ``replied`` (request-reply: the reply arrived),
 ``failed`` (the backend answered with an error, or the reply could not be
@@ -42,6 +50,8 @@ documents = sa.Table(
     sa.Column("reply_type", sa.String(100)),
     sa.Column("receipt", sa.Text),  # JSON of the first answer, replayed to duplicates
     sa.Column("error", sa.Text),
+    sa.Column("facts", sa.Text),  # JSON of gateway.facts (the warehouse's extraction), or NULL
+    sa.Column("facts_version", sa.SmallInteger),  # gateway.facts.VERSION that wrote facts
     sa.Index("ix_b2b_ledger_status", "status", "updated_at"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
 )

@@ -69,6 +69,7 @@ from .errors import (
     ReplyTimeoutError,
     StoreUnavailableError,
 )
+from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
 from .partners import Partner
 from .routes import Route
@@ -246,6 +247,11 @@ class Gateway:
         if text is None:
             text = self._text(body, root)
         document = self._document_bytes(body, root)
+        # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
+        if large:
+            facts = await asyncio.to_thread(warehouse_facts.for_ledger, root, route.doc_type)
+        else:
+            facts = warehouse_facts.for_ledger(root, route.doc_type)
         correlation = correlation_id or str(uuid.uuid4())
 
         message = XMLMessage(text)
@@ -259,8 +265,9 @@ class Gateway:
         try:
             if route.request_reply:
                 return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
-                                                 received_at)
-            return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at)
+                                                 received_at, facts)
+            return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
+                                       facts)
         except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # pragma: no cover - the winner's row is committed before we fail
@@ -318,16 +325,19 @@ class Gateway:
         }
 
     def _record(self, route: Route, partner: Partner, message_id: str, correlation: str, key: str,
-                doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any]) -> NewDocument:
+                doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any],
+                facts: str | None = None) -> NewDocument:
         return NewDocument(
             message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
             doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
             destination=str(route.destination), received_at=received_at, document=document,
             receipt=json.dumps(receipt, separators=(",", ":")),
+            facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None,
         )
 
     async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                       key: str, doc_id: str | None, document: bytes, received_at: int) -> Outcome:
+                       key: str, doc_id: str | None, document: bytes, received_at: int,
+                       facts: str | None = None) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
         try:
@@ -335,7 +345,8 @@ class Gateway:
                                       priority=route.priority, time_to_live=route.time_to_live_ms)
             message_id = message.jms_message_id
             receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
-            record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt)
+            record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
+                                  facts)
             ledger = self.ledger
             await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
             self._remember(key, message_id)
@@ -351,7 +362,8 @@ class Gateway:
         return Outcome(message_id, correlation, route.id, receipt)
 
     async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                             key: str, doc_id: str | None, document: bytes, received_at: int) -> Outcome:
+                             key: str, doc_id: str | None, document: bytes, received_at: int,
+                             facts: str | None = None) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
             self._expire_late(exchange)
@@ -367,7 +379,7 @@ class Gateway:
             receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
             holder["receipt"] = receipt
             ledger.insert(conn, self._record(route, partner, message_id, correlation, key, doc_id, document,
-                                             received_at, receipt))
+                                             received_at, receipt, facts))
 
         try:
             reply = await exchange.requestor.request_async(

@@ -1,8 +1,9 @@
 """Command line: ``b2bgw etl run|status`` and ``python -m spark_etl run|status``.
 
-``run [--full] [--since ISO] [--config FILE] [--db-url URL] [--warehouse DIR]
-[--master MASTER] [--no-progress]`` runs the load once (progress bar on a
-terminal); ``status [--limit N] [--quarantine] [--json]`` lists the runs from
+``run [--full] [--reparse] [--since ISO] [--config FILE] [--db-url URL]
+[--warehouse DIR] [--master MASTER] [--no-progress]`` runs the load once
+(progress bar on a terminal; ``--full --reparse`` rebuilds the warehouse from
+the raw XML alone, ignoring the facts the gateway extracted at intake); ``status [--limit N] [--quarantine] [--json]`` lists the runs from
 ``etl_runs`` (and the quarantined documents).
 
 The gateway's CLI calls :func:`register` with its subparsers; every parser
@@ -41,6 +42,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="etl_command", metavar="{run,status}")
     run = sub.add_parser("run", help="load the documents delivered since the last successful run")
     run.add_argument("--full", action="store_true", help="rebuild the whole warehouse from the ledger")
+    run.add_argument("--reparse", action="store_true",
+                     help="parse every document's XML, ignoring the facts extracted at intake "
+                          "(with --full: a rebuild from the raw documents alone)")
     run.add_argument("--since", metavar="ISO", help="also reload the documents delivered since this date/time")
     _common(run)
     run.add_argument("--warehouse", metavar="DIR", help="warehouse root (overrides etl.warehouse)")
@@ -87,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        result = run(settings, url, full=args.full, since=since, progress=progress)
+        result = run(settings, url, full=args.full, since=since, progress=progress, reparse=args.reparse)
     except LockBusyError as exc:
         print(f"etl: {exc}; nothing done", file=sys.stderr)
         return 3

@@ -19,9 +19,14 @@ The reader
 :func:`register`) splits the window into seq ranges, one Spark partition
 each; every task opens its own connection (SQLite read-only, or PostgreSQL
 with a server-side cursor), pulls its range and yields Arrow record batches.
-With ``mode=parsed`` (the default) each task also parses its documents with
-:mod:`spark_etl.ubl`, so the XML never enters the JVM: only the extracted
-rows do. ``mode=raw`` yields the XML itself (used to measure Spark's
+With ``mode=parsed`` (the default) each task turns its documents into
+extracted rows with :mod:`spark_etl.ubl`, so the XML never enters the JVM:
+a document whose ``facts`` the gateway extracted at intake with the current
+extractor version (:data:`gateway.facts.VERSION`) is read from them (its XML
+is not even fetched); any other one (no facts, facts of an older version) is
+parsed from its XML, with the same extractor. ``reparse=true`` ignores the
+stored facts and parses every document from its XML (a rebuild from the raw
+documents alone). ``mode=raw`` yields the XML itself (used to measure Spark's
 ``from_xml`` against it).
 """
 
@@ -34,6 +39,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import sqlalchemy as sa
 
+from gateway import facts as gateway_facts
 from gateway.ledger_tables import DELIVERED_STATUSES, documents, events
 
 from . import ubl
@@ -88,12 +94,30 @@ def _first_delivery(lo: Any, hi: Any) -> sa.Select:
     )
 
 
-def window_query(lo: int, hi: int, *, with_document: bool = True) -> sa.Select:
+def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
+    """The window's documents by seq: ``(message_id, partner, doc_type, seq,
+    received_at, delivered_at, ...)`` and, by *content*:
+
+    * ``facts``: ``document, facts``: the facts when they are current (then
+      no document), else the document when its type is loaded (else neither);
+    * ``reparse``: ``document, facts``: the document of every loaded type, no facts;
+    * ``raw``: ``document``: every document as it is.
+    """
     first = _first_delivery(lo, hi).subquery("f")
-    cols = [documents.c.message_id, documents.c.partner, documents.c.doc_type, first.c.seq, documents.c.received_at,
-            first.c.at]  # fmt: skip
-    if with_document:
+    cols: list[Any] = [documents.c.message_id, documents.c.partner, documents.c.doc_type, first.c.seq,
+                       documents.c.received_at, first.c.at]  # fmt: skip
+    loaded = documents.c.doc_type.in_(list(gateway_facts.LOADED_TYPES))
+    null = sa.null()
+    if content == "raw":
         cols.append(documents.c.document)
+    elif content == "reparse":
+        cols += [sa.case((loaded, documents.c.document), else_=null), null]
+    elif content == "facts":
+        current = sa.and_(documents.c.facts_version == gateway_facts.VERSION, documents.c.facts.is_not(None))
+        cols += [sa.case((current, null), (loaded, documents.c.document), else_=null),
+                 sa.case((current, documents.c.facts), else_=null)]  # fmt: skip
+    else:
+        raise ValueError(f"unknown content {content!r}")
     return sa.select(*cols).join_from(first, documents, documents.c.message_id == first.c.message_id).order_by(first.c.seq)
 
 
@@ -138,13 +162,15 @@ def spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
-def _rows(url: str, lo: int, hi: int, *, fetch: int = 500) -> Iterator[tuple]:
-    """The window's rows through the raw DB-API cursor: SQLAlchemy rows cost
-    ~80 us each here (the ORM-free Core still wraps every value), the
-    driver's tuples ~15 us. PostgreSQL streams with a server-side cursor."""
+def _rows(url: str, lo: int, hi: int, *, content: str = "facts", fetch: int = 500) -> Iterator[tuple]:
+    """The window's rows (:func:`window_query`) through the raw DB-API
+    cursor: SQLAlchemy rows cost ~80 us each here (the ORM-free Core still
+    wraps every value), the driver's tuples ~15 us. PostgreSQL streams with a
+    server-side cursor."""
     engine = make_engine(url, read_only=True)
     try:
-        sql = str(window_query(int(lo), int(hi)).compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+        query = window_query(int(lo), int(hi), content=content)
+        sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
         with engine.connect() as conn:
             raw = conn.connection.driver_connection
             if engine.dialect.name == "postgresql":
@@ -165,12 +191,30 @@ def _rows(url: str, lo: int, hi: int, *, fetch: int = 500) -> Iterator[tuple]:
         engine.dispose()
 
 
-def read_range(url: str, lo: int, hi: int, *, mode: str = "parsed", batch_size: int = 1000) -> Iterator[pa.RecordBatch]:
+def _documents(url: str, message_ids: list[str]) -> dict[str, bytes]:
+    """The stored XML of these documents (when their facts would not read)."""
+    engine = make_engine(url, read_only=True)
+    try:
+        out: dict[str, bytes] = {}
+        with engine.connect() as conn:
+            for i in range(0, len(message_ids), 500):
+                chunk = message_ids[i : i + 500]
+                q = sa.select(documents.c.message_id, documents.c.document).where(documents.c.message_id.in_(chunk))
+                out.update({m: bytes(d) for m, d in conn.execute(q)})
+            conn.rollback()
+        return out
+    finally:
+        engine.dispose()
+
+
+def read_range(url: str, lo: int, hi: int, *, mode: str = "parsed", batch_size: int = 1000,
+               reparse: bool = False) -> Iterator[pa.RecordBatch]:
     """The documents of the window (lo, hi] as Arrow record batches."""
-    rows = _rows(url, lo, hi)
     if mode == "parsed":
-        yield from ubl.extract_many(rows, batch_size=batch_size)
+        rows = _rows(url, lo, hi, content="reparse" if reparse else "facts")
+        yield from ubl.batches(rows, batch_size, documents=lambda ids: _documents(url, ids))
         return
+    rows = _rows(url, lo, hi, content="raw")
     buf: list[tuple] = []
 
     def flush() -> pa.RecordBatch:
@@ -205,6 +249,7 @@ class LedgerDataSource(DataSource):  # type: ignore[misc]
 
     Options: ``url`` (the store URL), ``ranges`` (JSON list of ``[lo, hi]``
     seq ranges, one partition each), ``mode`` (``parsed`` or ``raw``),
+    ``reparse`` (``true``: parse every document's XML, ignore stored facts),
     ``batch_size`` (documents per Arrow batch, 1000).
     """
 
@@ -224,6 +269,7 @@ class LedgerReader(DataSourceReader):  # type: ignore[misc]
         self.url = options["url"]
         self.ranges = [tuple(r) for r in json.loads(options.get("ranges", "[]"))]
         self.mode = options.get("mode", "parsed")
+        self.reparse = options.get("reparse", "false").lower() == "true"
         self.batch_size = int(options.get("batch_size", "1000"))
 
     def partitions(self):
@@ -232,7 +278,8 @@ class LedgerReader(DataSourceReader):  # type: ignore[misc]
     def read(self, partition):
         if partition.hi <= partition.lo:
             return iter(())
-        return read_range(self.url, partition.lo, partition.hi, mode=self.mode, batch_size=self.batch_size)
+        return read_range(self.url, partition.lo, partition.hi, mode=self.mode, batch_size=self.batch_size,
+                          reparse=self.reparse)
 
 
 def register(spark) -> None:

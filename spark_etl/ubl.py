@@ -1,35 +1,43 @@
-"""UBL 2.1 documents to warehouse rows, in Python with lxml (no Spark here).
+"""UBL 2.1 documents to warehouse rows, as Arrow record batches (no Spark here).
 
-:func:`extract` turns one ledger document (the UTF-8 XML bytes) into a
-:class:`Doc`: the header values and the lines the warehouse keeps, or a
-quarantine reason. :class:`BatchBuilder` gathers many of them into one Arrow
-record batch of :data:`DOC_SCHEMA` (one row per document, the lines nested),
-which is what the Spark Data Source reader (:mod:`spark_etl.source`) yields and
-what the single-process baseline of the benchmark writes directly.
+Every document of a loaded type is read by ONE extractor,
+:mod:`gateway.facts` (pure lxml), wherever it runs:
 
-Measured on this machine (2 cores, lxml 6.1), CPU time per compact 10-line
-Order (23 KB): the hardened ``etree.fromstring`` ~140 us, the field
-extraction on the fresh tree ~150 us, the Arrow batch ~10 us: a core does
-~3,000 such documents a second, and that is the bound of the whole load.
+* at intake, by the gateway, on the tree it has just validated; it stores the
+  result in ``b2b_ledger.facts`` (JSON) with the extractor's version.
+  :func:`from_facts` turns the facts of many documents into one record batch
+  of :data:`DOC_SCHEMA` with a single ``pyarrow.json`` read (C++), a few
+  Arrow casts and no per-document Python beyond joining the strings;
+* here, when a document has no facts or facts of an older extractor version
+  (or when a rebuild asks to reparse everything): :func:`extract` parses the
+  stored XML with a hardened parser and calls the same extractor;
+  :class:`BatchBuilder` gathers those :class:`Doc` objects into batches.
 
-Values are kept as the document spells them (trimmed; names and notes with
-their inner whitespace normalised); amounts and quantities
-become ``decimal(18,6)`` with one Arrow cast per batch (a value that does not
-fit, or is not a number, sends its document to quarantine), dates must be
-``YYYY-MM-DD`` (an optional ``xsd:date`` time zone suffix is dropped).
+Both give the same rows (the tests check it, document by document and
+warehouse against warehouse). :func:`batches` mixes the two for a stream of
+ledger rows. Amounts and quantities become ``decimal(18,6)`` with one Arrow
+cast per batch (a value that does not fit, or is not a number, sends its
+document to quarantine), dates ``date32``.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import re
+import io
+import logging
 import threading
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 from lxml import etree
+
+from gateway import facts
+from gateway.facts import KINDS, LOADED_TYPES, BadDocument
+
+log = logging.getLogger("spark_etl.ubl")
 
 __all__ = [
     "AMOUNT_TYPE",
@@ -39,17 +47,10 @@ __all__ = [
     "KINDS",
     "LINE_TYPE",
     "LOADED_TYPES",
+    "batches",
     "extract",
+    "from_facts",
 ]
-
-CAC = "{urn:oasis:names:specification:ubl:schema:xsd:CommonAggregateComponents-2}"
-CBC = "{urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2}"
-_ROOT_NS = "urn:oasis:names:specification:ubl:schema:xsd:{}-2"
-
-#: Root local name -> the fact kind it feeds.
-KINDS = {"Order": "order", "OrderChange": "change", "OrderCancellation": "cancellation", "Invoice": "invoice"}
-#: Document types the warehouse loads; other delivered types are counted as skipped.
-LOADED_TYPES = tuple(KINDS)
 
 #: Amounts, prices and quantities: 12 integer digits, 6 decimals.
 AMOUNT_TYPE = pa.decimal128(18, 6)
@@ -72,7 +73,6 @@ LINE_TYPE = pa.struct(
     ]
 )
 _LINE_FIELDS = [f.name for f in LINE_TYPE]
-_LINE_DECIMALS = {"quantity", "price_amount", "line_amount", "tax_amount"}
 
 _HEADER = [
     ("message_id", pa.string()),
@@ -110,23 +110,9 @@ _HEADER = [
     ("ctl_payable_amount", AMOUNT_TYPE),
 ]
 _HEADER_FIELDS = [name for name, _ in _HEADER]
-_HEADER_DECIMALS = {name for name, t in _HEADER if t == AMOUNT_TYPE}
 #: One row per ledger document; ``lines`` holds its order or invoice lines.
 DOC_SCHEMA = pa.schema([*_HEADER, ("lines", pa.list_(LINE_TYPE))])
 
-
-_TOTALS = {
-    "LineExtensionAmount": "line_extension_amount",
-    "TaxExclusiveAmount": "tax_exclusive_amount",
-    "TaxInclusiveAmount": "tax_inclusive_amount",
-    "AllowanceTotalAmount": "allowance_total_amount",
-    "ChargeTotalAmount": "charge_total_amount",
-    "PrepaidAmount": "prepaid_amount",
-    "PayableAmount": "payable_amount",
-}
-_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:Z|[+-]\d{2}:\d{2})?")
-_NUMBER = re.compile(r"[+-]?(?:\d{1,12}(?:\.\d{0,6})?|\.\d{1,6})")
-_SIX = Decimal("0.000001")
 
 _local = threading.local()
 
@@ -150,10 +136,6 @@ def _parser() -> etree.XMLParser:
     return parser
 
 
-class BadDocument(ValueError):
-    """A document the warehouse cannot take (the message is the reason)."""
-
-
 @dataclass(slots=True)
 class Doc:
     """One ledger document, extracted."""
@@ -169,220 +151,6 @@ class Doc:
     header: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, list[Any]] = field(default_factory=dict)  # LINE_TYPE field -> one value per line
     n_lines: int = 0
-
-
-def _t(value: str | None) -> str | None:
-    if value is None:
-        return None
-    value = value.strip()
-    return value or None
-
-
-_NS = {"cac": CAC[1:-1], "cbc": CBC[1:-1]}
-
-
-def _xp(expr: str) -> etree.XPath:
-    return etree.XPath(expr, namespaces=_NS, smart_strings=False)
-
-
-# What is read, as XPath 1.0 string expressions: header fields relative to the
-# root, line fields relative to each line. ``string(p)`` is the text of the
-# first node ``p`` selects ("" when none); free text (names, notes) goes
-# through ``normalize-space``.
-def _party_paths(role: str, prefix: str) -> list[tuple[str, str]]:
-    party = f"cac:{role}/cac:Party"
-    return [
-        (f"{prefix}_pid", f"string({party}/cac:PartyIdentification/cbc:ID[normalize-space()])"),
-        (f"{prefix}_endpoint", f"string({party}/cbc:EndpointID)"),
-        (f"{prefix}_pname", f"normalize-space({party}/cac:PartyName/cbc:Name[normalize-space()])"),
-        (f"{prefix}_legal", f"normalize-space({party}/cac:PartyLegalEntity/cbc:RegistrationName)"),
-    ]
-
-
-def _header_fields(kind: str) -> list[tuple[str, str]]:
-    a, b = ("AccountingSupplierParty", "AccountingCustomerParty") if kind == "invoice" else (
-        "BuyerCustomerParty", "SellerSupplierParty")
-    total = "cac:LegalMonetaryTotal" if kind == "invoice" else "cac:AnticipatedMonetaryTotal"
-    fields = [
-        ("doc_id", "string(cbc:ID)"),
-        ("issue_date", "string(cbc:IssueDate)"),
-        ("currency", "string(cbc:DocumentCurrencyCode)"),
-        ("order_ref", "string(cac:OrderReference/cbc:ID)"),
-        ("type_code", "string(cbc:InvoiceTypeCode)"),
-        ("sequence_number", "string(cbc:SequenceNumberID)"),
-        ("note", "normalize-space(cbc:CancellationNote)"),
-        ("tax_amount", "string(cac:TaxTotal/cbc:TaxAmount)"),
-        ("tax_currency", "string(cac:TaxTotal/cbc:TaxAmount/@currencyID)"),
-        ("total_currency", f"string({total}/cbc:PayableAmount/@currencyID)"),
-        *_party_paths(a, "a"),
-        *_party_paths(b, "b"),
-    ]
-    for element, name in _TOTALS.items():
-        fields.append((name, f"string({total}/cbc:{element})"))
-    return fields
-
-
-_ITEM_FIELDS = [
-    ("item_name", "normalize-space(cac:Item/cbc:Name)"),
-    ("item_desc", "normalize-space(cac:Item/cbc:Description)"),
-    ("sellers_id", "string(cac:Item/cac:SellersItemIdentification/cbc:ID)"),
-    ("buyers_id", "string(cac:Item/cac:BuyersItemIdentification/cbc:ID)"),
-    ("item_std_id", "string(cac:Item/cac:StandardItemIdentification/cbc:ID)"),
-    ("price_amount", "string(cac:Price/cbc:PriceAmount)"),
-]
-_LINE_FIELDS_BY_KIND = {
-    "order": ("cac:OrderLine/cac:LineItem", [
-        ("line_id", "string(cbc:ID)"),
-        ("line_status", "string(cbc:LineStatusCode)"),
-        ("quantity", "string(cbc:Quantity)"),
-        ("unit_code", "string(cbc:Quantity/@unitCode)"),
-        ("line_amount", "string(cbc:LineExtensionAmount)"),
-        ("currency", "string(cbc:LineExtensionAmount/@currencyID)"),
-        ("tax_amount", "string(cbc:TotalTaxAmount)"),
-        *_ITEM_FIELDS,
-    ]),
-    "invoice": ("cac:InvoiceLine", [
-        ("line_id", "string(cbc:ID)"),
-        ("quantity", "string(cbc:InvoicedQuantity)"),
-        ("unit_code", "string(cbc:InvoicedQuantity/@unitCode)"),
-        ("line_amount", "string(cbc:LineExtensionAmount)"),
-        ("currency", "string(cbc:LineExtensionAmount/@currencyID)"),
-        ("tax_amount", "string(cac:TaxTotal/cbc:TaxAmount)"),
-        ("ref_line_id", "string(cac:OrderLineReference/cbc:LineID)"),
-        *_ITEM_FIELDS,
-    ]),
-}  # fmt: skip
-_LINE_FIELDS_BY_KIND["change"] = _LINE_FIELDS_BY_KIND["order"]
-_LINE_FIELDS_BY_KIND["cancellation"] = ("cac:OrderLine/cac:LineItem[false()]", [])  # lines are not read
-
-
-def _attr(expr: str) -> str:
-    return expr.replace("&", "&amp;").replace("<", "&lt;").replace('"', "&quot;")
-
-
-class _Reader:
-    """Reads one kind of document.
-
-    The fast path is ONE XSLT transform (libxslt, all in C) that prints the
-    header fields separated by tabs, then one line per document line. CPU time
-    for a 10-line Order, parse included, on this machine: ~295 us with the
-    XSLT, ~285 us with one compiled XPath per field (plus ~30 us of Python to
-    assemble the columns), ~317 us walking the tree in Python (on a tree
-    already traversed once the XSLT alone is ~100 us against ~145 and ~185 us:
-    a fresh tree costs every method its first walk). The XSLT keeps the
-    Python work smallest. A value that itself contains a tab or a newline
-    breaks that framing (the field counts no longer match): the document is
-    then read field by field with the same XPath expressions, which give the
-    same values.
-    """
-
-    def __init__(self, kind: str) -> None:
-        self.header = _header_fields(kind)
-        self.line_path, self.line_fields = _LINE_FIELDS_BY_KIND[kind]
-        self.header_names = [name for name, _ in self.header]
-        self.line_names = [name for name, _ in self.line_fields]
-        tab = "<xsl:text>&#9;</xsl:text>"
-        head = tab.join(f'<xsl:value-of select="{_attr(e)}"/>' for _, e in self.header)
-        line = tab.join(f'<xsl:value-of select="{_attr(e)}"/>' for _, e in self.line_fields)
-        xsl = (
-            '<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform"'
-            f' xmlns:cac="{_NS["cac"]}" xmlns:cbc="{_NS["cbc"]}">'
-            '<xsl:output method="text" encoding="UTF-8"/>'
-            f'<xsl:template match="/*">{head}'
-            + (f'<xsl:for-each select="{_attr(self.line_path)}"><xsl:text>&#10;</xsl:text>{line}</xsl:for-each>'
-               if self.line_fields else "")
-            + "</xsl:template></xsl:stylesheet>"
-        )  # fmt: skip
-        self.xslt = etree.XSLT(etree.fromstring(xsl), access_control=etree.XSLTAccessControl.DENY_ALL)
-        self.items = _xp(self.line_path)
-        self.header_xp = [_xp(e) for _, e in self.header]
-        self.line_xp = [_xp(e) for _, e in self.line_fields]
-
-    def __call__(self, root: etree._Element) -> tuple[dict[str, str | None], int, dict[str, list[str | None]]]:
-        rows = str(self.xslt(root)).split("\n")
-        head = rows[0].split("\t")
-        lines = [row.split("\t") for row in rows[1:]]
-        nh, nl = len(self.header_names), len(self.line_names)
-        if len(head) != nh or any(len(line) != nl for line in lines):
-            return self.slow(root)
-        header = {name: (v.strip() or None) for name, v in zip(self.header_names, head)}
-        n = len(lines)
-        cols = {name: [(line[i].strip() or None) for line in lines] for i, name in enumerate(self.line_names)} if n else {}
-        return header, n, cols
-
-    def slow(self, root: etree._Element) -> tuple[dict[str, str | None], int, dict[str, list[str | None]]]:
-        header = {name: (xp(root).strip() or None) for name, xp in zip(self.header_names, self.header_xp)}
-        items = self.items(root) if self.line_fields else []
-        cols = {name: [(xp(item).strip() or None) for item in items] for name, xp in zip(self.line_names, self.line_xp)}
-        return header, len(items), (cols if items else {})
-
-
-_READERS = {kind: _Reader(kind) for kind in ("order", "change", "cancellation", "invoice")}
-
-
-def _date(value: str | None, what: str) -> _dt.date:
-    if value is None:
-        raise BadDocument(f"missing {what}")
-    m = _DATE.fullmatch(value)
-    if m is None:
-        raise BadDocument(f"{what} {value[:40]!r} is not a date (YYYY-MM-DD)")
-    try:
-        return _dt.date.fromisoformat(m.group(1))
-    except ValueError:
-        raise BadDocument(f"{what} {value[:40]!r} is not a valid date") from None
-
-
-def _header(raw: dict[str, str | None], kind: str) -> dict[str, Any]:
-    h: dict[str, Any] = {"kind": kind}
-    if not raw["doc_id"]:
-        raise BadDocument("missing cbc:ID")
-    h["doc_id"] = raw["doc_id"]
-    h["issue_date"] = _date(raw["issue_date"], "cbc:IssueDate")
-    if kind in ("change", "cancellation"):
-        if not raw["order_ref"]:
-            raise BadDocument("missing cac:OrderReference/cbc:ID (the order it refers to)")
-        seqno = raw["sequence_number"]
-        if seqno is not None:
-            if not seqno.isdigit() or len(seqno) > 18:
-                raise BadDocument(f"cbc:SequenceNumberID {seqno[:40]!r} is not a whole number")
-            h["sequence_number"] = int(seqno)
-    h["order_ref"] = raw["order_ref"]
-    if kind == "invoice":
-        h["type_code"] = raw["type_code"]
-    if kind == "cancellation":
-        h["note"] = raw["note"]
-    h["currency"] = raw["currency"] or raw["total_currency"] or raw["tax_currency"]
-    h["tax_amount"] = raw["tax_amount"]
-    for name in _TOTALS.values():
-        h[name] = raw[name]
-    h["party_a_id"] = raw["a_pid"] or raw["a_endpoint"]
-    h["party_a_name"] = raw["a_pname"] or raw["a_legal"]
-    h["party_b_id"] = raw["b_pid"] or raw["b_endpoint"]
-    h["party_b_name"] = raw["b_pname"] or raw["b_legal"]
-    return h
-
-
-def _lines(n: int, cols: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """The reader's line columns to ``LINE_TYPE`` field -> values."""
-    ids = cols["line_id"]
-    if None in ids:
-        raise BadDocument(f"line {ids.index(None) + 1} has no cbc:ID")
-    names, descs = cols.pop("item_name"), cols.pop("item_desc")
-    sellers, buyers, std = cols.pop("sellers_id"), cols.pop("buyers_id"), cols["item_std_id"]
-    cols["line_no"] = list(range(1, n + 1))
-    cols["item_id"] = [a or b or c for a, b, c in zip(sellers, buyers, std)]
-    cols["item_name"] = [a or b for a, b in zip(names, descs)] if None in names else names
-    cols.setdefault("line_status", [None] * n)
-    cols.setdefault("ref_line_id", [None] * n)
-    return cols
-
-
-def _dec(value: str | None, what: str) -> Decimal:
-    if value is None:
-        return Decimal(0)
-    if _NUMBER.fullmatch(value) is None:
-        raise BadDocument(f"{what} {value[:40]!r} is not a number with at most 12 digits and 6 decimals")
-    return Decimal(value)
 
 
 def extract(
@@ -406,27 +174,8 @@ def extract(
             root = etree.fromstring(document, _parser())
         except etree.XMLSyntaxError as exc:
             raise BadDocument(f"not well-formed XML: {str(exc)[:200]}") from None
-        if root.getroottree().docinfo.doctype:
-            raise BadDocument("a DOCTYPE is not allowed")
-        qname = etree.QName(root)
-        if qname.localname != doc_type:
-            raise BadDocument(f"the root element is {qname.localname}, the ledger says {doc_type}")
-        if qname.namespace != _ROOT_NS.format(doc_type):
-            raise BadDocument(f"the root namespace {qname.namespace!r} is not UBL 2 {doc_type}")
-        kind = KINDS[doc_type]
-        raw, n, cols = _READERS[kind](root)
-        header = _header(raw, kind)
-        lines = _lines(n, cols) if n else {}
-        # Control totals (Python Decimal): what reconciliation expects back from the warehouse.
-        total = Decimal(0)
-        if n:
-            for line_id, amount in zip(lines["line_id"], lines["line_amount"]):
-                total += _dec(amount, f"line {line_id} LineExtensionAmount")
-        header["ctl_lines"] = n
-        header["ctl_line_amount"] = str(total.quantize(_SIX))
-        header["ctl_payable_amount"] = (
-            str(_dec(header["payable_amount"], "PayableAmount").quantize(_SIX)) if header.get("payable_amount") else None
-        )
+        header, n, lines = facts.extract(root, doc_type)
+        header["issue_date"] = _dt.date.fromisoformat(header["issue_date"])
         doc.header, doc.lines, doc.n_lines = header, lines, n
     except BadDocument as exc:
         doc.outcome, doc.reason = "quarantined", str(exc)
@@ -435,20 +184,11 @@ def extract(
     return doc
 
 
-def _check_decimals(doc: Doc) -> None:
-    """Raise BadDocument when a decimal field of *doc* would not cast."""
-    for name in _HEADER_DECIMALS:
-        value = doc.header.get(name)
-        if value is not None:
-            _dec(value, name)
-    for name in _LINE_DECIMALS:
-        for line_id, value in zip(doc.lines["line_id"], doc.lines[name]) if doc.n_lines else ():
-            if value is not None:
-                _dec(value, f"line {line_id} {name}")
-
-
 class BatchBuilder:
-    """Accumulates :class:`Doc` objects into Arrow record batches of :data:`DOC_SCHEMA`."""
+    """Accumulates :class:`Doc` objects into Arrow record batches of :data:`DOC_SCHEMA`.
+
+    The extractor has checked every decimal against ``decimal(18,6)``, so
+    the casts here cannot fail for a document that came out ``ok``."""
 
     def __init__(self) -> None:
         self.docs: list[Doc] = []
@@ -461,17 +201,7 @@ class BatchBuilder:
 
     def flush(self) -> pa.RecordBatch:
         docs, self.docs = self.docs, []
-        try:
-            return _build(docs)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            # Some value does not fit its type: find the culprits, quarantine them, rebuild.
-            for doc in docs:
-                if doc.outcome == "ok":
-                    try:
-                        _check_decimals(doc)
-                    except BadDocument as exc:
-                        doc.outcome, doc.reason, doc.header, doc.lines, doc.n_lines = "quarantined", str(exc), {}, {}, 0
-            return _build(docs)
+        return _build(docs)
 
 
 def _build(docs: list[Doc]) -> pa.RecordBatch:
@@ -516,16 +246,137 @@ def _build(docs: list[Doc]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=DOC_SCHEMA)
 
 
-def extract_many(rows: Iterable[tuple], batch_size: int = 1000) -> Iterable[pa.RecordBatch]:
+# --------------------------------------------------------------------------- facts extracted at the edge
+
+_EXTRACTED = _HEADER[8:]  # kind ... ctl_payable_amount: what the facts hold
+assert [name for name, _ in _EXTRACTED] == list(facts.HEADER_FIELDS)
+assert _LINE_FIELDS == list(facts.LINE_FIELDS)
+
+
+def _json_type(t: pa.DataType) -> pa.DataType:
+    return pa.string() if t in (AMOUNT_TYPE, pa.date32()) else t  # decimals and dates travel as strings
+
+
+#: How ``pyarrow.json`` reads ``b2b_ledger.facts`` (see :mod:`gateway.facts`): lines column-oriented.
+FACTS_SCHEMA = pa.schema(
+    [(name, _json_type(t)) for name, t in _EXTRACTED]
+    + [("lines", pa.struct([(f.name, pa.list_(_json_type(f.type))) for f in LINE_TYPE]))]
+)
+_FACTS_PARSE = pa_json.ParseOptions(explicit_schema=FACTS_SCHEMA, unexpected_field_behavior="error")
+
+
+class BadFacts(ValueError):
+    """Stored facts that do not read as :data:`FACTS_SCHEMA` says."""
+
+
+_FACTS_ERRORS = (BadFacts, pa.ArrowException, ValueError, TypeError)
+
+
+def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     """``(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms,
-    document)`` tuples to record batches of at most *batch_size* documents."""
+    facts)`` tuples (facts: the JSON the gateway stored) to one record batch
+    of :data:`DOC_SCHEMA`, every document ``ok``. Raises :class:`BadFacts`
+    (or an Arrow error) when a facts value does not read or cast."""
+    n = len(rows)
+    mid, partner, doc_type, seq, received, delivered, fact = zip(*rows)
+    data = "\n".join(fact).encode("utf-8")
+    table = pa_json.read_json(
+        io.BytesIO(data),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
+        parse_options=_FACTS_PARSE,
+    )
+    if table.num_rows != n:
+        raise BadFacts(f"{n} facts values gave {table.num_rows} rows")
+    arrays = [
+        pa.array(mid, pa.string()), pa.array(partner, pa.string()), pa.array(doc_type, pa.string()),
+        pa.array(seq, pa.int64()), pa.array(received, pa.int64()), pa.array(delivered, pa.int64()),
+        pa.array(["ok"] * n, pa.string()), pa.nulls(n, pa.string()),
+    ]  # fmt: skip
+    for name, typ in _EXTRACTED:
+        col = table.column(name).combine_chunks()
+        arrays.append(col if col.type == typ else col.cast(typ))
+    lines = table.column("lines").combine_chunks().flatten()  # struct of lists -> the lists (nulls kept)
+    lengths = pc.fill_null(pc.list_value_length(lines[_LINE_FIELDS.index("line_id")]), 0)
+    children = []
+    for f, values in zip(LINE_TYPE, lines):
+        if not pc.all(pc.equal(pc.fill_null(pc.list_value_length(values), 0), lengths)).as_py():
+            raise BadFacts(f"the line column {f.name} does not have one value per line")
+        flat = values.flatten()
+        children.append(flat if flat.type == f.type else flat.cast(f.type))
+    offsets = pa.array(pc.cumulative_sum(pa.concat_arrays([pa.array([0], pa.int64()), lengths.cast(pa.int64())])),
+                       pa.int64()).cast(pa.int32())  # fmt: skip
+    struct = pa.StructArray.from_arrays(children, fields=list(LINE_TYPE))
+    arrays.append(pa.ListArray.from_arrays(offsets, struct))
+    return pa.RecordBatch.from_arrays(arrays, schema=DOC_SCHEMA)
+
+
+def batches(
+    rows: Iterable[tuple],
+    batch_size: int = 1000,
+    *,
+    documents: Callable[[list[str]], dict[str, bytes]] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Ledger rows ``(message_id, partner, doc_type, ledger_seq, received_ms,
+    delivered_ms, document, facts)`` to record batches of at most
+    *batch_size* documents. A row with *facts* (current, as the reader
+    selected them) is read from them, in bulk; any other row is parsed from
+    its *document* (None for a type that is not loaded: it is skipped).
+    Should a batch of facts not read, its documents are parsed instead: their
+    XML comes from ``documents(message_ids)``."""
     builder = BatchBuilder()
-    for message_id, partner, doc_type, seq, received, delivered, document in rows:
-        builder.add(
-            extract(document if isinstance(document, bytes) else bytes(document), message_id=message_id, partner=partner, doc_type=doc_type, ledger_seq=seq,
-                    received_ms=received, delivered_ms=delivered)
-        )  # fmt: skip
-        if len(builder) >= batch_size:
-            yield builder.flush()
+    with_facts: list[tuple] = []
+
+    def parse(row: tuple, document: Any) -> None:
+        message_id, partner, doc_type, seq, received, delivered = row[:6]
+        if document is not None and not isinstance(document, bytes):
+            document = bytes(document)
+        builder.add(extract(document, message_id=message_id, partner=partner, doc_type=doc_type, ledger_seq=seq,
+                            received_ms=received, delivered_ms=delivered))  # fmt: skip
+
+    def flush_facts() -> Iterator[pa.RecordBatch]:
+        chunk = with_facts[:]
+        with_facts.clear()
+        try:
+            yield from_facts(chunk)
+            return
+        except _FACTS_ERRORS as exc:
+            if documents is None:
+                raise
+            error = exc
+        # Some facts do not read: find them, parse their documents' XML instead.
+        good, bad = [], []
+        for row in chunk:
+            try:
+                from_facts([row])
+                good.append(row)
+            except _FACTS_ERRORS:
+                bad.append(row)
+        log.warning("the stored facts of %d documents do not read (%s, e.g. %s); parsing their XML", len(bad),
+                    error, bad[0][0] if bad else "?")  # fmt: skip
+        if good:
+            yield from_facts(good)
+        xml = documents([r[0] for r in bad])
+        for row in bad:
+            parse(row, xml.get(row[0]))
+            if len(builder) >= batch_size:
+                yield builder.flush()
+
+    for row in rows:
+        if row[7] is not None:
+            with_facts.append((*row[:6], row[7]))
+            if len(with_facts) >= batch_size:
+                yield from flush_facts()
+        else:
+            parse(row, row[6])
+            if len(builder) >= batch_size:
+                yield builder.flush()
+    if with_facts:
+        yield from flush_facts()
     if len(builder):
         yield builder.flush()
+
+
+def extract_many(rows: Iterable[tuple], batch_size: int = 1000) -> Iterator[pa.RecordBatch]:
+    """``(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms,
+    document)`` tuples to record batches, every document parsed from its XML."""
+    return batches(((*row, None) for row in rows), batch_size)

@@ -81,7 +81,7 @@ def test_key_new_prints_a_key_and_its_hash(capsys):
 def test_db_upgrade(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'up.db'}"
     code, out, _ = run(capsys, "db", "upgrade", "--url", url)
-    assert code == 0 and "broker tables at revision 0001, ledger tables at revision g0001" in out
+    assert code == 0 and "broker tables at revision 0001, ledger tables at revision g0002" in out
 
 
 def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):

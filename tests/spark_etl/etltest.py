@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.dataset as ds
 import sqlalchemy as sa
 
 EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
 NS = "urn:oasis:names:specification:ubl:schema:xsd:{}-2"
+_AUTO: Any = object()
 
 
 def example(name: str) -> bytes:
@@ -31,28 +33,56 @@ def with_id(doc: bytes, old: str, new: str, count: int = 1) -> bytes:
     return doc.replace(a, b, count)
 
 
-class Ledger:
-    """A tmp SQLite ledger; ``add`` records a document and its events."""
+def gateway_facts(document: bytes, doc_type: str) -> str | None:
+    """The facts the gateway stores for *document* at intake: its own parse,
+    then :func:`gateway.facts.for_ledger` (None when the gateway's parser
+    refuses the document; the gateway would not accept it at all)."""
+    from gateway import facts
+    from gateway.errors import GatewayError
+    from gateway.xmlintake import IntakeLimits, parse_document
 
-    def __init__(self, url: str) -> None:
+    try:
+        root = parse_document(document, IntakeLimits())
+    except GatewayError:
+        return None
+    return facts.for_ledger(root, doc_type)
+
+
+class Ledger:
+    """A tmp SQLite ledger; ``add`` records a document and its events, with
+    the facts the gateway extracts at intake when ``facts`` is true (as a
+    gateway of this version does), without when false (an older gateway)."""
+
+    facts = True
+
+    def __init__(self, url: str, *, facts: bool = True) -> None:
         from gateway.ledger_tables import metadata
 
         self.url = url
+        self.facts = facts
         self.engine = sa.create_engine(url)
         metadata.create_all(self.engine)
         self.at = 1_790_000_000_000
 
     def add(self, message_id: str, doc_type: str, document: bytes, *, partner: str = "ACME",
-            status: str = "delivered", doc_id: str | None = None) -> None:  # fmt: skip
+            status: str = "delivered", doc_id: str | None = None, facts: Any = _AUTO,
+            facts_version: int | None = None) -> None:  # fmt: skip
+        """*facts*: the stored facts JSON (default: what the gateway extracts, or
+        None when this ledger has none); *facts_version* defaults to the current one."""
+        from gateway import facts as gateway_facts_module
         from gateway.ledger_tables import documents, events
 
+        if facts is _AUTO:
+            facts = gateway_facts(document, doc_type) if self.facts else None
+        if facts is not None and facts_version is None:
+            facts_version = gateway_facts_module.VERSION
         self.at += 1000
         with self.engine.begin() as conn:
             conn.execute(documents.insert().values(
                 message_id=message_id, partner=partner, doc_type=doc_type, doc_namespace=NS.format(doc_type),
                 doc_id=doc_id or message_id, idempotency_key=f"{partner}:{message_id}", correlation_id=message_id,
                 route="r", destination="queue://in", status=status, received_at=self.at, updated_at=self.at,
-                document=document,
+                document=document, facts=facts, facts_version=facts_version,
             ))  # fmt: skip
             conn.execute(events.insert().values(message_id=message_id, status="accepted", at=self.at))
             if status != "accepted":

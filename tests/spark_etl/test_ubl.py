@@ -100,7 +100,7 @@ def test_other_types_are_skipped():
     assert d.outcome == "skipped" and "not loaded" in d.reason
 
 
-def test_tab_in_a_value_takes_the_field_by_field_path_with_the_same_values():
+def test_a_tab_in_a_name_is_normalised_and_changes_nothing_else():
     doc = example(ORDER).replace(b"<cbc:Name>Falu R\xc3\xb6df\xc3\xa4rg</cbc:Name>",
                                  b"<cbc:Name>Falu\tR\xc3\xb6df\xc3\xa4rg</cbc:Name>")  # fmt: skip
     d = _extract(doc, "Order")
@@ -123,3 +123,39 @@ def test_batch_builder_quarantines_a_value_that_does_not_fit():
     assert rows[0]["lines"][0]["quantity"] == Decimal("120")
     assert rows[0]["issue_date"] == dt.date(2010, 1, 20)
     assert isinstance(batch.column("lines").type, pa.ListType)
+
+
+def _tricky_order() -> bytes:
+    """The example with the corners of XPath's string(first node) semantics."""
+    doc = example(ORDER).decode("utf-8")
+    # a blank first PartyIdentification: the party id is the first non-blank one
+    doc = doc.replace('<cbc:ID schemeAgencyID="9" schemeID="GLN">7300070011115</cbc:ID>',
+                      "<cbc:ID> </cbc:ID></cac:PartyIdentification>"
+                      "<cac:PartyIdentification><cbc:ID>7300070011115</cbc:ID>", 1)
+    # a comment inside a value, free text spread over lines
+    doc = doc.replace("<cbc:ID>34</cbc:ID>", "<cbc:ID>3<!-- po -->4</cbc:ID>", 1)
+    doc = doc.replace("<cbc:Name>Johnssons byggvaror</cbc:Name>", "<cbc:Name>  Johnssons\n\t  byggvaror </cbc:Name>", 1)
+    # line 2: no Name (the Description stands in), a blank seller's item id (the buyer's one stands in)
+    doc = doc.replace("<cbc:Name>Pensel 20 mm</cbc:Name>",
+                      "<cac:BuyersItemIdentification><cbc:ID>B-11</cbc:ID></cac:BuyersItemIdentification>", 1)
+    doc = doc.replace("<cbc:ID>SItemNo011</cbc:ID>", "<cbc:ID> </cbc:ID>", 1)
+    return doc.encode("utf-8")
+
+
+def test_fields_follow_xpath_string_semantics_on_any_tree():
+    from lxml import etree
+
+    from gateway import facts
+
+    doc = _tricky_order()
+    assert doc.count(b"<cac:PartyIdentification>") == example(ORDER).count(b"<cac:PartyIdentification>") + 1
+    d = _extract(doc, "Order")
+    assert d.outcome == "ok", d.reason
+    assert d.header["doc_id"] == "34"
+    assert (d.header["party_a_id"], d.header["party_a_name"]) == ("7300070011115", "Johnssons byggvaror")
+    assert (_line(d, 1)["item_id"], _line(d, 1)["item_name"]) == ("B-11", "Very good pencils for red paint.")
+    # the gateway's tree (comments and indentation kept) gives exactly the same facts as the load's parse
+    plain = etree.fromstring(doc)
+    assert facts.extract(plain, "Order") == facts.extract(etree.fromstring(doc, ubl._parser()), "Order")
+    header, n, lines = facts.extract(plain, "Order")
+    assert (header["doc_id"], n, lines["item_id"]) == ("34", 2, ["SItemNo001", "B-11"])
