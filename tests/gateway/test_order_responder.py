@@ -232,6 +232,28 @@ def test_importing_registers_the_handler():
     assert respond.selector == "JMSType = 'Order'"
 
 
+def test_the_answer_is_logged_at_info_only(caplog):
+    import logging
+
+    from broker_core import XMLMessage
+    from gateway.samples.order_responder import respond
+
+    logger = logging.getLogger("test.order_responder")
+
+    class Context:
+        pass
+
+    context = Context()
+    context.logger = logger
+    order = XMLMessage(ORDER_EXAMPLE.read_text(encoding="utf-8"))
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        respond(order, context)
+    assert not caplog.records
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        respond(order, context)
+    assert [r.getMessage() for r in caplog.records] == ["order 34 answered with order response OR-34"]
+
+
 def test_end_to_end_with_a_requestor(open_broker, schemas):
     broker = open_broker()
     generated = make_order(" PO <&> \"42\" ", "Buyer & <Sons>", "Seller 'Ltd' ]]>",
