@@ -8,6 +8,11 @@ Prints, in one run, for each database:
     commit) and asyncio producers calling send_async() with 64 sends in
     flight each (JMS 2.0 asynchronous send); two consumer threads in AUTO
     mode receive everything; and the ratio to the raw limit;
+  * the same with the work spread over processes, as several gateway
+    processes sharing one store would: 1 or 4 producer processes (send_async,
+    64 in flight each) and one consumer process (two threads, AUTO); with the
+    CPU time all processes spent per message (steadier than rates on a
+    shared machine);
   * single persistent send latency p50/p99 (one producer, nothing else running).
 
 Usage: python bench/store_bench.py [--messages N] [--sqlite-only] [--pg URL]
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -25,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from typing import Any
 
 from broker_core import AckMode, Broker, Queue
 
@@ -63,7 +71,8 @@ def raw_postgres(dsn: str, schema: str, rows: int) -> float:
         return rows / (time.perf_counter() - start)
 
 
-def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> float:
+def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> tuple[float, float]:
+    """(msg/s, CPU us per message) in one process."""
     total = producers * per_producer
     queue = Queue(f"bench.{uuid.uuid4().hex[:8]}")
     with Broker.open(url, sweep_interval=0) as broker:
@@ -86,7 +95,7 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
         consumers = [threading.Thread(target=consume) for _ in range(2)]
         for thread in consumers:
             thread.start()
-        start = time.perf_counter()
+        start, cpu_before = time.perf_counter(), _cpu()
         if use_async:
             async def produce_all() -> None:
                 conn = broker.connect()
@@ -122,10 +131,89 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
             for thread in threads:
                 thread.join()
         finished.wait(timeout=600)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, _cpu() - cpu_before
         for thread in consumers:
             thread.join()
-        return received / elapsed
+        return received / elapsed, cpu * 1e6 / max(1, received)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out: Any) -> None:
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue(queue_name))
+        start.wait()
+        before = _cpu()
+
+        async def produce() -> None:
+            window = asyncio.Semaphore(64)
+            pending: set[Any] = set()
+            for _ in range(count):
+                await window.acquire()
+                future = producer.send_async(session.create_text_message(BODY))
+                future.add_done_callback(lambda f: window.release())
+                pending.add(future)
+                if len(pending) > 256:
+                    pending = {f for f in pending if not f.done()}
+            await asyncio.gather(*pending)
+
+        asyncio.run(produce())
+        cpu_out.put(_cpu() - before)
+
+
+def _consumer_process(url: str, queue_name: str, total: int, start: Any, done: Any, cpu_out: Any) -> None:
+    with Broker.open(url, sweep_interval=0) as broker:
+        received = 0
+        lock = threading.Lock()
+        finished = threading.Event()
+
+        def consume() -> None:
+            nonlocal received
+            with broker.connect() as conn:
+                conn.start()
+                consumer = conn.create_session(False, AckMode.AUTO).create_consumer(Queue(queue_name))
+                while not finished.is_set():
+                    if consumer.receive(timeout=0.2) is not None:
+                        with lock:
+                            received += 1
+                            if received >= total:
+                                finished.set()
+
+        threads = [threading.Thread(target=consume) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        start.wait()
+        before = _cpu()
+        finished.wait(timeout=600)
+        done.put(time.time())
+        cpu_out.put(_cpu() - before)
+        for thread in threads:
+            thread.join()
+
+
+def end_to_end_processes(url: str, producers: int, total: int) -> tuple[float, float]:
+    """(msg/s, CPU us per message over all processes) with ``producers``
+    producer processes and one consumer process on one store."""
+    ctx = multiprocessing.get_context("spawn")
+    start, done, cpu_out = ctx.Event(), ctx.Queue(), ctx.Queue()
+    name = f"bench.mp.{uuid.uuid4().hex[:8]}"
+    per = total // producers
+    procs = [ctx.Process(target=_producer_process, args=(url, name, per, start, cpu_out)) for _ in range(producers)]
+    procs.append(ctx.Process(target=_consumer_process, args=(url, name, per * producers, start, done, cpu_out)))
+    for proc in procs:
+        proc.start()
+    time.sleep(3.0)  # every process has opened the store and is waiting
+    began = time.time()
+    start.set()
+    ended = done.get(timeout=900)
+    cpu = sum(cpu_out.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+    return per * producers / (ended - began), cpu * 1e6 / (per * producers)
 
 
 def send_latency(url: str, count: int) -> tuple[float, float]:
@@ -147,10 +235,14 @@ def run(name: str, url: str, raw: float, messages: int) -> None:
     print(f"{name}: raw batched insert limit (100 x 2 KB per commit): {raw:,.0f} rows/s")
     for producers in (1, 4):
         for use_async in (False, True):
-            rate = end_to_end(url, producers, messages // producers, use_async)
+            rate, cpu = end_to_end(url, producers, messages // producers, use_async)
             kind = "async send_async, 64 in flight each" if use_async else "threads, synchronous send"
             print(f"  {producers} producer{'s' if producers > 1 else ' '} ({kind}): {rate:,.0f} msg/s end to end "
-                  f"({rate / raw:.0%} of raw)")
+                  f"({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message")
+    for producers in (1, 4):
+        rate, cpu = end_to_end_processes(url, producers, messages)
+        print(f"  {producers} producer process{'es' if producers > 1 else ''} + 1 consumer process: {rate:,.0f} msg/s "
+              f"end to end ({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message over all processes")
     p50, p99 = send_latency(url, 1000)
     print(f"  single persistent send latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 

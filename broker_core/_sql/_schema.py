@@ -86,6 +86,9 @@ instances = sa.Table(
     sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("started", sa.BigInteger, nullable=False),
     sa.Column("heartbeat", sa.BigInteger, nullable=False),
+    # number of this instance's last writer commit (PostgreSQL): tells a commit
+    # whose answer was lost from one that did not happen
+    sa.Column("last_commit", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 #: Named leases (e.g. "only one process runs the nightly ETL").

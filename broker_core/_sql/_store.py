@@ -390,6 +390,7 @@ class SQLStore(Store):
             self.engine.execution_options(b2b_write=True) if not self._pg else self.engine,
             begin=self._begin,
             serialize=(lambda: turn) if turn is not None else None,
+            was_committed=self._was_committed if self._pg else None,
             before_commit=self._before_commit,
             on_touched=self._touched,
             retry_for=self._retry_for,
@@ -645,9 +646,29 @@ class SQLStore(Store):
     def _before_commit(self, batch: Batch) -> None:
         if batch.inserts:
             self._flush_inserts(batch)
-        if self._pg and batch.touched:
+        if self._pg:
             for box in batch.touched:
                 batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
+            self._mark_commit(batch)
+
+    def _mark_commit(self, batch: Batch) -> None:
+        """Record this transaction's number in our instance row (PostgreSQL):
+        if the answer to COMMIT is lost, :meth:`_was_committed` tells whether
+        it happened, so the writer neither loses nor repeats it."""
+        conn = batch.conn
+        marked = conn.exec_driver_sql("UPDATE b2b_instances SET last_commit = %s WHERE id = %s",
+                                      (batch.number, self.instance_id)).rowcount
+        if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
+            now = now_ms()
+            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
+                                              "pid": os.getpid(), "started": now, "heartbeat": now,
+                                              "last_commit": batch.number})
+
+    def _was_committed(self, number: int) -> bool:
+        with self.engine.connect() as conn:
+            last = conn.execute(sa.select(instances.c.last_commit).where(instances.c.id == self.instance_id)).scalar()
+            conn.rollback()
+        return last is not None and last >= number
 
     def _reserve_ids(self, conn: sa.Connection, table: str, n: int) -> list[int]:
         """``n`` new ids of ``table`` in one query (the write lock is held)."""

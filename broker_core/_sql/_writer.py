@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import random
 import threading
@@ -34,10 +35,11 @@ class Batch:
     """What an operation sees: the connection of the current transaction, and
     where to record boxes that got messages (woken after the commit)."""
 
-    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered")
+    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered", "number")
 
-    def __init__(self, conn: sa.Connection) -> None:
+    def __init__(self, conn: sa.Connection, number: int = 0) -> None:
         self.conn = conn
+        self.number = number  # grows with every transaction of this writer (commit marks)
         self.ordered = False  # whether this transaction holds the commit-order lock (PostgreSQL)
         self.touched: set[str] = set()
         self.after_commit: list[Callable[[], None]] = []
@@ -74,16 +76,24 @@ class GroupCommitter:
     PostgreSQL); ``before_commit(batch)`` runs last (batched inserts, NOTIFY);
     ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
     connection was lost and a new one obtained; ``serialize()`` is a context
-    manager held around each transaction (SQLite: the processes' write turn)."""
+    manager held around each transaction (SQLite: the processes' write turn);
+    ``was_committed(number)`` says whether the transaction of that
+    ``Batch.number`` committed (``before_commit`` records the number in the
+    database), asked when a COMMIT failed without an answer, so that a commit
+    that did happen is not run twice.)"""
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
                  before_commit: Callable[[Batch], None] | None = None,
                  on_touched: Callable[[set[str]], None] | None = None,
                  on_reconnect: Callable[[], None] | None = None,
                  serialize: Callable[[], ContextManager[Any]] | None = None,
+                 was_committed: Callable[[int], bool] | None = None,
                  max_batch: int = 2000, retry_for: float = 30.0) -> None:
         self._engine = engine
         self._serialize = serialize or contextlib.nullcontext
+        self._was_committed = was_committed
+        self._numbers = itertools.count(1)
+        self._in_doubt: Batch | None = None  # a transaction whose COMMIT failed without an answer
         self._begin = begin
         self._before_commit = before_commit
         self._on_touched = on_touched
@@ -168,27 +178,50 @@ class GroupCommitter:
 
     def _transaction(self, ops: list[_Op]) -> set[str]:
         conn = self._connection()
-        batch = Batch(conn)
+        batch = Batch(conn, next(self._numbers))
         with self._serialize():
+            committing = False
             try:
                 self._begin(conn, any(op.durable for op in ops))
                 for op in ops:
                     op.result = op.fn(batch)
                 if self._before_commit is not None:
                     self._before_commit(batch)
+                committing = True
                 conn.commit()
-            except BaseException:
+            except BaseException as error:
+                if committing and self._was_committed is not None and is_retryable(error):
+                    self._in_doubt = batch
                 try:
                     conn.rollback()
                 except Exception:
                     self._drop_connection()
                 raise
+        return self._after_commit(batch)
+
+    @staticmethod
+    def _after_commit(batch: Batch) -> set[str]:
         for callback in batch.after_commit:
             try:
                 callback()
             except Exception:
                 log.exception("after-commit callback failed")
         return batch.touched
+
+    def _settle_doubt(self) -> set[str] | None:
+        """After a COMMIT failed without an answer: the touched boxes if it
+        did commit after all (the operations' results stand), else None (the
+        transaction rolled back: run it again). Raises while the database
+        cannot say."""
+        batch = self._in_doubt
+        if batch is None or self._was_committed is None:
+            return None
+        committed = self._was_committed(batch.number)
+        self._in_doubt = None
+        if not committed:
+            return None
+        log.warning("a commit whose answer was lost had succeeded; not running it again")
+        return self._after_commit(batch)
 
     def _execute(self, ops: list[_Op]) -> None:
         deadline = time.monotonic() + self.retry_for
@@ -198,7 +231,9 @@ class GroupCommitter:
             try:
                 if lost and self._on_reconnect is not None:
                     self._on_reconnect_safely()
-                touched = self._transaction(ops)
+                touched = self._settle_doubt() if self._in_doubt is not None else None
+                if touched is None:
+                    touched = self._transaction(ops)
                 self.commits += 1
                 self.operations += len(ops)
                 self._finish(ops, None)
@@ -213,10 +248,12 @@ class GroupCommitter:
                     time.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 1.0)
                     continue
+                in_doubt, self._in_doubt = self._in_doubt is not None, None
                 if is_retryable(error):
+                    effect = ("its last commit may or may not have taken effect (the answer was lost)" if in_doubt
+                              else "nothing of this call took effect, retry later")
                     self._finish(ops, StoreUnavailableError(
-                        f"the database is unavailable ({str(error).splitlines()[0][:300]}); nothing of this call "
-                        "took effect, retry later"))
+                        f"the database is unavailable ({str(error).splitlines()[0][:300]}); {effect}"))
                     return
                 if len(ops) > 1:
                     for op in ops:  # isolate the faulty operation

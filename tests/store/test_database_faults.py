@@ -7,6 +7,7 @@ message whose send returned was received exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import re
@@ -104,3 +105,52 @@ def test_restart_postgres_mid_stream(postgres_schema):
           f"lost={len(lost)} duplicated={duplicated}")
     assert len(sent) == total
     assert (len(lost), duplicated) == (0, 0)
+
+
+def test_a_commit_whose_answer_is_lost_is_neither_lost_nor_repeated(postgres_schema):
+    """The connection drops while COMMIT is in flight: the server committed,
+    the client got an error. The writer must find out that it committed, not
+    run the sends (and the in-transaction writes) a second time."""
+    import sqlalchemy as sa
+
+    broker = Broker.open(postgres_schema, sweep_interval=0)
+    try:
+        writer = broker.store._writer
+        real_connection = writer._connection
+        lost_answers = []
+
+        def connection_that_loses_one_answer():
+            conn = real_connection()
+            if lost_answers:
+                return conn
+            real_commit = conn.commit
+
+            def commit():
+                real_commit()  # the server commits ...
+                lost_answers.append(True)
+                conn.commit = real_commit
+                # ... and the answer never arrives
+                raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+            conn.commit = commit
+            return conn
+
+        writer._connection = connection_that_loses_one_answer
+        with broker.connect() as conn:
+            conn.start()
+            session = conn.create_session(transacted=True)
+            producer = session.create_producer(Queue("faults.commit"))
+            for i in range(3):
+                producer.send(session.create_text_message(f"c{i}"))
+            ran = []
+            asyncio.run(session.commit_async(in_transaction=[
+                lambda c: ran.append(c.exec_driver_sql("SELECT 1").scalar())]))
+            assert lost_answers == [True]
+            assert ran == [1]  # the in-transaction work ran once: the retry found the commit had happened
+            consumer = conn.create_session().create_consumer(Queue("faults.commit"))
+            texts = []
+            while (message := consumer.receive(timeout=1)) is not None:
+                texts.append(message.text)
+        assert texts == ["c0", "c1", "c2"]
+    finally:
+        broker.close()

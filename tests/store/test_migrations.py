@@ -1,0 +1,35 @@
+"""The store's schema migrations: a database made by an older release is
+upgraded at open (SQLite) and keeps its messages."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import command
+
+from broker_core import Broker, Queue
+from broker_core._sql._store import _alembic_config, _current_revision, _head_revision, make_engine
+
+
+def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        session.create_producer(Queue("kept")).send(session.create_text_message("from before"))
+    engine = make_engine(url)
+    cfg = _alembic_config()
+    with engine.connect().execution_options(b2b_write=True) as connection:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, "0001")
+        connection.commit()
+    assert _current_revision(engine) == "0001"
+    assert "last_commit" not in {c["name"] for c in sa.inspect(engine).get_columns("b2b_instances")}
+    engine.dispose()
+
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        conn.start()
+        message = conn.create_session().create_consumer(Queue("kept")).receive(timeout=2)
+        assert message is not None and message.text == "from before"
+    engine = make_engine(url)
+    assert _current_revision(engine) == _head_revision()
+    assert "last_commit" in {c["name"] for c in sa.inspect(engine).get_columns("b2b_instances")}
+    engine.dispose()
