@@ -111,7 +111,8 @@ def _outcome_raw(outcome: Outcome) -> tuple[int, list[tuple[bytes, bytes]], byte
         headers.append((b"content-location", outcome.status_url.encode("latin-1")))
     else:
         status, media_type = 202, _JSON_RAW
-        body = json.dumps(outcome.receipt, separators=(",", ":")).encode("utf-8")
+        receipt = outcome.receipt_json
+        body = (receipt if receipt is not None else json.dumps(outcome.receipt, separators=(",", ":"))).encode("utf-8")
         headers.append((b"location", outcome.status_url.encode("latin-1")))
     headers.append((b"content-length", str(len(body)).encode("latin-1")))
     headers.append((b"content-type", media_type))

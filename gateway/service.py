@@ -73,7 +73,7 @@ from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
 from .partners import Partner
 from .routes import Route
-from .xmlintake import parse_document
+from .xmlintake import parse_document_text
 
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "iso_ms"]
 
@@ -115,6 +115,8 @@ class Outcome:
     reply: bytes | None = None
     reply_type: str | None = None
     replayed: bool = False
+    #: the receipt as JSON text, as the ledger holds it, when it is at hand (the HTTP answer's body)
+    receipt_json: str | None = None
 
     @property
     def status_url(self) -> str:
@@ -221,9 +223,9 @@ class Gateway:
         received_at = now_ms()
         large = len(body) > self.inline_max_bytes
         if large:
-            root = await asyncio.to_thread(parse_document, body, self.limits, declared_charset=charset)
+            root, decoded = await asyncio.to_thread(parse_document_text, body, self.limits, declared_charset=charset)
         else:
-            root = parse_document(body, self.limits, declared_charset=charset)
+            root, decoded = parse_document_text(body, self.limits, declared_charset=charset)
         route = self.routes.select(root, partner.id)
         if large:
             valid = await asyncio.to_thread(self.registry.is_valid, root, route.schema)
@@ -245,7 +247,7 @@ class Gateway:
         properties = route.extract(root)
         text = route.apply_transform(root)
         if text is None:
-            text = self._text(body, root)
+            text = self._text(body, root, decoded)
         document = self._document_bytes(body, root)
         # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
         if large:
@@ -298,10 +300,11 @@ class Gateway:
         return key
 
     @staticmethod
-    def _text(body: bytes, root: etree._Element) -> str:
-        """The message text: the document as received when it is UTF-8, else re-serialised."""
+    def _text(body: bytes, root: etree._Element, decoded: str | None = None) -> str:
+        """The message text: the document as received when it is UTF-8 (*decoded*: that text, when the
+        intake has decoded it already), else re-serialised."""
         if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
-            return body.decode("utf-8-sig")
+            return decoded if decoded is not None else body.decode("utf-8-sig")
         return etree.tostring(root, encoding="unicode")
 
     @staticmethod
@@ -359,7 +362,7 @@ class Gateway:
         finally:
             if session is not None:
                 self._sessions.append((session, producer))
-        return Outcome(message_id, correlation, route.id, receipt)
+        return Outcome(message_id, correlation, route.id, receipt, receipt_json=record.receipt)
 
     async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                              key: str, doc_id: str | None, document: bytes, received_at: int,

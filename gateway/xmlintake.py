@@ -75,6 +75,7 @@ __all__ = [
     "SUPPORTED_ENCODINGS",
     "check_media_type",
     "parse_document",
+    "parse_document_text",
     "read_body",
 ]
 
@@ -276,6 +277,7 @@ def _not_well_formed(message: str, line: int | None = None, column: int | None =
 class _Decoded:
     text: str
     override: str | None  # the encoding to force on libxml2, None to let it detect
+    utf8: bool  # the text was UTF-8 (with or without a byte order mark)
 
 
 def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
@@ -392,7 +394,7 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
             line,
             column,
         ) from None
-    return _Decoded(text, override)
+    return _Decoded(text, override, effective == "utf-8")
 
 
 # --------------------------------------------------------------------------- scanning
@@ -550,6 +552,17 @@ def parse_document(
     :class:`~gateway.errors.XMLSecurityError` (see the module docstring for
     what each covers); never anything else for any input bytes.
     """
+    return parse_document_text(data, limits, declared_charset=declared_charset)[0]
+
+
+def parse_document_text(
+    data: bytes,
+    limits: IntakeLimits = DEFAULT_LIMITS,
+    *,
+    declared_charset: str | None = None,
+) -> tuple[etree._Element, str | None]:
+    """:func:`parse_document`, and the document's text as checked on the way (without a byte order
+    mark) when it is UTF-8, else None: the caller that needs the text too need not decode it again."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
     if not isinstance(data, bytes):
@@ -581,4 +594,4 @@ def parse_document(
                 f"Elements are nested deeper than {limits.max_depth} levels, the most this gateway accepts.",
                 too_deep[0].sourceline,
             )
-    return root
+    return root, (decoded.text if decoded.utf8 else None)

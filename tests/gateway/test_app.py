@@ -107,6 +107,25 @@ async def test_every_sample_route_accepts_its_ubl_example(gw_env):
     assert {m.jms_type for m in gw_env.messages("orders.changes")} == {"OrderChange", "OrderCancellation"}
 
 
+async def test_receipt_body_is_the_ledgers_receipt_and_the_text_is_the_document_without_bom(gw_env):
+    import codecs
+
+    document = codecs.BOM_UTF8 + with_id(INVOICE, "BOM-1")
+    response = await post(gw_env, document, GLOBEX)
+    assert response.status_code == 202
+    [row] = [r for r in gw_env.ledger_rows() if r.doc_id == "BOM-1"]
+    assert response.content == row.receipt.encode("utf-8")
+    assert json.loads(row.receipt) == response.json()
+    [message] = [m for m in gw_env.messages("invoices.inbound") if m.get_string_property("B2BDocumentID") == "BOM-1"]
+    assert message.text == document[3:].decode("utf-8") and row.document == document[3:]
+    latin = ("<?xml version='1.0' encoding='ISO-8859-1'?>" + with_id(INVOICE, "LATIN-1").decode("utf-8")
+             .split("?>", 1)[1]).encode("latin-1", "replace")
+    response = await post(gw_env, latin, GLOBEX)
+    assert response.status_code == 202, response.text
+    [message] = [m for m in gw_env.messages("invoices.inbound") if m.get_string_property("B2BDocumentID") == "LATIN-1"]
+    assert message.text.startswith("<Invoice")  # re-serialised as text, not the latin-1 bytes decoded
+
+
 async def test_correlation_id_is_generated_when_absent(gw_env):
     response = await post(gw_env, INVOICE, GLOBEX)
     assert len(response.json()["correlation_id"]) == 36

@@ -38,6 +38,7 @@ from gateway.xmlintake import (
     IntakeLimits,
     check_media_type,
     parse_document,
+    parse_document_text,
     read_body,
 )
 
@@ -271,6 +272,24 @@ def test_unsupported_charset_is_415(charset: str) -> None:
     with pytest.raises(UnsupportedMediaTypeError) as info:
         check_media_type(f"application/xml; charset={charset}")
     assert charset in info.value.detail
+
+
+@pytest.mark.parametrize(
+    "data, charset, text",
+    [
+        ("<a>é</a>".encode(), None, "<a>é</a>"),
+        (codecs.BOM_UTF8 + "<?xml version='1.0' encoding='UTF-8'?><a>é</a>".encode(), None,
+         "<?xml version='1.0' encoding='UTF-8'?><a>é</a>"),
+        ("<a>é</a>".encode(), "UTF-8", "<a>é</a>"),
+        ("<?xml version='1.0' encoding='ISO-8859-1'?><a>é</a>".encode("latin-1"), None, None),
+        ("<a>é</a>".encode("latin-1"), "ISO-8859-1", None),
+        ("<a>é</a>".encode("utf-16"), None, None),
+    ],
+)
+def test_parse_document_text_gives_the_checked_text_of_utf8_documents_only(data, charset, text) -> None:
+    root, decoded = parse_document_text(data, declared_charset=charset)
+    assert root.text == "é" and decoded == text
+    assert etree.tostring(parse_document(data, declared_charset=charset)) == etree.tostring(root)
 
 
 def test_media_type_results_are_remembered_for_accepted_values_only(monkeypatch) -> None:
