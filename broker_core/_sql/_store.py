@@ -105,6 +105,18 @@ class _Statements:
                        "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)",
         }
         self._by_ids_cache: dict[tuple[str, int], str] = {}
+        #: A selective reader's scan of the rows it has not seen yet (entry
+        #: id, priority, seq, ready_at, expiration, then the selectable
+        #: message headers and properties; the body too for XPATH selectors).
+        scan_cols = ("e.id, e.priority, e.seq, e.ready_at, e.expiration, m.message_id, m.timestamp, "
+                     "m.correlation_id, m.type, m.delivery_mode, m.properties, m.kind")
+        mark = "%s" if postgres else "?"
+        self.scan = {
+            with_body: f"SELECT {scan_cols}{', m.body' if with_body else ''} FROM b2b_entries e "
+                       f"JOIN b2b_messages m ON m.id = e.message WHERE e.box = {mark} AND e.state = 0 "
+                       f"AND e.id > {mark} ORDER BY e.id LIMIT 5000"
+            for with_body in (False, True)
+        }
         #: Inserts through the driver's executemany with tuples (SQLAlchemy's
         #: per-row parameter processing cost as much as the insert itself).
         mark = "%s" if postgres else "?"
@@ -752,8 +764,9 @@ class SQLStore(Store):
     def _pick_waiting_readers(self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
                               ) -> dict[int, "_SQLReader"]:
         """Which of ``pending`` (by index) go straight to a consumer of this
-        process: one blocked waiting on a box it found empty, with nothing
-        changed since (so nothing older is waiting in the database); at most
+        process: one blocked waiting on a box where it found nothing for it,
+        with nothing changed since (so nothing older that it could take is
+        waiting in the database), whose selector the message matches; at most
         ``prefetch`` each, highest priority first."""
         with self._readers_lock:
             candidates = {box: list(readers) for box, readers in self._waiting_boxes.items()}
@@ -766,8 +779,20 @@ class SQLStore(Store):
             if not indexes:
                 continue
             indexes.sort(key=lambda i: (-pending[i][2], pending[i][1]))
-            for k, i in enumerate(indexes[:self.prefetch * len(hungry)]):
-                chosen[i] = hungry[k % len(hungry)]
+            load = dict.fromkeys(hungry, 0)
+            turn = 0
+            for i in indexes:
+                env = pending[i][5]
+                for k in range(len(hungry)):
+                    reader = hungry[(turn + k) % len(hungry)]
+                    if load[reader] < self.prefetch and (reader._selector is None or reader._selector.matches(env)):
+                        chosen[i] = reader
+                        load[reader] += 1
+                        turn = (turn + k + 1) % len(hungry)
+                        break
+                else:
+                    if all(n >= self.prefetch for n in load.values()):
+                        break
         return chosen
 
     def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]]) -> None:
@@ -1246,8 +1271,7 @@ class _SQLReader(Reader):
         self._candidates: list[tuple[int, int, int, int]] = []  # (-priority, seq, id, ready_at)
         self._needs_body = selector is not None and "XPATH" in selector.text.upper()
         self._inbox_lock = threading.Lock()  # the writer's hand-over vs close; never held while waiting
-        if selector is None:
-            store._register_reader(self)
+        store._register_reader(self)
 
     def claim(self, now: int, auto_ack: bool) -> Delivery | None:
         self._flip = not self._flip
@@ -1303,7 +1327,7 @@ class _SQLReader(Reader):
         """For the writer: this reader found its box empty, nothing came in
         since, it holds nothing, and its consumer is waiting."""
         demand = self.demand
-        return (not self._buffer and self._empty_at is not None and not self._closed
+        return (not self._buffer and not self._candidates and self._empty_at is not None and not self._closed
                 and self._empty_at == self._store._version(self._box) and demand is not None and demand())
 
     def _accept(self, deliveries: list[Delivery]) -> bool:
@@ -1316,29 +1340,23 @@ class _SQLReader(Reader):
 
     def _scan(self, now: int) -> None:
         store = self._store
-        cols = [entries.c.id, entries.c.priority, entries.c.seq, entries.c.ready_at, entries.c.expiration,
-                messages.c.message_id, messages.c.timestamp, messages.c.correlation_id, messages.c.type,
-                messages.c.delivery_mode, messages.c.properties, messages.c.kind]
-        if self._needs_body:
-            cols.append(messages.c.body)
+        statement = store._sql.scan[self._needs_body]
         selector = self._selector
+        decode_properties, decode_body = _codec.decode_properties, _codec.decode_body
         with store.engine.connect() as conn:
             while True:
-                rows = conn.execute(
-                    sa.select(*cols).select_from(_JOINED).where(entries.c.box == self._box, entries.c.state == 0,
-                                                                entries.c.id > self._cursor)
-                    .order_by(entries.c.id).limit(5000)
-                ).all()
+                rows = conn.exec_driver_sql(statement, (self._box, self._cursor)).cursor.fetchall()
                 for row in rows:
-                    self._cursor = row.id
-                    if 0 < row.expiration <= now:
+                    (entry_id, priority, seq, ready_at, expiration, message_id, timestamp, correlation_id, type_,
+                     delivery_mode, properties, kind) = row[:12]
+                    self._cursor = entry_id
+                    if 0 < expiration <= now:
                         continue
-                    env = Envelope(row.message_id, None, row.delivery_mode, row.priority, row.expiration,
-                                   row.timestamp, row.correlation_id, None, row.type,
-                                   _codec.decode_properties(row.properties), row.kind,
-                                   _codec.decode_body(row.kind, row.body) if self._needs_body else None)
+                    env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
+                                   None, type_, decode_properties(properties), kind,
+                                   decode_body(kind, row[12]) if self._needs_body else None)
                     if selector.matches(env):
-                        heapq.heappush(self._candidates, (-row.priority, row.seq, row.id, row.ready_at))
+                        heapq.heappush(self._candidates, (-priority, seq, entry_id, ready_at))
                 if len(rows) < 5000:
                     conn.rollback()
                     return
@@ -1383,8 +1401,7 @@ class _SQLReader(Reader):
             self._closed = True
             ids = [d.ref for d in self._buffer]
             self._buffer.clear()
-        if self._selector is None:
-            self._store._unregister_reader(self)
+        self._store._unregister_reader(self)
         self._memory.close()
         if ids and not self._store._closed:
             store = self._store

@@ -245,3 +245,31 @@ def test_selective_consumer_does_not_starve(broker):
     assert broker.stats(queue).depth == total - len(expected)
     first_other = conn.create_session().create_consumer(queue).receive(timeout=2)
     assert first_other.get_int_property("seq") == 0
+
+
+def test_a_waiting_selective_consumer_gets_only_its_matches_of_a_batch(broker, conn, drain):
+    queue = Queue("selective.waiting")
+    waiting = conn.create_session().create_consumer(queue, selector="kind = 'order'")
+    got = []
+
+    def receive_three():
+        for _ in range(3):
+            got.append(waiting.receive(timeout=10))
+
+    thread = threading.Thread(target=receive_three)
+    thread.start()
+    time.sleep(0.2)  # blocked on an empty queue
+    sender = broker.connect().create_session(transacted=True)
+    producer = sender.create_producer(queue)
+    for i, kind in enumerate(["order", "invoice", "order", "invoice", "order"]):
+        message = sender.create_text_message(f"{kind}-{i}")
+        message.set_string_property("kind", kind)
+        producer.send(message)
+    sender.commit()  # one commit while the consumer waits
+    thread.join(10)
+    assert [m.text for m in got if m is not None] == ["order-0", "order-2", "order-4"]
+    other = broker.connect()
+    other.start()
+    rest = drain(other.create_session().create_consumer(queue), timeout=0.5)
+    assert [m.text for m in rest] == ["invoice-1", "invoice-3"]
+    assert not any(m.jms_redelivered for m in rest)
