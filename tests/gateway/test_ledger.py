@@ -230,6 +230,15 @@ def test_ledger_on_postgresql(postgres_schema):
         assert [m.text for m in broker.browse(Queue("pg"))] == ["<a/>"]
         got = ledger.get(doc.message_id, history=True, document=True)
         assert got.document == b"<Order/>" and got.history[0][0] == "accepted"
+        moved = []  # the driver-SQL transition, with PostgreSQL's parameter style
+        write(broker.store, lambda c: moved.append(ledger.transition(
+            c, doc.message_id, "failed", from_statuses=("accepted", "delivered"), reply=b"<E/>", error="no")))
+        write(broker.store, lambda c: moved.append(ledger.transition(c, doc.message_id, "replied",
+                                                                      from_statuses=("accepted",))))
+        assert moved == [True, False]
+        got = ledger.get(doc.message_id, history=True)
+        assert (got.status, got.reply, got.error) == ("failed", b"<E/>", "no")
+        assert [s for s, _ in got.history] == ["accepted", "failed"]
         conn.close()
     finally:
         broker.close()
