@@ -192,8 +192,11 @@ class Broker:
     def message_status(self, message_ids: list[str]) -> dict[str, str]:
         """Where each message stands: ``"pending"`` (waiting in a queue or
         subscription), ``"in_flight"`` (delivered, not yet acknowledged),
-        ``"dead_lettered"`` (in a dead-letter queue) or ``"gone"`` (consumed and
-        acknowledged, expired, or never stored)."""
+        ``"dead_lettered"`` (in a dead-letter queue), ``"expired"`` (its time
+        to live ran out before anyone consumed it; remembered for
+        ``expired_retention`` seconds on the SQL store, the last 100,000 on the
+        memory store) or ``"gone"`` (consumed and acknowledged, or never
+        stored)."""
         found = self.store.locate(message_ids)
         dlq = f"queue://{self.policy.dead_letter_prefix}"
         out = {}
@@ -201,10 +204,12 @@ class Broker:
             where = found.get(message_id)
             if where is None:
                 out[message_id] = "gone"
+            elif where[1] == "expired":
+                out[message_id] = "expired"
             elif where[0].startswith(dlq):
                 out[message_id] = "dead_lettered"
             else:
-                out[message_id] = "in_flight" if where[1] else "pending"
+                out[message_id] = where[1]
         return out
 
     def replay_dead_letters(self, dead_letter_queue: Queue | str, limit: int | None = None) -> int:

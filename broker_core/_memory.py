@@ -32,6 +32,8 @@ from ._store import (
 __all__ = ["MemoryStore"]
 
 AVAILABLE, IN_FLIGHT, GONE, DELAYED = 0, 1, 2, 3
+#: How many expired message ids the memory store remembers for ``locate``.
+_EXPIRED_REMEMBERED = 100_000
 
 
 class _Entry:
@@ -81,6 +83,7 @@ class MemoryStore(Store):
         self._by_destination: dict[Destination, _Box] = {}  # queue boxes, to route without formatting keys
         self._seq = itertools.count(1)
         self._flying: dict[_Entry, str] = {}  # in-flight entries and their box (for locate)
+        self._expired_ids: dict[str, str] = {}  # message id -> box, the last expired ones (for locate)
 
     def close(self) -> None:
         with self._lock:
@@ -202,21 +205,25 @@ class MemoryStore(Store):
         if callback is not None:
             callback(None)
 
-    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         wanted = set(message_ids)
-        found: dict[str, tuple[str, bool]] = {}
+        found: dict[str, tuple[str, str]] = {}
         with self._lock:
+            for message_id in wanted:
+                box_key = self._expired_ids.get(message_id)
+                if box_key is not None:
+                    found[message_id] = (box_key, "expired")
             for box in self._boxes.values():
                 for level in box.levels:
                     for entry in level:
                         if entry.state is AVAILABLE and entry.env.message_id in wanted:
-                            found[entry.env.message_id] = (box.key, False)
+                            found[entry.env.message_id] = (box.key, "pending")
                 for item in box.delayed:
                     if item[2].state is DELAYED and item[2].env.message_id in wanted:
-                        found[item[2].env.message_id] = (box.key, False)
+                        found[item[2].env.message_id] = (box.key, "pending")
             for entry, key in self._flying.items():
                 if entry.env.message_id in wanted:
-                    found[entry.env.message_id] = (key, True)
+                    found[entry.env.message_id] = (key, "in_flight")
         return found
 
     # ------------------------------------------------------------ reads
@@ -258,6 +265,10 @@ class MemoryStore(Store):
         if env.expiration and env.expiration <= now:
             entry.state = GONE
             box.expired += 1
+            expired_ids = self._expired_ids
+            expired_ids[env.message_id] = box.key
+            if len(expired_ids) > _EXPIRED_REMEMBERED:
+                del expired_ids[next(iter(expired_ids))]
             copy = expired_envelope(env, self.policy)
             if copy is not None:
                 self._route(copy, touched)

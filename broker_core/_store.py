@@ -245,9 +245,11 @@ class Store(abc.ABC):
         once and ``callback(error_or_None)`` runs, in another thread, once the
         commit is done."""
 
-    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
-        """Where messages wait: ``{message_id: (box, in_flight)}``; messages not
-        found were consumed, expired or never stored."""
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """Where messages are: ``{message_id: (box, state)}``, state one of
+        ``"pending"``, ``"in_flight"`` or ``"expired"`` (expired in that box,
+        remembered for a while); messages not found were consumed and
+        acknowledged, or never stored."""
         return {}
 
     # reads

@@ -7,14 +7,17 @@ documents still ``accepted`` and moves them on:
 
 * ``gone`` (consumed and acknowledged) -> ``delivered``
 * ``dead_lettered`` (in a dead-letter queue) -> ``dead_lettered``
+* ``expired`` (its time to live ran out before anyone consumed it) ->
+  ``failed``, with the reason in ``error``
 * ``pending`` / ``in_flight`` -> unchanged, asked again next time
 
 and a ``dead_lettered`` document whose message is back in its queue (``b2bgw
 dlq replay``) -> ``accepted`` again. Request-reply documents move the same
 way; their reply then makes them ``replied``. Every move is conditional on
 the status read (see :meth:`gateway.ledger.Ledger.transition`), so the
-reconciler never overwrites a reply that raced it. Note that a message that
-expired (a route's ``time_to_live``) also reads as ``gone``.
+reconciler never overwrites a reply that raced it. (The broker remembers
+expired messages for ``expired_retention``, 7 days by default: a document
+still ``accepted`` after that, with its message gone, reads as delivered.)
 
 It runs in a background thread every ``interval`` seconds, at most
 ``batches_per_pass`` batches a time (a backlog nobody consumes is walked
@@ -40,6 +43,8 @@ __all__ = ["Reconciler", "LEASE_NAME"]
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "b2bgw-reconciler"
+#: The error recorded on a document whose message expired undelivered.
+EXPIRED = "expired: no consumer took the message within the route's time_to_live; it was not delivered"
 BATCH = 500
 
 
@@ -69,24 +74,26 @@ class Reconciler:
             return 0
         where = self.broker.message_status([mid for mid, _ in docs])
         ledger = self.ledger
-        moves: list[tuple[str, str, tuple[str, ...]]] = []
+        moves: list[tuple[str, str, tuple[str, ...], str | None]] = []
         for message_id, status in docs:
             now = where.get(message_id, "gone")
             if status == "accepted":
                 if now == "gone":
-                    moves.append((message_id, "delivered", ("accepted",)))
+                    moves.append((message_id, "delivered", ("accepted",), None))
                 elif now == "dead_lettered":
-                    moves.append((message_id, "dead_lettered", ("accepted",)))
+                    moves.append((message_id, "dead_lettered", ("accepted",), None))
+                elif now == "expired":
+                    moves.append((message_id, "failed", ("accepted",), EXPIRED))
             elif status == "dead_lettered" and now in ("pending", "in_flight"):
-                moves.append((message_id, "accepted", ("dead_lettered",)))
+                moves.append((message_id, "accepted", ("dead_lettered",), None))
         if not moves:
             return 0
         applied = [0]
 
         def apply(conn: Any) -> None:
             applied[0] = 0
-            for message_id, status, from_statuses in moves:
-                if ledger.transition(conn, message_id, status, from_statuses=from_statuses):
+            for message_id, status, from_statuses, error in moves:
+                if ledger.transition(conn, message_id, status, from_statuses=from_statuses, error=error):
                     applied[0] += 1
 
         write(self.broker.store, apply)

@@ -91,6 +91,17 @@ instances = sa.Table(
     sa.Column("last_commit", sa.BigInteger, nullable=False, server_default="0"),
 )
 
+#: Tombstones of expired messages (``message_status`` says "expired"), kept
+#: ``expired_retention`` seconds.
+expired = sa.Table(
+    "b2b_expired",
+    metadata,
+    sa.Column("message_id", sa.String(128), primary_key=True),
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("at", sa.BigInteger, nullable=False),
+    sa.Index("b2b_expired_at", "at"),
+)
+
 #: Named leases (e.g. "only one process runs the nightly ETL").
 leases = sa.Table(
     "b2b_leases",

@@ -60,6 +60,7 @@ from .._store import (
 )
 from . import _codec
 from ._schema import entries, instances, leases, messages, subscriptions, temporaries
+from ._schema import expired as expired_table
 from ._writer import Batch, GroupCommitter, is_retryable
 
 __all__ = ["SQLStore", "upgrade_database"]
@@ -99,6 +100,7 @@ class _Statements:
         self._postgres = postgres
         self._by_ids = {
             "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
+            "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
             "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
             "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message",
             "collect": "DELETE FROM b2b_messages WHERE id {ids} "
@@ -153,6 +155,12 @@ class _Statements:
                 out.extend(result.cursor.fetchall())
         return out
 
+    def tombstones(self, conn: sa.Connection, rows: list[tuple[str, str, int]]) -> None:
+        """Remember expired messages: (message_id, box, at)."""
+        mark = "%s" if self._postgres else "?"
+        conn.exec_driver_sql(f"INSERT INTO b2b_expired (message_id, box, at) VALUES ({mark}, {mark}, {mark}) "
+                             "ON CONFLICT DO NOTHING", rows)
+
     def insert_rows(self, conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
         """Insert tuples in column order with the driver's executemany (one
         prepared statement stepped per row on SQLite, a pipeline on psycopg;
@@ -161,7 +169,7 @@ class _Statements:
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
-            "poll_interval", "pool_size"}
+            "poll_interval", "pool_size", "expired_retention"}
 
 
 def _split_url(url: str) -> tuple[str, str | None]:
@@ -329,7 +337,9 @@ class SQLStore(Store):
     how long writes are retried through a database outage before
     :class:`StoreUnavailableError`; ``auto_upgrade`` (migrate at open: default
     on for SQLite; PostgreSQL needs ``b2bgw db upgrade``); ``poll_interval``
-    (s, 0.02): how often SQLite checks for other processes' commits.
+    (s, 0.02): how often SQLite checks for other processes' commits;
+    ``expired_retention`` (s, 7 days): how long ``message_status`` can still
+    say a message expired (then "gone").
     """
 
     shared = True
@@ -343,6 +353,7 @@ class SQLStore(Store):
         self.heartbeat_interval = float(options.get("heartbeat_interval", 1.0))
         self.lease_timeout = float(options.get("lease_timeout", 10.0))
         self.poll_interval = float(options.get("poll_interval", 0.02))
+        self.expired_retention = float(options.get("expired_retention", 7 * 86400))
         self._retry_for = float(options.get("retry_for", 30.0))
         self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
@@ -884,7 +895,11 @@ class SQLStore(Store):
             batch.touched.add(row.box)
 
     def _expire_rows(self, batch: Batch, rows: Sequence[Any]) -> None:
-        """Delete expired entries (already selected) and count or move them."""
+        """Delete expired entries (already selected), remember them (for
+        ``locate``), and count or move them."""
+        ids = dict(self._sql.by_ids(batch.conn, "message_ids", list({row.message for row in rows})))
+        now = now_ms()
+        self._sql.tombstones(batch.conn, [(ids[row.message], row.box, now) for row in rows if row.message in ids])
         copies = []
         if self.policy.expiry_queue is not None:
             found = self._envelopes(batch.conn, rows)
@@ -1051,17 +1066,22 @@ class SQLStore(Store):
 
         self._write(op, callback=done)
 
-    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)
         ids = list(message_ids)
         with self.engine.connect() as conn:
             for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                for row in conn.execute(sa.select(expired_table.c.message_id, expired_table.c.box)
+                                        .where(expired_table.c.message_id.in_(chunk))):
+                    found.setdefault(row.message_id, (row.box, "expired"))
                 rows = conn.execute(
                     sa.select(messages.c.message_id, entries.c.box, entries.c.state).select_from(_JOINED)
-                    .where(messages.c.message_id.in_(ids[start:start + 500]))
+                    .where(messages.c.message_id.in_(chunk))
                 ).all()
                 for row in rows:
-                    found[row.message_id] = (row.box, row.state == 1)
+                    found[row.message_id] = (row.box, "in_flight" if row.state == 1 else "pending")
+            conn.rollback()
         return found
 
     def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery], strict: bool = False) -> int:
@@ -1131,6 +1151,19 @@ class SQLStore(Store):
                 self._ack_rows(batch, taken)
 
         return op
+
+    def _expire_held(self, delivery: Delivery) -> None:
+        """A claimed (prefetched) entry that expired before it was handed out."""
+        def op(batch: Batch) -> None:
+            if self._delete_entries(batch, [delivery.ref], self.instance_id):
+                self._sql.tombstones(batch.conn, [(delivery.envelope.message_id, delivery.box, now_ms())])
+                if self.policy.expiry_queue is not None:
+                    copy = expired_envelope(delivery.envelope, self.policy)
+                    if copy is not None:
+                        self._insert(batch, (copy,))
+
+        self._write(op, wait=False, durable=False)
+        self._counters.add(delivery.box, EXP)
 
     def release(self, deliveries: Sequence[Delivery], reason: str) -> None:
         ids = [d.ref for d in deliveries if type(d.ref) is int]
@@ -1217,6 +1250,8 @@ class SQLStore(Store):
             ).all()
             if rows:
                 self._expire_rows(batch, rows)
+            batch.conn.execute(expired_table.delete().where(
+                expired_table.c.at < now - int(self.expired_retention * 1000)))
             return len(rows)
 
         return self._write(op) + self._mem.sweep_expired(now)
@@ -1288,9 +1323,7 @@ class _SQLReader(Reader):
                 delivery = self._buffer.popleft()
                 env = delivery.envelope
                 if env.expiration and env.expiration <= now:
-                    store._write(lambda b, ids=[delivery.ref]: store._delete_entries(b, ids, store.instance_id),
-                                 wait=False, durable=False)
-                    store._counters.add(self._box, EXP)
+                    store._expire_held(delivery)
                     continue
                 if auto_ack:
                     store.ack([delivery], wait=False)

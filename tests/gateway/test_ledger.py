@@ -286,3 +286,26 @@ def test_iso_ms_formats_milliseconds_across_seconds():
                            (1710408600007, "2024-03-14T09:30:00.007Z")]:
         assert iso_ms(epoch_ms) == text
         assert iso_ms(epoch_ms) == text  # the second formatted last is reused
+
+
+def test_reconciler_marks_an_expired_document_failed_not_delivered(broker):
+    """A one-way document whose message expired before any consumer took it
+    was not delivered: the ledger (and the warehouse that loads delivered
+    documents) must not say it was."""
+    import time
+
+    ledger = Ledger(broker.store.engine)
+    conn = broker.connect()
+    session = conn.create_session(True)
+    producer = session.create_producer(Queue("short-lived"))
+    message = XMLMessage("<m/>")
+    producer.send(message, time_to_live=100)
+    doc = record(message.jms_message_id)
+    session.commit(in_transaction=[lambda c: ledger.insert(c, doc)])
+    time.sleep(0.3)
+    assert broker.sweep_expired() == 1
+    assert Reconciler(broker, ledger).run_once() == 1
+    got = ledger.get(doc.message_id, history=True)
+    assert got.status == "failed" and "expired" in got.error
+    assert [status for status, _ in got.history] == ["accepted", "failed"]
+    conn.close()
