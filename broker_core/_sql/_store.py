@@ -197,6 +197,10 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
         def _on_connect(dbapi_conn: Any, record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
+            # 16 KB pages (a new database only; no effect on an existing one): a business document of
+            # 10-15 KB then fits in one page instead of a chain of overflow pages, which cost the
+            # gateway's writer about three times the CPU per stored document
+            cur.execute("PRAGMA page_size=16384")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
             cur.execute("PRAGMA busy_timeout=30000")
