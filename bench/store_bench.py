@@ -71,30 +71,57 @@ def raw_postgres(dsn: str, schema: str, rows: int) -> float:
         return rows / (time.perf_counter() - start)
 
 
+class _Consumers:
+    """Two consumer threads in AUTO mode receiving ``total`` messages from ``queue``."""
+
+    def __init__(self, broker: Broker, queue: Queue, total: int) -> None:
+        self.received = 0
+        self.total = total
+        self.finished = threading.Event()
+        self._lock = threading.Lock()
+        self._broker, self._queue = broker, queue
+        self._threads = [threading.Thread(target=self._consume) for _ in range(2)]
+        for thread in self._threads:
+            thread.start()
+
+    def _consume(self) -> None:
+        with self._broker.connect() as conn:
+            conn.start()
+            consumer = conn.create_session(False, AckMode.AUTO).create_consumer(self._queue)
+            while not self.finished.is_set():
+                if consumer.receive(timeout=0.2) is not None:
+                    with self._lock:
+                        self.received += 1
+                        if self.received >= self.total:
+                            self.finished.set()
+
+    def join(self) -> None:
+        self.finished.wait(timeout=600)
+        for thread in self._threads:
+            thread.join()
+
+
+async def _produce(session: Any, producer: Any, count: int, window: asyncio.Semaphore | None) -> None:
+    """Send ``count`` messages with ``send_async``, at most 64 in flight (or
+    as many as the shared ``window`` allows)."""
+    window = window or asyncio.Semaphore(64)
+    pending: set[Any] = set()
+    for _ in range(count):
+        await window.acquire()
+        future = producer.send_async(session.create_text_message(BODY))
+        future.add_done_callback(lambda f: window.release())
+        pending.add(future)
+        if len(pending) > 256:
+            pending = {f for f in pending if not f.done()}
+    await asyncio.gather(*pending)
+
+
 def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> tuple[float, float]:
     """(msg/s, CPU us per message) in one process."""
     total = producers * per_producer
     queue = Queue(f"bench.{uuid.uuid4().hex[:8]}")
     with Broker.open(url, sweep_interval=0) as broker:
-        received = 0
-        lock = threading.Lock()
-        finished = threading.Event()
-
-        def consume() -> None:
-            nonlocal received
-            with broker.connect() as conn:
-                conn.start()
-                consumer = conn.create_session(False, AckMode.AUTO).create_consumer(queue)
-                while not finished.is_set():
-                    if consumer.receive(timeout=0.2) is not None:
-                        with lock:
-                            received += 1
-                            if received >= total:
-                                finished.set()
-
-        consumers = [threading.Thread(target=consume) for _ in range(2)]
-        for thread in consumers:
-            thread.start()
+        consumers = _Consumers(broker, queue, total)
         start, cpu_before = time.perf_counter(), _cpu()
         if use_async:
             async def produce_all() -> None:
@@ -103,18 +130,7 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
                 producer = session.create_producer(queue)
                 window = asyncio.Semaphore(64 * producers)
 
-                async def one_producer() -> None:
-                    pending = set()
-                    for _ in range(per_producer):
-                        await window.acquire()
-                        task = asyncio.ensure_future(producer.send_async(session.create_text_message(BODY)))
-                        task.add_done_callback(lambda t: window.release())
-                        pending.add(task)
-                        if len(pending) > 256:
-                            pending = {t for t in pending if not t.done()}
-                    await asyncio.gather(*pending)
-
-                await asyncio.gather(*(one_producer() for _ in range(producers)))
+                await asyncio.gather(*(_produce(session, producer, per_producer, window) for _ in range(producers)))
 
             asyncio.run(produce_all())
         else:
@@ -130,11 +146,10 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
                 thread.start()
             for thread in threads:
                 thread.join()
-        finished.wait(timeout=600)
+        consumers.finished.wait(timeout=600)
         elapsed, cpu = time.perf_counter() - start, _cpu() - cpu_before
-        for thread in consumers:
-            thread.join()
-        return received / elapsed, cpu * 1e6 / max(1, received)
+        consumers.join()
+        return consumers.received / elapsed, cpu * 1e6 / max(1, consumers.received)
 
 
 def _cpu() -> float:
@@ -149,50 +164,19 @@ def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out
         start.wait()
         before = _cpu()
 
-        async def produce() -> None:
-            window = asyncio.Semaphore(64)
-            pending: set[Any] = set()
-            for _ in range(count):
-                await window.acquire()
-                future = producer.send_async(session.create_text_message(BODY))
-                future.add_done_callback(lambda f: window.release())
-                pending.add(future)
-                if len(pending) > 256:
-                    pending = {f for f in pending if not f.done()}
-            await asyncio.gather(*pending)
-
-        asyncio.run(produce())
+        asyncio.run(_produce(session, producer, count, None))
         cpu_out.put(_cpu() - before)
 
 
 def _consumer_process(url: str, queue_name: str, total: int, start: Any, done: Any, cpu_out: Any) -> None:
     with Broker.open(url, sweep_interval=0) as broker:
-        received = 0
-        lock = threading.Lock()
-        finished = threading.Event()
-
-        def consume() -> None:
-            nonlocal received
-            with broker.connect() as conn:
-                conn.start()
-                consumer = conn.create_session(False, AckMode.AUTO).create_consumer(Queue(queue_name))
-                while not finished.is_set():
-                    if consumer.receive(timeout=0.2) is not None:
-                        with lock:
-                            received += 1
-                            if received >= total:
-                                finished.set()
-
-        threads = [threading.Thread(target=consume) for _ in range(2)]
-        for thread in threads:
-            thread.start()
+        consumers = _Consumers(broker, Queue(queue_name), total)
         start.wait()
         before = _cpu()
-        finished.wait(timeout=600)
+        consumers.finished.wait(timeout=600)
         done.put(time.time())
         cpu_out.put(_cpu() - before)
-        for thread in threads:
-            thread.join()
+        consumers.join()
 
 
 def end_to_end_processes(url: str, producers: int, total: int) -> tuple[float, float]:
