@@ -24,7 +24,12 @@ Other delivered document types (DespatchAdvice, OrderResponse...) are counted
 as *skipped*; a document that cannot be parsed goes to the ``etl_quarantine``
 table with the reason, and the night goes on.
 
-Modules: :mod:`~spark_etl.ubl` (lxml extraction), :mod:`~spark_etl.source`
+Each document's fields are extracted ONCE, by :mod:`gateway.facts`: at
+intake by the gateway (stored in ``b2b_ledger.facts``, which the load reads in
+bulk), or here from the stored XML when a document has no current facts (and
+for every document with ``--reparse``).
+
+Modules: :mod:`~spark_etl.ubl` (facts and XML to Arrow batches), :mod:`~spark_etl.source`
 (load window, Python Data Source reader), :mod:`~spark_etl.warehouse`
 (tables, transforms, correction rule, publishing), :mod:`~spark_etl.job` (the
 run: reconciliation, watermark), :mod:`~spark_etl.state` (runs, quarantine,
