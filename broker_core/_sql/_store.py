@@ -98,6 +98,7 @@ class _Statements:
         #: Statements over a list of ids, run through the driver: ``IN (?, ...)``
         #: on SQLite (text cached per length), ``= ANY(%s)`` on PostgreSQL.
         self._postgres = postgres
+        self._mark = mark = "%s" if postgres else "?"
         self._by_ids = {
             "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
             "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
@@ -112,7 +113,6 @@ class _Statements:
         #: message headers and properties; the body too for XPATH selectors).
         scan_cols = ("e.id, e.priority, e.seq, e.ready_at, e.expiration, m.message_id, m.timestamp, "
                      "m.correlation_id, m.type, m.delivery_mode, m.properties, m.kind")
-        mark = "%s" if postgres else "?"
         self.scan = {
             with_body: f"SELECT {scan_cols}{', m.body' if with_body else ''} FROM b2b_entries e "
                        f"JOIN b2b_messages m ON m.id = e.message WHERE e.box = {mark} AND e.state = 0 "
@@ -121,7 +121,6 @@ class _Statements:
         }
         #: Inserts through the driver's executemany with tuples (SQLAlchemy's
         #: per-row parameter processing cost as much as the insert itself).
-        mark = "%s" if postgres else "?"
         self.message_columns = ("id", *_codec.MESSAGE_COLUMNS)
         self.entry_columns = ("id", "box", "seq", "priority", "expiration", "state", "ready_at", "owner",
                               "delivery_count", "message")
@@ -147,7 +146,7 @@ class _Statements:
             statement = self._by_ids_cache.get(key)
             if statement is None:
                 ids_sql = "= ANY(%s)" if self._postgres else f"IN ({', '.join('?' * len(chunk))})"
-                statement = self._by_ids[name].format(ids=ids_sql, p="%s" if self._postgres else "?")
+                statement = self._by_ids[name].format(ids=ids_sql, p=self._mark)
                 if len(self._by_ids_cache) < 2000:
                     self._by_ids_cache[key] = statement
             result = conn.exec_driver_sql(statement, params)
@@ -157,7 +156,7 @@ class _Statements:
 
     def tombstones(self, conn: sa.Connection, rows: list[tuple[str, str, int]]) -> None:
         """Remember expired messages: (message_id, box, at)."""
-        mark = "%s" if self._postgres else "?"
+        mark = self._mark
         conn.exec_driver_sql(f"INSERT INTO b2b_expired (message_id, box, at) VALUES ({mark}, {mark}, {mark}) "
                              "ON CONFLICT DO NOTHING", rows)
 

@@ -71,16 +71,19 @@ def is_retryable(error: BaseException) -> bool:
 
 
 class GroupCommitter:
-    """The writer thread. ``begin(conn)`` runs at the start of every
-    transaction (``BEGIN IMMEDIATE`` on SQLite, the commit-order lock on
-    PostgreSQL); ``before_commit(batch)`` runs last (batched inserts, NOTIFY);
-    ``on_touched(boxes)`` runs after each commit; ``on_reconnect()`` after a
-    connection was lost and a new one obtained; ``serialize()`` is a context
-    manager held around each transaction (SQLite: the processes' write turn);
-    ``was_committed(number)`` says whether the transaction of that
-    ``Batch.number`` committed (``before_commit`` records the number in the
-    database), asked when a COMMIT failed without an answer, so that a commit
-    that did happen is not run twice.)"""
+    """The writer thread.
+
+    ``begin(conn, durable)`` runs at the start of every transaction (SQLite:
+    the synchronous level; PostgreSQL: ``synchronous_commit`` for non-durable
+    batches); ``before_commit(batch)`` runs last (batched inserts, NOTIFY,
+    commit marks); ``on_touched(boxes)`` runs after each commit;
+    ``on_reconnect()`` after a connection was lost and a new one obtained;
+    ``serialize()`` is a context manager held around each transaction
+    (SQLite: the processes' write turn); ``was_committed(number)`` says
+    whether the transaction of that ``Batch.number`` committed, asked when a
+    COMMIT failed without an answer so that a commit that did happen is not
+    run twice.
+    """
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
                  before_commit: Callable[[Batch], None] | None = None,
