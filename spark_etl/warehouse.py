@@ -6,8 +6,12 @@ Layout (``<warehouse>/<table>/issue_date=YYYY-MM-DD/part-*.parquet``)
 ``fact_order``, ``fact_order_line``, ``fact_order_change``, ``fact_invoice``
 and ``fact_invoice_line`` are partitioned by ``issue_date`` (the issue date of
 the document each row comes from); every write rewrites the partitions it
-touches as ONE file each (``repartition`` by the partition column before the
-write), so nightly loads never pile up small files. ``dim_partner`` and
+touches as ONE file each, so nightly loads never pile up small files: the
+window's documents are hash-partitioned by issue date as they are read (a
+bounded number of writer tasks, each date in exactly one), so a table whose new
+content is only new rows is written straight from them; one that also keeps
+rows already in the warehouse, or takes rows the correction rule derived, is
+``repartition``-ed by the partition column first. ``dim_partner`` and
 ``dim_date`` are small unpartitioned tables rewritten by every run.
 ``_staging/`` and ``_etl/`` (ignored by Spark and pyarrow because of the
 leading underscore) hold work in progress.
@@ -124,10 +128,22 @@ def columns(table: str) -> list[str]:
 
 
 def _conform(df, table: str):
-    """Select *table*'s columns in order, cast to its types."""
-    from pyspark.sql import functions as F
+    """Select *table*'s columns in order, cast to its types (one SQL
+    projection: building it column by column costs a JVM round trip each)."""
+    return df.selectExpr(*(f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`" for f in schema(table).fields))
 
-    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema(table).fields])
+
+class _Tables(dict):
+    """Fact DataFrames built on first access: each costs the driver an analysis
+    in the JVM, and most windows feed only some of the tables."""
+
+    def __init__(self, build: dict[str, Any]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, table: str):
+        df = self[table] = _conform(self._build[table](), table)
+        return df
 
 
 def fact_rows(docs) -> dict[str, Any]:
@@ -138,7 +154,7 @@ def fact_rows(docs) -> dict[str, Any]:
     ok = docs.where(F.col("outcome") == "ok")
     ts = F.timestamp_millis
     none = F.lit(None).cast("string")
-    orders = ok.where(F.col("kind") == "order").select(
+    orders = lambda: ok.where(F.col("kind") == "order").select(
         "message_id", "partner", F.col("doc_id").alias("order_id"),
         F.col("party_a_id").alias("buyer_id"), F.col("party_a_name").alias("buyer_name"),
         F.col("party_b_id").alias("seller_id"), F.col("party_b_name").alias("seller_name"), "currency",
@@ -151,7 +167,7 @@ def fact_rows(docs) -> dict[str, Any]:
         F.col("payable_amount").alias("current_payable_amount"), "issue_date",
     )  # fmt: skip
     is_order = F.col("kind") == "order"
-    order_lines = (
+    order_lines = lambda: (
         ok.where(F.col("kind").isin("order", "change"))
         .select("message_id", "partner", F.when(is_order, F.col("doc_id")).otherwise(F.col("order_ref")).alias("order_id"),
                 F.when(is_order, F.lit("Order")).otherwise(F.lit("OrderChange")).alias("source_doc_type"),
@@ -161,13 +177,13 @@ def fact_rows(docs) -> dict[str, Any]:
                 "l.line_amount", "l.tax_amount", "l.currency", "ledger_seq", F.lit(True).alias("is_current"),
                 none.alias("superseded_by"), "issue_date")
     )  # fmt: skip
-    changes = ok.where(F.col("kind").isin("change", "cancellation")).select(
+    changes = lambda: ok.where(F.col("kind").isin("change", "cancellation")).select(
         "message_id", "partner", F.col("order_ref").alias("order_id"), F.col("doc_id").alias("change_id"), "kind",
         "sequence_number", "currency", F.col("ctl_lines").alias("line_count"), "line_extension_amount",
         "payable_amount", "note", ts("received_ms").alias("received_at"), ts("delivered_ms").alias("delivered_at"),
         "ledger_seq", F.lit(False).alias("applied"), none.alias("applied_to_message_id"), "issue_date",
     )  # fmt: skip
-    invoices = ok.where(F.col("kind") == "invoice").select(
+    invoices = lambda: ok.where(F.col("kind") == "invoice").select(
         "message_id", "partner", F.col("doc_id").alias("invoice_id"), "type_code", "order_ref",
         F.col("party_a_id").alias("supplier_id"), F.col("party_a_name").alias("supplier_name"),
         F.col("party_b_id").alias("customer_id"), F.col("party_b_name").alias("customer_name"), "currency",
@@ -176,7 +192,7 @@ def fact_rows(docs) -> dict[str, Any]:
         "payable_amount", ts("received_ms").alias("received_at"), ts("delivered_ms").alias("delivered_at"),
         "ledger_seq", "issue_date",
     )  # fmt: skip
-    invoice_lines = (
+    invoice_lines = lambda: (
         ok.where(F.col("kind") == "invoice")
         .select("message_id", "partner", F.col("doc_id").alias("invoice_id"), "ledger_seq", "issue_date",
                 F.explode("lines").alias("l"))
@@ -192,7 +208,7 @@ def fact_rows(docs) -> dict[str, Any]:
         "fact_invoice": invoices,
         "fact_invoice_line": invoice_lines,
     }
-    return {name: _conform(df, name) for name, df in out.items()}
+    return _Tables(out)
 
 
 def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any, Any, Any]:

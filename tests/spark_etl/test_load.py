@@ -213,6 +213,34 @@ def test_full_rebuild_equals_the_incremental_history(spark, ledger, settings):
         assert len(parts) == len(set(parts)), t
 
 
+def _order_on(day: str, order_id: str) -> bytes:
+    doc = with_id(example(ORDER), "34", order_id)
+    return doc.replace(b"<cbc:IssueDate>2010-01-20<", f"<cbc:IssueDate>{day}<".encode())
+
+
+def test_one_file_per_partition_whatever_the_read_ranges(spark, ledger, settings):
+    # six orders on three days, interleaved: both read ranges hold every day
+    for i in range(6):
+        ledger.add(f"o{i}", "Order", _order_on(f"2010-01-2{i % 3}", str(40 + i)))
+    r = run(spark, ledger, settings)
+    assert (r.status, r.loaded) == ("succeeded", 6)
+    days = ["issue_date=2010-01-20", "issue_date=2010-01-21", "issue_date=2010-01-22"]
+    for t in ("fact_order", "fact_order_line"):
+        assert [p.parent.name for p in data_files(settings, t)] == days, t
+    assert r.stats["reconciliation"]["written"]["fact_order_line"]["files"] == 3
+
+    # a later night: new rows in an existing partition (kept + new) and in a new one
+    ledger.add("o6", "Order", _order_on("2010-01-21", "46"))
+    ledger.add("o7", "Order", _order_on("2010-01-23", "47"))
+    run(spark, ledger, settings)
+    for t in ("fact_order", "fact_order_line"):
+        assert [p.parent.name for p in data_files(settings, t)] == [*days, "issue_date=2010-01-23"], t
+    orders = table(settings, "fact_order")
+    assert [(o["message_id"], o["issue_date"]) for o in orders] == [
+        (f"o{i}", f"2010-01-2{i % 3}") for i in range(6)] + [("o6", "2010-01-21"), ("o7", "2010-01-23")]
+    assert len(table(settings, "fact_order_line")) == 16
+
+
 # --------------------------------------------------------------------------- correction rule
 
 
