@@ -1321,6 +1321,8 @@ class _SQLReader(Reader):
     def _claim_sql(self, now: int, auto_ack: bool) -> Delivery | None:
         store = self._store
         with self._lock:
+            if self._closed:  # a claim now would hold rows that close() can no longer give back
+                return None
             while True:
                 if not self._buffer and not self._fill(now):
                     return None

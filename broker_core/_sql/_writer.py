@@ -253,7 +253,8 @@ class GroupCommitter:
                     continue
                 in_doubt, self._in_doubt = self._in_doubt is not None, None
                 if is_retryable(error):
-                    effect = ("its last commit may or may not have taken effect (the answer was lost)" if in_doubt
+                    effect = ("the answer to its last commit was lost, so this call may or may not have taken "
+                              "effect: check (Broker.message_status for sends) before retrying" if in_doubt
                               else "nothing of this call took effect, retry later")
                     self._finish(ops, StoreUnavailableError(
                         f"the database is unavailable ({str(error).splitlines()[0][:300]}); {effect}"))
