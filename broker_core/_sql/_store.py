@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -73,9 +73,16 @@ _MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
 #: What a claim returns of each entry.
 _CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
             entries.c.expiration, entries.c.message]
+#: A claimed entry (the columns of ``_CLAIMED``, in order).
+_Claimed = collections.namedtuple("_Claimed", "id box delivery_count seq priority expiration message")
 #: Entry columns copied when an entry is put back under a new id.
 _COPY_COLS = [entries.c.box, entries.c.seq, entries.c.priority, entries.c.expiration, entries.c.message]
 _JOINED = entries.join(messages, entries.c.message == messages.c.id)
+
+
+def _body_size(env: Envelope) -> int:
+    body = env.body
+    return len(body) if isinstance(body, (str, bytes)) else 256
 
 
 class _Statements:
@@ -85,21 +92,22 @@ class _Statements:
     def __init__(self, postgres: bool) -> None:
         claimed = "id, box, delivery_count, seq, priority, expiration, message"
         lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-        self.claim_next = sa.text(
-            "UPDATE b2b_entries SET state = 1, owner = :owner, delivery_count = delivery_count + 1 "
-            "WHERE id IN (SELECT id FROM b2b_entries WHERE box = :box AND state = 0 AND ready_at <= :now "
-            f"ORDER BY priority DESC, seq LIMIT :limit{lock}) RETURNING {claimed}")
-        self.claim_ids = sa.text(
-            "UPDATE b2b_entries SET state = 1, owner = :owner, delivery_count = delivery_count + 1 "
-            f"WHERE id IN :ids AND state = 0 AND ready_at <= :now RETURNING {claimed}"
-        ).bindparams(sa.bindparam("ids", expanding=True))
-        self.next_ready = sa.text(
-            "SELECT min(ready_at) FROM b2b_entries WHERE box = :box AND state = 0 AND ready_at > :now")
-        #: Statements over a list of ids, run through the driver: ``IN (?, ...)``
-        #: on SQLite (text cached per length), ``= ANY(%s)`` on PostgreSQL.
         self._postgres = postgres
         self._mark = mark = "%s" if postgres else "?"
+        #: Claims, through the driver (rows as plain tuples in ``_CLAIMED``
+        #: order): the next ``limit`` ready entries of a box (owner, box, now,
+        #: limit), or given ids (``by_ids(conn, "claim", ids, now, before=(owner,))``).
+        self.claim_next = (
+            f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
+            f"WHERE id IN (SELECT id FROM b2b_entries WHERE box = {mark} AND state = 0 AND ready_at <= {mark} "
+            f"ORDER BY priority DESC, seq LIMIT {mark}{lock}) RETURNING {claimed}")
+        self.next_ready = (f"SELECT min(ready_at) FROM b2b_entries WHERE box = {mark} AND state = 0 "
+                           f"AND ready_at > {mark}")
+        #: Statements over a list of ids, run through the driver: ``IN (?, ...)``
+        #: on SQLite (text cached per length), ``= ANY(%s)`` on PostgreSQL.
         self._by_ids = {
+            "claim": f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
+                     f"WHERE id {{ids}} AND state = 0 AND ready_at <= {mark} RETURNING {claimed}",
             "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
             "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
             "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
@@ -131,18 +139,20 @@ class _Statements:
                        f"VALUES ({', '.join([mark] * len(self.entry_columns))})",
         }
 
-    def by_ids(self, conn: sa.Connection, name: str, ids: Sequence[int], *more: Any) -> list[tuple[Any, ...]]:
+    def by_ids(self, conn: sa.Connection, name: str, ids: Sequence[int], *more: Any,
+               before: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run statement ``name`` over ``ids`` (in chunks of 500) with the
-        ``more`` parameters after the id list; the rows it returns, as tuples."""
+        ``before`` parameters ahead of the id list and ``more`` after it; the
+        rows it returns, as tuples."""
         out: list[tuple[Any, ...]] = []
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
             if self._postgres:
                 key = (name, 0)
-                params: tuple[Any, ...] = (chunk, *more)
+                params: tuple[Any, ...] = (*before, chunk, *more)
             else:
                 key = (name, len(chunk))
-                params = (*chunk, *more)
+                params = (*before, *chunk, *more)
             statement = self._by_ids_cache.get(key)
             if statement is None:
                 ids_sql = "= ANY(%s)" if self._postgres else f"IN ({', '.join('?' * len(chunk))})"
@@ -403,6 +413,10 @@ class SQLStore(Store):
         self._selectors: dict[str | None, Any] = {}
         self._readers_lock = threading.Lock()
         self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # readers that may take entries straight away
+        # Envelopes this process stored lately, by message row id (writer thread only): a claim of one of
+        # them needs no read-back of its row nor decoding of its body. Bounded by count and body size.
+        self._recent: dict[int, Envelope] = {}
+        self._recent_bytes = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -772,9 +786,32 @@ class SQLStore(Store):
         if not self._pg:
             first, last = entry_ids[0], entry_ids[-1]
             batch.after_commit.append(lambda: self._note_own_ids(first, last))
+        batch.after_commit.append(lambda: self._remember(ids, placed))
         counts = collections.Counter(p[0] for p in pending)
         batch.touched.update(counts)
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+
+    _RECENT_COUNT = 4096
+    _RECENT_BYTES = 32 << 20
+
+    def _remember(self, ids: Sequence[int], placed: Sequence[tuple[Envelope, Sequence[str]]]) -> None:
+        """After the commit that stored them: keep the envelopes for claims."""
+        recent = self._recent
+        size = self._recent_bytes
+        for message, (env, _) in zip(ids, placed):
+            recent[message] = env
+            size += _body_size(env)
+        while len(recent) > self._RECENT_COUNT or size > self._RECENT_BYTES:
+            size -= _body_size(recent.pop(next(iter(recent))))
+        self._recent_bytes = size
+
+    def _forget(self, message_ids: Iterable[int]) -> None:
+        recent = self._recent
+        if recent:
+            for message in message_ids:
+                env = recent.pop(message, None)
+                if env is not None:
+                    self._recent_bytes -= _body_size(env)
 
     def _pick_waiting_readers(self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
                               ) -> dict[int, "_SQLReader"]:
@@ -852,6 +889,7 @@ class SQLStore(Store):
         else:
             refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_any", ids)]
         self._collect(batch, refs)
+        self._forget(refs)
         return len(refs)
 
     def _delete_box_entries(self, batch: Batch, box: str) -> None:
@@ -921,25 +959,38 @@ class SQLStore(Store):
     def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None,
                   now: int) -> tuple[list[Delivery], int | None]:
         conn = batch.conn
-        if ids is None:
-            claim, params = self._sql.claim_next, {"owner": self.instance_id, "box": box, "now": now, "limit": limit}
-        else:
-            claim, params = self._sql.claim_ids, {"owner": self.instance_id, "ids": ids, "now": now}
+        sql = self._sql
         while True:
-            rows = conn.execute(claim, params).all()
-            expired = [r for r in rows if 0 < r.expiration <= now]
+            if ids is None:
+                rows = conn.exec_driver_sql(sql.claim_next, (self.instance_id, box, now, limit)).cursor.fetchall()
+            else:
+                rows = sql.by_ids(conn, "claim", ids, now, before=(self.instance_id,))
+            expired = [_Claimed._make(r) for r in rows if 0 < r[5] <= now]
             if not expired:
                 break
             self._expire_rows(batch, expired)
-            rows = [r for r in rows if not 0 < r.expiration <= now]
+            rows = [r for r in rows if not 0 < r[5] <= now]
             if rows or ids is not None:
                 break  # else: all were expired; claim the next ones
         if not rows:
-            return [], conn.execute(self._sql.next_ready, {"box": box, "now": now}).scalar()
-        rows.sort(key=lambda r: (-r.priority, r.seq))
-        found = self._envelopes(conn, rows)
-        return [Delivery(row.box, row.id, _codec.row_envelope(found[row.message], row.priority, row.expiration, 1),
-                         row.delivery_count) for row in rows], None
+            return [], conn.exec_driver_sql(sql.next_ready, (box, now)).scalar()
+        rows.sort(key=lambda r: (-r[4], r[3]))
+        # the envelopes this process stored lately are taken as they are (message rows never change);
+        # the others are read back
+        recent = self._recent
+        stored = {}
+        unknown = {row[6] for row in rows if row[6] not in recent}
+        if unknown:
+            stored = {row[0]: row for row in sql.by_ids(conn, "messages", list(unknown))}
+        out = []
+        for entry_id, entry_box, count, _, priority, expiration, message in rows:
+            env = recent.get(message)
+            if env is None:
+                env = _codec.row_envelope(stored[message], priority, expiration, 1)
+            elif env.priority != priority or env.expiration != expiration:
+                env = env.replace(priority=priority, expiration=expiration)
+            out.append(Delivery(entry_box, entry_id, env, count))
+        return out, None
 
     # ------------------------------------------------------------ boxes and subscriptions
 
