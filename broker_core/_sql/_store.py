@@ -415,7 +415,7 @@ class SQLStore(Store):
         self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # readers that may take entries straight away
         # Envelopes this process stored lately, by message row id (writer thread only): a claim of one of
         # them needs no read-back of its row nor decoding of its body. Bounded by count and body size.
-        self._recent: dict[int, Envelope] = {}
+        self._recent: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
         self._recent_bytes = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -802,7 +802,7 @@ class SQLStore(Store):
             recent[message] = env
             size += _body_size(env)
         while len(recent) > self._RECENT_COUNT or size > self._RECENT_BYTES:
-            size -= _body_size(recent.pop(next(iter(recent))))
+            size -= _body_size(recent.popitem(last=False)[1])
         self._recent_bytes = size
 
     def _forget(self, message_ids: Iterable[int]) -> None:
