@@ -88,6 +88,8 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
     })
     config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
     config["store"].setdefault("options", {})["sqlite_synchronous"] = synchronous
+    if os.environ.get("BENCH_INTAKE_THREADS"):  # A/B runs: the gateway's intake threads (0: on the event loop)
+        config.setdefault("server", {})["intake_threads"] = int(os.environ["BENCH_INTAKE_THREADS"])
     if os.environ.get("BENCH_PREFETCH"):
         config["store"]["options"]["prefetch"] = int(os.environ["BENCH_PREFETCH"])
     config["partners"] = partners

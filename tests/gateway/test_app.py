@@ -216,6 +216,9 @@ async def test_request_reply_returns_the_order_response(gw_env):
 
 
 async def test_concurrent_orders_each_get_their_own_reply(gw_env):
+    # the replies wait 0.5 s, so that all 15 requests are in flight at once (intake threads may otherwise let
+    # the first round trip end before the last request starts, and its correlation id is then free again)
+    gw_env.responder.mode, gw_env.responder.delay = "late", 0.5
     ids = [f"PO-{i}" for i in range(15)]
     responses = await asyncio.gather(*[
         post(gw_env, with_id(ORDER, i), ACME, **{"X-Correlation-ID": "same-for-all"}) for i in ids
