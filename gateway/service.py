@@ -50,10 +50,10 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import os
 import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,33 @@ ERROR_PROPERTY = "B2BError"
 #: At most this many timed-out requests per route wait for a late reply.
 MAX_LATE = 100_000
 
+
+class _RandomPool(threading.local):
+    """Random bytes fetched 4 KiB at a time (one ``getrandom`` system call per 256 ids, not per id)."""
+
+    data = b""
+    pos = 0
+
+
+_RANDOM = _RandomPool()
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def uuid4_str() -> str:
+    """``str(uuid.uuid4())``, the same randomness (``os.urandom``), about a third of the cost."""
+    pool = _RANDOM
+    pos = pool.pos
+    if pos >= len(pool.data):
+        pool.data = os.urandom(4096)
+        pos = 0
+    pool.pos = pos + 16
+    h = "%032x" % (int.from_bytes(pool.data[pos:pos + 16], "big") & _UUID4_CLEAR | _UUID4_SET)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+#: ``json.dumps(receipt, separators=(",", ":"))`` without building an encoder per call
+_RECEIPT_JSON = json.JSONEncoder(separators=(",", ":")).encode
 
 _ISO_SECOND: tuple[int, str] = (-1, "")  # the last second formatted (receipts come many to the second)
 
@@ -264,7 +291,7 @@ class Gateway:
                 return await self._replay(self._with_unrecorded(existing, before))
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False)
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
-        correlation = correlation_id or str(uuid.uuid4())
+        correlation = correlation_id or uuid4_str()
 
         message = XMLMessage(text)
         message.jms_type = route.doc_type
@@ -330,7 +357,7 @@ class Gateway:
         elif doc_id is not None:
             key = f"{partner_id}|{route.root}|{doc_id}"
         else:
-            return f"{partner_id}|unique|{uuid.uuid4()}"
+            return f"{partner_id}|unique|{uuid4_str()}"
         if len(key) > 500:
             key = f"{partner_id}|sha256|{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
         return key
@@ -370,7 +397,7 @@ class Gateway:
             message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
             doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
             destination=str(route.destination), received_at=received_at, document=document,
-            receipt=json.dumps(receipt, separators=(",", ":")),
+            receipt=_RECEIPT_JSON(receipt),
             facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None,
         )
 

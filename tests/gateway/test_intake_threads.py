@@ -128,3 +128,29 @@ async def test_intake_threads_take_concurrent_documents(gw_env):
     assert sorted(r.json()["document_id"] for r in responses) == sorted(ids)
     assert len({r.json()["message_id"] for r in responses}) == len(ids)
     assert sorted(row.doc_id for row in gw_env.ledger_rows()) == sorted(ids)
+
+
+def test_uuid4_str_is_a_random_version_4_uuid_in_every_thread():
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.service import uuid4_str
+
+    def many(_: int) -> list[str]:
+        return [uuid4_str() for _ in range(700)]  # more than one 4 KiB pool of random bytes
+
+    with ThreadPoolExecutor(4) as pool:
+        ids = [i for chunk in pool.map(many, range(4)) for i in chunk]
+    assert len(set(ids)) == len(ids) == 2800
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+async def test_a_generated_correlation_id_is_a_uuid(gw_env):
+    import uuid
+
+    response = await gw_env.client.post("/v1/documents", content=INVOICE, headers=GLOBEX)
+    assert response.status_code == 202
+    correlation = response.json()["correlation_id"]
+    assert uuid.UUID(correlation).version == 4 and response.headers["x-correlation-id"] == correlation

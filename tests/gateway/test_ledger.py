@@ -10,7 +10,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from broker_core import AckMode, Broker, Queue, XMLMessage
+from broker_core import AckMode, Broker, Queue, StoreError, XMLMessage
 from gateway.ledger import (
     DuplicateDocument,
     Ledger,
@@ -80,6 +80,34 @@ def test_duplicate_key_fails_the_whole_commit_message_included(broker):
         assert c.execute(sa.select(sa.func.count()).select_from(documents)).scalar() == 1
         assert c.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 1
     conn.close()
+
+
+def test_writes_through_the_driver_stay_in_the_store_transaction(broker):
+    # on SQLite the ledger writes go through the driver's cursor: still in the store's transaction (a later
+    # failure in the same commit rolls them back) and its errors raised as SQLAlchemy's
+    ledger = Ledger(broker.store.engine)
+    assert ledger._raw
+
+    def then_fail(conn):
+        ledger.insert(conn, record("ID:gone"))
+        assert ledger.transition(conn, "ID:gone", "delivered", from_statuses=["accepted"])
+        raise RuntimeError("a later operation of the same commit fails")
+
+    with pytest.raises(StoreError, match="a later operation"):
+        write(broker.store, then_fail)
+    assert ledger.get("ID:gone") is None
+    with broker.store.engine.connect() as c:
+        assert c.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 0
+
+    write(broker.store, lambda conn: ledger.insert(conn, record("ID:1", "k1")))
+    # the same message id, another key: not a duplicate, SQLAlchemy's IntegrityError as before
+    with pytest.raises(StoreError, match=r"IntegrityError: \(sqlite3.IntegrityError\) UNIQUE constraint failed: "
+                                         r"b2b_ledger.message_id") as info:
+        write(broker.store, lambda conn: ledger.insert(conn, record("ID:1", "k2")))
+    assert not isinstance(info.value, DuplicateDocument)
+    with pytest.raises(DuplicateDocument):
+        write(broker.store, lambda conn: ledger.insert(conn, record("ID:2", "k1")))
+    assert ledger.find("k1").message_id == "ID:1" and ledger.find("k2") is None
 
 
 def test_concurrent_duplicates_commit_once(broker):
