@@ -689,7 +689,7 @@ class SQLStore(Store):
             self._flush_inserts(batch)
         if self._pg:
             for box in batch.touched:
-                batch.conn.execute(sa.text("SELECT pg_notify(:c, :b)"), {"c": _CHANNEL, "b": box})
+                batch.conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (_CHANNEL, box))
             self._mark_commit(batch)
 
     def _mark_commit(self, batch: Batch) -> None:
@@ -714,9 +714,10 @@ class SQLStore(Store):
     def _reserve_ids(self, conn: sa.Connection, table: str, n: int) -> list[int]:
         """``n`` new ids of ``table`` in one query (the write lock is held)."""
         if self._pg:
-            return conn.execute(sa.text(
-                f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, :n)"),
-                {"n": n}).scalars().all()
+            rows = conn.exec_driver_sql(
+                f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,)
+            ).cursor.fetchall()
+            return [row[0] for row in rows]
         base = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).scalar() or 0
         return list(range(base + 1, base + n + 1))
 
