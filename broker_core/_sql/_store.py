@@ -78,6 +78,11 @@ _Claimed = collections.namedtuple("_Claimed", "id box delivery_count seq priorit
 #: Entry columns copied when an entry is put back under a new id.
 _COPY_COLS = [entries.c.box, entries.c.seq, entries.c.priority, entries.c.expiration, entries.c.message]
 _JOINED = entries.join(messages, entries.c.message == messages.c.id)
+#: The conditions of the partial indexes (migration 0004), spelled as literals
+#: so that the planners can use them (a bound parameter implies nothing).
+_WAITING = sa.text("b2b_entries.state = 0")
+_IN_FLIGHT = sa.text("b2b_entries.state = 1")
+_EXPIRING = sa.text("b2b_entries.expiration > 0")
 
 
 def _body_size(env: Envelope) -> int:
@@ -662,14 +667,14 @@ class SQLStore(Store):
             conn.execute(instances.delete().where(instances.c.id == owner))
         # in-flight rows whose owner is unknown (instance row lost) come back too
         orphans = conn.execute(
-            sa.select(entries.c.id).where(entries.c.state == 1, ~entries.c.owner.in_(sa.select(instances.c.id)))
+            sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id)))
         ).scalars().all()
         if orphans:
             self._op_release(batch, list(orphans), "the consumer's process died", None)
 
     def _reclaim(self, batch: Batch, owner: str) -> None:
         conn = batch.conn
-        rows = conn.execute(sa.select(entries.c.id).where(entries.c.owner == owner, entries.c.state == 1)).scalars().all()
+        rows = conn.execute(sa.select(entries.c.id).where(entries.c.owner == owner, _IN_FLIGHT)).scalars().all()
         if rows:
             self._op_release(batch, list(rows), "the consumer's process stopped", owner)
         boxes = conn.execute(sa.select(subscriptions.c.box).where(subscriptions.c.owner == owner)).scalars().all()
@@ -894,7 +899,10 @@ class SQLStore(Store):
         return len(refs)
 
     def _delete_box_entries(self, batch: Batch, box: str) -> None:
-        refs = batch.conn.execute(entries.delete().where(entries.c.box == box).returning(entries.c.message)).scalars().all()
+        refs = []
+        for state in (_WAITING, _IN_FLIGHT):  # each through its partial index
+            refs += batch.conn.execute(
+                entries.delete().where(entries.c.box == box, state).returning(entries.c.message)).scalars().all()
         self._collect(batch, refs)
 
     def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
@@ -1255,7 +1263,7 @@ class SQLStore(Store):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(entries.c.priority, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
-                .where(entries.c.box == box, entries.c.state == 0)
+                .where(entries.c.box == box, _WAITING)
                 .order_by(entries.c.priority.desc(), entries.c.seq)
             ).all()
         found = []
@@ -1270,9 +1278,12 @@ class SQLStore(Store):
 
     def stats(self) -> list[DestinationStats]:
         with self.engine.connect() as conn:
-            counts = conn.execute(
-                sa.select(entries.c.box, entries.c.state, sa.func.count()).group_by(entries.c.box, entries.c.state)
-            ).all()
+            counts = [
+                (box, state, n)
+                for state, condition in ((0, _WAITING), (1, _IN_FLIGHT))  # each through its partial index
+                for box, n in conn.execute(
+                    sa.select(entries.c.box, sa.func.count()).where(condition).group_by(entries.c.box)).all()
+            ]
             subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
         depth: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         for box, state, n in counts:
@@ -1301,7 +1312,7 @@ class SQLStore(Store):
         def op(batch: Batch) -> int:
             rows = batch.conn.execute(
                 sa.select(*_CLAIMED)
-                .where(entries.c.state == 0, entries.c.expiration > 0, entries.c.expiration <= now)
+                .where(_WAITING, _EXPIRING, entries.c.expiration <= now)
                 .limit(10_000)
             ).all()
             if rows:
