@@ -131,6 +131,11 @@ class ServerProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def loop_cpu_seconds(self) -> float:
+        """CPU time of the server's main thread (the event loop's) so far."""
+        fields = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -402,7 +407,8 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     print(f"   stored: {queued} messages in queue://orders.bench, {rows} ledger rows "
           f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase)")
     print(f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
-          f"{cpu['accepted'] * 1e6:.0f} us per accepted order")
+          f"{cpu['accepted'] * 1e6:.0f} us per accepted order, of which {cpu['accepted_loop'] * 1e6:.0f} us in the "
+          f"event loop's thread")
 
 
 
@@ -464,6 +470,7 @@ def main() -> int:
             cpu["noop"] = (server.cpu_seconds() - before) / max(1, results["noop"]["total"])
             print("3. one-way Orders accepted ...", flush=True)
             before = server.cpu_seconds()
+            loop_before = server.loop_cpu_seconds()
             if use_wrk:
                 script = wrk_script(folder / "oneway.lua", bench_headers, unique=True)
                 results["accepted"] = run_wrk(base, script, args.seconds, args.connections, [f"ow{run}"])
@@ -473,6 +480,7 @@ def main() -> int:
                     lambda n: order_with_id(f"ow{run}-{n}"), 202))
 
             cpu["accepted"] = (server.cpu_seconds() - before) / max(1, results["accepted"]["total"])
+            cpu["accepted_loop"] = (server.loop_cpu_seconds() - loop_before) / max(1, results["accepted"]["total"])
         print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
         before = server.cpu_seconds()
         results["rr_paced"] = asyncio.run(paced(

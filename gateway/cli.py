@@ -70,7 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
     app = create_app(settings, workers=not args.no_workers, etl=not args.no_etl, stomp=not args.no_stomp,
-                     noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1")
+                     noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
+                     freeze_gc=True)
     log.info("serving %d routes for %d partners on http://%s:%d (store %s)", len(app.state.assembly.routes),
              len(app.state.assembly.partners.partners), host, port, settings.store_url)
     _freeze_startup_objects()

@@ -154,3 +154,19 @@ async def test_a_generated_correlation_id_is_a_uuid(gw_env):
     assert response.status_code == 202
     correlation = response.json()["correlation_id"]
     assert uuid.UUID(correlation).version == 4 and response.headers["x-correlation-id"] == correlation
+
+
+async def test_serve_freezes_what_the_start_up_made(make_assembly):
+    import gc
+
+    app = create_app(make_assembly(), workers=False, etl=False, reconcile=False, freeze_gc=True)
+    gc.unfreeze()
+    try:
+        async with app.router.lifespan_context(app):
+            frozen = gc.get_freeze_count()
+            assert frozen > 1000  # the broker, store, engine and gateway the lifespan started
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+                response = await client.post("/v1/documents", content=INVOICE, headers=GLOBEX)
+                assert response.status_code == 202, response.text
+    finally:
+        gc.unfreeze()
