@@ -805,8 +805,9 @@ class SQLStore(Store):
         recent = self._recent
         size = self._recent_bytes
         for message, (env, _) in zip(ids, placed):
-            recent[message] = env
-            size += _body_size(env)
+            if env._xml is None:  # not one an XPATH selector parsed: its tree would not count in the bound
+                recent[message] = env
+                size += _body_size(env)
         while len(recent) > self._RECENT_COUNT or size > self._RECENT_BYTES:
             size -= _body_size(recent.popitem(last=False)[1])
         self._recent_bytes = size

@@ -5,7 +5,7 @@ kept must stay bounded and be dropped once acknowledged."""
 
 from __future__ import annotations
 
-from broker_core import AckMode, Broker, Queue
+from broker_core import AckMode, Broker, Queue, Topic
 from broker_core._sql import _store
 
 
@@ -100,3 +100,21 @@ def test_the_envelopes_kept_are_bounded_and_dropped_once_acknowledged(tmp_path, 
             got[-1].acknowledge()
             assert consumer.receive_no_wait() is None
         assert len(store._recent) == 0 and store._recent_bytes == 0
+
+
+def test_a_document_an_xpath_selector_parsed_is_not_kept(tmp_path):
+    """Its parsed tree would stay in memory with it, unaccounted for."""
+    topic = Topic("recent.xpath")
+    with Broker.open(f"sqlite:///{tmp_path / 'r.db'}", sweep_interval=0) as broker:
+        with broker.connect(client_id="xp") as conn:
+            session = conn.create_session(ack_mode=AckMode.CLIENT)
+            session.create_durable_subscriber(topic, "orders", selector="XPATH '/Order[@total > 100]'").close()
+            producer = session.create_producer(topic)
+            producer.send(session.create_xml_message("<Order total='250'/>"))
+            session.create_producer(Queue("recent.plain")).send(session.create_xml_message("<Order total='5'/>"))
+            assert [env.destination for env in broker.store._recent.values()] == [Queue("recent.plain")]
+            conn.start()
+            subscriber = session.create_durable_subscriber(topic, "orders", selector="XPATH '/Order[@total > 100]'")
+            message = subscriber.receive(timeout=5)
+            assert message is not None and "250" in message.text
+            message.acknowledge()
