@@ -24,8 +24,6 @@ PostgreSQL and ``PRAGMA data_version`` polling on SQLite.
 from __future__ import annotations
 
 import collections
-import functools
-import heapq
 import itertools
 import logging
 import os
@@ -35,7 +33,6 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from .._destinations import Destination
 from .._envelope import NON_PERSISTENT, Envelope
@@ -61,14 +58,25 @@ from .._store import (
 from . import _codec
 from ._schema import entries, instances, leases, messages, subscriptions, temporaries
 from ._schema import expired as expired_table
-from ._writer import Batch, GroupCommitter, is_retryable
+from ._engine import (
+    _PG_WRITE_LOCK,
+    _current_revision,
+    _head_revision,
+    _split_url,
+    _upgrade,
+    _WriteTurn,
+    make_engine,
+    upgrade_database,
+)
+from ._reader import _SQLReader
+from ._statements import _Statements
+from ._writer import Batch, GroupCommitter
 
-__all__ = ["SQLStore", "upgrade_database"]
+__all__ = ["SQLStore", "make_engine", "upgrade_database"]
 
 log = logging.getLogger("broker_core.sql")
 
 _CHANNEL = "b2b_available"
-_PG_WRITE_LOCK = 0x62326267  # "b2bg": serialises writers so ids grow in commit order
 _MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
 #: What a claim returns of each entry.
 _CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
@@ -90,234 +98,8 @@ def _body_size(env: Envelope) -> int:
     return len(body) if isinstance(body, (str, bytes)) else 256
 
 
-class _Statements:
-    """The hot statements, built once per dialect (building and cache-keying
-    SQLAlchemy constructs per call cost more than running them)."""
-
-    def __init__(self, postgres: bool) -> None:
-        claimed = "id, box, delivery_count, seq, priority, expiration, message"
-        lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-        self._postgres = postgres
-        self._mark = mark = "%s" if postgres else "?"
-        #: Claims, through the driver (rows as plain tuples in ``_CLAIMED``
-        #: order): the next ``limit`` ready entries of a box (owner, box, now,
-        #: limit), or given ids (``by_ids(conn, "claim", ids, now, before=(owner,))``).
-        self.claim_next = (
-            f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
-            f"WHERE id IN (SELECT id FROM b2b_entries WHERE box = {mark} AND state = 0 AND ready_at <= {mark} "
-            f"ORDER BY priority DESC, seq LIMIT {mark}{lock}) RETURNING {claimed}")
-        self.next_ready = (f"SELECT min(ready_at) FROM b2b_entries WHERE box = {mark} AND state = 0 "
-                           f"AND ready_at > {mark}")
-        #: Statements over a list of ids, run through the driver: ``IN (?, ...)``
-        #: on SQLite (text cached per length), ``= ANY(%s)`` on PostgreSQL.
-        self._by_ids = {
-            "claim": f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
-                     f"WHERE id {{ids}} AND state = 0 AND ready_at <= {mark} RETURNING {claimed}",
-            "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
-            "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
-            "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
-            "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message",
-            "collect": "DELETE FROM b2b_messages WHERE id {ids} "
-                       "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)",
-        }
-        self._by_ids_cache: dict[tuple[str, int], str] = {}
-        #: A selective reader's scan of the rows it has not seen yet (entry
-        #: id, priority, seq, ready_at, expiration, then the selectable
-        #: message headers and properties; the body too for XPATH selectors).
-        scan_cols = ("e.id, e.priority, e.seq, e.ready_at, e.expiration, m.message_id, m.timestamp, "
-                     "m.correlation_id, m.type, m.delivery_mode, m.properties, m.kind")
-        self.scan = {
-            with_body: f"SELECT {scan_cols}{', m.body' if with_body else ''} FROM b2b_entries e "
-                       f"JOIN b2b_messages m ON m.id = e.message WHERE e.box = {mark} AND e.state = 0 "
-                       f"AND e.id > {mark} ORDER BY e.id LIMIT 5000"
-            for with_body in (False, True)
-        }
-        #: Inserts through the driver's executemany with tuples (SQLAlchemy's
-        #: per-row parameter processing cost as much as the insert itself).
-        self.message_columns = ("id", *_codec.MESSAGE_COLUMNS)
-        self.entry_columns = ("id", "box", "seq", "priority", "expiration", "state", "ready_at", "owner",
-                              "delivery_count", "message")
-        self.insert_sql = {
-            "messages": f"INSERT INTO b2b_messages ({', '.join(self.message_columns)}) "
-                        f"VALUES ({', '.join([mark] * len(self.message_columns))})",
-            "entries": f"INSERT INTO b2b_entries ({', '.join(self.entry_columns)}) "
-                       f"VALUES ({', '.join([mark] * len(self.entry_columns))})",
-        }
-
-    def by_ids(self, conn: sa.Connection, name: str, ids: Sequence[int], *more: Any,
-               before: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run statement ``name`` over ``ids`` (in chunks of 500) with the
-        ``before`` parameters ahead of the id list and ``more`` after it; the
-        rows it returns, as tuples."""
-        out: list[tuple[Any, ...]] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start:start + 500])
-            if self._postgres:
-                key = (name, 0)
-                params: tuple[Any, ...] = (*before, chunk, *more)
-            else:
-                key = (name, len(chunk))
-                params = (*before, *chunk, *more)
-            statement = self._by_ids_cache.get(key)
-            if statement is None:
-                ids_sql = "= ANY(%s)" if self._postgres else f"IN ({', '.join('?' * len(chunk))})"
-                statement = self._by_ids[name].format(ids=ids_sql, p=self._mark)
-                if len(self._by_ids_cache) < 2000:
-                    self._by_ids_cache[key] = statement
-            result = conn.exec_driver_sql(statement, params)
-            if result.returns_rows:
-                out.extend(result.cursor.fetchall())
-        return out
-
-    def tombstones(self, conn: sa.Connection, rows: list[tuple[str, str, int]]) -> None:
-        """Remember expired messages: (message_id, box, at)."""
-        mark = self._mark
-        conn.exec_driver_sql(f"INSERT INTO b2b_expired (message_id, box, at) VALUES ({mark}, {mark}, {mark}) "
-                             "ON CONFLICT DO NOTHING", rows)
-
-    def insert_rows(self, conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
-        """Insert tuples in column order with the driver's executemany (one
-        prepared statement stepped per row on SQLite, a pipeline on psycopg;
-        measured faster here than multi-row VALUES statements or COPY)."""
-        conn.exec_driver_sql(self.insert_sql[table], rows)
-
-
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "pool_size", "expired_retention"}
-
-
-def _split_url(url: str) -> tuple[str, str | None]:
-    """Remove our own ``schema=`` query option (PostgreSQL search path)."""
-    parsed = sa.engine.make_url(url)
-    schema = parsed.query.get("schema")
-    if schema is None:
-        return url, None
-    return parsed.difference_update_query(["schema"]).render_as_string(hide_password=False), str(schema)
-
-
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 5) -> sa.Engine:
-    """An engine set up for the store (WAL, busy timeout, search path)."""
-    clean, schema = _split_url(url)
-    if clean.startswith("sqlite"):
-        if sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
-            raise InvalidArgumentError("sqlite_synchronous must be FULL (default), EXTRA or NORMAL")
-        path = sa.engine.make_url(clean).database
-        if path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        engine = sa.create_engine(clean, pool_size=pool_size, max_overflow=10, connect_args={"timeout": 30,
-                                                                                           "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            # 16 KB pages (a new database only; no effect on an existing one): a business document of
-            # 10-15 KB then fits in one page instead of a chain of overflow pages, which cost the
-            # gateway's writer about three times the CPU per stored document
-            cur.execute("PRAGMA page_size=16384")
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA wal_autocheckpoint=256")  # checkpoint at ~4 MB of WAL, as with 4 KB pages
-            cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA secure_delete=OFF")  # freed pages are not zeroed: far less to write per ack
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: sa.Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("b2b_write") else "BEGIN")
-
-        return engine
-    connect_args: dict[str, Any] = {"connect_timeout": 10}
-    if schema:
-        connect_args["options"] = f"-csearch_path={schema}"
-    return sa.create_engine(clean, pool_size=pool_size, max_overflow=10, pool_pre_ping=True,
-                            connect_args=connect_args)
-
-
-def upgrade_database(url: str) -> str:
-    """Create or upgrade the store's tables with Alembic; returns the revision."""
-    engine = make_engine(url)
-    try:
-        _upgrade(engine)
-        return _current_revision(engine) or ""
-    finally:
-        engine.dispose()
-
-
-def _alembic_config() -> Any:
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
-    return cfg
-
-
-def _upgrade(engine: sa.Engine) -> None:
-    from alembic import command
-
-    cfg = _alembic_config()
-    with engine.connect().execution_options(b2b_write=True) as conn:  # SQLite: BEGIN IMMEDIATE, waits its turn
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_WRITE_LOCK + 1})
-        try:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
-            conn.commit()
-        finally:
-            if conn.dialect.name == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_WRITE_LOCK + 1})
-                conn.commit()
-
-
-def _current_revision(engine: sa.Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": "b2b_broker_version"})
-        return ctx.get_current_revision()
-
-
-@functools.lru_cache(maxsize=1)
-def _head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
-
-
-class _WriteTurn:
-    """The write turn of the processes sharing one SQLite file. SQLite's own
-    write lock is taken by polling (the busy handler sleeps 1, 2, 5 ... ms
-    between tries), so competing writers of several processes waste most of
-    their turns asleep; an ``flock`` on a file beside the database queues
-    them in the kernel instead, and the next one runs as soon as the lock is
-    released. (Writers that do not take it still work: they fall back on the
-    busy timeout.)"""
-
-    def __init__(self, path: str) -> None:
-        import fcntl
-
-        self._flock = fcntl.flock
-        self._exclusive, self._unlock = fcntl.LOCK_EX, fcntl.LOCK_UN
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-
-    def __enter__(self) -> None:
-        self._flock(self._fd, self._exclusive)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._flock(self._fd, self._unlock)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-    @staticmethod
-    def for_url(url: str) -> "_WriteTurn | None":
-        path = sa.engine.make_url(_split_url(url)[0]).database
-        if not path or path == ":memory:" or path.startswith("file:"):
-            return None
-        try:
-            return _WriteTurn(os.path.abspath(path) + "-writer.lock")
-        except (ImportError, OSError):  # no flock here (or a read-only folder): the busy timeout alone
-            return None
 
 
 class _Counters:
@@ -1347,169 +1129,3 @@ class SQLStore(Store):
     def release_lease(self, name: str) -> None:
         self._write(lambda b: b.conn.execute(
             leases.delete().where(leases.c.name == name, leases.c.owner == self.instance_id)))
-
-
-class _SQLReader(Reader):
-    """A consumer's cursor over both tiers of one box.
-
-    Rows are claimed ``prefetch`` at a time (fewer while the box is quiet) and
-    handed out one by one. With a selector, new rows are scanned once each (by
-    id, which grows in commit order), matching ones kept as candidates, so a
-    selective consumer never rescans a backlog it does not match.
-    """
-
-    def __init__(self, store: SQLStore, box: str, selector: Any, memory: Reader) -> None:
-        self._store = store
-        self._box = box
-        self._selector = selector
-        self._memory = memory
-        self._buffer: collections.deque[Delivery] = collections.deque()
-        self._batch = 1
-        self._empty_at: int | None = None  # box version when a claim last found nothing
-        self._flip = False
-        self._closed = False
-        self._lock = threading.Lock()
-        # selective state
-        self._cursor = 0
-        self._candidates: list[tuple[int, int, int, int]] = []  # (-priority, seq, id, ready_at)
-        self._needs_body = selector is not None and "XPATH" in selector.text.upper()
-        self._inbox_lock = threading.Lock()  # the writer's hand-over vs close; never held while waiting
-        store._register_reader(self)
-
-    def claim(self, now: int, auto_ack: bool) -> Delivery | None:
-        self._flip = not self._flip
-        if self._flip:
-            return self._memory.claim(now, auto_ack) or self._claim_sql(now, auto_ack)
-        return self._claim_sql(now, auto_ack) or self._memory.claim(now, auto_ack)
-
-    def _claim_sql(self, now: int, auto_ack: bool) -> Delivery | None:
-        store = self._store
-        with self._lock:
-            if self._closed:  # a claim now would hold rows that close() can no longer give back
-                return None
-            while True:
-                if not self._buffer and not self._fill(now):
-                    return None
-                delivery = self._buffer.popleft()
-                env = delivery.envelope
-                if env.expiration and env.expiration <= now:
-                    store._expire_held(delivery)
-                    continue
-                if auto_ack:
-                    store.ack([delivery], wait=False)
-                return delivery
-
-    def _worth_claiming(self, now: int) -> bool:
-        """False when nothing changed since a claim found the box empty (saves a write)."""
-        if self._empty_at is None or self._empty_at != self._store._version(self._box):
-            return True
-        ready = self._store._next_ready.get(self._box)
-        return ready is not None and ready <= now
-
-    def _fill(self, now: int) -> bool:
-        store = self._store
-        if self._selector is not None:
-            return self._fill_selective(now)
-        if not self._worth_claiming(now):
-            return False
-        version = store._version(self._box)
-        rows = store._claim_rows(self._box, self._batch, None, now)
-        if not rows:
-            self._empty_at = version
-            self._batch = 1
-            return False
-        self._empty_at = None
-        self._batch = min(store.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
-        self._extend(rows)
-        return True
-
-    def _extend(self, deliveries: list[Delivery]) -> None:
-        self._buffer.extend(deliveries)
-
-    def _waiting_for_new(self) -> bool:
-        """For the writer: this reader found its box empty, nothing came in
-        since, it holds nothing, and its consumer is waiting."""
-        demand = self.demand
-        return (not self._buffer and not self._candidates and self._empty_at is not None and not self._closed
-                and self._empty_at == self._store._version(self._box) and demand is not None and demand())
-
-    def _accept(self, deliveries: list[Delivery]) -> bool:
-        """Entries claimed for this reader by the writer; False if closed."""
-        with self._inbox_lock:
-            if self._closed:
-                return False
-            self._buffer.extend(deliveries)
-            return True
-
-    def _scan(self, now: int) -> None:
-        store = self._store
-        statement = store._sql.scan[self._needs_body]
-        selector = self._selector
-        decode_properties, decode_body = _codec.decode_properties, _codec.decode_body
-        with store.engine.connect() as conn:
-            while True:
-                rows = conn.exec_driver_sql(statement, (self._box, self._cursor)).cursor.fetchall()
-                for row in rows:
-                    (entry_id, priority, seq, ready_at, expiration, message_id, timestamp, correlation_id, type_,
-                     delivery_mode, properties, kind) = row[:12]
-                    self._cursor = entry_id
-                    if 0 < expiration <= now:
-                        continue
-                    env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
-                                   None, type_, decode_properties(properties), kind,
-                                   decode_body(kind, row[12]) if self._needs_body else None)
-                    if selector.matches(env):
-                        heapq.heappush(self._candidates, (-priority, seq, entry_id, ready_at))
-                if len(rows) < 5000:
-                    conn.rollback()
-                    return
-
-    def _fill_selective(self, now: int) -> bool:
-        store = self._store
-        version = store._version(self._box)
-        if self._empty_at != version:
-            self._empty_at = version  # before scanning: a change during the scan is seen next time
-            self._scan(now)
-        while self._candidates:
-            picked, later = [], []
-            while self._candidates and len(picked) < max(1, store.prefetch):
-                item = heapq.heappop(self._candidates)
-                (later if item[3] > now else picked).append(item)
-            for item in later:
-                heapq.heappush(self._candidates, item)
-            if not picked:
-                return False
-            rows = store._claim_rows(self._box, len(picked), [item[2] for item in picked], now)
-            if rows:
-                self._extend(rows)
-                return True
-        return False
-
-    def next_ready(self) -> int | None:
-        ready = self._store._next_ready.get(self._box)
-        if self._selector is not None and self._candidates:
-            delayed = [item[3] for item in self._candidates if item[3] > 0]
-            if delayed:
-                ready = min(delayed) if ready is None else min(ready, min(delayed))
-        memory = self._memory.next_ready()
-        if ready is None:
-            return memory
-        return ready if memory is None else min(ready, memory)
-
-    def close(self) -> None:
-        """Give back prefetched rows that were never handed out."""
-        with self._lock, self._inbox_lock:
-            if self._closed:
-                return
-            self._closed = True
-            ids = [d.ref for d in self._buffer]
-            self._buffer.clear()
-        self._store._unregister_reader(self)
-        self._memory.close()
-        if ids and not self._store._closed:
-            store = self._store
-            try:
-                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False),
-                             durable=False)
-            except StoreError:
-                log.warning("could not give back %d prefetched messages; they return when the lease expires", len(ids))

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from broker_core import Broker, Queue
-from broker_core._sql._store import _alembic_config, _current_revision, _head_revision, make_engine
+from broker_core._sql._engine import _alembic_config, _current_revision, _head_revision, make_engine
 
 
 def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_path):

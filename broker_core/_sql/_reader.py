@@ -1,0 +1,187 @@
+"""A consumer's reader over the SQL store (both tiers of one box)."""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._envelope import Envelope
+from .._errors import StoreError
+from .._store import Delivery, Reader
+from . import _codec
+
+if TYPE_CHECKING:
+    from ._store import SQLStore
+
+__all__ = ["_SQLReader"]
+
+log = logging.getLogger("broker_core.sql")
+
+
+class _SQLReader(Reader):
+    """A consumer's cursor over both tiers of one box.
+
+    Rows are claimed ``prefetch`` at a time (fewer while the box is quiet) and
+    handed out one by one. With a selector, new rows are scanned once each (by
+    id, which grows in commit order), matching ones kept as candidates, so a
+    selective consumer never rescans a backlog it does not match.
+    """
+
+    def __init__(self, store: "SQLStore", box: str, selector: Any, memory: Reader) -> None:
+        self._store = store
+        self._box = box
+        self._selector = selector
+        self._memory = memory
+        self._buffer: collections.deque[Delivery] = collections.deque()
+        self._batch = 1
+        self._empty_at: int | None = None  # box version when a claim last found nothing
+        self._flip = False
+        self._closed = False
+        self._lock = threading.Lock()
+        # selective state
+        self._cursor = 0
+        self._candidates: list[tuple[int, int, int, int]] = []  # (-priority, seq, id, ready_at)
+        self._needs_body = selector is not None and "XPATH" in selector.text.upper()
+        self._inbox_lock = threading.Lock()  # the writer's hand-over vs close; never held while waiting
+        store._register_reader(self)
+
+    def claim(self, now: int, auto_ack: bool) -> Delivery | None:
+        self._flip = not self._flip
+        if self._flip:
+            return self._memory.claim(now, auto_ack) or self._claim_sql(now, auto_ack)
+        return self._claim_sql(now, auto_ack) or self._memory.claim(now, auto_ack)
+
+    def _claim_sql(self, now: int, auto_ack: bool) -> Delivery | None:
+        store = self._store
+        with self._lock:
+            if self._closed:  # a claim now would hold rows that close() can no longer give back
+                return None
+            while True:
+                if not self._buffer and not self._fill(now):
+                    return None
+                delivery = self._buffer.popleft()
+                env = delivery.envelope
+                if env.expiration and env.expiration <= now:
+                    store._expire_held(delivery)
+                    continue
+                if auto_ack:
+                    store.ack([delivery], wait=False)
+                return delivery
+
+    def _worth_claiming(self, now: int) -> bool:
+        """False when nothing changed since a claim found the box empty (saves a write)."""
+        if self._empty_at is None or self._empty_at != self._store._version(self._box):
+            return True
+        ready = self._store._next_ready.get(self._box)
+        return ready is not None and ready <= now
+
+    def _fill(self, now: int) -> bool:
+        store = self._store
+        if self._selector is not None:
+            return self._fill_selective(now)
+        if not self._worth_claiming(now):
+            return False
+        version = store._version(self._box)
+        rows = store._claim_rows(self._box, self._batch, None, now)
+        if not rows:
+            self._empty_at = version
+            self._batch = 1
+            return False
+        self._empty_at = None
+        self._batch = min(store.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
+        self._extend(rows)
+        return True
+
+    def _extend(self, deliveries: list[Delivery]) -> None:
+        self._buffer.extend(deliveries)
+
+    def _waiting_for_new(self) -> bool:
+        """For the writer: this reader found its box empty, nothing came in
+        since, it holds nothing, and its consumer is waiting."""
+        demand = self.demand
+        return (not self._buffer and not self._candidates and self._empty_at is not None and not self._closed
+                and self._empty_at == self._store._version(self._box) and demand is not None and demand())
+
+    def _accept(self, deliveries: list[Delivery]) -> bool:
+        """Entries claimed for this reader by the writer; False if closed."""
+        with self._inbox_lock:
+            if self._closed:
+                return False
+            self._buffer.extend(deliveries)
+            return True
+
+    def _scan(self, now: int) -> None:
+        store = self._store
+        statement = store._sql.scan[self._needs_body]
+        selector = self._selector
+        decode_properties, decode_body = _codec.decode_properties, _codec.decode_body
+        with store.engine.connect() as conn:
+            while True:
+                rows = conn.exec_driver_sql(statement, (self._box, self._cursor)).cursor.fetchall()
+                for row in rows:
+                    (entry_id, priority, seq, ready_at, expiration, message_id, timestamp, correlation_id, type_,
+                     delivery_mode, properties, kind) = row[:12]
+                    self._cursor = entry_id
+                    if 0 < expiration <= now:
+                        continue
+                    env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
+                                   None, type_, decode_properties(properties), kind,
+                                   decode_body(kind, row[12]) if self._needs_body else None)
+                    if selector.matches(env):
+                        heapq.heappush(self._candidates, (-priority, seq, entry_id, ready_at))
+                if len(rows) < 5000:
+                    conn.rollback()
+                    return
+
+    def _fill_selective(self, now: int) -> bool:
+        store = self._store
+        version = store._version(self._box)
+        if self._empty_at != version:
+            self._empty_at = version  # before scanning: a change during the scan is seen next time
+            self._scan(now)
+        while self._candidates:
+            picked, later = [], []
+            while self._candidates and len(picked) < max(1, store.prefetch):
+                item = heapq.heappop(self._candidates)
+                (later if item[3] > now else picked).append(item)
+            for item in later:
+                heapq.heappush(self._candidates, item)
+            if not picked:
+                return False
+            rows = store._claim_rows(self._box, len(picked), [item[2] for item in picked], now)
+            if rows:
+                self._extend(rows)
+                return True
+        return False
+
+    def next_ready(self) -> int | None:
+        ready = self._store._next_ready.get(self._box)
+        if self._selector is not None and self._candidates:
+            delayed = [item[3] for item in self._candidates if item[3] > 0]
+            if delayed:
+                ready = min(delayed) if ready is None else min(ready, min(delayed))
+        memory = self._memory.next_ready()
+        if ready is None:
+            return memory
+        return ready if memory is None else min(ready, memory)
+
+    def close(self) -> None:
+        """Give back prefetched rows that were never handed out."""
+        with self._lock, self._inbox_lock:
+            if self._closed:
+                return
+            self._closed = True
+            ids = [d.ref for d in self._buffer]
+            self._buffer.clear()
+        self._store._unregister_reader(self)
+        self._memory.close()
+        if ids and not self._store._closed:
+            store = self._store
+            try:
+                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False),
+                             durable=False)
+            except StoreError:
+                log.warning("could not give back %d prefetched messages; they return when the lease expires", len(ids))
