@@ -388,6 +388,31 @@ def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
 # --------------------------------------------------------------------------- main
 
 
+def tree_cpu(root: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by this process and its live
+    descendants (the JVM, Spark's Python workers): what the load costs,
+    whatever else runs on the machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
+    root = root or os.getpid()
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo += [p for p, (ppid, _) in stats.items() if ppid == pid]
+    return total / ticks
+
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orders", type=int, default=100_000)
@@ -400,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--no-warm", action="store_true", help="do not repeat the load in the warm session")
     ap.add_argument("--skip-reparse", action="store_true", help="do not time the full rebuild from the XML")
+    ap.add_argument("--staging", default="auto", choices=["auto", "true", "false"],
+                    help="etl.arrow_staging: auto (Arrow on the driver in local mode), true, false (the Data Source)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
 
@@ -426,20 +453,23 @@ def main(argv: list[str] | None = None) -> int:
     with sqlite3.connect(db) as c:
         for t in ("etl_runs", "etl_quarantine", "etl_lock", "b2b_etl_version"):
             c.execute(f"DROP TABLE IF EXISTS {t}")
-    settings = config.resolve({"warehouse": str(wh), "spark_master": args.master,
+    settings = config.resolve({"warehouse": str(wh), "spark_master": args.master, "arrow_staging": args.staging,
                                "spark_conf": dict(c.split("=", 1) for c in args.conf)})
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), tree_cpu()
     spark = get_spark(settings)
     spark.range(1).count()
-    print(f"SparkSession ({args.master}) started in {time.perf_counter() - t:.1f}s (not counted below)", flush=True)
+    print(f"SparkSession ({args.master}) started in {time.perf_counter() - t:.1f}s, CPU {tree_cpu() - c:.1f}s "
+          f"(not counted below)", flush=True)
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), tree_cpu()
     first = job.run(settings, url, spark=spark)
     t_first = time.perf_counter() - t
     n_lines = first.stats["reconciliation"]["written"]["fact_order_line"]["rows"]
     print(f"ETL first load: {first.loaded:,} orders, {n_lines:,} lines in {t_first:.1f}s = "
-          f"{first.loaded / t_first:,.0f} orders/s, {n_lines / t_first:,.0f} lines/s", flush=True)  # fmt: skip
+          f"{first.loaded / t_first:,.0f} orders/s, {n_lines / t_first:,.0f} lines/s; CPU {tree_cpu() - c:.1f}s, "
+          f"load average {os.getloadavg()[0]:.2f}; staging: {first.stats.get('staging')} "
+          f"{first.stats.get('stage_seconds') or ''}", flush=True)  # fmt: skip
     print(f"  steps (s): {first.stats.get('seconds')}; writes (s): {first.stats.get('write_seconds')}", flush=True)
     print(f"  Spark jobs per step: {first.stats.get('spark_jobs')}", flush=True)
 
@@ -449,11 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         with sqlite3.connect(db) as c:
             c.execute("DELETE FROM etl_runs")
             c.execute("DELETE FROM etl_quarantine")
-        t = time.perf_counter()
+        t, c = time.perf_counter(), tree_cpu()
         warm = job.run(settings, url, spark=spark)
         t_warm = time.perf_counter() - t
         print(f"ETL same load, warm session: {warm.loaded:,} orders in {t_warm:.1f}s = {warm.loaded / t_warm:,.0f} "
-              f"orders/s, {n_lines / t_warm:,.0f} lines/s", flush=True)  # fmt: skip
+              f"orders/s, {n_lines / t_warm:,.0f} lines/s; CPU {tree_cpu() - c:.1f}s, load average "
+              f"{os.getloadavg()[0]:.2f}; staging {warm.stats.get('stage_seconds') or ''}", flush=True)  # fmt: skip
         print(f"  steps (s): {warm.stats.get('seconds')}; writes (s): {warm.stats.get('write_seconds')}", flush=True)
         print(f"  Spark jobs per step: {warm.stats.get('spark_jobs')}", flush=True)
 

@@ -28,6 +28,11 @@ and the other command-line options override them. Keys of ``etl:``:
 ``docs_per_partition`` (5000)
 ``lock_ttl`` (600)
     seconds the warehouse lock lasts without renewal (renewed every ttl/3).
+``arrow_staging`` ("auto")
+    ``auto``: with a local master and a warehouse on the local file system,
+    the driver reads the window and stages the new fact rows as Parquet with
+    Arrow (:mod:`spark_etl.stage`); otherwise the executors read it with the
+    Data Source. ``true`` insists on the first, ``false`` forces the second.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "read_partitions": 0,
     "docs_per_partition": 5000,
     "lock_ttl": 600,
+    "arrow_staging": "auto",
 }
 
 

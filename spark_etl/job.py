@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from spark_etl import source, state, ubl, warehouse
+from spark_etl import source, stage, state, ubl, warehouse
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
 __all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "run"]
@@ -186,8 +186,7 @@ def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> l
                 error="the process died after writing; publication completed by a later run",
             )  # fmt: skip
         else:
-            staging = storage.path("_staging", f"run-{rec.run_id}")
-            storage.delete(staging, recursive=True)
+            warehouse.remove_staging(storage, storage.path("_staging", f"run-{rec.run_id}"))
             state.update_run(engine, rec.run_id, status="failed", finished_at=state.now_ms(),
                              error=rec.error or "abandoned: the process ended before publishing")  # fmt: skip
         done.append(rec.run_id)
@@ -263,7 +262,7 @@ class _Job:
                 state.update_run(self.engine, self.run_id, error=("while publishing: " + error)[:8000])
                 raise
             try:
-                self.storage.delete(self.staging, recursive=True)
+                warehouse.remove_staging(self.storage, self.staging)
             except Exception:  # pragma: no cover - best effort
                 log.exception("could not remove %s", self.staging)
             state.update_run(self.engine, self.run_id, status="failed", finished_at=state.now_ms(), error=error[:8000],
@@ -279,7 +278,6 @@ class _Job:
                 self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
     def _load(self, result: RunResult) -> None:
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         spark, storage, window = self.spark, self.storage, self.window
@@ -300,6 +298,199 @@ class _Job:
             2 * parallelism, min(256, -(-total // int(self.settings.get("docs_per_partition") or 5000)))
         )
         ranges = source.plan_ranges(lo, hi, n_parts)
+        self.arrow = self._use_arrow_staging()
+        self.stats["staging"] = "arrow" if self.arrow else "spark"
+        if self.arrow:
+            new, quarantined, control = self._read_arrow(ranges)
+        else:
+            new, quarantined, control = self._read_spark(ranges, total, max_files)
+        result.docs_read = control["docs"]
+        result.loaded, result.quarantined, result.skipped = control["ok"], control["quarantined"], control["skipped"]
+        result.quarantine = quarantined
+
+        # 2. the keys the correction rule must (re)derive
+        exists = {t: (not self.full) and storage.has_data(t) for t in warehouse.FACT_TABLES}
+        live = {t: storage.read(t) if exists[t] else None for t in warehouse.FACT_TABLES}
+        kc, n_kc = self._complex_keys(new, live, in_win, control)
+        self.stats["complex_keys"] = n_kc
+        self.steps("correction keys")
+
+        # 3. the partitions each table touches
+        live_dates = {t: {p.split("=", 1)[1] for p in storage.partitions(t)} if exists[t] else set()
+                      for t in warehouse.FACT_TABLES}  # fmt: skip
+        new_dates = control["dates"]
+        touched: dict[str, set[str]] = {}
+        kc_dates: dict[str, set[str]] = {}
+        for t in warehouse.FACT_TABLES:
+            dates = set(new_dates.get(t, ()))
+            if self.full:
+                dates |= {p.split("=", 1)[1] for p in storage.partitions(t)}
+            elif exists[t]:
+                cond = in_win
+                if n_kc and t in ("fact_order", "fact_order_change"):
+                    flagged = live[t].join(F.broadcast(kc.withColumn("_kc", F.lit(True))), KEY, "left")
+                    rows = flagged.where(in_win | F.col("_kc").isNotNull()).select(
+                        PARTITION, F.col("_kc").isNotNull().alias("kc")).distinct().collect()
+                    dates |= {str(r[PARTITION]) for r in rows}
+                    kc_dates[t] = {str(r[PARTITION]) for r in rows if r["kc"]}
+                else:
+                    dates |= {str(r[PARTITION]) for r in live[t].where(cond).select(PARTITION).distinct().collect()}
+            touched[t] = dates
+        kc_line_dates = kc_dates.get("fact_order", set()) | kc_dates.get("fact_order_change", set())
+        touched["fact_order_line"] |= kc_line_dates
+        self.steps("plan")
+
+        # 4. the new content of the touched partitions
+        content = {}
+        direct: set[str] = set()  # tables whose content is the new rows alone, still partitioned by date
+        for t in warehouse.FACT_TABLES:
+            if not touched[t]:
+                continue
+            # nothing to keep (no such partition yet, e.g. a night of new dates) and nothing derived
+            fresh = not exists[t] or not (touched[t] & live_dates[t])
+            if fresh and not (n_kc and t in warehouse.ORDER_TABLES):
+                direct.add(t)
+                if self.arrow:  # staged by Arrow already, one file per date: nothing for Spark to do
+                    content[t] = None
+                    continue
+            parts = []
+            if exists[t] and not fresh:
+                kept = live[t].where(F.col(PARTITION).isin(sorted(touched[t]))).where(~in_win)
+                if n_kc and t in warehouse.ORDER_TABLES:
+                    kept = kept.join(F.broadcast(kc), KEY, "left_anti")
+                parts.append(kept)
+            rows = new[t]
+            if n_kc and t in ("fact_order", "fact_order_line"):
+                rows = rows.join(F.broadcast(kc), KEY, "left_anti")
+            if t != "fact_order_change" or not n_kc:
+                parts.append(rows)
+            content[t] = parts
+        if n_kc:
+            def existing(t: str, dates: set[str]):
+                if not exists[t] or not dates:
+                    return None
+                return (live[t].where(F.col(PARTITION).isin(sorted(dates))).where(~in_win)
+                        .join(F.broadcast(kc), KEY, "left_semi"))  # fmt: skip
+
+            def both(t: str, dates: set[str]):
+                fresh = new[t].join(F.broadcast(kc), KEY, "left_semi")
+                old = existing(t, dates)
+                return fresh if old is None else fresh.unionByName(old)
+
+            o_d, c_d, l_d = warehouse.derive_orders(
+                both("fact_order", kc_dates.get("fact_order", set())),
+                both("fact_order_change", kc_dates.get("fact_order_change", set())),
+                both("fact_order_line", kc_line_dates),
+                materialize=self._checkpoint,
+            )
+            for t, df in (("fact_order", o_d), ("fact_order_line", l_d), ("fact_order_change", c_d)):
+                content.setdefault(t, []).append(df)  # derived rows live in partitions already touched
+        self.steps("facts")
+
+        # 5. stage
+        staged: dict[str, str] = {}
+        for t, parts in content.items():
+            path = f"{self.staging}/{t}"
+            if parts is None:
+                # staged by Arrow as the new rows alone, one file per date: they are the new content
+                src = f"{self.staging}/new/{t}"
+                if not storage.exists(src):
+                    storage.mkdirs(path)  # no new row (a --full whose table is now empty)
+                elif not storage.rename(src, path):
+                    raise OSError(f"could not move {src} to {path}")
+                staged[t] = path
+                continue
+            df = parts[0]
+            for p in parts[1:]:
+                df = df.unionByName(p)
+            if t not in direct or self.arrow:  # kept or derived rows too: gather every date's rows in one task
+                df = df.repartition(max(1, min(len(touched[t]), max_files)), PARTITION)
+            t_w = time.perf_counter()
+            df.write.mode("overwrite").partitionBy(PARTITION).parquet(path)
+            self.stats.setdefault("write_seconds", {})[t] = round(time.perf_counter() - t_w, 3)
+            staged[t] = path
+        self.steps("write")
+
+        # 6. reconcile the staged files against the ledger and the parse control totals
+        self._reconcile(control, staged, in_win, result)
+        self.steps("reconcile")
+
+        # 7. dimensions, from the new state of the facts
+        def after(t: str):
+            kept = live[t].where(~F.col(PARTITION).isin(sorted(touched[t]))) if exists[t] else None
+            fresh = storage.read(t, staged[t]) if t in staged else None
+            dfs = [d for d in (kept, fresh) if d is not None]
+            if not dfs:
+                return spark.createDataFrame([], warehouse.schema(t))
+            return dfs[0] if len(dfs) == 1 else dfs[0].unionByName(dfs[1])
+
+        dim_path = f"{self.staging}/dim_partner"
+        if self.arrow:  # the same with pyarrow, from the local files (no Spark job)
+            def after_dirs(t: str) -> list[str]:
+                kept = [stage.local_path(storage.path(t, warehouse.partition_name(d))) for d in sorted(live_dates[t] - touched[t])]
+                return kept + ([stage.local_path(staged[t])] if t in staged else [])
+
+            stage.write_table(stage.local_path(dim_path),
+                              stage.dim_partner(after_dirs("fact_order"), after_dirs("fact_invoice")))  # fmt: skip
+        else:
+            warehouse.dim_partner(after("fact_order"), after("fact_invoice")).coalesce(1).write.mode("overwrite").parquet(dim_path)
+        all_dates = set()
+        for t in warehouse.FACT_TABLES:
+            live_parts = live_dates[t]
+            staged_parts = {p.split("=", 1)[1] for p, d in storage.list(staged[t]) if d and p.startswith(PARTITION + "=")} if t in staged else set()
+            all_dates |= (live_parts - touched[t]) | staged_parts
+        date_rows = warehouse.dim_date_rows(_dt.date.fromisoformat(d) for d in all_dates)
+        if self.arrow:
+            stage.write_table(stage.local_path(f"{self.staging}/dim_date"), stage.dim_date(date_rows))
+        else:
+            spark.createDataFrame(date_rows, warehouse.schema("dim_date")).coalesce(1).write.mode("overwrite").parquet(
+                f"{self.staging}/dim_date")
+        self.steps("dimensions")
+
+        # 8. journal, publish, record (the watermark moves with the record)
+        manifest = self._manifest(touched, staged)
+        manifest["quarantine"] = quarantined
+        state.update_run(self.engine, self.run_id, status="publishing", manifest=manifest, stats=self.stats,
+                         docs_read=result.docs_read, rows_written=result.rows_written, loaded=result.loaded,
+                         quarantined=result.quarantined, skipped=result.skipped)  # fmt: skip
+        if self.lease.lost:
+            raise state.LockLostError("the warehouse lock was lost before publishing")
+        self.publishing = True
+        _before_publish(self)
+        warehouse.publish(storage, manifest)
+        _after_publish(self)
+        state.finish_run(self.engine, self.run_id, lease=self.lease, quarantine_rows=quarantined,
+                         window_ids_cleared=(lo, hi), stats=self.stats)  # fmt: skip
+        result.status = "succeeded"
+        result.stats = self.stats
+        self.steps("published")
+        self.stats["seconds"] = self.steps.timings
+        self.stats["spark_jobs"] = self.steps.jobs
+
+    # ------------------------------------------------------------------ pieces
+
+    def _use_arrow_staging(self) -> bool:
+        """``etl.arrow_staging``: ``auto`` (default) stages with Arrow when
+        the master is local and the warehouse on the local file system;
+        ``true`` insists (an error elsewhere), ``false`` never does."""
+        want = str(self.settings.get("arrow_staging", "auto")).lower()
+        usable = stage.usable(self.spark, self.storage.root)
+        if want in ("false", "0", "no", "off"):
+            return False
+        if want in ("true", "1", "yes", "on"):
+            if not usable:
+                raise EtlError("arrow_staging needs a local master and a warehouse on the local file system")
+            return True
+        return usable
+
+    def _read_spark(self, ranges, total: int, max_files: int):
+        """The window read by the Python Data Source on the executors (any
+        master): the documents hash-partitioned by issue date and kept (local
+        checkpoint or cache), then one query for what the driver must know."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        spark = self.spark
         docs = (
             spark.read.format("b2b_ledger").option("url", self.db_url).option("ranges", _json(ranges))
             .option("mode", "parsed").option("reparse", str(self.reparse).lower())
@@ -347,144 +538,26 @@ class _Job:
             .select("message_id", "partner", "doc_type", "ledger_seq", "reason")
             .collect()
         ] if control["quarantined"] else []  # fmt: skip
-        result.docs_read = control["docs"]
-        result.loaded, result.quarantined, result.skipped = control["ok"], control["quarantined"], control["skipped"]
-        result.quarantine = quarantined
+        return warehouse.fact_rows(docs), quarantined, control
 
-        # 2. the new fact rows, the keys the correction rule must (re)derive
-        new = warehouse.fact_rows(docs)
-        exists = {t: (not self.full) and storage.has_data(t) for t in warehouse.FACT_TABLES}
-        live = {t: storage.read(t) if exists[t] else None for t in warehouse.FACT_TABLES}
-        kc, n_kc = self._complex_keys(new, live, in_win, control)
-        self.stats["complex_keys"] = n_kc
-        self.steps("correction keys")
+    def _read_arrow(self, ranges):
+        """The window staged with Arrow on the driver (:mod:`spark_etl.stage`,
+        local mode): the new fact rows as Parquet files, one per table and
+        date, read back by Spark's Parquet reader where they are combined with
+        other rows; the control totals computed on the Arrow side."""
+        staged = stage.stage_window(self.db_url, ranges, stage.local_path(self.staging), reparse=self.reparse,
+                                    batch_size=READ_BATCH_DOCS)  # fmt: skip
+        self.new_staged = staged
+        self.stats["stage_seconds"] = staged.seconds
+        self.steps("read")
+        self.repeated_keys = list(staged.repeated_keys)
+        control = self._control(staged.summary)
+        self.steps("summary")
+        new_path = f"{self.staging}/new"
+        new = warehouse._Tables({t: (lambda t=t: self.storage.read(t, f"{new_path}/{t}")) for t in warehouse.FACT_TABLES},
+                                conform=False)  # fmt: skip
+        return new, staged.quarantined, control
 
-        # 3. the partitions each table touches
-        new_dates = control["dates"]
-        touched: dict[str, set[str]] = {}
-        kc_dates: dict[str, set[str]] = {}
-        for t in warehouse.FACT_TABLES:
-            dates = set(new_dates.get(t, ()))
-            if self.full:
-                dates |= {p.split("=", 1)[1] for p in storage.partitions(t)}
-            elif exists[t]:
-                cond = in_win
-                if n_kc and t in ("fact_order", "fact_order_change"):
-                    flagged = live[t].join(F.broadcast(kc.withColumn("_kc", F.lit(True))), KEY, "left")
-                    rows = flagged.where(in_win | F.col("_kc").isNotNull()).select(
-                        PARTITION, F.col("_kc").isNotNull().alias("kc")).distinct().collect()
-                    dates |= {str(r[PARTITION]) for r in rows}
-                    kc_dates[t] = {str(r[PARTITION]) for r in rows if r["kc"]}
-                else:
-                    dates |= {str(r[PARTITION]) for r in live[t].where(cond).select(PARTITION).distinct().collect()}
-            touched[t] = dates
-        kc_line_dates = kc_dates.get("fact_order", set()) | kc_dates.get("fact_order_change", set())
-        touched["fact_order_line"] |= kc_line_dates
-        self.steps("plan")
-
-        # 4. the new content of the touched partitions
-        content = {}
-        direct: set[str] = set()  # tables whose content is the new rows alone, still partitioned by date
-        for t in warehouse.FACT_TABLES:
-            if not touched[t]:
-                continue
-            if not exists[t] and not (n_kc and t in warehouse.ORDER_TABLES):
-                direct.add(t)
-            parts = []
-            if exists[t]:
-                kept = live[t].where(F.col(PARTITION).isin(sorted(touched[t]))).where(~in_win)
-                if n_kc and t in warehouse.ORDER_TABLES:
-                    kept = kept.join(F.broadcast(kc), KEY, "left_anti")
-                parts.append(kept)
-            rows = new[t]
-            if n_kc and t in ("fact_order", "fact_order_line"):
-                rows = rows.join(F.broadcast(kc), KEY, "left_anti")
-            if t != "fact_order_change" or not n_kc:
-                parts.append(rows)
-            content[t] = parts
-        if n_kc:
-            def existing(t: str, dates: set[str]):
-                if not exists[t] or not dates:
-                    return None
-                return (live[t].where(F.col(PARTITION).isin(sorted(dates))).where(~in_win)
-                        .join(F.broadcast(kc), KEY, "left_semi"))  # fmt: skip
-
-            def both(t: str, dates: set[str]):
-                fresh = new[t].join(F.broadcast(kc), KEY, "left_semi")
-                old = existing(t, dates)
-                return fresh if old is None else fresh.unionByName(old)
-
-            o_d, c_d, l_d = warehouse.derive_orders(
-                both("fact_order", kc_dates.get("fact_order", set())),
-                both("fact_order_change", kc_dates.get("fact_order_change", set())),
-                both("fact_order_line", kc_line_dates),
-                materialize=self._checkpoint,
-            )
-            for t, df in (("fact_order", o_d), ("fact_order_line", l_d), ("fact_order_change", c_d)):
-                content.setdefault(t, []).append(df)  # derived rows live in partitions already touched
-        self.steps("facts")
-
-        # 5. stage
-        staged: dict[str, str] = {}
-        for t, parts in content.items():
-            df = parts[0]
-            for p in parts[1:]:
-                df = df.unionByName(p)
-            path = f"{self.staging}/{t}"
-            if t not in direct:  # kept or derived rows too: gather every date's rows in one task
-                df = df.repartition(max(1, min(len(touched[t]), max_files)), PARTITION)
-            t_w = time.perf_counter()
-            df.write.mode("overwrite").partitionBy(PARTITION).parquet(path)
-            self.stats.setdefault("write_seconds", {})[t] = round(time.perf_counter() - t_w, 3)
-            staged[t] = path
-        self.steps("write")
-
-        # 6. reconcile the staged files against the ledger and the parse control totals
-        self._reconcile(control, staged, in_win, result)
-        self.steps("reconcile")
-
-        # 7. dimensions, from the new state of the facts
-        def after(t: str):
-            kept = live[t].where(~F.col(PARTITION).isin(sorted(touched[t]))) if exists[t] else None
-            fresh = storage.read(t, staged[t]) if t in staged else None
-            dfs = [d for d in (kept, fresh) if d is not None]
-            if not dfs:
-                return spark.createDataFrame([], warehouse.schema(t))
-            return dfs[0] if len(dfs) == 1 else dfs[0].unionByName(dfs[1])
-
-        dim_path = f"{self.staging}/dim_partner"
-        warehouse.dim_partner(after("fact_order"), after("fact_invoice")).coalesce(1).write.mode("overwrite").parquet(dim_path)
-        all_dates = set()
-        for t in warehouse.FACT_TABLES:
-            live_parts = set() if self.full else {p.split("=", 1)[1] for p in storage.partitions(t)}
-            staged_parts = {p.split("=", 1)[1] for p, d in storage.list(staged[t]) if d and p.startswith(PARTITION + "=")} if t in staged else set()
-            all_dates |= (live_parts - touched[t]) | staged_parts
-        date_rows = warehouse.dim_date_rows(_dt.date.fromisoformat(d) for d in all_dates)
-        spark.createDataFrame(date_rows, warehouse.schema("dim_date")).coalesce(1).write.mode("overwrite").parquet(
-            f"{self.staging}/dim_date")
-        self.steps("dimensions")
-
-        # 8. journal, publish, record (the watermark moves with the record)
-        manifest = self._manifest(touched, staged)
-        manifest["quarantine"] = quarantined
-        state.update_run(self.engine, self.run_id, status="publishing", manifest=manifest, stats=self.stats,
-                         docs_read=result.docs_read, rows_written=result.rows_written, loaded=result.loaded,
-                         quarantined=result.quarantined, skipped=result.skipped)  # fmt: skip
-        if self.lease.lost:
-            raise state.LockLostError("the warehouse lock was lost before publishing")
-        self.publishing = True
-        _before_publish(self)
-        warehouse.publish(storage, manifest)
-        _after_publish(self)
-        state.finish_run(self.engine, self.run_id, lease=self.lease, quarantine_rows=quarantined,
-                         window_ids_cleared=(lo, hi), stats=self.stats)  # fmt: skip
-        result.status = "succeeded"
-        result.stats = self.stats
-        self.steps("published")
-        self.stats["seconds"] = self.steps.timings
-        self.stats["spark_jobs"] = self.steps.jobs
-
-    # ------------------------------------------------------------------ pieces
 
     def _checkpoint(self, df):
         """``df.localCheckpoint(eager=True)``, released when the run ends."""
@@ -524,18 +597,19 @@ class _Job:
         """Order keys whose rows the correction rule must derive: keys named by
         a new change or cancellation, keys of new orders that are repeated or
         that already have an order or a change in the warehouse."""
-        new_orders = new["fact_order"].select(*KEY)
-        repeated = self.spark.createDataFrame(self.repeated_keys, "partner string, order_id string")
         keys = []
         if control["totals"]["fact_order_change"]["rows"]:
             keys.append(new["fact_order_change"].select(*KEY))
         if control["totals"]["fact_order"]["rows"]:
             for t in ("fact_order", "fact_order_change"):
                 if live[t] is not None:
+                    new_orders = new["fact_order"].select(*KEY)
                     keys.append(live[t].where(~in_win).select(*KEY).join(new_orders, KEY, "left_semi"))
+        repeated = (self.spark.createDataFrame(self.repeated_keys, "partner string, order_id string")
+                    if self.repeated_keys else None)  # fmt: skip
         if not keys:  # no Spark job: the repeated keys (counted with the control totals) are all there is
             return repeated, len(self.repeated_keys)
-        if self.repeated_keys:
+        if repeated is not None:
             keys.append(repeated)
         kc = keys[0]
         for k in keys[1:]:
@@ -560,7 +634,7 @@ class _Job:
         null = F.lit(None)
         per_table = []
         for t in warehouse.FACT_TABLES:
-            if t not in staged:
+            if t not in staged or self.arrow:
                 continue
             df = self.storage.read(t, staged[t]).where(in_win)
             header, amounts = t in _HEADER_TABLES, t in ("fact_order", "fact_invoice")
@@ -574,6 +648,9 @@ class _Job:
                 (F.sum("line_amount") if lines else null).cast(total).alias("amount"),
             ))  # fmt: skip
         read_back = {}
+        if self.arrow:  # local files: read back with pyarrow (no Spark job)
+            read_back = {t: stage.read_back(stage.local_path(staged[t]), t, self.window.lo, self.window.hi)
+                         for t in warehouse.FACT_TABLES if t in staged}  # fmt: skip
         if per_table:
             union = per_table[0]
             for df in per_table[1:]:

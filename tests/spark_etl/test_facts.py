@@ -118,6 +118,35 @@ def test_warehouse_from_facts_equals_the_warehouse_parsed_from_the_xml(spark, le
     old.engine.dispose()
 
 
+def test_arrow_staging_and_the_data_source_give_the_same_warehouse(spark, settings, tmp_path):
+    """The local fast path (the driver stages with Arrow, reads back and builds
+    the dimensions with pyarrow) and the cluster path (the executors read with
+    the Data Source, everything in Spark) give the same warehouse, night by
+    night, also when the nights alternate between them; so does --full."""
+    names = ("arrow", "spark", "mixed")
+    ledgers = {n: Ledger(f"sqlite:///{tmp_path / (n + '.db')}") for n in names}  # the same documents, seqs, times
+    conf = {n: {**settings, "warehouse": str(tmp_path / n)} for n in names}
+    for i, night in enumerate(_history(ledgers["arrow"])):
+        flags = {"arrow": True, "spark": False, "mixed": i % 2 == 1}
+        results = {}
+        for n in names:
+            for message_id, doc_type, document, partner in night:
+                ledgers[n].add(message_id, doc_type, document, partner=partner)
+            results[n] = run(spark, ledgers[n], {**conf[n], "arrow_staging": flags[n]})
+            assert results[n].stats["staging"] == ("arrow" if flags[n] else "spark")
+        counts = {n: (r.docs_read, r.loaded, r.quarantined, r.skipped, r.rows_written) for n, r in results.items()}
+        assert counts["arrow"] == counts["spark"] == counts["mixed"]
+        assert snapshot(conf["arrow"]) == snapshot(conf["spark"]) == snapshot(conf["mixed"])
+    result = snapshot(conf["arrow"])
+    assert len(result["fact_order"]) == 4 and len(result["fact_invoice_line"]) == 10 and result["dim_partner"]
+    assert quarantine(ledgers["arrow"]) == quarantine(ledgers["spark"]) and len(quarantine(ledgers["spark"])) == 3
+    for n, flag in (("arrow", True), ("spark", False)):
+        run(spark, ledgers[n], {**conf[n], "arrow_staging": flag}, full=True)
+        assert snapshot(conf[n]) == result, n
+    for led in ledgers.values():
+        led.engine.dispose()
+
+
 def test_current_facts_are_used_stale_and_unreadable_ones_are_not(spark, ledger, settings, tmp_path):
     order = example(ORDER)
     good = gateway_facts(order, "Order")
