@@ -219,8 +219,15 @@ class _Job:
         self.steps = _Steps(progress)
         self.mode = "full" if full else ("since" if since is not None else "incremental")
         self.publishing = False
+        self.n_docs = 0
+        self._counts: _Background | None = None
         self._cached: list[Any] = []
         self._checkpoints: list[Any] = []
+
+    @property
+    def ledger_counts(self) -> dict[str, int]:
+        """The window's documents per type, as the ledger says."""
+        return self._counts.result() if self._counts is not None else {}
 
     # ------------------------------------------------------------------ driver
 
@@ -237,13 +244,17 @@ class _Job:
                 lo = wm
             lo = min(lo, hi)
             self.window = source.Window(lo, hi)
-            self.ledger_counts = source.window_counts(conn, self.window)
+            self.n_docs = source.window_size(conn, self.window)
             conn.rollback()
+        if self.n_docs:
+            # The ledger's count per document type (for reconciliation) reads
+            # the wide ledger rows: it runs while the window is read.
+            self._counts = _Background(lambda: _window_counts(self.engine, self.window))
         self.run_id = state.start_run(self.engine, mode=self.mode, owner=self.lease.owner, seq_from=lo, seq_to=hi)
         self.staging = self.storage.path("_staging", f"run-{self.run_id}")
         result = RunResult(self.run_id, self.mode, "running", lo, hi)
         try:
-            if not self.full and sum(self.ledger_counts.values()) == 0:
+            if not self.full and self.n_docs == 0:
                 self.steps("nothing new")
                 state.finish_run(self.engine, self.run_id, lease=self.lease, docs_read=0, rows_written=0, loaded=0,
                                  quarantined=0, skipped=0, stats={"ledger": {}})  # fmt: skip
@@ -270,6 +281,8 @@ class _Job:
             raise
         finally:
             self.steps.close()
+            if self._counts is not None:  # never leave the count running on a connection of the engine
+                self._counts._thread.join()
             for df in self._cached:
                 df.unpersist()
             for df in self._checkpoints:
@@ -283,11 +296,11 @@ class _Job:
         spark, storage, window = self.spark, self.storage, self.window
         lo, hi = window.lo, window.hi
         in_win = (F.col("ledger_seq") > F.lit(lo)) & (F.col("ledger_seq") <= F.lit(hi))
-        self.stats: dict[str, Any] = {"ledger": self.ledger_counts, "tables": {}}
+        self.stats: dict[str, Any] = {"tables": {}}
         self.steps.count_jobs(spark, f"b2bgw-etl-run-{self.run_id}-{id(self):x}")
 
         # 1. read and parse the window (Spark tasks, one per seq range), cached
-        total = sum(self.ledger_counts.values())
+        total = self.n_docs
         parallelism = spark.sparkContext.defaultParallelism
         # Writer tasks: the documents are hash-partitioned by issue date into
         # this many partitions as they are read, so each date lies in exactly
@@ -623,6 +636,7 @@ class _Job:
 
         mismatches: list[str] = []
         window = (self.window.lo, self.window.hi)
+        self.stats["ledger"] = self.ledger_counts
         for doc_type in sorted(set(self.ledger_counts) | set(control["read_by_type"])):
             want, got = self.ledger_counts.get(doc_type, 0), control["read_by_type"].get(doc_type, 0)
             if want != got:
@@ -704,6 +718,37 @@ class _Job:
             tables[t] = {"": {"old": storage.data_files(storage.path(t)),
                               "new": storage.data_files(f"{self.staging}/{t}")}}  # fmt: skip
         return {"run_id": self.run_id, "staging": self.staging, "tables": tables}
+
+
+class _Background:
+    """A function run on a daemon thread; ``result()`` waits for it (and raises what it raised)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # re-raised by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=target, name="etl-window-counts", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _window_counts(engine: sa.Engine, window: source.Window) -> dict[str, int]:
+    with engine.connect() as conn:
+        try:
+            return source.window_counts(conn, window)
+        finally:
+            conn.rollback()
 
 
 def _release_checkpoint(df: Any) -> None:

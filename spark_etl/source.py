@@ -134,6 +134,15 @@ def window_counts(conn: sa.Connection, window: Window) -> dict[str, int]:
     return {doc_type: int(n) for doc_type, n in conn.execute(q)}
 
 
+def window_size(conn: sa.Connection, window: Window) -> int:
+    """How many documents the window has (the event log alone: cheap, unlike
+    :func:`window_counts`, whose document types are on the wide ledger rows)."""
+    if window.empty:
+        return 0
+    first = _first_delivery(window.lo, window.hi).subquery("f")
+    return int(conn.execute(sa.select(sa.func.count()).select_from(first)).scalar_one())
+
+
 def max_seq(conn: sa.Connection) -> int:
     return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one())
 
