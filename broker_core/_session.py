@@ -643,6 +643,7 @@ class MessageConsumer:
         self._thread_waiter = ThreadWaiter()
         self._auto_ack = session.ack_mode in (AckMode.AUTO, AckMode.DUPS_OK, AckMode.NO_ACKNOWLEDGE)
         reader.demand = self._waiting  # stores may hand new messages straight to a waiting consumer
+        reader.wake = self._wake  # ... and then wake it alone
 
     def _waiting(self) -> bool:
         """Whether this consumer is waiting for a message right now."""

@@ -169,6 +169,9 @@ class Reader(abc.ABC):
     #: message right now. A store may hand new messages straight to a
     #: waiting reader (the SQL store does, saving the claim round trip).
     demand: Callable[[], bool] | None = None
+    #: Set by the consumer that owns the reader: wake it up. A store that
+    #: hands a message to this reader wakes its consumer alone.
+    wake: Callable[[], None] | None = None
 
     @abc.abstractmethod
     def claim(self, now: int, auto_ack: bool) -> Delivery | None:

@@ -111,7 +111,10 @@ class _SQLReader(Reader):
             if self._closed:
                 return False
             self._buffer.extend(deliveries)
-            return True
+        wake = self.wake
+        if wake is not None:
+            wake()
+        return True
 
     def _scan(self, now: int) -> None:
         store = self._store

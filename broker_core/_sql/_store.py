@@ -576,7 +576,9 @@ class SQLStore(Store):
             batch.after_commit.append(lambda: self._note_own_ids(first, last))
         batch.after_commit.append(lambda: self._remember(ids, placed))
         counts = collections.Counter(p[0] for p in pending)
-        batch.touched.update(counts)
+        # a box all of whose new entries went to waiting readers has nothing for anyone else: its other
+        # consumers (and other processes) are not woken to find it empty, only the readers that got them
+        batch.touched.update(counts if not handed else {p[0] for i, p in enumerate(pending) if i not in handed})
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
 
     _RECENT_COUNT = 4096

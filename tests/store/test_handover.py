@@ -55,3 +55,34 @@ def test_messages_handed_to_a_consumer_that_closed_meanwhile_go_back_unmarked(tm
         assert got == [None]
         conn.close()
         other.close()
+
+
+def test_a_message_handed_over_wakes_only_the_consumer_that_got_it(tmp_path):
+    """Four consumers wait on one queue: a new message goes to one of them,
+    and the other three are not woken to claim from a queue that has nothing
+    for them (each such claim is a write transaction)."""
+    queue = Queue("handover.herd")
+    with Broker.open(f"sqlite:///{tmp_path / 'h.db'}", sweep_interval=0, heartbeat_interval=60) as broker:
+        writer = broker.store._writer
+        conn = broker.connect()
+        conn.start()
+        consumers = [conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue) for _ in range(4)]
+        got: list = []
+        threads = [threading.Thread(target=lambda c=c: got.append(c.receive(timeout=3))) for c in consumers]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # all four found the queue empty and wait
+        before = writer.operations
+        sender = broker.connect().create_session()
+        sender.create_producer(queue).send(sender.create_text_message("one"))
+        deadline = time.monotonic() + 3
+        while not any(got) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # room for needless claims, if any consumer were woken
+        assert writer.operations - before == 1  # the send; no claim
+        for thread in threads:
+            thread.join(5)
+        received = [m for m in got if m is not None]
+        assert [m.text for m in received] == ["one"]
+        received[0].acknowledge()
+        conn.close()
