@@ -162,7 +162,7 @@ class SQLStore(Store):
                                   pool_size=int(options.get("pool_size", 5)))
         self.dialect = self.engine.dialect.name
         self._pg = self.dialect == "postgresql"
-        self._sql = _Statements(self._pg)
+        self._sql = _Statements(self._pg, self.engine.dialect.dbapi.Error)
         auto_upgrade = options.get("auto_upgrade", not self._pg)
         try:
             if auto_upgrade:
@@ -501,11 +501,11 @@ class SQLStore(Store):
     def _reserve_ids(self, conn: sa.Connection, table: str, n: int) -> list[int]:
         """``n`` new ids of ``table`` in one query (the write lock is held)."""
         if self._pg:
-            rows = conn.exec_driver_sql(
-                f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,)
-            ).cursor.fetchall()
+            rows = self._sql.run(
+                conn, f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,))
             return [row[0] for row in rows]
-        base = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).scalar() or 0
+        rows = self._sql.run(conn, "SELECT seq FROM sqlite_sequence WHERE name = ?", (table,))
+        base = rows[0][0] if rows else 0
         return list(range(base + 1, base + n + 1))
 
     def _flush_inserts(self, batch: Batch) -> None:
@@ -756,7 +756,7 @@ class SQLStore(Store):
         sql = self._sql
         while True:
             if ids is None:
-                rows = conn.exec_driver_sql(sql.claim_next, (self.instance_id, box, now, limit)).cursor.fetchall()
+                rows = sql.run(conn, sql.claim_next, (self.instance_id, box, now, limit))
             else:
                 rows = sql.by_ids(conn, "claim", ids, now, before=(self.instance_id,))
             expired = [_Claimed._make(r) for r in rows if 0 < r[5] <= now]
@@ -767,7 +767,7 @@ class SQLStore(Store):
             if rows or ids is not None:
                 break  # else: all were expired; claim the next ones
         if not rows:
-            return [], conn.exec_driver_sql(sql.next_ready, (box, now)).scalar()
+            return [], sql.run(conn, sql.next_ready, (box, now))[0][0]
         rows.sort(key=lambda r: (-r[4], r[3]))
         # the envelopes this process stored lately are taken as they are (message rows never change);
         # the others are read back

@@ -186,6 +186,8 @@ class GroupCommitter:
             committing = False
             try:
                 self._begin(conn, any(op.durable for op in ops))
+                if not conn.in_transaction():  # open now: operations may use the driver's cursor directly
+                    conn.begin()
                 for op in ops:
                     op.result = op.fn(batch)
                 if self._before_commit is not None:

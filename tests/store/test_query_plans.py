@@ -13,13 +13,23 @@ import pytest
 import sqlalchemy as sa
 
 from broker_core import AckMode, Broker, Queue, Topic
+from broker_core._sql import _statements
 
 
 @pytest.fixture()
-def traced(tmp_path):
+def traced(tmp_path, monkeypatch):
     """A broker whose statements are recorded as the store issues them (text
-    and parameters), to be planned again the same way."""
+    and parameters), to be planned again the same way: those it runs on the
+    driver's cursor and those it runs through SQLAlchemy."""
     statements: list[tuple[str, object]] = []
+    real_run = _statements._Statements.run
+
+    def run(self, conn, sql, params, many=False):
+        if not many:
+            statements.append((sql, params))
+        return real_run(self, conn, sql, params, many)
+
+    monkeypatch.setattr(_statements._Statements, "run", run)
     path = tmp_path / "plans.db"
     with Broker.open(f"sqlite:///{path}", sweep_interval=0) as broker:
         def record(conn, cursor, statement, parameters, context, executemany):
