@@ -29,8 +29,15 @@ intake by the gateway (stored in ``b2b_ledger.facts``, which the load reads in
 bulk), or here from the stored XML when a document has no current facts (and
 for every document with ``--reparse``).
 
+Two read paths: in local mode with a local warehouse the driver stages the
+window with Arrow (:mod:`~spark_etl.stage`: new fact rows as Parquet, one file
+per table and date, published as they are when nothing else goes into their
+partitions); elsewhere (a cluster) the executors read it with the Python Data
+Source and Spark does the rest. Both give the same warehouse.
+
 Modules: :mod:`~spark_etl.ubl` (facts and XML to Arrow batches), :mod:`~spark_etl.source`
-(load window, Python Data Source reader), :mod:`~spark_etl.warehouse`
+(load window, Python Data Source reader), :mod:`~spark_etl.stage` (the Arrow
+staging, read-back and dimensions of the local path), :mod:`~spark_etl.warehouse`
 (tables, transforms, correction rule, publishing), :mod:`~spark_etl.job` (the
 run: reconciliation, watermark), :mod:`~spark_etl.state` (runs, quarantine,
 lock), :mod:`~spark_etl.scheduler` (nightly APScheduler job),

@@ -23,8 +23,9 @@ which decides the load window it belongs to).
 Write protocol
 --------------
 1. The new content of every touched partition (kept rows + new rows) is
-   written by Spark under ``_staging/run-<id>/`` (a fresh directory; nothing
-   live is modified).
+   written under ``_staging/run-<id>/`` (a fresh directory; nothing live is
+   modified): by Spark, or, on the local path, by the Arrow staging
+   (:mod:`spark_etl.stage`) when it is the new rows alone.
 2. Reconciliation reads the staged files back (see :mod:`spark_etl.job`).
 3. The journal (per table and partition: the live files to remove, the staged
    files to add) is stored in the run's ``etl_runs.manifest`` with status
