@@ -271,7 +271,7 @@ class SQLStore(Store):
         if mode != self._sqlite_mode:  # outside any transaction, on the raw connection
             conn.connection.dbapi_connection.execute(f"PRAGMA synchronous={mode}")
             self._sqlite_mode = mode
-        # the first statement of the batch opens it with BEGIN IMMEDIATE (see make_engine)
+        # the writer then opens the transaction: BEGIN IMMEDIATE (see make_engine)
 
     def _ordered(self, batch: Batch) -> None:
         """Before inserting rows whose ids (or seqs) readers follow in order:
@@ -280,7 +280,7 @@ class SQLStore(Store):
         lock, so ids grow in commit order across processes; claims and
         acknowledgements do not need it and never wait for it."""
         if self._pg and not batch.ordered:
-            batch.conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)" % _PG_WRITE_LOCK)
+            self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (_PG_WRITE_LOCK,))
             batch.ordered = True
 
     def _touched(self, boxes: set[str]) -> None:
@@ -476,7 +476,7 @@ class SQLStore(Store):
             self._flush_inserts(batch)
         if self._pg:
             for box in batch.touched:
-                batch.conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (_CHANNEL, box))
+                self._sql.run(batch.conn, "SELECT pg_notify(%s, %s)", (_CHANNEL, box))
             self._mark_commit(batch)
 
     def _mark_commit(self, batch: Batch) -> None:
@@ -484,8 +484,8 @@ class SQLStore(Store):
         if the answer to COMMIT is lost, :meth:`_was_committed` tells whether
         it happened, so the writer neither loses nor repeats it."""
         conn = batch.conn
-        marked = conn.exec_driver_sql("UPDATE b2b_instances SET last_commit = %s WHERE id = %s",
-                                      (batch.number, self.instance_id)).rowcount
+        marked = self._sql.run(conn, "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id",
+                               (batch.number, self.instance_id))
         if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
             now = now_ms()
             conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
