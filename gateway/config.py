@@ -12,7 +12,7 @@ mapping are an error (plain PyYAML silently keeps the last one).
 The sections, all optional::
 
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
-    server:     {host: 127.0.0.1, port: 8080, intake_threads: 2}
+    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0}
     limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
@@ -301,7 +301,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     #: threads that parse, validate and extract documents (0: on the event loop)
-    intake_threads: int = 2
+    intake_threads: int = 0
     limits: IntakeLimits = DEFAULT_LIMITS
     namespaces: dict[str, str] = field(default_factory=dict)
     ubl_documents: list[str] = field(default_factory=list)

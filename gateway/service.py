@@ -31,14 +31,15 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
    later is still recorded (``on_late_reply``), so ``GET`` shows it.
 
 Everything done with the parsed tree (parse, route, validate, document id,
-properties, transform, warehouse facts) runs in one call on one of the
-gateway's intake threads (``server.intake_threads``, 2 by default), and the
-tree is freed there: libxml2 parses and validates without holding the GIL,
-so that work runs on the other core while the event loop serves HTTP and the
-broker. Bodies over :data:`INLINE_MAX_BYTES` go to the default executor
-instead, so one 10 MB document does not hold up the intake of the small ones.
-With ``intake_threads: 0`` the intake runs on the event loop (bodies up to
-:data:`INLINE_MAX_BYTES`).
+properties, transform, warehouse facts) runs in one call, and the tree is
+freed there: on the event loop by default (bodies up to
+:data:`INLINE_MAX_BYTES`), or on one of ``server.intake_threads`` intake
+threads, where libxml2 parses and validates without holding the GIL while the
+event loop serves HTTP and the broker. Measured on this project's two-core
+machine, the threads win when other work keeps the cores busy and lose on a
+machine the gateway has to itself (every hand-over then wakes a sleeping core),
+hence 0 by default. Bodies over :data:`INLINE_MAX_BYTES` always go to the
+default executor, so one 10 MB document does not hold up the small ones.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ log = logging.getLogger(__name__)
 #: Bodies up to this size are parsed and validated by the intake threads; larger ones in the default executor.
 INLINE_MAX_BYTES = 256 * 1024
 #: Threads that parse, validate and extract (0: on the event loop).
-INTAKE_THREADS = 2
+INTAKE_THREADS = 0
 #: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
 DOCUMENTS_PATH = "/v1/documents/"
 #: The property a back end sets on a reply to say it failed (its value: why).

@@ -1,5 +1,5 @@
 """The intake (parse, route, validate, properties, facts) runs on the gateway's intake threads
-(``server.intake_threads``, 2 by default) or, with 0, on the event loop: the HTTP answers, the stored
+(``server.intake_threads``) or, with 0 (the default), on the event loop: the HTTP answers, the stored
 documents, their facts and the message properties are the same either way, and so are the errors."""
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ NOT_WELL_FORMED = b"<Invoice><unclosed></Invoice>"
 
 
 def test_intake_threads_setting(tmp_path):
-    assert settings_from_mapping({}, base_dir=tmp_path).intake_threads == 2
-    data = load_yaml(text="server:\n  intake_threads: 0\n", name="s.yaml")
-    assert settings_from_mapping(data, base_dir=tmp_path).intake_threads == 0
+    assert settings_from_mapping({}, base_dir=tmp_path).intake_threads == 0
+    data = load_yaml(text="server:\n  intake_threads: 2\n", name="s.yaml")
+    assert settings_from_mapping(data, base_dir=tmp_path).intake_threads == 2
     for bad in ("-1", "65", "two"):
         with pytest.raises(ConfigError) as info:
             settings_from_mapping(load_yaml(text=f"server:\n  intake_threads: {bad}\n", name="s.yaml"),
