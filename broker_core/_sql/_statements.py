@@ -38,6 +38,10 @@ class _Statements:
                      f"WHERE id {{ids}} AND state = 0 AND ready_at <= {mark} RETURNING {claimed}",
             "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
             "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
+            # by JMS message id (Broker.message_status)
+            "entries_of": "SELECT m.message_id, e.box, e.state FROM b2b_messages m "
+                          "JOIN b2b_entries e ON e.message = m.id WHERE m.message_id {ids}",
+            "expired_of": "SELECT message_id, box FROM b2b_expired WHERE message_id {ids}",
             "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
             "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message",
             "collect": "DELETE FROM b2b_messages WHERE id {ids} "
@@ -69,9 +73,10 @@ class _Statements:
 
     def by_ids(self, conn: sa.Connection, name: str, ids: Sequence[int], *more: Any,
                before: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run statement ``name`` over ``ids`` (in chunks of 500) with the
-        ``before`` parameters ahead of the id list and ``more`` after it; the
-        rows it returns, as tuples."""
+        """Run statement ``name`` over ``ids`` (in chunks of 500; row ids, or
+        message ids for the ``*_of`` statements) with the ``before``
+        parameters ahead of the list and ``more`` after it, in the open
+        transaction of ``conn``; the rows it returns, as tuples."""
         out: list[tuple[Any, ...]] = []
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])

@@ -918,18 +918,15 @@ class SQLStore(Store):
     def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)
         ids = list(message_ids)
+        if not ids:
+            return found
+        sql = self._sql
         with self.engine.connect() as conn:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
-                for row in conn.execute(sa.select(expired_table.c.message_id, expired_table.c.box)
-                                        .where(expired_table.c.message_id.in_(chunk))):
-                    found.setdefault(row.message_id, (row.box, "expired"))
-                rows = conn.execute(
-                    sa.select(messages.c.message_id, entries.c.box, entries.c.state).select_from(_JOINED)
-                    .where(messages.c.message_id.in_(chunk))
-                ).all()
-                for row in rows:
-                    found[row.message_id] = (row.box, "in_flight" if row.state == 1 else "pending")
+            conn.begin()  # driver statements run in a transaction SQLAlchemy knows of (rolled back below)
+            for message_id, box in sql.by_ids(conn, "expired_of", ids):
+                found.setdefault(message_id, (box, "expired"))
+            for message_id, box, state in sql.by_ids(conn, "entries_of", ids):
+                found[message_id] = (box, "in_flight" if state == 1 else "pending")
             conn.rollback()
         return found
 
