@@ -13,9 +13,11 @@ Goals: (3) >= 60% of the ceiling 1 / (1/(2) + 1/(1)); p99 of (4, paced) <= 20 ms
 
 Usage::
 
-    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--rate 200] [--keep]
+    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--rate 200] [--keep] [--processes N]
 
-The server is ``b2bgw serve`` in a subprocess (one uvicorn process, uvloop + httptools
+The server is ``b2bgw serve`` in a subprocess (one uvicorn process, uvloop + httptools; with
+``--processes N`` a supervisor and N serving processes on one port, each bound to one CPU, their
+CPU time summed
 when installed) on a fresh SQLite store (``synchronous=FULL``) in a temporary folder.
 Load comes from ``wrk`` when it is installed (``apt-get install wrk``) for (2) and (3),
 else from an asyncio client that speaks HTTP/1.1 by hand over keep-alive connections
@@ -103,13 +105,13 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
 
 
 class ServerProcess:
-    def __init__(self, config: Path, port: int, log: Path) -> None:
+    def __init__(self, config: Path, port: int, log: Path, processes: int = 1) -> None:
         self.port = port
         self.log = log
         env = {**os.environ, "B2BGW_NOOP_ENDPOINT": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve", "--config", str(config),
-             "--port", str(port), "--no-access-log", "--no-etl"],
+             "--port", str(port), "--no-access-log", "--no-etl", "--processes", str(processes)],
             cwd=str(config.parent), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )
 
@@ -126,15 +128,33 @@ class ServerProcess:
             time.sleep(0.2)
         raise RuntimeError("the server did not become ready")
 
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) the server process has used so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    def pids(self) -> list[int]:
+        """The server's process and, with ``--processes`` > 1, its serving processes."""
+        pids = [self.proc.pid]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                        pids.append(int(entry.name))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return pids
+
+    @staticmethod
+    def _cpu(stat: Path) -> float:
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's processes have used so far."""
+        return sum(self._cpu(Path(f"/proc/{pid}/stat")) for pid in self.pids())
+
     def loop_cpu_seconds(self) -> float:
-        """CPU time of the server's main thread (the event loop's) so far."""
-        fields = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time of the server's event loops (the main threads of its serving processes) so far."""
+        return sum(self._cpu(Path(f"/proc/{pid}/task/{pid}/stat")) for pid in self.pids())
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -408,7 +428,7 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
           f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase)")
     print(f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
           f"{cpu['accepted'] * 1e6:.0f} us per accepted order, of which {cpu['accepted_loop'] * 1e6:.0f} us in the "
-          f"event loop's thread")
+          f"event loops' threads")
 
 
 
@@ -426,6 +446,8 @@ def main() -> int:
     parser.add_argument("--only-request-reply", action="store_true", help="run phase 4 only")
     parser.add_argument("--no-wrk", action="store_true", help="use the asyncio client even if wrk is installed")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, logs)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="serving processes (b2bgw serve --processes N; 0: one per CPU, each bound to its CPU)")
     args = parser.parse_args()
 
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
@@ -438,14 +460,14 @@ def main() -> int:
 
     print(f"b2bgw gateway benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"load from {'wrk' if use_wrk else 'an asyncio client'}, {args.seconds:g} s per phase, "
-          f"SQLite synchronous={args.sqlite_synchronous}; "
+          f"SQLite synchronous={args.sqlite_synchronous}, {args.processes or os.cpu_count()} serving process(es); "
           f"load average before: {os.getloadavg()[0]:.2f}")
     only_rr = args.only_request_reply
     if not only_rr:
         print(f"1. lxml parse + validate alone ({len(ORDER)} byte UBL Order) ...", flush=True)
         results["validate"] = validate_rate(min(args.seconds, 5.0))
 
-    server = ServerProcess(config, port, folder / "server.log")
+    server = ServerProcess(config, port, folder / "server.log", args.processes)
     try:
         server.wait_ready()
         bench_headers = {"Authorization": f"Bearer {bench_key}", "Content-Type": "application/xml"}

@@ -251,6 +251,7 @@ def create_app(
     noop_endpoint: bool = False,
     stomp: bool = False,
     freeze_gc: bool = False,
+    on_started: Callable[[], None] | None = None,
 ) -> Starlette:
     """The gateway's ASGI app for *settings* (or an already assembled configuration).
 
@@ -268,7 +269,8 @@ def create_app(
     collector's sight once it has started (``gc.freeze``), as ``b2bgw serve``
     does with the configuration before: every full collection would otherwise
     walk them again, a pause of tens of milliseconds in the middle of some
-    requests.
+    requests. *on_started* is called once everything has started (``b2bgw
+    serve --processes`` tells its supervisor so).
     """
     assembly = settings if isinstance(settings, Assembly) else assemble_or_raise(settings)
     limits = assembly.settings.limits
@@ -383,6 +385,8 @@ def create_app(
         if freeze_gc:
             gc.collect()
             gc.freeze()
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:

@@ -3,6 +3,7 @@
 ::
 
     b2bgw serve [--config FILE] [--host H] [--port P]   serve the HTTP API (+ workers, reconciler, nightly load)
+    b2bgw serve --processes N                           ... from N processes on one port and store (0: one per CPU)
     b2bgw worker [--config FILE]                        run only the configured handler workers
     b2bgw send FILE --partner P [--config FILE]         submit a document as partner P; print the receipt or reply
     b2bgw send FILE --url URL --key KEY                 ... or post it to a running gateway
@@ -62,22 +63,86 @@ def _freeze_startup_objects() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    host = args.host or settings.host
+    port = settings.port if args.port is None else args.port
+    if args.listen_fd is None:
+        from .processes import process_count
+
+        count = process_count(settings, args.processes)
+        if count > 1:
+            return _supervise(args, settings, count, host, port)
+    return _serve_one(args, settings, host, port)
+
+
+def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: int) -> int:
+    """Serve in this process: alone, or as serving process ``--process-index`` of a supervisor."""
     import uvicorn
 
     from .app import create_app
 
-    settings = _settings(args)
-    host = args.host or settings.host
-    port = settings.port if args.port is None else args.port
-    app = create_app(settings, workers=not args.no_workers, etl=not args.no_etl, stomp=not args.no_stomp,
+    index = args.process_index
+    if args.cpu is not None:
+        from .processes import pin_to
+
+        pin_to(args.cpu)  # before any thread starts: they all inherit it
+    first = index in (None, 0)  # the STOMP port is bound once; one process schedules the nightly load
+    app = create_app(settings, workers=not args.no_workers, etl=first and not args.no_etl,
+                     stomp=first and not args.no_stomp,
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
-                     freeze_gc=True)
-    log.info("serving %d routes for %d partners on http://%s:%d (store %s)", len(app.state.assembly.routes),
-             len(app.state.assembly.partners.partners), host, port, settings.store_url)
+                     freeze_gc=True, on_started=_ready_writer(args.ready_fd))
+    if index is None:
+        log.info("serving %d routes for %d partners on http://%s:%d (store %s)", len(app.state.assembly.routes),
+                 len(app.state.assembly.partners.partners), host, port, settings.store_url)
     _freeze_startup_objects()
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level.lower(), access_log=not args.no_access_log,
-                lifespan="on", timeout_graceful_shutdown=10)
+    options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
+                   timeout_graceful_shutdown=10)
+    if args.listen_fd is None:
+        uvicorn.run(app, host=host, port=port, **options)
+    else:
+        import socket
+
+        sock = socket.socket(fileno=args.listen_fd)  # the supervisor's listening socket (family detected)
+        uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     return 0
+
+
+def _ready_writer(fd: int | None):
+    """Tell the supervisor on *fd* that this serving process has started (once), or None."""
+    if fd is None:
+        return None
+
+    def ready() -> None:
+        try:
+            os.write(fd, b"1")
+            os.close(fd)
+        except OSError:  # the supervisor is gone: it will not need to know
+            pass
+
+    return ready
+
+
+def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: str, port: int) -> int:
+    from .processes import Supervisor
+    from .runtime import open_broker
+
+    pin = settings.pin_processes if args.pin_processes is None else args.pin_processes
+    supervisor = Supervisor(settings, count, host=host, port=port, child_args=_child_args(args, settings), pin=pin)
+    open_broker(settings).close()  # migrations run once, and a store that cannot open fails here
+    supervisor.bind()
+    log.info("serving %s on http://%s:%d from %d processes%s (store %s)", settings.config_path or "the configuration",
+             host, port, count, ", each bound to one CPU" if pin else "", settings.store_url)
+    return supervisor.run()
+
+
+def _child_args(args: argparse.Namespace, settings: Settings) -> list[str]:
+    out = ["--log-level", args.log_level, "serve"]
+    if settings.config_path is not None:
+        out += ["--config", str(settings.config_path)]
+    for flag in ("no_workers", "no_etl", "no_access_log", "no_stomp", "noop_endpoint"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    return out
 
 
 def cmd_stomp(args: argparse.Namespace) -> int:
@@ -397,7 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-etl", action="store_true", help="do not schedule the nightly warehouse load")
     p.add_argument("--no-access-log", action="store_true", help="do not log each request")
     p.add_argument("--no-stomp", action="store_true", help="do not start the STOMP listener (stomp: section)")
+    p.add_argument("--processes", type=int, metavar="N",
+                   help="serving processes sharing the port and the store (default: server.processes, 1; "
+                        "0: one per CPU)")
+    pin = p.add_mutually_exclusive_group()
+    pin.add_argument("--pin-processes", dest="pin_processes", action="store_true", default=None,
+                     help="with several processes, bind each to one CPU (default: server.pin_processes, on)")
+    pin.add_argument("--no-pin-processes", dest="pin_processes", action="store_false")
     p.add_argument("--noop-endpoint", action="store_true", help=argparse.SUPPRESS)
+    # set by the supervisor for its serving processes (gateway.processes)
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_serve)
 
     p = with_config(sub.add_parser("stomp", help="run only the STOMP listener on the configured store"))
@@ -463,8 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
+    index = getattr(args, "process_index", None)
     logging.basicConfig(level=getattr(logging, args.log_level, logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s " + ("" if index is None else f"[process {index}] ")
+                        + "%(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if args.command not in ("serve", "worker"):
         logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -12,7 +12,7 @@ mapping are an error (plain PyYAML silently keeps the last one).
 The sections, all optional::
 
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
-    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0}
+    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, processes: 1, pin_processes: true}
     limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
@@ -302,6 +302,10 @@ class Settings:
     port: int = 8080
     #: threads that parse, validate and extract documents (0: on the event loop)
     intake_threads: int = 0
+    #: serving processes sharing the listening socket and the store (0: one per usable CPU)
+    processes: int = 1
+    #: with several processes, bind each to one CPU (round robin over the usable ones)
+    pin_processes: bool = True
     limits: IntakeLimits = DEFAULT_LIMITS
     namespaces: dict[str, str] = field(default_factory=dict)
     ubl_documents: list[str] = field(default_factory=list)
@@ -381,7 +385,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     s.store_options = dict(expect_mapping(store.get("options"), store.at("options"), "store.options"))
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
-    check_keys(server, {"host", "port", "intake_threads"}, "server")
+    check_keys(server, {"host", "port", "intake_threads", "processes", "pin_processes"}, "server")
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
@@ -389,6 +393,11 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     if "intake_threads" in server:
         s.intake_threads = expect_int(server["intake_threads"], server.at("intake_threads"), "server.intake_threads",
                                       minimum=0, maximum=64)
+    if "processes" in server:
+        s.processes = expect_int(server["processes"], server.at("processes"), "server.processes",
+                                 minimum=0, maximum=256)
+    if "pin_processes" in server:
+        s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
 
     limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
     check_keys(limits, {"max_body_bytes", "max_depth", "max_elements"}, "limits")

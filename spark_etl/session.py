@@ -57,10 +57,25 @@ def get_spark(settings: dict[str, Any] | None = None):
         os.environ["PYSPARK_PYTHON"] = sys.executable
     for key, value in conf.items():
         builder = builder.config(key, value)
+    _unpin_for_jvm()
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _register(spark)
     return spark
+
+
+def _unpin_for_jvm() -> None:
+    """A gateway serving process bound to one CPU (``b2bgw serve`` with
+    ``server.processes`` > 1 and ``pin_processes``) names every CPU it was
+    given in ``B2BGW_CPUS``: this thread takes them all back before it starts
+    the JVM, so the JVM (which inherits the starting thread's CPU set) uses
+    them all."""
+    cpus = os.environ.get("B2BGW_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except (ValueError, OSError):  # a CPU went away: start with what we have
+            pass
 
 
 def _register(spark) -> None:

@@ -7,6 +7,7 @@ import argparse
 import datetime as dt
 import json
 import multiprocessing
+import os
 import threading
 import time
 
@@ -202,3 +203,26 @@ def test_load_from_postgresql(spark, pg_ledger, settings):
         names = set(sa.inspect(conn).get_table_names())
         assert {"etl_runs", "etl_quarantine", "etl_lock", "b2b_etl_version"} <= names
         assert state.watermark(conn) == r.seq_to
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and at least two CPUs")
+def test_a_pinned_serving_process_starts_the_jvm_on_every_cpu(monkeypatch):
+    """``b2bgw serve --processes N`` binds each serving process to one CPU and names them all in
+    B2BGW_CPUS; the thread that starts Spark's JVM (which inherits its CPU set) takes them all back."""
+    from spark_etl.session import _unpin_for_jvm
+
+    every = os.sched_getaffinity(0)
+    monkeypatch.setenv("B2BGW_CPUS", ",".join(map(str, sorted(every))))
+    seen = {}
+
+    def pinned_thread() -> None:  # a thread's CPU set is its own: the test's thread is left alone
+        os.sched_setaffinity(0, {min(every)})
+        seen["before"] = os.sched_getaffinity(0)
+        _unpin_for_jvm()
+        seen["after"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=pinned_thread)
+    t.start()
+    t.join()
+    assert seen == {"before": {min(every)}, "after": every}

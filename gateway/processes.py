@@ -1,0 +1,255 @@
+"""Serving from several processes: ``server.processes`` (``b2bgw serve --processes N``).
+
+One gateway process is bound by the GIL: parsing and validating a document,
+the HTTP work and the store's writer share one core's worth of Python. With
+``processes: N`` the command becomes a small supervisor that
+
+* opens the store once (so migrations run once, and a store that cannot open
+  fails the command before anything listens),
+* binds the listening socket itself and passes it to N serving processes
+  (``python -m gateway.cli serve`` with hidden ``--listen-fd``,
+  ``--process-index`` and ``--cpu`` options), which all accept on it: the
+  kernel spreads connections over them,
+* forwards SIGINT/SIGTERM to them and waits for their graceful shutdown
+  (SIGKILL after ``STOP_GRACE`` seconds),
+* restarts a process that dies after it has started serving (a crash, an
+  OOM kill), with a back-off of 1 s doubling to 30 s; a process that exits
+  before its first start completed (a configuration error, a store that
+  refuses it) stops them all, with its exit code: restarting would only print
+  the same error forever. A serving process reports that it is ready (its
+  store open, its workers running) on a pipe (hidden ``--ready-fd``).
+
+The processes are one broker through the SQL store (a memory store cannot be
+shared, so it is refused): competing consumers never get the same message,
+the idempotency of ``POST /v1/documents`` holds across them (the ledger's
+unique key), the reconciler and the nightly load take a lease in the store,
+so one process does each. Process 0 alone runs the STOMP listener (its port
+is bound once) and schedules the nightly load. Every process runs the
+configured handler workers, so a request-reply exchange is usually answered
+inside the process that accepted it.
+
+With ``pin_processes`` (the default) process *i* is bound to the *i*-th usable
+CPU (round robin). Measured on this project's 2-core VM: a serving process's
+threads hand each document over several times (event loop, store writer,
+handler), and a hand-over to a thread on the other core costs about 30 us of
+CPU more than one on the same core. The nightly load's Spark JVM is started
+with the whole CPU set again (:func:`spark_etl.session.get_spark` reads
+``B2BGW_CPUS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .config import Settings
+from .errors import ConfigError
+
+__all__ = ["Supervisor", "process_count", "usable_cpus"]
+
+log = logging.getLogger("gateway.processes")
+
+#: How long the processes get to finish their requests after SIGTERM.
+STOP_GRACE = 20.0
+_BACKOFF_MAX = 30.0
+#: Environment variable naming the CPUs the supervisor had (for Spark's JVM).
+CPUS_ENV = "B2BGW_CPUS"
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def process_count(settings: Settings, override: int | None = None) -> int:
+    """How many serving processes: the command line's, else ``server.processes``; 0 means one per usable CPU."""
+    wanted = settings.processes if override is None else override
+    if wanted < 0:
+        raise ConfigError(f"--processes must be 0 (one per CPU) or more, not {wanted}")
+    return wanted or len(usable_cpus())
+
+
+def pin_to(cpu: int) -> None:
+    """Bind the calling thread (at start-up: the whole process to come) to *cpu*."""
+    os.sched_setaffinity(0, {cpu})
+
+
+@dataclass
+class _Child:
+    index: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    first: bool = True
+    backoff: float = 1.0
+    restart_at: float | None = None
+    ready_fd: int | None = None
+    restarts: int = 0
+    exits: list[int] = field(default_factory=list)
+
+
+class Supervisor:
+    """Runs *count* serving processes on one listening socket (see the module docstring)."""
+
+    def __init__(self, settings: Settings, count: int, *, host: str, port: int, child_args: list[str],
+                 pin: bool = True) -> None:
+        if not settings.is_sql_store:
+            raise ConfigError(
+                f"server.processes = {count} needs a SQL store (sqlite:/// or postgresql+psycopg://): "
+                f"the processes share messages through it, and {settings.store_url!r} cannot be shared",
+                file=settings.where.file)
+        self.settings = settings
+        self.count = count
+        self.host = host
+        self.port = port
+        self.child_args = child_args
+        cpus = usable_cpus()
+        self.cpus = [cpus[i % len(cpus)] for i in range(count)] if pin else [None] * count
+        self.all_cpus = cpus
+        self.children = [_Child(i) for i in range(count)]
+        self.sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._stopping_signal: int | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}; "
+                              f"choose another port (--port or server.port)") from None
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        self.sock = sock
+        return sock
+
+    def _spawn(self, child: _Child) -> None:
+        assert self.sock is not None
+        args = [sys.executable, "-m", "gateway.cli", *self.child_args,
+                "--listen-fd", str(self.sock.fileno()), "--process-index", str(child.index)]
+        cpu = self.cpus[child.index]
+        if cpu is not None:
+            args += ["--cpu", str(cpu)]
+        env = dict(os.environ, **{CPUS_ENV: ",".join(map(str, self.all_cpus))})
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        args += ["--ready-fd", str(write_end)]
+        try:
+            child.proc = subprocess.Popen(args, pass_fds=(self.sock.fileno(), write_end), env=env)
+        finally:
+            os.close(write_end)
+        self._close_ready(child)
+        child.ready_fd = read_end
+        child.started = time.monotonic()
+        child.restart_at = None
+        log.info("started serving process %d (pid %d%s)", child.index, child.proc.pid,
+                 f", CPU {cpu}" if cpu is not None else "")
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM (0) or until a process fails at start-up (its exit code)."""
+        if self.sock is None:
+            self.bind()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        code = 0
+        try:
+            for child in self.children:
+                self._spawn(child)
+            log.info("serving on http://%s:%d with %d processes", self.host, self.port, self.count)
+            while not self._stop.is_set():
+                code = self._check()
+                if code:
+                    break
+                self._stop.wait(0.2)
+        finally:
+            self._terminate()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for child in self.children:
+                self._close_ready(child)
+            if self.sock is not None:
+                self.sock.close()
+        return code
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._stopping_signal = signum
+        self._stop.set()
+
+    @staticmethod
+    def _close_ready(child: _Child) -> None:
+        if child.ready_fd is not None:
+            os.close(child.ready_fd)
+            child.ready_fd = None
+
+    @staticmethod
+    def _has_started(child: _Child) -> bool:
+        """Whether the process has said it is ready (its byte on the pipe)."""
+        if child.ready_fd is None:
+            return False
+        try:
+            return bool(os.read(child.ready_fd, 1))
+        except BlockingIOError:
+            return False
+
+    def _check(self) -> int:
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if proc is None:
+                if child.restart_at is not None and now >= child.restart_at:
+                    self._spawn(child)
+                continue
+            if child.first and self._has_started(child):
+                child.first = False
+            rc = proc.poll()
+            if rc is None:
+                if now - child.started > 60:
+                    child.backoff = 1.0  # it has been serving a while: the next failure restarts at once
+                continue
+            if child.first and self._has_started(child):  # ready, then gone before we looked
+                child.first = False
+            child.proc = None
+            self._close_ready(child)
+            child.exits.append(rc)
+            ran = now - child.started
+            if child.first:
+                log.error("serving process %d exited with code %s during start-up (after %.1f s); "
+                          "stopping the others (see its error above)", child.index, rc, ran)
+                return rc if rc and rc > 0 else 1
+            child.restarts += 1
+            child.restart_at = now + child.backoff
+            log.error("serving process %d exited with code %s after %.0f s; restarting it in %.0f s",
+                      child.index, rc, ran, child.backoff)
+            child.backoff = min(child.backoff * 2, _BACKOFF_MAX)
+        return 0
+
+    def _terminate(self) -> None:
+        running = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in running:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:  # pragma: no cover - it just exited
+                pass
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in running:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("serving process pid %d did not stop within %.0f s; killing it", proc.pid, STOP_GRACE)
+                proc.kill()
+                proc.wait()
