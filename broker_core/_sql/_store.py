@@ -70,6 +70,8 @@ from ._engine import (
 )
 from ._reader import _SQLReader
 from ._statements import _Statements
+from ._wakeups import LocalWakeups
+from ._wakeups import supported as _local_wakeups_supported
 from ._writer import Batch, GroupCommitter
 
 __all__ = ["SQLStore", "make_engine", "upgrade_database"]
@@ -166,7 +168,7 @@ class SQLStore(Store):
         auto_upgrade = options.get("auto_upgrade", not self._pg)
         try:
             if auto_upgrade:
-                _upgrade(self.engine)
+                self._upgrade_in_turn(url)
             else:
                 current, head = _current_revision(self.engine), _head_revision()
                 if current != head:
@@ -204,6 +206,21 @@ class SQLStore(Store):
         # them needs no read-back of its row nor decoding of its body. Bounded by count and body size.
         self._recent: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
         self._recent_bytes = 0
+        self._wakeups: LocalWakeups | None = None  # SQLite: datagrams to the other processes of the host
+
+    def _upgrade_in_turn(self, url: str) -> None:
+        """Migrate at open; on SQLite holding the processes' write turn (a file lock), so processes that
+        open a new database together create it one after the other (switching a database being created
+        to WAL can fail at once with "database is locked", without waiting for the busy timeout)."""
+        turn = None if self._pg else _WriteTurn.for_url(url)
+        if turn is None:
+            _upgrade(self.engine)
+            return
+        try:
+            with turn:
+                _upgrade(self.engine)
+        finally:
+            turn.close()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -233,6 +250,7 @@ class SQLStore(Store):
             self._spawn(self._listen_loop, "b2b-sql-wakeups")
         else:
             high_water = self._entry_high_water()
+            self._start_local_wakeups()
             self._spawn(lambda: self._poll_loop(high_water), "b2b-sql-wakeups")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -256,6 +274,8 @@ class SQLStore(Store):
         for thread in self._threads:
             thread.join(timeout=5)
         self._mem.close()
+        if self._wakeups is not None:
+            self._wakeups.close()
         self.engine.dispose()
         if getattr(self, "_turn", None) is not None:
             self._turn.close()
@@ -286,6 +306,29 @@ class SQLStore(Store):
     def _touched(self, boxes: set[str]) -> None:
         for box in boxes:
             self._available(box)
+        if self._wakeups is not None and boxes:
+            self._wakeups.boxes_available(boxes)
+
+    def _start_local_wakeups(self) -> None:
+        """SQLite: the socket other processes of this host wake us on (see ``_wakeups``)."""
+        if not _local_wakeups_supported():
+            return
+        try:
+            self._wakeups = LocalWakeups(self.instance_id)
+        except OSError as exc:
+            log.info("no wake-up socket (%s); other processes' messages are found by polling", exc)
+            return
+        self._refresh_peers()
+        self._wakeups.announce()
+
+    def _refresh_peers(self) -> None:
+        """The other broker processes of this host (from ``b2b_instances``), for the wake-ups."""
+        if self._wakeups is None:
+            return
+        with self.engine.connect() as conn:
+            ids = conn.execute(sa.select(instances.c.id).where(instances.c.host == socket.gethostname()[:200],
+                                                                instances.c.id != self.instance_id)).scalars().all()
+        self._wakeups.set_peers(ids)
 
     def _available(self, box: str) -> None:
         if box == "*":
@@ -342,6 +385,7 @@ class SQLStore(Store):
                 if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
                     last_reap = time.monotonic()
                     self._write(self._op_reap, wait=False, durable=False)
+                self._refresh_peers()
             except Exception:
                 if self._closed:
                     return
@@ -392,14 +436,27 @@ class SQLStore(Store):
             return conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
 
     def _poll_loop(self, last: int) -> None:
-        """SQLite has no LISTEN/NOTIFY: every ``poll_interval`` look at the
-        highest entry id handed out; if other processes added entries (ids
-        this process did not reserve), wake the consumers of their boxes.
+        """SQLite has no LISTEN/NOTIFY: the other processes of this host send
+        datagrams naming the boxes they stored messages in (``_wakeups``),
+        and every ``poll_interval`` this thread also looks at the highest
+        entry id handed out; if other processes added entries (ids this
+        process did not reserve), it wakes the consumers of their boxes.
         ``last`` is read at attach, before any consumer can find a box empty."""
-        while not self._stop.wait(self.poll_interval):
+        wakeups = self._wakeups
+        while not self._stop.wait(0 if wakeups is not None else self.poll_interval):
             try:
                 with self.engine.connect() as conn:
-                    while not self._stop.wait(self.poll_interval):
+                    next_poll = time.monotonic() + self.poll_interval
+                    while not self._stop.is_set():
+                        wait = next_poll - time.monotonic()
+                        if wakeups is not None:
+                            for box in wakeups.receive(wait):
+                                self._available(box)
+                        elif wait > 0 and self._stop.wait(wait):
+                            break
+                        if time.monotonic() < next_poll:
+                            continue
+                        next_poll = time.monotonic() + self.poll_interval
                         high = conn.exec_driver_sql(
                             "SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
                         if high > last and self._foreign_ids(last, high):
@@ -414,6 +471,7 @@ class SQLStore(Store):
                 if self._stop.is_set():
                     return
                 log.warning("polling the SQLite store for changes failed; retrying", exc_info=True)
+                self._stop.wait(self.poll_interval)
 
     def _note_own_ids(self, first: int, last: int) -> None:
         with self._own_ids_lock:

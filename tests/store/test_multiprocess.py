@@ -28,8 +28,8 @@ def shared_url(request, tmp_path):
     return request.getfixturevalue("postgres_schema")
 
 
-def spawn(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def spawn(*args: str, **env_extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
     return subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -103,6 +103,65 @@ def test_request_reply_across_processes(shared_url, tmp_path):
         session.create_producer(Queue("svc")).send(session.create_text_message("stop"))
     finish(proc)
     assert replies == [f"reply to q{i} from pid {proc.pid}" for i in range(30)]
+
+
+def test_processes_creating_one_sqlite_database_together_all_open_it(tmp_path):
+    """Opening migrates; processes that open a new database at the same moment take turns (a file lock)
+    instead of failing with "database is locked"."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    go = tmp_path / "go"
+    code = ("import os, sys, time\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+            "from broker_core import Broker\n"
+            f"Broker.open({url!r}, sweep_interval=0).close()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", "import broker_core._sql, sqlalchemy, alembic\n" + code],
+                              env=env, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    time.sleep(1.5)  # every process imported what it needs and waits for the start
+    go.touch()
+    for proc in procs:
+        finish(proc, timeout=60)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="wake-up datagrams use Linux abstract sockets")
+def test_sqlite_processes_wake_each_other_without_waiting_for_the_poll(tmp_path):
+    """With polling every 5 s, a consumer in another process still gets each message in milliseconds, and
+    request-reply crosses processes both ways: the writer's datagram after the commit wakes it."""
+    url = f"sqlite:///{tmp_path / 'wake.db'}"
+    slow = {"MP_POLL_INTERVAL": "5"}
+    out = tmp_path / "consumer.txt"
+    proc = spawn("consume", url, str(out), "20", **slow)
+    wait_ready(out, proc)
+    sent_at = {}
+    with Broker.open(url, sweep_interval=0, poll_interval=5.0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue("mp.work"))
+        time.sleep(0.3)
+        for i in range(20):
+            producer.send(session.create_text_message(f"w{i}"))
+            sent_at[f"w{i}"] = time.monotonic_ns()
+            time.sleep(0.05)
+    finish(proc)
+    latencies = sorted((int(ns) - sent_at[key]) / 1e6 for key, ns in
+                       (line.split() for line in out.read_text().splitlines()))
+    assert len(latencies) == 20
+    print(f"\nSQLite cross-process wake-up with 5 s polling: median {statistics.median(latencies):.1f} ms, "
+          f"max {latencies[-1]:.1f} ms")
+    assert statistics.median(latencies) < 50 and latencies[-1] < 1000, latencies
+
+    responder_out = tmp_path / "responder.txt"
+    responder = spawn("respond", url, str(responder_out), **slow)
+    wait_ready(responder_out, responder)
+    with Broker.open(url, sweep_interval=0, poll_interval=5.0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        requestor = Requestor(session, Queue("svc"))
+        started = time.monotonic()
+        replies = [requestor.request(session.create_text_message(f"q{i}"), timeout=10).text for i in range(20)]
+        elapsed = time.monotonic() - started
+        session.create_producer(Queue("svc")).send(session.create_text_message("stop"))
+    finish(responder)
+    assert replies == [f"reply to q{i} from pid {responder.pid}" for i in range(20)]
+    assert elapsed < 5, f"20 round trips took {elapsed:.1f} s: the poll, not the wake-ups, carried them"
 
 
 def test_four_sqlite_processes_under_load_never_see_database_is_locked(tmp_path):
