@@ -79,6 +79,8 @@ __all__ = ["SQLStore", "make_engine", "upgrade_database"]
 log = logging.getLogger("broker_core.sql")
 
 _CHANNEL = "b2b_available"
+#: SQLite: seconds between looks for other processes' commits when they also wake us with datagrams.
+SAFETY_POLL_INTERVAL = 0.5
 _MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
 #: What a claim returns of each entry.
 _CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
@@ -101,7 +103,7 @@ def _body_size(env: Envelope) -> int:
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
-            "poll_interval", "pool_size", "expired_retention"}
+            "poll_interval", "local_wakeups", "pool_size", "expired_retention"}
 
 
 class _Counters:
@@ -140,7 +142,11 @@ class SQLStore(Store):
     how long writes are retried through a database outage before
     :class:`StoreUnavailableError`; ``auto_upgrade`` (migrate at open: default
     on for SQLite; PostgreSQL needs ``b2bgw db upgrade``); ``poll_interval``
-    (s, 0.02): how often SQLite checks for other processes' commits;
+    (s): how often SQLite checks for other processes' commits (0.5 where the
+    processes of a host wake each other with datagrams, Linux; else 0.02);
+    ``local_wakeups`` (True): SQLite processes of one host wake each other
+    with datagrams (off: polling alone, e.g. processes in separate network
+    namespaces that share a file);
     ``expired_retention`` (s, 7 days): how long ``message_status`` can still
     say a message expired (then "gone").
     """
@@ -156,6 +162,8 @@ class SQLStore(Store):
         self.heartbeat_interval = float(options.get("heartbeat_interval", 1.0))
         self.lease_timeout = float(options.get("lease_timeout", 10.0))
         self.poll_interval = float(options.get("poll_interval", 0.02))
+        self._poll_interval_set = "poll_interval" in options
+        self._local_wakeups = bool(options.get("local_wakeups", True))
         self.expired_retention = float(options.get("expired_retention", 7 * 86400))
         self._retry_for = float(options.get("retry_for", 30.0))
         self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
@@ -311,7 +319,7 @@ class SQLStore(Store):
 
     def _start_local_wakeups(self) -> None:
         """SQLite: the socket other processes of this host wake us on (see ``_wakeups``)."""
-        if not _local_wakeups_supported():
+        if not self._local_wakeups or not _local_wakeups_supported():
             return
         try:
             self._wakeups = LocalWakeups(self.instance_id)
@@ -320,6 +328,8 @@ class SQLStore(Store):
             return
         self._refresh_peers()
         self._wakeups.announce()
+        if not self._poll_interval_set:  # polling is only the safety net now (25 ms of CPU a second at 20 ms)
+            self.poll_interval = SAFETY_POLL_INTERVAL
 
     def _refresh_peers(self) -> None:
         """The other broker processes of this host (from ``b2b_instances``), for the wake-ups."""

@@ -89,7 +89,28 @@ def test_a_waiting_consumer_in_another_process_wakes_at_once(shared_url, tmp_pat
     assert len(latencies) == 20
     median = statistics.median(latencies)
     print(f"\ncross-process wake-up on {shared_url.split(':')[0]}: median {median:.1f} ms, max {max(latencies):.1f} ms")
-    assert median < 50, latencies  # LISTEN/NOTIFY on PostgreSQL, data_version polling (20 ms) on SQLite
+    assert median < 50, latencies  # LISTEN/NOTIFY on PostgreSQL, datagrams between SQLite processes
+
+
+def test_without_wake_up_datagrams_sqlite_polling_still_finds_other_processes_messages(tmp_path):
+    """The safety net: a consumer process that takes no datagrams (local_wakeups off) polls every 20 ms."""
+    url = f"sqlite:///{tmp_path / 'poll.db'}"
+    out = tmp_path / "consumer.txt"
+    proc = spawn("consume", url, str(out), "10", MP_NO_WAKEUPS="1")
+    wait_ready(out, proc)
+    sent_at = {}
+    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+        session = conn.create_session()
+        producer = session.create_producer(Queue("mp.work"))
+        time.sleep(0.3)
+        for i in range(10):
+            producer.send(session.create_text_message(f"w{i}"))
+            sent_at[f"w{i}"] = time.monotonic_ns()
+            time.sleep(0.05)
+    finish(proc)
+    latencies = [(int(ns) - sent_at[key]) / 1e6 for key, ns in (line.split() for line in out.read_text().splitlines())]
+    assert len(latencies) == 10
+    assert statistics.median(latencies) < 100, latencies
 
 
 def test_request_reply_across_processes(shared_url, tmp_path):
