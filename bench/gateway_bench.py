@@ -92,6 +92,8 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
     config["store"].setdefault("options", {})["sqlite_synchronous"] = synchronous
     if os.environ.get("BENCH_INTAKE_THREADS"):  # A/B runs: the gateway's intake threads (0: on the event loop)
         config.setdefault("server", {})["intake_threads"] = int(os.environ["BENCH_INTAKE_THREADS"])
+    if os.environ.get("BENCH_STORE_OPTIONS"):  # A/B runs: any Broker.open options, as JSON
+        config["store"]["options"].update(json.loads(os.environ["BENCH_STORE_OPTIONS"]))
     if os.environ.get("BENCH_PREFETCH"):
         config["store"]["options"]["prefetch"] = int(os.environ["BENCH_PREFETCH"])
     config["partners"] = partners

@@ -228,7 +228,7 @@ class MemoryStore(Store):
 
     # ------------------------------------------------------------ reads
 
-    def reader(self, box: str, selector: str | None) -> Reader:
+    def reader(self, box: str, selector: str | None, prefetch: int | None = None) -> Reader:
         from ._selector import compile_selector
 
         compiled = compile_selector(selector, xpath_namespaces=self._xpath_namespaces)

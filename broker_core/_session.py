@@ -206,10 +206,17 @@ class Session:
             )
 
     def create_consumer(self, destination: Destination, selector: str | None = None,
-                        no_local: bool = False) -> "MessageConsumer":
+                        no_local: bool = False, *, prefetch: int | None = None) -> "MessageConsumer":
         """A consumer of a queue, or a non-durable subscriber of a topic.
-        ``no_local`` (topics only) skips messages sent by this connection."""
+        ``no_local`` (topics only) skips messages sent by this connection.
+        ``prefetch`` (ActiveMQ's ``consumer.prefetchSize``): at most this many
+        messages the store claims for this consumer ahead of ``receive``
+        (default: the store's ``prefetch`` option). A consumer that does slow
+        work per message should take 1, so that a backlog is shared among
+        its peers instead of waiting behind it."""
         self._check_open()
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+            raise InvalidArgumentError(f"prefetch must be an int >= 1 or None, got {prefetch!r}")
         self._check_destination(destination)
         self._check_own_temporary(destination)
         store = self._store
@@ -218,14 +225,14 @@ class Session:
             sub = Subscription(box, destination, selector or None, bool(no_local), self._connection.origin)
             store.create_subscription(sub)
             try:
-                reader = store.reader(box, None)
+                reader = store.reader(box, None, prefetch)
             except BaseException:
                 store.delete_box(box)
                 raise
             return self._add_consumer(MessageConsumer(self, destination, box, reader, selector, no_local, sub))
         box = queue_box(destination)
         store.create_queue(box, destination)
-        reader = store.reader(box, selector or None)
+        reader = store.reader(box, selector or None, prefetch)
         return self._add_consumer(MessageConsumer(self, destination, box, reader, selector, False, None))
 
     def create_durable_subscriber(self, topic: Topic, name: str, selector: str | None = None,

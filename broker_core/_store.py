@@ -257,8 +257,10 @@ class Store(abc.ABC):
 
     # reads
     @abc.abstractmethod
-    def reader(self, box: str, selector: str | None) -> Reader:
-        """A cursor for one consumer; raises InvalidSelectorError for a bad selector."""
+    def reader(self, box: str, selector: str | None, prefetch: int | None = None) -> Reader:
+        """A cursor for one consumer; raises InvalidSelectorError for a bad selector. *prefetch*: at
+        most this many messages it holds for its consumer at once (None: the store's setting; a store
+        that hands messages out one at a time ignores it)."""
 
     @abc.abstractmethod
     def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:

@@ -109,12 +109,16 @@ class Handler:
     selector: str | None = None
     concurrency: int = 1
     name: str = ""
+    #: messages each session's consumer claims ahead of the one it works on (see :func:`handler`)
+    prefetch: int = 1
 
     def __post_init__(self) -> None:
         if not callable(self.function):
             raise TypeError(f"a handler must be callable, got {self.function!r}")
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {self.concurrency!r}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {self.prefetch!r}")
         if self.destination.is_topic and self.concurrency != 1:
             raise ValueError(
                 f"{self.destination}: concurrency must be 1 for a topic (each session would be a subscription of "
@@ -189,6 +193,7 @@ def handler(
     *,
     concurrency: int = 1,
     name: str | None = None,
+    prefetch: int = 1,
     registry: HandlerRegistry | None = _DEFAULT_REGISTRY,
 ) -> Callable[[HandlerFunction], Handler]:
     """Declare ``fn(message, context)`` as the handler of ``destination``.
@@ -198,6 +203,12 @@ def handler(
     ``selector``: a message selector (``"JMSType = 'Order'"``).
     ``concurrency``: how many sessions (threads) consume in parallel (1 for a
     topic). ``name``: defaults to ``module.qualname`` of the function.
+    ``prefetch``: how many messages each session's consumer claims ahead of
+    the one it works on; 1 (the default) shares a backlog among the sessions
+    and processes as it builds up (with more, one session could hold dozens
+    of requests while the others idle: measured with the sample responder,
+    two processes, 100 clients in a closed loop); raise it for cheap handlers
+    to save claim transactions.
     ``registry``: where to register (the module's :data:`registry` by default;
     ``None``: nowhere). Returns the :class:`Handler`, which is callable like
     the function.
@@ -205,7 +216,7 @@ def handler(
     dest = _as_destination(destination)
 
     def decorate(fn: HandlerFunction) -> Handler:
-        item = Handler(fn, dest, selector or None, concurrency, name or "")
+        item = Handler(fn, dest, selector or None, concurrency, name or "", prefetch)
         target = globals()["registry"] if registry is _DEFAULT_REGISTRY else registry
         if target is not None:
             target.add(item)
@@ -329,7 +340,8 @@ class _Runner:
         loops = []
         for n in range(self.handler.concurrency):
             session = self.connection.create_session(transacted=True)
-            consumer = session.create_consumer(self.handler.destination, self.handler.selector)
+            consumer = session.create_consumer(self.handler.destination, self.handler.selector,
+                                               prefetch=self.handler.prefetch)
             producer = session.create_producer(None)
             context = HandlerContext(self.handler.name, session, producer, broker, self.logger)
             loops.append((n, session, consumer, producer, context))

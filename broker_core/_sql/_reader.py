@@ -30,8 +30,11 @@ class _SQLReader(Reader):
     selective consumer never rescans a backlog it does not match.
     """
 
-    def __init__(self, store: "SQLStore", box: str, selector: Any, memory: Reader) -> None:
+    def __init__(self, store: "SQLStore", box: str, selector: Any, memory: Reader,
+                 prefetch: int | None = None) -> None:
         self._store = store
+        #: at most this many entries claimed for the consumer at once
+        self.prefetch = max(1, prefetch if prefetch is not None else store.prefetch)
         self._box = box
         self._selector = selector
         self._memory = memory
@@ -91,7 +94,7 @@ class _SQLReader(Reader):
             self._batch = 1
             return False
         self._empty_at = None
-        self._batch = min(store.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
+        self._batch = min(self.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
         self._extend(rows)
         return True
 
@@ -147,7 +150,7 @@ class _SQLReader(Reader):
             self._scan(now)
         while self._candidates:
             picked, later = [], []
-            while self._candidates and len(picked) < max(1, store.prefetch):
+            while self._candidates and len(picked) < self.prefetch:
                 item = heapq.heappop(self._candidates)
                 (later if item[3] > now else picked).append(item)
             for item in later:

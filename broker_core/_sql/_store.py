@@ -678,7 +678,7 @@ class SQLStore(Store):
         process: one blocked waiting on a box where it found nothing for it,
         with nothing changed since (so nothing older that it could take is
         waiting in the database), whose selector the message matches; at most
-        ``prefetch`` each, highest priority first."""
+        its reader's ``prefetch`` each, highest priority first."""
         with self._readers_lock:
             candidates = {box: list(readers) for box, readers in self._waiting_boxes.items()}
         chosen: dict[int, _SQLReader] = {}
@@ -696,13 +696,13 @@ class SQLStore(Store):
                 env = pending[i][5]
                 for k in range(len(hungry)):
                     reader = hungry[(turn + k) % len(hungry)]
-                    if load[reader] < self.prefetch and (reader._selector is None or reader._selector.matches(env)):
+                    if load[reader] < reader.prefetch and (reader._selector is None or reader._selector.matches(env)):
                         chosen[i] = reader
                         load[reader] += 1
                         turn = (turn + k + 1) % len(hungry)
                         break
                 else:
-                    if all(n >= self.prefetch for n in load.values()):
+                    if all(n >= r.prefetch for r, n in load.items()):
                         break
         return chosen
 
@@ -1091,13 +1091,13 @@ class SQLStore(Store):
 
     # ------------------------------------------------------------ reads
 
-    def reader(self, box: str, selector: str | None) -> Reader:
+    def reader(self, box: str, selector: str | None, prefetch: int | None = None) -> Reader:
         compiled = self._selector(selector)
         if box.startswith(("durable://", "subscriber://")) and not self._mem.has_box(box):
             sub = self._subscription_row(box)
             if sub is not None:
                 self._mem.create_subscription(sub)
-        return _SQLReader(self, box, compiled, self._mem.reader(box, selector))
+        return _SQLReader(self, box, compiled, self._mem.reader(box, selector), prefetch)
 
     def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Delivery]:
         rows, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)

@@ -1,11 +1,14 @@
 """A sample handler: answer each UBL 2.1 Order with an OrderResponse accepting it.
 
 Importing this module registers :func:`respond` in
-:data:`gateway.handlers.registry`: it consumes ``orders.inbound`` messages
-with ``JMSType = 'Order'`` and replies with a UBL 2.1 OrderResponse (valid
+:data:`gateway.handlers.registry`: it consumes every ``orders.inbound`` message
+(the sample routes send only Orders there), one at a time per session
+(``prefetch`` 1, the handlers' default: a backlog is shared among the
+sessions and processes), and replies with a UBL 2.1 OrderResponse (valid
 against ``UBL-OrderResponse-2.1.xsd``; checked before it is sent, so an
-order that cannot be answered validly is rolled back and, after the broker's
-``max_deliveries``, dead-lettered instead of answered with garbage).
+order that cannot be answered validly, or a message that is not a UBL Order,
+is rolled back and, after the broker's ``max_deliveries``, dead-lettered
+instead of answered with garbage).
 
 :func:`build_order_response` builds the response from an order's root element
 for direct use. The response accepts the whole order as it stands:
@@ -190,9 +193,11 @@ def _document(message: Message) -> etree._Element:
     raise MessageFormatError(f"expected an XML message, got a {type(message).__name__}")
 
 
-@handler(ORDERS_QUEUE, selector="JMSType = 'Order'", name="order_responder")
+@handler(ORDERS_QUEUE, name="order_responder")
 def respond(message: Message, context: HandlerContext) -> etree._Element:
     """Answer a UBL Order with an OrderResponse that accepts it."""
+    if message.jms_type not in (None, "Order"):  # the queue is read without a selector (see the module doc)
+        raise MessageFormatError(f"orders.inbound carries UBL Orders; this message's JMSType is {message.jms_type!r}")
     order = _document(message)
     response = build_order_response(order)
     if VALIDATE_RESPONSES:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from broker_core import AckMode, DeliveryMode, InvalidDestinationError, JMSError, Queue
+from broker_core import AckMode, DeliveryMode, InvalidArgumentError, InvalidDestinationError, JMSError, Queue
 
 
 def test_each_message_goes_to_exactly_one_consumer(broker, send, drain):
@@ -293,3 +293,21 @@ def test_client_ack_in_flight_messages_are_not_given_to_others(conn, send):
     assert holder.receive(timeout=2).text == "a"
     assert other.receive(timeout=2).text == "b"
     assert other.receive(timeout=0.2) is None
+
+
+def test_a_consumer_with_prefetch_one_holds_nothing_back_from_its_peers(session, send, drain):
+    """``create_consumer(..., prefetch=1)``: the store claims nothing for a consumer ahead of its
+    ``receive``, so whatever it has not received yet is there for the other consumers at once."""
+    queue = Queue("prefetch.one")
+    send(queue, *[f"m{i}" for i in range(10)])
+    first = session.create_consumer(queue, prefetch=1)
+    taken = [first.receive_no_wait().text for _ in range(4)]  # (by default the SQL store claims 1, 2, 4...)
+    second = session.create_consumer(queue, prefetch=1)
+    rest = [m.text for m in drain(second)]
+    assert taken == ["m0", "m1", "m2", "m3"] and rest == [f"m{i}" for i in range(4, 10)]
+
+
+@pytest.mark.parametrize("prefetch", [0, -1, True, 2.5, "1"])
+def test_prefetch_must_be_a_positive_int(session, prefetch):
+    with pytest.raises(InvalidArgumentError, match="prefetch"):
+        session.create_consumer(Queue("prefetch.bad"), prefetch=prefetch)

@@ -413,6 +413,39 @@ def test_one_session_of_a_handler_waits_on_the_broker_and_the_others_still_work_
     assert broker.stats(WORK).depth == 0
 
 
+def test_a_backlog_is_shared_among_the_sessions(broker):
+    """Twelve jobs committed at once while the sessions wait: with prefetch 1 (the handlers' default)
+    each session holds one at a time and the others take the rest as they come free. (With the
+    store's prefetch of 64, the SQL store handed the whole batch to the one session waiting on it,
+    and its peers idled.)"""
+    guard = threading.Lock()
+    by_thread: dict[str, int] = {}
+
+    @handler(WORK, concurrency=3, name="backlog", registry=None)
+    def job(message, context):
+        with guard:
+            name = threading.current_thread().name
+            by_thread[name] = by_thread.get(name, 0) + 1
+        time.sleep(0.05)
+
+    with Worker(broker, [job], poll_interval=0.05) as worker:
+        time.sleep(0.2)  # every session idle, one waiting on the broker
+        with broker.connect() as conn:
+            session = conn.create_session(True)
+            producer = session.create_producer(WORK)
+            for n in range(12):
+                producer.send(session.create_xml_message(f"<Job n='{n}'/>"))
+            session.commit()  # one transaction: the twelve become available together
+        wait_until(lambda: worker.stats()["backlog"].handled == 12, what="twelve jobs")
+    assert len(by_thread) == 3 and max(by_thread.values()) <= 6, by_thread
+
+
+def test_handler_prefetch_must_be_a_positive_int():
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="prefetch"):
+            handler(WORK, prefetch=bad, registry=None)(lambda m, c: None)
+
+
 def test_stop_waits_for_the_message_in_progress(broker):
     started = threading.Event()
 

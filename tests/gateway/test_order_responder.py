@@ -229,7 +229,7 @@ def test_importing_registers_the_handler():
     respond = order_responder.respond
     assert registry.get("order_responder") is respond
     assert respond.destination == Queue("orders.inbound")
-    assert respond.selector == "JMSType = 'Order'"
+    assert respond.selector is None and respond.prefetch == 1  # every message of the queue, one at a time
 
 
 def test_the_answer_is_logged_at_info_only(caplog):
@@ -294,13 +294,14 @@ def test_messages_that_are_not_answerable_orders_are_dead_lettered(open_broker):
             producer.send(message)
             ids[what] = message.jms_message_id
         other = XMLMessage(etree.tostring(example_order(), encoding="unicode"))
-        other.jms_type = "Invoice"  # not selected by the handler
+        other.jms_type = "Invoice"  # an order's body, but not typed as an Order: refused all the same
+        other.jms_reply_to = Queue("replies")
         producer.send(other)
+        ids["typed as another document"] = other.jms_message_id
     with Worker(broker, [order_responder.respond]) as worker:
         deadline = time.monotonic() + 10
         while set(broker.message_status(list(ids.values())).values()) != {"dead_lettered"}:
             assert time.monotonic() < deadline, broker.message_status(list(ids.values()))
             time.sleep(0.02)
-    assert worker.stats()["order_responder"] == HandlerStats(handled=0, replied=0, failed=4)
+    assert worker.stats()["order_responder"] == HandlerStats(handled=0, replied=0, failed=6)
     assert list(broker.browse(Queue("replies"))) == []
-    assert broker.message_status([other.jms_message_id]) == {other.jms_message_id: "pending"}
