@@ -20,6 +20,9 @@ __all__ = ["_SQLReader"]
 
 log = logging.getLogger("broker_core.sql")
 
+#: How many candidates beyond its prefetch a selective consumer offers to one claim.
+_CLAIM_WINDOW = 15
+
 
 class _SQLReader(Reader):
     """A consumer's cursor over both tiers of one box.
@@ -148,16 +151,29 @@ class _SQLReader(Reader):
         if self._empty_at != version:
             self._empty_at = version  # before scanning: a change during the scan is seen next time
             self._scan(now)
+        # Competing consumers see the same candidates and want the oldest: offering a window of them,
+        # of which the claim takes the first ``prefetch`` still waiting, turns a collision into taking
+        # the next one in the same transaction rather than another transaction per candidate.
+        window = max(self.prefetch, min(64, self.prefetch + _CLAIM_WINDOW))
         while self._candidates:
             picked, later = [], []
-            while self._candidates and len(picked) < self.prefetch:
+            while self._candidates and len(picked) < window:
                 item = heapq.heappop(self._candidates)
                 (later if item[3] > now else picked).append(item)
             for item in later:
                 heapq.heappush(self._candidates, item)
             if not picked:
                 return False
-            rows = store._claim_rows(self._box, len(picked), [item[2] for item in picked], now)
+            want = min(self.prefetch, len(picked))
+            rows = store._claim_rows(self._box, want, [item[2] for item in picked], now)
+            if len(picked) > want and len(rows) == want:
+                # the claim took the first ``want`` still waiting, in the order of ``picked``: the
+                # candidates after the last one taken may still be waiting, the ones before were gone
+                got = {d.ref for d in rows}
+                last = max(i for i, item in enumerate(picked) if item[2] in got) if got else len(picked)
+                for item in picked[last + 1:]:
+                    if item[2] not in got:
+                        heapq.heappush(self._candidates, item)
             if rows:
                 self._extend(rows)
                 return True

@@ -24,7 +24,8 @@ class _Statements:
         self._mark = mark = "%s" if postgres else "?"
         #: Claims, through the driver (rows as plain tuples in ``_CLAIMED``
         #: order): the next ``limit`` ready entries of a box (owner, box, now,
-        #: limit), or given ids (``by_ids(conn, "claim", ids, now, before=(owner,))``).
+        #: limit), or given ids (``by_ids(conn, "claim", ids, now, before=(owner,))``),
+        #: or the first ``limit`` of given ids (``"claim_some"``, ``more=(now, limit)``).
         self.claim_next = (
             f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
             f"WHERE id IN (SELECT id FROM b2b_entries WHERE box = {mark} AND state = 0 AND ready_at <= {mark} "
@@ -36,6 +37,12 @@ class _Statements:
         self._by_ids = {
             "claim": f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
                      f"WHERE id {{ids}} AND state = 0 AND ready_at <= {mark} RETURNING {claimed}",
+            # the first ``limit`` of the given ids still waiting (a selective consumer's candidates,
+            # some of which competing consumers may have taken): (owner, ids..., now, limit)
+            "claim_some": f"UPDATE b2b_entries SET state = 1, owner = {mark}, delivery_count = delivery_count + 1 "
+                          f"WHERE id IN (SELECT id FROM b2b_entries WHERE id {{ids}} AND state = 0 "
+                          f"AND ready_at <= {mark} ORDER BY priority DESC, seq LIMIT {mark}{lock}) "
+                          f"RETURNING {claimed}",
             "messages": f"SELECT id, {', '.join(_codec.MESSAGE_COLUMNS)} FROM b2b_messages WHERE id {{ids}}",
             "message_ids": "SELECT id, message_id FROM b2b_messages WHERE id {ids}",
             # by JMS message id (Broker.message_status)

@@ -822,18 +822,32 @@ class SQLStore(Store):
                   now: int) -> tuple[list[Delivery], int | None]:
         conn = batch.conn
         sql = self._sql
+        some = ids is not None and limit < len(ids)  # candidates of which competing consumers may have taken some
+        claimed: list[Any] = []
         while True:
             if ids is None:
                 rows = sql.run(conn, sql.claim_next, (self.instance_id, box, now, limit))
+            elif some:
+                rows = sql.by_ids(conn, "claim_some", ids, now, limit, before=(self.instance_id,))
             else:
                 rows = sql.by_ids(conn, "claim", ids, now, before=(self.instance_id,))
             expired = [_Claimed._make(r) for r in rows if 0 < r[5] <= now]
             if not expired:
+                claimed.extend(rows)
                 break
             self._expire_rows(batch, expired)
             rows = [r for r in rows if not 0 < r[5] <= now]
+            claimed.extend(rows)
+            if some:  # the expired ones took places of the limit: claim the next candidates in their stead
+                gone = {r[0] for r in rows} | {e.id for e in expired}
+                ids = [i for i in ids if i not in gone]
+                limit -= len(rows)
+                if limit > 0 and ids:
+                    continue
+                break
             if rows or ids is not None:
                 break  # else: all were expired; claim the next ones
+        rows = claimed
         if not rows:
             return [], sql.run(conn, sql.next_ready, (box, now))[0][0]
         rows.sort(key=lambda r: (-r[4], r[3]))

@@ -273,3 +273,41 @@ def test_a_waiting_selective_consumer_gets_only_its_matches_of_a_batch(broker, c
     rest = drain(other.create_session().create_consumer(queue), timeout=0.5)
     assert [m.text for m in rest] == ["invoice-1", "invoice-3"]
     assert not any(m.jms_redelivered for m in rest)
+
+
+def test_selective_consumers_with_prefetch_one_compete_without_losing_a_match(session, drain):
+    """Two selective consumers (prefetch 1) and a plain one take turns on one queue: whatever one of
+    them took, the others skip, and every message reaches exactly one of them, the matching ones in
+    order for each selective consumer."""
+    queue = Queue("selective.compete")
+    send_with(session, queue, [(f"m{i}", {"kind": "a" if i % 4 else "b"}) for i in range(24)])
+    first = session.create_consumer(queue, "kind = 'a'", prefetch=1)
+    second = session.create_consumer(queue, "kind = 'a'", prefetch=1)
+    plain = session.create_consumer(queue, prefetch=1)
+    got: dict[str, list[int]] = {"first": [], "second": [], "plain": []}
+    for turn in range(40):
+        for name, consumer in (("first", first), ("second", second), ("plain", plain)):
+            if name == "plain" and turn % 3:  # the plain consumer takes less often
+                continue
+            message = consumer.receive_no_wait()
+            if message is not None:
+                got[name].append(int(message.text[1:]))
+    everything = sorted(got["first"] + got["second"] + got["plain"])
+    assert everything == list(range(24)), got
+    for name in ("first", "second"):
+        assert got[name] == sorted(got[name]) and all(i % 4 for i in got[name]), got
+
+
+def test_an_expired_candidate_does_not_hide_the_matches_behind_it(session, drain):
+    """A selective consumer (prefetch 1) whose next match expired after it saw it, before it claimed
+    it, gets the matches behind it, not nothing."""
+    queue = Queue("selective.expired")
+    producer = session.create_producer(queue)
+    for i, (priority, ttl) in enumerate([(9, 0), (4, 200), (4, 0), (4, 0), (4, 0), (4, 0)]):
+        message = session.create_text_message(f"m{i}")
+        message.set_string_property("kind", "a")
+        producer.send(message, priority=priority, time_to_live=ttl)
+    consumer = session.create_consumer(queue, "kind = 'a'", prefetch=1)
+    assert consumer.receive_no_wait().text == "m0"  # it has seen m1 .. m5 now
+    time.sleep(0.4)  # m1 has expired, unclaimed
+    assert [m.text for m in drain(consumer)] == ["m2", "m3", "m4", "m5"]

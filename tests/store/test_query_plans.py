@@ -72,6 +72,9 @@ def test_no_statement_walks_the_entries_table(traced):
         assert selective.receive(timeout=5) is not None
         consumer.close()
         selective.close()  # what they prefetched goes back
+        one_at_a_time = session.create_consumer(queue, selector="JMSPriority = 4", prefetch=1)
+        assert one_at_a_time.receive(timeout=5) is not None  # the first of a window of candidates
+        one_at_a_time.close()
         assert len(list(session.create_browser(queue))) >= 8
         broker.store.sweep_expired(0)
         broker.destinations()
