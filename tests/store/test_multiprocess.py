@@ -67,49 +67,39 @@ def test_competing_consumers_in_processes_never_share_a_message(shared_url, tmp_
     assert all(keys for keys in received), [len(k) for k in received]  # the load was shared
 
 
-def test_a_waiting_consumer_in_another_process_wakes_at_once(shared_url, tmp_path):
+def wake_up_latencies(url: str, tmp_path: Path, count: int, consumer_env: dict[str, str] | None = None,
+                      **broker_options) -> list[float]:
+    """Milliseconds from each send's commit (in this process) to its receipt by a consumer process that
+    was blocked in ``receive``; ``count`` messages, 50 ms apart."""
     out = tmp_path / "consumer.txt"
-    proc = spawn("consume", shared_url, str(out), "20")
+    proc = spawn("consume", url, str(out), str(count), **(consumer_env or {}))
     wait_ready(out, proc)
     sent_at = {}
-    with Broker.open(shared_url, sweep_interval=0) as broker, broker.connect() as conn:
+    with Broker.open(url, sweep_interval=0, **broker_options) as broker, broker.connect() as conn:
         session = conn.create_session()
         producer = session.create_producer(Queue("mp.work"))
         time.sleep(0.5)  # the consumer is blocked in receive()
-        for i in range(20):
-            message = session.create_text_message(f"w{i}")
-            producer.send(message)
+        for i in range(count):
+            producer.send(session.create_text_message(f"w{i}"))
             sent_at[f"w{i}"] = time.monotonic_ns()  # after the commit: the message is visible
             time.sleep(0.05)
     finish(proc)
-    latencies = []
-    for line in out.read_text().splitlines():
-        key, received_ns = line.split()
-        latencies.append((int(received_ns) - sent_at[key]) / 1e6)
-    assert len(latencies) == 20
-    median = statistics.median(latencies)
-    print(f"\ncross-process wake-up on {shared_url.split(':')[0]}: median {median:.1f} ms, max {max(latencies):.1f} ms")
-    assert median < 50, latencies  # LISTEN/NOTIFY on PostgreSQL, datagrams between SQLite processes
+    latencies = sorted((int(ns) - sent_at[key]) / 1e6 for key, ns in
+                       (line.split() for line in out.read_text().splitlines()))
+    assert len(latencies) == count
+    print(f"\ncross-process wake-up on {url.split(':')[0]}: median {statistics.median(latencies):.1f} ms, "
+          f"max {latencies[-1]:.1f} ms")
+    return latencies
+
+
+def test_a_waiting_consumer_in_another_process_wakes_at_once(shared_url, tmp_path):
+    latencies = wake_up_latencies(shared_url, tmp_path, 20)
+    assert statistics.median(latencies) < 50, latencies  # LISTEN/NOTIFY on PostgreSQL, datagrams on SQLite
 
 
 def test_without_wake_up_datagrams_sqlite_polling_still_finds_other_processes_messages(tmp_path):
     """The safety net: a consumer process that takes no datagrams (local_wakeups off) polls every 20 ms."""
-    url = f"sqlite:///{tmp_path / 'poll.db'}"
-    out = tmp_path / "consumer.txt"
-    proc = spawn("consume", url, str(out), "10", MP_NO_WAKEUPS="1")
-    wait_ready(out, proc)
-    sent_at = {}
-    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
-        session = conn.create_session()
-        producer = session.create_producer(Queue("mp.work"))
-        time.sleep(0.3)
-        for i in range(10):
-            producer.send(session.create_text_message(f"w{i}"))
-            sent_at[f"w{i}"] = time.monotonic_ns()
-            time.sleep(0.05)
-    finish(proc)
-    latencies = [(int(ns) - sent_at[key]) / 1e6 for key, ns in (line.split() for line in out.read_text().splitlines())]
-    assert len(latencies) == 10
+    latencies = wake_up_latencies(f"sqlite:///{tmp_path / 'poll.db'}", tmp_path, 10, {"MP_NO_WAKEUPS": "1"})
     assert statistics.median(latencies) < 100, latencies
 
 
@@ -150,24 +140,7 @@ def test_sqlite_processes_wake_each_other_without_waiting_for_the_poll(tmp_path)
     request-reply crosses processes both ways: the writer's datagram after the commit wakes it."""
     url = f"sqlite:///{tmp_path / 'wake.db'}"
     slow = {"MP_POLL_INTERVAL": "5"}
-    out = tmp_path / "consumer.txt"
-    proc = spawn("consume", url, str(out), "20", **slow)
-    wait_ready(out, proc)
-    sent_at = {}
-    with Broker.open(url, sweep_interval=0, poll_interval=5.0) as broker, broker.connect() as conn:
-        session = conn.create_session()
-        producer = session.create_producer(Queue("mp.work"))
-        time.sleep(0.3)
-        for i in range(20):
-            producer.send(session.create_text_message(f"w{i}"))
-            sent_at[f"w{i}"] = time.monotonic_ns()
-            time.sleep(0.05)
-    finish(proc)
-    latencies = sorted((int(ns) - sent_at[key]) / 1e6 for key, ns in
-                       (line.split() for line in out.read_text().splitlines()))
-    assert len(latencies) == 20
-    print(f"\nSQLite cross-process wake-up with 5 s polling: median {statistics.median(latencies):.1f} ms, "
-          f"max {latencies[-1]:.1f} ms")
+    latencies = wake_up_latencies(url, tmp_path, 20, slow, poll_interval=5.0)
     assert statistics.median(latencies) < 50 and latencies[-1] < 1000, latencies
 
     responder_out = tmp_path / "responder.txt"
