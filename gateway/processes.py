@@ -170,7 +170,7 @@ class Supervisor:
         try:
             for child in self.children:
                 self._spawn(child)
-            log.info("serving on http://%s:%d with %d processes", self.host, self.port, self.count)
+            log.info("serving on http://%s:%d with %d processes", self.host, self.sock.getsockname()[1], self.count)
             while not self._stop.is_set():
                 code = self._check()
                 if code:
