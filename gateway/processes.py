@@ -47,7 +47,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import Settings
 from .errors import ConfigError
@@ -93,8 +93,6 @@ class _Child:
     backoff: float = 1.0
     restart_at: float | None = None
     ready_fd: int | None = None
-    restarts: int = 0
-    exits: list[int] = field(default_factory=list)
 
 
 class Supervisor:
@@ -118,7 +116,6 @@ class Supervisor:
         self.children = [_Child(i) for i in range(count)]
         self.sock: socket.socket | None = None
         self._stop = threading.Event()
-        self._stopping_signal: int | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -186,8 +183,7 @@ class Supervisor:
                 self.sock.close()
         return code
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self._stopping_signal = signum
+    def _on_signal(self, _signum: int, _frame: object) -> None:
         self._stop.set()
 
     @staticmethod
@@ -214,24 +210,20 @@ class Supervisor:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._spawn(child)
                 continue
-            if child.first and self._has_started(child):
-                child.first = False
             rc = proc.poll()
+            if child.first and self._has_started(child):  # read after poll: a process ready, then gone, counts
+                child.first = False
             if rc is None:
                 if now - child.started > 60:
                     child.backoff = 1.0  # it has been serving a while: the next failure restarts at once
                 continue
-            if child.first and self._has_started(child):  # ready, then gone before we looked
-                child.first = False
             child.proc = None
             self._close_ready(child)
-            child.exits.append(rc)
             ran = now - child.started
             if child.first:
                 log.error("serving process %d exited with code %s during start-up (after %.1f s); "
                           "stopping the others (see its error above)", child.index, rc, ran)
                 return rc if rc and rc > 0 else 1
-            child.restarts += 1
             child.restart_at = now + child.backoff
             log.error("serving process %d exited with code %s after %.0f s; restarting it in %.0f s",
                       child.index, rc, ran, child.backoff)
