@@ -129,7 +129,7 @@ def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: s
     pin = settings.pin_processes if args.pin_processes is None else args.pin_processes
     supervisor = Supervisor(settings, count, host=host, port=port, child_args=_child_args(args, settings), pin=pin)
     open_broker(settings).close()  # migrations run once, and a store that cannot open fails here
-    bound = supervisor.bind().getsockname()[1]  # the port asked for, or the one the system gave for 0
+    bound = supervisor.bind()  # the port asked for, or the one the system gave for 0
     log.info("serving %s on http://%s:%d from %d processes%s (store %s)", settings.config_path or "the configuration",
              host, bound, count, ", each bound to one CPU" if pin else "", settings.store_url)
     return supervisor.run()

@@ -108,6 +108,51 @@ def test_two_serving_processes_each_on_its_own_cpu(two):
         assert all(len(os.sched_getaffinity(pid)) == 1 for pid in children)
 
 
+def _sockets_on_port(pid: int, port: int) -> dict[str, int]:
+    """How many TCP sockets of process *pid* have *port* as their local port, by state (LISTEN, ESTABLISHED)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    counts = {"LISTEN": 0, "ESTABLISHED": 0}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            state = {"0A": "LISTEN", "01": "ESTABLISHED"}.get(fields[3])
+            if local_port == port and state and fields[9] in inodes:
+                counts[state] += 1
+    return counts
+
+
+def test_each_process_listens_on_its_own_socket_and_new_connections_are_spread(two):
+    proc, base, _ = two
+    port = int(base.rsplit(":", 1)[1])
+    children = _children(proc.pid)
+    # one listening socket per serving process, none left in the supervisor (so a dead process's socket
+    # leaves the port's group with it, and new connections go to the live ones)
+    assert [_sockets_on_port(pid, port)["LISTEN"] for pid in children] == [1, 1]
+    assert _sockets_on_port(proc.pid, port)["LISTEN"] == 0
+    # a burst of new keep-alive connections, as a load generator opens them: both processes get a share
+    # (one shared socket let the first event loop to wake accept the whole burst)
+    conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(24)]
+    try:
+        for conn in conns:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        for conn in conns:
+            assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        served = [_sockets_on_port(pid, port)["ESTABLISHED"] for pid in children]
+        assert sum(served) == 24
+        assert min(served) >= 4, f"connections per process: {served}"
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 def test_documents_accepted_once_and_replays_answered_by_either_process(two):
     _, base, _ = two
     first = _post(base, INVOICE, GLOBEX)
