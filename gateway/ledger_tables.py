@@ -52,7 +52,8 @@ documents = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("facts", sa.Text),  # JSON of gateway.facts (the warehouse's extraction), or NULL
     sa.Column("facts_version", sa.SmallInteger),  # gateway.facts.VERSION that wrote facts
-    sa.Index("ix_b2b_ledger_status", "status", "updated_at"),
+    # the reconciler's cursor: documents of one status in (updated_at, message_id) order (Ledger.in_status)
+    sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
 )
 

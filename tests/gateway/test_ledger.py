@@ -45,8 +45,8 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     from alembic.migration import MigrationContext
 
     engine = broker.store.engine
-    assert current_revision(engine) == head_revision() == "g0002"
-    assert upgrade_ledger(engine) == "g0002"  # idempotent
+    assert current_revision(engine) == head_revision() == "g0003"
+    assert upgrade_ledger(engine) == "g0003"  # idempotent
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"include_name": lambda name, type_, parent: (
             type_ != "table" or name in metadata.tables)})
@@ -207,6 +207,45 @@ def test_reconciler_moves_accepted_documents_on(broker):
     conn.close()
 
 
+def test_the_status_cursor_walks_every_document_once_through_an_index_range(broker, tmp_path):
+    """The reconciler's batches: every document of a status exactly once, in (updated_at, message_id)
+    order, ties included; each batch a range of the status index, not a read of every row of the status
+    (which grew with the backlog: 24 ms a batch behind 18,000 accepted orders)."""
+    import sqlite3
+
+    ledger = Ledger(broker.store.engine)
+    docs = []
+    for n in range(23):
+        doc = record(f"ID:cursor-{n:02d}")
+        doc.received_at = 1_000 + n // 5  # five documents to a millisecond
+        docs.append(doc)
+    write(broker.store, lambda c: [ledger.insert(c, d) for d in docs])
+    statements = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        if "FROM b2b_ledger" in statement:
+            statements.append((statement, parameters))
+
+    sa.event.listen(broker.store.engine, "before_cursor_execute", seen)
+    try:
+        walked, cursor = [], None
+        while True:
+            rows = ledger.in_status(("accepted",), after=cursor, limit=4)
+            walked.extend(rows)
+            if len(rows) < 4:
+                break
+            cursor = (rows[-1][2], rows[-1][0])
+    finally:
+        sa.event.remove(broker.store.engine, "before_cursor_execute", seen)
+    assert [r[0] for r in walked] == sorted(d.message_id for d in docs)
+    assert [r[2] for r in walked] == sorted(d.received_at for d in docs)
+    statement, parameters = statements[-1]  # a batch after a cursor
+    with sqlite3.connect(tmp_path / "l.db") as conn:
+        plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + statement, parameters))
+    assert "USING INDEX ix_b2b_ledger_status (status=? AND (updated_at,message_id)>(?,?))" in plan, plan
+    assert "SCAN" not in plan, plan
+
+
 def test_reconciler_runs_in_the_background_with_a_lease(broker):
     ledger = Ledger(broker.store.engine)
     conn = broker.connect()
@@ -267,6 +306,14 @@ def test_ledger_on_postgresql(postgres_schema):
         got = ledger.get(doc.message_id, history=True)
         assert (got.status, got.reply, got.error) == ("failed", b"<E/>", "no")
         assert [s for s, _ in got.history] == ["accepted", "failed"]
+        # the status cursor's row-value comparison, with ties on updated_at
+        docs = [record(f"ID:pg-cursor-{n}") for n in range(5)]
+        for doc in docs:
+            doc.received_at = 7
+        write(broker.store, lambda c: [ledger.insert(c, d) for d in docs])
+        first = ledger.in_status(("accepted",), limit=2)
+        rest = ledger.in_status(("accepted",), after=(first[-1][2], first[-1][0]), limit=10)
+        assert [r[0] for r in first + rest] == sorted(d.message_id for d in docs)
         conn.close()
     finally:
         broker.close()
