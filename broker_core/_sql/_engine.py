@@ -47,7 +47,9 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
             # gateway's writer about three times the CPU per stored document
             cur.execute("PRAGMA page_size=16384")
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA wal_autocheckpoint=256")  # checkpoint at ~4 MB of WAL, as with 4 KB pages
+            # checkpoint at ~4 MB of WAL, as with 4 KB pages (the store's writer checkpoints after its
+            # transactions instead, outside the write turn: SQLStore._checkpoint)
+            cur.execute("PRAGMA wal_autocheckpoint=256")
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA secure_delete=OFF")  # freed pages are not zeroed: far less to write per ack

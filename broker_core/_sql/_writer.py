@@ -79,7 +79,9 @@ class GroupCommitter:
     commit marks); ``on_touched(boxes)`` runs after each commit;
     ``on_reconnect()`` after a connection was lost and a new one obtained;
     ``serialize()`` is a context manager held around each transaction
-    (SQLite: the processes' write turn); ``was_committed(number)`` says
+    (SQLite: the processes' write turn); ``after_turn(conn)`` runs after each
+    successful transaction, outside ``serialize()`` and once its callers have
+    been woken (SQLite: WAL checkpoints); ``was_committed(number)`` says
     whether the transaction of that ``Batch.number`` committed, asked when a
     COMMIT failed without an answer so that a commit that did happen is not
     run twice.
@@ -90,10 +92,12 @@ class GroupCommitter:
                  on_touched: Callable[[set[str]], None] | None = None,
                  on_reconnect: Callable[[], None] | None = None,
                  serialize: Callable[[], ContextManager[Any]] | None = None,
+                 after_turn: Callable[[sa.Connection], None] | None = None,
                  was_committed: Callable[[int], bool] | None = None,
                  max_batch: int = 2000, retry_for: float = 30.0) -> None:
         self._engine = engine
         self._serialize = serialize or contextlib.nullcontext
+        self._after_turn = after_turn
         self._was_committed = was_committed
         self._numbers = itertools.count(1)
         self._in_doubt: Batch | None = None  # a transaction whose COMMIT failed without an answer
@@ -244,6 +248,11 @@ class GroupCommitter:
                 self._finish(ops, None)
                 if touched and self._on_touched is not None:
                     self._on_touched(touched)
+                if self._after_turn is not None and self._conn is not None:
+                    try:
+                        self._after_turn(self._conn)
+                    except Exception:  # housekeeping: the transaction itself is done and answered
+                        log.warning("store housekeeping after a commit failed", exc_info=True)
                 return
             except BaseException as error:  # noqa: BLE001 - sorted below
                 if is_retryable(error) and time.monotonic() < deadline and not self._closed:
