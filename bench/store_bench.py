@@ -10,7 +10,9 @@ Prints, in one run, for each database:
     mode receive everything; and the ratio to the raw limit;
   * the same with the work spread over processes, as several gateway
     processes sharing one store would: 1 or 4 producer processes (send_async,
-    64 in flight each) and one consumer process (two threads, AUTO); with the
+    64 in flight each) and one consumer process (two threads, AUTO), and 4
+    producers in one process with the consumer in another (a gateway process
+    and a worker process: ``b2bgw serve`` and ``b2bgw worker``); with the
     CPU time all processes spent per message (steadier than rates on a
     shared machine);
   * single persistent send latency p50/p99 (one producer, nothing else running).
@@ -157,14 +159,18 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out: Any) -> None:
+def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out: Any, producers: int = 1) -> None:
+    """``producers`` producers (a session each, send_async with 64 in flight each) in this process."""
     with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
-        session = conn.create_session()
-        producer = session.create_producer(Queue(queue_name))
+        sessions = [conn.create_session() for _ in range(producers)]
+        pairs = [(session, session.create_producer(Queue(queue_name))) for session in sessions]
         start.wait()
         before = _cpu()
 
-        asyncio.run(_produce(session, producer, count, None))
+        async def produce_all() -> None:
+            await asyncio.gather(*(_produce(session, producer, count // producers, None) for session, producer in pairs))
+
+        asyncio.run(produce_all())
         cpu_out.put(_cpu() - before)
 
 
@@ -179,15 +185,19 @@ def _consumer_process(url: str, queue_name: str, total: int, start: Any, done: A
         consumers.join()
 
 
-def end_to_end_processes(url: str, producers: int, total: int) -> tuple[float, float]:
+def end_to_end_processes(url: str, producers: int, total: int, processes: int | None = None) -> tuple[float, float]:
     """(msg/s, CPU us per message over all processes) with ``producers``
-    producer processes and one consumer process on one store."""
+    producers spread over ``processes`` producer processes (one each by
+    default) and one consumer process on one store."""
     ctx = multiprocessing.get_context("spawn")
     start, done, cpu_out = ctx.Event(), ctx.Queue(), ctx.Queue()
     name = f"bench.mp.{uuid.uuid4().hex[:8]}"
-    per = total // producers
-    procs = [ctx.Process(target=_producer_process, args=(url, name, per, start, cpu_out)) for _ in range(producers)]
-    procs.append(ctx.Process(target=_consumer_process, args=(url, name, per * producers, start, done, cpu_out)))
+    processes = processes or producers
+    per = total // processes  # messages each producer process sends
+    sent = per * processes
+    procs = [ctx.Process(target=_producer_process, args=(url, name, per, start, cpu_out, producers // processes))
+             for _ in range(processes)]
+    procs.append(ctx.Process(target=_consumer_process, args=(url, name, sent, start, done, cpu_out)))
     for proc in procs:
         proc.start()
     time.sleep(3.0)  # every process has opened the store and is waiting
@@ -197,7 +207,7 @@ def end_to_end_processes(url: str, producers: int, total: int) -> tuple[float, f
     cpu = sum(cpu_out.get(timeout=60) for _ in procs)
     for proc in procs:
         proc.join(timeout=60)
-    return per * producers / (ended - began), cpu * 1e6 / (per * producers)
+    return sent / (ended - began), cpu * 1e6 / sent
 
 
 def send_latency(url: str, count: int) -> tuple[float, float]:
@@ -223,9 +233,11 @@ def run(name: str, url: str, raw: float, messages: int) -> None:
             kind = "async send_async, 64 in flight each" if use_async else "threads, synchronous send"
             print(f"  {producers} producer{'s' if producers > 1 else ' '} ({kind}): {rate:,.0f} msg/s end to end "
                   f"({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message")
-    for producers in (1, 4):
-        rate, cpu = end_to_end_processes(url, producers, messages)
-        print(f"  {producers} producer process{'es' if producers > 1 else ''} + 1 consumer process: {rate:,.0f} msg/s "
+    for producers, processes in ((1, 1), (4, 4), (4, 1)):
+        rate, cpu = end_to_end_processes(url, producers, messages, processes)
+        where = (f"{producers} producer process{'es' if producers > 1 else ''}" if processes == producers
+                 else f"{producers} producers in 1 process")
+        print(f"  {where} + 1 consumer process: {rate:,.0f} msg/s "
               f"end to end ({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message over all processes")
     p50, p99 = send_latency(url, 1000)
     print(f"  single persistent send latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
