@@ -287,17 +287,26 @@ def stage_window(url: str, ranges: list[tuple[int, int]], staging_dir: str, *, r
     # Documents parsed from their XML (a rebuild from the raw documents) are
     # Python work: processes then, or the GIL would make it one core's work.
     # Facts are read by pyarrow's C++ with the GIL released: threads suffice.
-    procs = None
-    if reparse and threads > 1 and len(ranges) > 1:
-        import multiprocessing
-
-        procs = ProcessPoolExecutor(threads, mp_context=multiprocessing.get_context("fork"))
+    procs = _reparse_pool(threads) if reparse and threads > 1 and len(ranges) > 1 else None
     read = functools.partial(_read_range, url, content=content, batch_size=batch_size, combine=procs is not None)
     try:
         return _stage(read, ranges, staging_dir, threads, procs, t0)
     finally:
         if procs is not None:
             procs.shutdown(cancel_futures=True)
+
+
+def _reparse_pool(workers: int) -> ProcessPoolExecutor:
+    """Processes that parse XML, started by a fork server rather than forked from this one: the driver
+    has threads (the job lease's renewal, the ledger's count per type, Py4J's, pyarrow's), and a child
+    forked while one of them held a lock never gets it (a rebuild hung for good here, its worker stopped
+    in SQLite's allocator mutex at its first connection). The server forks from a clean, single-threaded
+    process that has imported this module once."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return ProcessPoolExecutor(workers, mp_context=context)
 
 
 def _stage(read, ranges, staging_dir, threads, procs, t0) -> Staged:

@@ -174,3 +174,63 @@ def test_current_facts_are_used_stale_and_unreadable_ones_are_not(spark, ledger,
     assert (r.status, r.loaded, r.quarantined) == ("succeeded", 3, 1)
     assert [m for m, _ in quarantine(ledger)] == ["o1"] and "not well-formed" in quarantine(ledger)[0][1]
     assert sorted(o["message_id"] for o in table(xml_settings, "fact_order")) == ["o2", "o3", "o4"]
+
+
+def test_a_rebuild_from_xml_parses_in_processes_that_share_no_locks_with_the_driver(tmp_path):
+    """``--reparse`` over several ledger ranges parses in two processes. They must not be forked from the
+    driver, whose other threads (the job lease's renewal, the ledger count, Py4J's) may hold a lock at that
+    instant: a benchmark rebuild hung for good with its worker stuck in SQLite's allocator mutex. Here a
+    thread keeps SQLite busy while the window is staged (several times, with a time limit), the staged rows
+    equal those of the single-threaded path, and the workers' parent is not this process."""
+    import concurrent.futures
+    import os
+    import sqlite3
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from spark_etl import stage
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", facts=False)
+    for n in range(12):
+        ledger.add(f"o{n}", "Order", with_id(example(ORDER), "34", f"x{n}"))
+    ranges = [(0, 8), (8, 16), (16, 24)]  # ledger seqs: two events per document
+
+    def rows(staged):
+        return sorted((t, tuple(sorted(r.items())))
+                      for t in staged.rows
+                      for r in pq.read_table(staged.table_path(t)).to_pylist())
+
+    single = stage.stage_window(ledger.url, ranges, str(tmp_path / "single"), reparse=True, threads=1)
+    assert single.rows["fact_order"] == 12
+
+    stop = threading.Event()
+
+    def hammer():  # SQLite's allocator mutex, taken and released all the time
+        while not stop.is_set():
+            conn = sqlite3.connect(":memory:")
+            conn.execute("SELECT zeroblob(1000)").fetchone()
+            conn.close()
+
+    busy = threading.Thread(target=hammer, daemon=True)
+    busy.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as runner:
+            for attempt in range(3):
+                staged = runner.submit(stage.stage_window, ledger.url, ranges, str(tmp_path / f"procs{attempt}"),
+                                       reparse=True, threads=2).result(timeout=120)
+                assert rows(staged) == rows(single)
+        pool = stage._reparse_pool(2)
+        try:
+            assert os.getpid() not in set(pool.map(_parent_pid, range(2)))
+        finally:
+            pool.shutdown()
+    finally:
+        stop.set()
+        busy.join()
+
+
+def _parent_pid(_: int) -> int:
+    import os
+
+    return os.getppid()
