@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import resource
@@ -40,6 +41,9 @@ from broker_core import AckMode, Broker, Queue
 
 BODY = "x" * 2048
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+#: A/B runs: any Broker.open store options, as JSON (e.g. BENCH_STORE_OPTIONS='{"commit_delay": 0}')
+STORE_OPTIONS = json.loads(os.environ.get("BENCH_STORE_OPTIONS") or "{}")
 
 
 def raw_sqlite(path: str, rows: int) -> float:
@@ -122,7 +126,7 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
     """(msg/s, CPU us per message) in one process."""
     total = producers * per_producer
     queue = Queue(f"bench.{uuid.uuid4().hex[:8]}")
-    with Broker.open(url, sweep_interval=0) as broker:
+    with Broker.open(url, sweep_interval=0, **STORE_OPTIONS) as broker:
         consumers = _Consumers(broker, queue, total)
         start, cpu_before = time.perf_counter(), _cpu()
         if use_async:
@@ -161,7 +165,7 @@ def _cpu() -> float:
 
 def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out: Any, producers: int = 1) -> None:
     """``producers`` producers (a session each, send_async with 64 in flight each) in this process."""
-    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+    with Broker.open(url, sweep_interval=0, **STORE_OPTIONS) as broker, broker.connect() as conn:
         sessions = [conn.create_session() for _ in range(producers)]
         pairs = [(session, session.create_producer(Queue(queue_name))) for session in sessions]
         start.wait()
@@ -175,7 +179,7 @@ def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out
 
 
 def _consumer_process(url: str, queue_name: str, total: int, start: Any, done: Any, cpu_out: Any) -> None:
-    with Broker.open(url, sweep_interval=0) as broker:
+    with Broker.open(url, sweep_interval=0, **STORE_OPTIONS) as broker:
         consumers = _Consumers(broker, Queue(queue_name), total)
         start.wait()
         before = _cpu()
@@ -211,7 +215,7 @@ def end_to_end_processes(url: str, producers: int, total: int, processes: int | 
 
 
 def send_latency(url: str, count: int) -> tuple[float, float]:
-    with Broker.open(url, sweep_interval=0) as broker, broker.connect() as conn:
+    with Broker.open(url, sweep_interval=0, **STORE_OPTIONS) as broker, broker.connect() as conn:
         session = conn.create_session()
         producer = session.create_producer(Queue("bench.latency"))
         samples = []

@@ -110,7 +110,10 @@ def _body_size(env: Envelope) -> int:
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
-            "poll_interval", "local_wakeups", "pool_size", "expired_retention"}
+            "poll_interval", "local_wakeups", "pool_size", "expired_retention", "commit_delay"}
+
+#: How long the writer waits for more operations under a stream of asynchronous sends (s); see GroupCommitter.
+COMMIT_DELAY = 0.0005
 
 
 class _Counters:
@@ -155,7 +158,10 @@ class SQLStore(Store):
     with datagrams (off: polling alone, e.g. processes in separate network
     namespaces that share a file);
     ``expired_retention`` (s, 7 days): how long ``message_status`` can still
-    say a message expired (then "gone").
+    say a message expired (then "gone"); ``commit_delay`` (s, 0.0005): while
+    asynchronous sends and commits stream in, the writer waits this long
+    before each transaction so that it carries more of them (0: never waits;
+    a synchronous ``send()`` never waits for it).
     """
 
     shared = True
@@ -173,6 +179,9 @@ class SQLStore(Store):
         self._local_wakeups = bool(options.get("local_wakeups", True))
         self.expired_retention = float(options.get("expired_retention", 7 * 86400))
         self._retry_for = float(options.get("retry_for", 30.0))
+        self._commit_delay = float(options.get("commit_delay", COMMIT_DELAY))
+        if not 0 <= self._commit_delay <= 0.1:
+            raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s, not {self._commit_delay}")
         self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
         self._writer_raw: Any = None  # the writer's driver connection, once set up (SQLite)
@@ -255,6 +264,7 @@ class SQLStore(Store):
             after_turn=self._checkpoint if not self._pg else None,
             was_committed=self._was_committed if self._pg else None,
             before_commit=self._before_commit,
+            commit_delay=self._commit_delay,
             on_touched=self._touched,
             retry_for=self._retry_for,
         )

@@ -85,6 +85,16 @@ class GroupCommitter:
     whether the transaction of that ``Batch.number`` committed, asked when a
     COMMIT failed without an answer so that a commit that did happen is not
     run twice.
+
+    ``commit_delay`` (s): under a stream of operations whose submitters did
+    not block (asynchronous sends and commits, deferred acknowledgements: one
+    was already queued when the previous transaction ended), the writer waits
+    this long before taking the next batch, so that one commit carries more
+    of them (PostgreSQL's ``commit_delay``, MySQL's
+    ``binlog_group_commit_sync_delay``): each commit has a fixed cost (the
+    fsync, the write turn, waking the callers) paid on the cores the callers
+    need. A caller that blocks on its operation (a synchronous send, a
+    claim) never waits for it: its operation ends the wait, or prevents it.
     """
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
@@ -94,7 +104,7 @@ class GroupCommitter:
                  serialize: Callable[[], ContextManager[Any]] | None = None,
                  after_turn: Callable[[sa.Connection], None] | None = None,
                  was_committed: Callable[[int], bool] | None = None,
-                 max_batch: int = 2000, retry_for: float = 30.0) -> None:
+                 max_batch: int = 2000, retry_for: float = 30.0, commit_delay: float = 0.0) -> None:
         self._engine = engine
         self._serialize = serialize or contextlib.nullcontext
         self._after_turn = after_turn
@@ -106,6 +116,10 @@ class GroupCommitter:
         self._on_touched = on_touched
         self._on_reconnect = on_reconnect
         self._max_batch = max_batch
+        self.commit_delay = commit_delay
+        self._queued_async = 0  # queued operations whose submitter did not block
+        self._queued_blocking = 0  # queued operations whose submitter waits for them
+        self._delaying = False
         self.retry_for = retry_for
         self._ops: collections.deque[_Op] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
@@ -131,7 +145,11 @@ class GroupCommitter:
         op = _Op(fn, ThreadWaiter() if wait else None, callback, durable)
         with self._cond:
             self._ops.append(op)
-            if len(self._ops) == 1:
+            if op.waiter is None:
+                self._queued_async += 1
+            else:
+                self._queued_blocking += 1
+            if len(self._ops) == 1 or (self._delaying and op.waiter is not None):
                 self._cond.notify()
         if not wait:
             return None
@@ -173,14 +191,25 @@ class GroupCommitter:
     def _run(self) -> None:
         while True:
             with self._cond:
+                streaming = self._queued_async > 0  # queued while the last transaction ran
                 while not self._ops and not self._closed:
                     self._cond.wait()
                 if not self._ops and self._closed:
                     return
+                if (streaming and self.commit_delay > 0 and not self._queued_blocking
+                        and len(self._ops) < self._max_batch and not self._closed):
+                    self._delaying = True  # until the delay is over, or a blocking submit() notifies
+                    self._cond.wait(self.commit_delay)
+                    self._delaying = False
                 ops = []
                 take = min(len(self._ops), self._max_batch)
                 for _ in range(take):
-                    ops.append(self._ops.popleft())
+                    op = self._ops.popleft()
+                    if op.waiter is None:
+                        self._queued_async -= 1
+                    else:
+                        self._queued_blocking -= 1
+                    ops.append(op)
             self._execute(ops)
 
     def _transaction(self, ops: list[_Op]) -> set[str]:

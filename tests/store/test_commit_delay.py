@@ -1,0 +1,157 @@
+"""The writer's commit delay: while asynchronous sends stream in, a commit
+waits ``commit_delay`` for more of them, so that one commit (one fsync)
+carries them all; a caller that blocks on its own send never waits for it.
+
+Each store operation sees the number of the transaction it runs in
+(``Batch.number``), which is how these tests tell what shared a commit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from broker_core import Broker, InvalidArgumentError, Queue
+from broker_core._sql._writer import GroupCommitter
+
+
+def _committer(tmp_path, delay: float) -> GroupCommitter:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    return GroupCommitter(engine, begin=lambda conn, durable: None, commit_delay=delay)
+
+
+def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_path):
+    writer = _committer(tmp_path, delay=0.3)
+    numbers: dict[str, int] = {}
+    done = threading.Semaphore(0)
+    first_running = threading.Event()
+    release_first = threading.Event()
+
+    def op(name, block=False):
+        def run(batch):
+            numbers[name] = batch.number
+            if block:
+                first_running.set()
+                release_first.wait(5)
+        return run
+
+    def callback(result, error):
+        assert error is None
+        done.release()
+
+    try:
+        writer.submit(op("a", block=True), callback=callback)
+        assert first_running.wait(5)
+        writer.submit(op("b"), callback=callback)  # queued while "a"'s transaction runs: a stream
+        release_first.set()
+        time.sleep(0.1)  # well inside the delay that follows "a"'s commit
+        writer.submit(op("c"), callback=callback)
+        writer.submit(op("d"), callback=callback)
+        for _ in range(4):
+            assert done.acquire(timeout=5)
+    finally:
+        writer.close()
+    assert numbers["b"] == numbers["c"] == numbers["d"] == numbers["a"] + 1
+
+
+def test_without_a_delay_the_next_transaction_starts_at_once(tmp_path):
+    writer = _committer(tmp_path, delay=0.0)
+    numbers: dict[str, int] = {}
+    first_running = threading.Event()
+    release_first = threading.Event()
+    done = threading.Semaphore(0)
+
+    def run_a(batch):
+        numbers["a"] = batch.number
+        first_running.set()
+        release_first.wait(5)
+
+    try:
+        writer.submit(run_a, callback=lambda r, e: done.release())
+        assert first_running.wait(5)
+        writer.submit(lambda batch: numbers.__setitem__("b", batch.number), callback=lambda r, e: done.release())
+        release_first.set()
+        assert done.acquire(timeout=5) and done.acquire(timeout=5)  # "b" committed without "c"
+        writer.submit(lambda batch: numbers.__setitem__("c", batch.number))
+    finally:
+        writer.close()
+    assert numbers["c"] > numbers["b"] > numbers["a"]
+
+
+def test_callers_blocked_on_their_own_operation_never_wait_for_the_delay(tmp_path):
+    writer = _committer(tmp_path, delay=2.0)
+    try:
+        started = time.monotonic()
+
+        def blocking_caller():
+            for _ in range(10):
+                writer.submit(lambda batch: batch.conn.exec_driver_sql("SELECT 1").scalar())
+
+        threads = [threading.Thread(target=blocking_caller) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        elapsed = time.monotonic() - started
+    finally:
+        writer.close()
+    assert elapsed < 1.0, f"30 synchronous operations took {elapsed:.2f} s: they waited for the commit delay"
+
+
+def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path):
+    writer = _committer(tmp_path, delay=5.0)
+    numbers: dict[str, int] = {}
+    first_running = threading.Event()
+    release_first = threading.Event()
+
+    def run_a(batch):
+        numbers["a"] = batch.number
+        first_running.set()
+        release_first.wait(5)
+
+    try:
+        writer.submit(run_a, wait=False)
+        assert first_running.wait(5)
+        writer.submit(lambda batch: numbers.__setitem__("b", batch.number), wait=False)  # a stream
+        release_first.set()
+        time.sleep(0.1)  # the writer now waits for more of the stream
+        started = time.monotonic()
+        writer.submit(lambda batch: numbers.__setitem__("c", batch.number))  # blocks until committed
+        waited = time.monotonic() - started
+    finally:
+        writer.close()
+    assert waited < 1.0, f"a blocking submit waited {waited:.2f} s for the commit delay"
+    assert numbers["b"] == numbers["c"] == numbers["a"] + 1
+
+
+def test_a_synchronous_send_does_not_wait_and_a_stream_of_async_sends_arrives_whole_and_in_order(tmp_path):
+    queue = Queue("delay.stream")
+    with Broker.open(f"sqlite:///{tmp_path / 'd.db'}", sweep_interval=0, commit_delay=0.05) as broker:
+        connection = broker.connect()
+        session = connection.create_session()
+        producer = session.create_producer(None)
+        started = time.monotonic()
+        for i in range(20):
+            producer.send(queue, session.create_text_message(f"sync-{i}"))
+        assert time.monotonic() - started < 0.05 * 20 / 2  # no send waited for the delay
+
+        async def stream():
+            await asyncio.gather(*(producer.send_async(queue, session.create_text_message(f"async-{i}"))
+                                   for i in range(200)))
+
+        asyncio.run(stream())
+        consumer = connection.create_session().create_consumer(queue)
+        connection.start()
+        got = [consumer.receive(timeout=2) for _ in range(220)]
+        assert [m.text for m in got] == [f"sync-{i}" for i in range(20)] + [f"async-{i}" for i in range(200)]
+        assert consumer.receive_no_wait() is None
+        connection.close()
+
+
+@pytest.mark.parametrize("delay", [-0.001, 0.5])
+def test_a_commit_delay_out_of_range_is_refused(tmp_path, delay):
+    with pytest.raises(InvalidArgumentError, match="commit_delay"):
+        Broker.open(f"sqlite:///{tmp_path / 'bad.db'}", commit_delay=delay)
