@@ -111,14 +111,18 @@ async def _produce(session: Any, producer: Any, count: int, window: asyncio.Sema
     """Send ``count`` messages with ``send_async``, at most 64 in flight (or
     as many as the shared ``window`` allows)."""
     window = window or asyncio.Semaphore(64)
-    pending: set[Any] = set()
+    pending: set[Any] = set()  # the sends in flight: each leaves the set when it completes
+
+    def completed(future: Any) -> None:
+        window.release()
+        if future.exception() is None:  # a failed send stays, for gather() to raise
+            pending.discard(future)
+
     for _ in range(count):
         await window.acquire()
         future = producer.send_async(session.create_text_message(BODY))
-        future.add_done_callback(lambda f: window.release())
+        future.add_done_callback(completed)
         pending.add(future)
-        if len(pending) > 256:
-            pending = {f for f in pending if not f.done()}
     await asyncio.gather(*pending)
 
 
@@ -132,11 +136,10 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
         if use_async:
             async def produce_all() -> None:
                 conn = broker.connect()
-                session = conn.create_session()
-                producer = session.create_producer(queue)
+                sessions = [conn.create_session() for _ in range(producers)]
                 window = asyncio.Semaphore(64 * producers)
-
-                await asyncio.gather(*(_produce(session, producer, per_producer, window) for _ in range(producers)))
+                await asyncio.gather(*(_produce(session, session.create_producer(queue), per_producer, window)
+                                       for session in sessions))
 
             asyncio.run(produce_all())
         else:
