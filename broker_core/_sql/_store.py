@@ -181,7 +181,7 @@ class SQLStore(Store):
         self._retry_for = float(options.get("retry_for", 30.0))
         self._commit_delay = float(options.get("commit_delay", COMMIT_DELAY))
         if not 0 <= self._commit_delay <= 0.1:
-            raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s, not {self._commit_delay}")
+            raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s (0 turns it off), not {self._commit_delay}")
         self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
         self._writer_raw: Any = None  # the writer's driver connection, once set up (SQLite)

@@ -117,8 +117,7 @@ class GroupCommitter:
         self._on_reconnect = on_reconnect
         self._max_batch = max_batch
         self.commit_delay = commit_delay
-        self._queued_async = 0  # queued operations whose submitter did not block
-        self._queued_blocking = 0  # queued operations whose submitter waits for them
+        self._queued_async = 0  # queued operations whose submitter did not block (the others wait for them)
         self._delaying = False
         self.retry_for = retry_for
         self._ops: collections.deque[_Op] = collections.deque()
@@ -147,8 +146,6 @@ class GroupCommitter:
             self._ops.append(op)
             if op.waiter is None:
                 self._queued_async += 1
-            else:
-                self._queued_blocking += 1
             if len(self._ops) == 1 or (self._delaying and op.waiter is not None):
                 self._cond.notify()
         if not wait:
@@ -196,7 +193,7 @@ class GroupCommitter:
                     self._cond.wait()
                 if not self._ops and self._closed:
                     return
-                if (streaming and self.commit_delay > 0 and not self._queued_blocking
+                if (streaming and self.commit_delay > 0 and len(self._ops) == self._queued_async
                         and len(self._ops) < self._max_batch and not self._closed):
                     self._delaying = True  # until the delay is over, or a blocking submit() notifies
                     self._cond.wait(self.commit_delay)
@@ -207,8 +204,6 @@ class GroupCommitter:
                     op = self._ops.popleft()
                     if op.waiter is None:
                         self._queued_async -= 1
-                    else:
-                        self._queued_blocking -= 1
                     ops.append(op)
             self._execute(ops)
 
