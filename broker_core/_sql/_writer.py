@@ -30,6 +30,10 @@ from .._waiters import ThreadWaiter
 
 log = logging.getLogger("broker_core.sql")
 
+#: Weight of the newest gap in the writer's moving average of the gaps between
+#: asynchronous operations (see GroupCommitter's ``commit_delay``).
+DENSE_GAP_WEIGHT = 0.125
+
 
 class Batch:
     """What an operation sees: the connection of the current transaction, and
@@ -87,14 +91,18 @@ class GroupCommitter:
     run twice.
 
     ``commit_delay`` (s): under a stream of operations whose submitters did
-    not block (asynchronous sends and commits, deferred acknowledgements: one
-    was already queued when the previous transaction ended), the writer waits
-    this long before taking the next batch, so that one commit carries more
-    of them (PostgreSQL's ``commit_delay``, MySQL's
+    not block (asynchronous sends and commits, deferred acknowledgements),
+    the writer waits this long before taking the next batch, so that one
+    commit carries more of them (PostgreSQL's ``commit_delay``, MySQL's
     ``binlog_group_commit_sync_delay``): each commit has a fixed cost (the
     fsync, the write turn, waking the callers) paid on the cores the callers
-    need. A caller that blocks on its operation (a synchronous send, a
-    claim) never waits for it: its operation ends the wait, or prevents it.
+    need. It is a stream when one was already queued as the previous
+    transaction ended, or when they arrive densely: their average gap
+    (:data:`DENSE_GAP_WEIGHT`-weighted) is under half the delay, so at least
+    two more are due within it (sparse arrivals, such as a partner's single
+    requests, never wait). A caller that blocks on its operation (a
+    synchronous send, a claim) never waits for it: its operation ends the
+    wait, or prevents it.
     """
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
@@ -119,6 +127,9 @@ class GroupCommitter:
         self.commit_delay = commit_delay
         self._queued_async = 0  # queued operations whose submitter did not block (the others wait for them)
         self._delaying = False
+        # moving average of the gaps between asynchronous submits (s), and when the last one came
+        self._async_gap = 10 * commit_delay  # as sparse as a gap can count
+        self._last_async = time.monotonic()
         self.retry_for = retry_for
         self._ops: collections.deque[_Op] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
@@ -146,6 +157,11 @@ class GroupCommitter:
             self._ops.append(op)
             if op.waiter is None:
                 self._queued_async += 1
+                now = time.monotonic()
+                # a gap longer than 10 delays counts as 10: a burst after a quiet spell is seen within ~20 arrivals
+                gap = min(now - self._last_async, 10 * self.commit_delay)
+                self._last_async = now
+                self._async_gap += (gap - self._async_gap) * DENSE_GAP_WEIGHT
             if len(self._ops) == 1 or (self._delaying and op.waiter is not None):
                 self._cond.notify()
         if not wait:
@@ -193,7 +209,8 @@ class GroupCommitter:
                     self._cond.wait()
                 if not self._ops and self._closed:
                     return
-                if (streaming and self.commit_delay > 0 and len(self._ops) == self._queued_async
+                dense = 2 * self._async_gap < self.commit_delay  # two more are due within the delay
+                if ((streaming or dense) and self.commit_delay > 0 and len(self._ops) == self._queued_async
                         and len(self._ops) < self._max_batch and not self._closed):
                     self._delaying = True  # until the delay is over, or a blocking submit() notifies
                     self._cond.wait(self.commit_delay)

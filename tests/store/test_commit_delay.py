@@ -57,6 +57,55 @@ def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_
     assert numbers["b"] == numbers["c"] == numbers["d"] == numbers["a"] + 1
 
 
+def _pair_after(writer: GroupCommitter, warm_up_gap: float | None, count: int = 40) -> tuple[int, int]:
+    """Submit ``count`` asynchronous operations ``warm_up_gap`` apart (none if
+    None), wait until they are committed and the writer is idle, then submit
+    "x" and, 50 ms later, "y": the transaction numbers of x and y."""
+    numbers: dict[str, int] = {}
+    done = threading.Semaphore(0)
+
+    def op(name):
+        def run(batch):
+            numbers[name] = batch.number
+        return run
+
+    def callback(result, error):
+        assert error is None
+        done.release()
+
+    warm = 0 if warm_up_gap is None else count
+    for i in range(warm):
+        writer.submit(op(f"w{i}"), callback=callback)
+        time.sleep(warm_up_gap)
+    for _ in range(warm):
+        assert done.acquire(timeout=5)
+    writer.submit(op("x"), callback=callback)  # nothing queued: not a stream by the queue's measure
+    time.sleep(0.05)
+    writer.submit(op("y"), callback=callback)
+    assert done.acquire(timeout=5) and done.acquire(timeout=5)
+    return numbers["x"], numbers["y"]
+
+
+def test_a_dense_stream_of_asynchronous_operations_shares_commits_even_when_the_queue_ran_dry(tmp_path):
+    # gaps of 10 ms under a 300 ms delay: more are due within it, so the writer waits for them
+    writer = _committer(tmp_path, delay=0.3)
+    try:
+        x, y = _pair_after(writer, warm_up_gap=0.01)
+    finally:
+        writer.close()
+    assert x == y
+
+
+def test_sparse_asynchronous_operations_are_committed_without_waiting(tmp_path):
+    # the same pair with no dense history: "x" is committed before "y" comes
+    writer = _committer(tmp_path, delay=0.3)
+    try:
+        x, y = _pair_after(writer, warm_up_gap=None)
+    finally:
+        writer.close()
+    assert y > x
+
+
 def test_without_a_delay_the_next_transaction_starts_at_once(tmp_path):
     writer = _committer(tmp_path, delay=0.0)
     numbers: dict[str, int] = {}
