@@ -605,7 +605,9 @@ class Gateway:
             raise NotFoundError(f"No document {message_id[:128]!r} was accepted from your partner account.")
         record = self._with_unrecorded(record, before)
         if refresh is not None and record.status in ("accepted", "dead_lettered"):
-            if await asyncio.to_thread(refresh, [(record.message_id, record.status)]):
-                record = await asyncio.to_thread(self.ledger.get, message_id, history=True) or record
+            await asyncio.to_thread(refresh, [(record.message_id, record.status)])
+            # read again even if this refresh moved nothing: the background reconciler may have moved the
+            # document between the read above and the refresh, which then found nothing left to do
+            record = await asyncio.to_thread(self.ledger.get, message_id, history=True) or record
         return record
 

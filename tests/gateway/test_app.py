@@ -322,6 +322,25 @@ async def test_status_follows_delivery_and_dead_letters(gw_env):
     assert (await gw_env.client.get(dead["status_url"], headers=GLOBEX)).json()["status"] == "dead_lettered"
 
 
+async def test_get_shows_a_move_the_background_reconciler_made_meanwhile(gw_env, monkeypatch):
+    receipt = (await post(gw_env, with_id(INVOICE, "R"), GLOBEX)).json()
+    conn = gw_env.broker.connect()
+    conn.start()
+    assert conn.create_session().create_consumer(Queue("invoices.inbound")).receive(2) is not None  # AUTO: acked
+    conn.close()
+    reconciler = gw_env.runtime.reconciler
+    real_refresh = reconciler.refresh
+
+    def reconciler_got_there_first(documents):
+        real_refresh(documents)  # the background pass moves it after the GET read it as accepted...
+        return real_refresh(documents)  # ...so the GET's own refresh finds nothing left to move
+
+    monkeypatch.setattr(reconciler, "refresh", reconciler_got_there_first)
+    status = (await gw_env.client.get(receipt["status_url"], headers=GLOBEX)).json()
+    assert status["status"] == "delivered"
+    assert [h["status"] for h in status["history"]] == ["accepted", "delivered"]
+
+
 # --------------------------------------------------------------------------- the errors
 
 
