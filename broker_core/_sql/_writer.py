@@ -158,7 +158,7 @@ class GroupCommitter:
             if op.waiter is None:
                 self._queued_async += 1
                 now = time.monotonic()
-                # a gap longer than 10 delays counts as 10: a burst after a quiet spell is seen within ~20 arrivals
+                # a gap longer than 10 delays counts as 10: a burst after a quiet spell counts as dense after about 23 arrivals
                 gap = min(now - self._last_async, 10 * self.commit_delay)
                 self._last_async = now
                 self._async_gap += (gap - self._async_gap) * DENSE_GAP_WEIGHT

@@ -324,9 +324,12 @@ async def test_status_follows_delivery_and_dead_letters(gw_env):
 
 async def test_get_shows_a_move_the_background_reconciler_made_meanwhile(gw_env, monkeypatch):
     receipt = (await post(gw_env, with_id(INVOICE, "R"), GLOBEX)).json()
+    from broker_core import AckMode
+
     conn = gw_env.broker.connect()
     conn.start()
-    assert conn.create_session().create_consumer(Queue("invoices.inbound")).receive(2) is not None  # AUTO: acked
+    message = conn.create_session(False, AckMode.CLIENT).create_consumer(Queue("invoices.inbound")).receive(2)
+    message.acknowledge()  # returns once committed (AUTO's acknowledgement would be deferred)
     conn.close()
     reconciler = gw_env.runtime.reconciler
     real_refresh = reconciler.refresh
