@@ -145,7 +145,7 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     import sqlalchemy as sa
 
     from gateway import facts as gateway_facts
-    from gateway.ledger_tables import metadata
+    from gateway.ledger_tables import metadata, pack_xml
     from gateway.xmlintake import IntakeLimits, parse_document
 
     if db_path.exists():
@@ -171,7 +171,8 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
             raise RuntimeError(f"no facts for generated order {message_id}")
         n_facts_bytes += len(facts.encode("utf-8"))
         docs.append((message_id, partner, "Order", ORDER_NS, order_id, f"{partner}:{order_id}", message_id,
-                     "orders", "queue://orders", "delivered", at, at + 5, xml, facts, gateway_facts.VERSION))
+                     "orders", "queue://orders", "delivered", at, at + 5, pack_xml(xml), facts,
+                     gateway_facts.VERSION))  # the document stored as the gateway stores it
         events.append((message_id, "accepted", at))
         events.append((message_id, "delivered", at + 5))
         n_lines += lines
@@ -203,7 +204,7 @@ def cached_ledger(workdir: Path, n_orders: int, seed: int, pretty: bool) -> tupl
     from gateway import facts as gateway_facts
 
     workdir.mkdir(parents=True, exist_ok=True)
-    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}-facts{gateway_facts.VERSION}"
+    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}-facts{gateway_facts.VERSION}-lz4"
     db, meta = workdir / f"{name}.db", workdir / f"{name}.json"
     if db.exists() and meta.exists():
         return db, json.loads(meta.read_text())
@@ -225,6 +226,7 @@ def baseline(db: Path, out: Path) -> dict:
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
+    from gateway.ledger_tables import unpack_xml
     from spark_etl import ubl
 
     if out.exists():
@@ -241,7 +243,8 @@ def baseline(db: Path, out: Path) -> dict:
             chunk = cur.fetchmany(1000)
             if not chunk:
                 return
-            yield from chunk
+            for row in chunk:
+                yield (*row[:6], unpack_xml(row[6]))
 
     batches = list(ubl.extract_many(rows(), batch_size=2000))
     conn.close()

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from broker_core import StoreError
 
-from .ledger_tables import documents, events
+from .ledger_tables import documents, events, pack_xml, unpack_xml
 
 __all__ = [
     "DuplicateDocument",
@@ -119,8 +119,9 @@ def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRec
         message_id=m["message_id"], partner=m["partner"], doc_type=m["doc_type"],
         doc_namespace=m["doc_namespace"], doc_id=m["doc_id"], idempotency_key=m["idempotency_key"],
         correlation_id=m["correlation_id"], route=m["route"], destination=m["destination"], status=m["status"],
-        received_at=m["received_at"], updated_at=m["updated_at"], reply=m["reply"], reply_type=m["reply_type"],
-        receipt=m["receipt"], error=m["error"], document=m.get("document"), history=history,
+        received_at=m["received_at"], updated_at=m["updated_at"], reply=unpack_xml(m["reply"]),
+        reply_type=m["reply_type"], receipt=m["receipt"], error=m["error"], document=unpack_xml(m.get("document")),
+        history=history,
     )
 
 
@@ -157,7 +158,7 @@ class Ledger:
                 "doc_namespace": doc.doc_namespace, "doc_id": doc.doc_id, "idempotency_key": doc.idempotency_key,
                 "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
                 "status": "accepted", "received_at": doc.received_at, "updated_at": doc.received_at,
-                "document": doc.document, "reply": None, "reply_type": None, "receipt": doc.receipt, "error": None,
+                "document": pack_xml(doc.document), "reply": None, "reply_type": None, "receipt": doc.receipt, "error": None,
                 "facts": doc.facts, "facts_version": doc.facts_version if doc.facts is not None else None,
             })
         except sa.exc.IntegrityError as exc:
@@ -204,7 +205,7 @@ class Ledger:
         for i, source in enumerate(sources):
             params[f"from_{i}"] = source
         if reply is not None:
-            params["reply"] = reply
+            params["reply"] = pack_xml(reply)
             params["reply_type"] = reply_type
         if error is not None:
             params["error"] = error[:2000]

@@ -14,6 +14,14 @@ extraction failed: the warehouse load then parses ``document`` itself, as it
 does for facts of an older version. ``document`` stays the source of truth
 (``b2bgw etl run --full --reparse`` rebuilds the warehouse from it alone).
 
+``document`` and ``reply`` hold UTF-8 XML, stored as an LZ4 frame (the
+standard format, magic ``04 22 4D 18``: ``lz4 -d`` reads it) when that is
+smaller: :func:`pack_xml` writes them, :func:`unpack_xml` reads either form
+(rows written before compression stay as they are). The 14 KB UBL Order
+example takes 4.4 KB: with the row's other columns, two rows share a 16 KB
+SQLite page where each raw one took a page of its own (and every page is
+written twice, to the WAL and back at the checkpoint).
+
 Statuses: ``accepted`` (stored, waiting for a consumer), ``delivered`` (a
 consumer acknowledged it), ``replied`` (request-reply: the reply arrived),
 ``failed`` (the backend answered with an error, or the reply could not be
@@ -22,6 +30,7 @@ recorded), ``dead_lettered`` (moved to a dead-letter queue).
 
 from __future__ import annotations
 
+import lz4.frame
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
@@ -29,6 +38,31 @@ metadata = sa.MetaData()
 STATUSES = ("accepted", "delivered", "replied", "failed", "dead_lettered")
 #: Statuses after which a document counts as a delivered transaction.
 DELIVERED_STATUSES = ("delivered", "replied")
+
+#: The first bytes of an LZ4 frame; no UTF-8 XML document starts with them (U+0004 is not an XML character).
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
+#: XML shorter than this is stored as it is (it shares its page with other rows anyway).
+PACK_OVER = 2048
+
+
+def pack_xml(data: bytes) -> bytes:
+    """How ``document`` and ``reply`` are stored: compressed when at least :data:`PACK_OVER` bytes and an
+    eighth smaller so; and always when the bytes themselves begin like a frame (a malformed reply, say),
+    so that :func:`unpack_xml` never mistakes one for the other."""
+    if len(data) >= PACK_OVER or data.startswith(LZ4_MAGIC):
+        packed = lz4.frame.compress(data)
+        if len(packed) <= len(data) - (len(data) >> 3) or data.startswith(LZ4_MAGIC):
+            return packed
+    return data
+
+
+def unpack_xml(data: bytes | memoryview | None) -> bytes | None:
+    """The XML of a stored ``document`` or ``reply`` (either form)."""
+    if data is None:
+        return None
+    data = bytes(data)
+    return lz4.frame.decompress(data) if data.startswith(LZ4_MAGIC) else data
+
 
 documents = sa.Table(
     "b2b_ledger",
@@ -45,8 +79,8 @@ documents = sa.Table(
     sa.Column("status", sa.String(20), nullable=False),
     sa.Column("received_at", sa.BigInteger, nullable=False),  # epoch ms
     sa.Column("updated_at", sa.BigInteger, nullable=False),  # epoch ms of the last status change
-    sa.Column("document", sa.LargeBinary, nullable=False),  # the XML as accepted (UTF-8)
-    sa.Column("reply", sa.LargeBinary),  # the reply document (UTF-8), request-reply routes
+    sa.Column("document", sa.LargeBinary, nullable=False),  # the XML as accepted (UTF-8; pack_xml)
+    sa.Column("reply", sa.LargeBinary),  # the reply document (UTF-8; pack_xml), request-reply routes
     sa.Column("reply_type", sa.String(100)),
     sa.Column("receipt", sa.Text),  # JSON of the first answer, replayed to duplicates
     sa.Column("error", sa.Text),

@@ -40,7 +40,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from gateway import facts as gateway_facts
-from gateway.ledger_tables import DELIVERED_STATUSES, documents, events
+from gateway.ledger_tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
 from .db import make_engine
@@ -192,7 +192,11 @@ def _rows(url: str, lo: int, hi: int, *, content: str = "facts", fetch: int = 50
                     rows = cur.fetchmany(fetch)
                     if not rows:
                         break
-                    yield from rows
+                    for row in rows:  # the document (column 6) as XML: the ledger may store it compressed
+                        document = row[6]
+                        if document is not None and bytes(document[:4]) == LZ4_MAGIC:
+                            row = (*row[:6], unpack_xml(document), *row[7:])
+                        yield row
             finally:
                 cur.close()
             conn.rollback()
@@ -209,7 +213,7 @@ def _documents(url: str, message_ids: list[str]) -> dict[str, bytes]:
             for i in range(0, len(message_ids), 500):
                 chunk = message_ids[i : i + 500]
                 q = sa.select(documents.c.message_id, documents.c.document).where(documents.c.message_id.in_(chunk))
-                out.update({m: bytes(d) for m, d in conn.execute(q)})
+                out.update({m: unpack_xml(d) for m, d in conn.execute(q)})
             conn.rollback()
         return out
     finally:

@@ -4,6 +4,15 @@ Properties are JSON; values whose JMS type JSON cannot carry (byte, short,
 int, float, char, bytes) are tagged ``{"\\u0000": [code, value]}`` so they read
 back with their exact type. Bodies are bytes: UTF-8 text, tagged JSON for map
 and stream bodies, raw bytes otherwise.
+
+A body of at least ``compress_over`` bytes so encoded is stored as an LZ4
+frame (the standard format: ``lz4 -d`` reads it) when that makes it smaller,
+and its ``kind`` column then says so with :data:`COMPRESSED` (``"xml+lz4"``).
+XML and other text shrink 3-4 times (the 14 KB UBL Order example: 4.4 KB, in
+about 10 us; reading it back 3 us): three such rows share a 16 KB SQLite page
+where each raw one took a page of its own, and every page is written twice
+(to the WAL, then back into the database at the checkpoint). Rows of either
+form read back the same.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import base64
 import json
 from typing import Any
 
+import lz4.frame
+
 from .._destinations import parse_destination
 from .._envelope import Byte, Envelope, Float, Int, Short
 from .._message import Char
@@ -19,6 +30,13 @@ from .._message import Char
 _TAG = "\u0000"
 _ESCAPED_TAG = "\\u0000"  # how json.dumps writes the tag
 _CODES = {Byte: "b", Short: "s", Int: "i", Float: "f", Char: "c"}
+#: Suffix of the ``kind`` of a row whose body is an LZ4 frame.
+COMPRESSED = "+lz4"
+#: Bodies at least this long (encoded) are compressed by default: shorter ones share their page with
+#: other rows anyway.
+COMPRESS_OVER = 2048
+_compress = lz4.frame.compress
+_decompress = lz4.frame.decompress
 _TYPES = {code: cls for cls, code in _CODES.items()}
 
 
@@ -76,7 +94,28 @@ def encode_body(kind: str, body: Any) -> bytes | None:
     return body  # bytes, object: already bytes
 
 
+def stored_body(kind: str, body: Any, compress_over: int = COMPRESS_OVER) -> tuple[str, bytes | None]:
+    """The ``kind`` and ``body`` columns of a body: compressed (see the module docstring) when it is at
+    least ``compress_over`` bytes (0: never) and compression saves at least an eighth."""
+    data = encode_body(kind, body)
+    if compress_over and data is not None and len(data) >= compress_over:
+        packed = _compress(data)
+        if len(packed) <= len(data) - (len(data) >> 3):
+            return kind + COMPRESSED, packed
+    return kind, data
+
+
+def read_body(kind: str, data: bytes | None) -> tuple[str, Any]:
+    """The message kind and body of a row's ``kind`` and ``body`` columns (either form)."""
+    if kind.endswith(COMPRESSED):
+        kind = kind[:-len(COMPRESSED)]
+        if data is not None:
+            data = _decompress(data)
+    return kind, decode_body(kind, data)
+
+
 def decode_body(kind: str, data: bytes | None) -> Any:
+    """The body of a message of this (uncompressed) kind from its encoded bytes."""
     if data is None:
         return None
     if kind == "text" or kind == "xml":
@@ -103,13 +142,14 @@ def destination(text: str | None) -> Any:
     return found
 
 
-def message_values(env: Envelope, row_id: int) -> tuple[Any, ...]:
+def message_values(env: Envelope, row_id: int, compress_over: int = COMPRESS_OVER) -> tuple[Any, ...]:
     """The ``b2b_messages`` insert parameters of ``env``, in
     ``("id", *MESSAGE_COLUMNS)`` order (the hot path: no dict per row)."""
     reply_to = env.reply_to
+    kind, body = stored_body(env.kind, env.body, compress_over)
     return (row_id, env.message_id, str(env.destination), env.delivery_mode, env.timestamp, env.correlation_id,
-            None if reply_to is None else str(reply_to), env.type, encode_properties(env.properties), env.kind,
-            encode_body(env.kind, env.body), env.origin)
+            None if reply_to is None else str(reply_to), env.type, encode_properties(env.properties), kind,
+            body, env.origin)
 
 
 #: The b2b_messages columns an envelope is rebuilt from (with the entry's
@@ -123,6 +163,7 @@ def row_envelope(row: Any, priority: int, expiration: int, at: int = 0) -> Envel
     ``b2b_messages`` row, starting at index ``at`` of ``row``."""
     (message_id, dest, delivery_mode, timestamp, correlation_id, reply_to, type_, properties, kind, body,
      origin) = row[at:at + 11]
+    kind, body = read_body(kind, body)
     return Envelope(
         message_id,
         destination(dest),
@@ -135,6 +176,6 @@ def row_envelope(row: Any, priority: int, expiration: int, at: int = 0) -> Envel
         type_,
         decode_properties(properties),
         kind,
-        decode_body(kind, body),
+        body,
         origin,
     )

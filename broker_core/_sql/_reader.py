@@ -126,7 +126,7 @@ class _SQLReader(Reader):
         store = self._store
         statement = store._sql.scan[self._needs_body]
         selector = self._selector
-        decode_properties, decode_body = _codec.decode_properties, _codec.decode_body
+        decode_properties, read_body = _codec.decode_properties, _codec.read_body
         with store.engine.connect() as conn:
             while True:
                 rows = conn.exec_driver_sql(statement, (self._box, self._cursor)).cursor.fetchall()
@@ -136,9 +136,9 @@ class _SQLReader(Reader):
                     self._cursor = entry_id
                     if 0 < expiration <= now:
                         continue
+                    kind, body = read_body(kind, row[12]) if self._needs_body else (kind.removesuffix(_codec.COMPRESSED), None)
                     env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
-                                   None, type_, decode_properties(properties), kind,
-                                   decode_body(kind, row[12]) if self._needs_body else None)
+                                   None, type_, decode_properties(properties), kind, body)
                     if selector.matches(env):
                         heapq.heappush(self._candidates, (-priority, seq, entry_id, ready_at))
                 if len(rows) < 5000:

@@ -110,7 +110,8 @@ def _body_size(env: Envelope) -> int:
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
-            "poll_interval", "local_wakeups", "pool_size", "expired_retention", "commit_delay"}
+            "poll_interval", "local_wakeups", "pool_size", "expired_retention", "commit_delay",
+            "compress_over"}
 
 #: How long the writer waits for more operations under a stream of asynchronous sends (s); see GroupCommitter.
 COMMIT_DELAY = 0.0005
@@ -161,7 +162,9 @@ class SQLStore(Store):
     say a message expired (then "gone"); ``commit_delay`` (s, 0.0005): while
     asynchronous sends and commits stream in, the writer waits this long
     before each transaction so that it carries more of them (0: never waits;
-    a synchronous ``send()`` never waits for it).
+    a synchronous ``send()`` never waits for it); ``compress_over`` (bytes,
+    2048): bodies at least this long are stored LZ4-compressed when that
+    saves space (0: never; see ``_codec``).
     """
 
     shared = True
@@ -182,6 +185,10 @@ class SQLStore(Store):
         self._commit_delay = float(options.get("commit_delay", COMMIT_DELAY))
         if not 0 <= self._commit_delay <= 0.1:
             raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s (0 turns it off), not {self._commit_delay}")
+        self._compress_over = options.get("compress_over", _codec.COMPRESS_OVER)
+        if type(self._compress_over) is not int or self._compress_over < 0:
+            raise InvalidArgumentError(f"compress_over must be a whole number of bytes, 0 or more (0 turns "
+                                       f"compression off), not {self._compress_over!r}")
         self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
         self._writer_raw: Any = None  # the writer's driver connection, once set up (SQLite)
@@ -657,10 +664,11 @@ class SQLStore(Store):
         ids = self._reserve_ids(conn, "b2b_messages", len(placed))
         seq = self._next_seqs(len(placed))
         message_values = _codec.message_values
+        compress_over = self._compress_over
         message_rows = []
         pending: list[tuple[str, int, int, int, int, Envelope]] = []  # box, seq, priority, expiration, message
         for (env, boxes), message in zip(placed, ids):
-            message_rows.append(message_values(env, message))
+            message_rows.append(message_values(env, message, compress_over))
             for box in boxes:
                 pending.append((box, seq, env.priority, env.expiration, message, env))
             seq += 1

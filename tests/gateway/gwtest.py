@@ -163,12 +163,18 @@ class GatewayEnv:
         return list(self.broker.browse(Queue(queue)))
 
     def ledger_rows(self) -> list[Any]:
+        """The ``b2b_ledger`` rows, with ``document`` and ``reply`` as the XML they hold (stored compressed
+        when large: ``gateway.ledger_tables.pack_xml``)."""
+        from types import SimpleNamespace
+
         import sqlalchemy as sa
 
-        from gateway.ledger_tables import documents
+        from gateway.ledger_tables import documents, unpack_xml
 
         with self.broker.store.engine.connect() as conn:
-            return list(conn.execute(sa.select(documents)))
+            rows = [row._asdict() for row in conn.execute(sa.select(documents))]
+        return [SimpleNamespace(**{**row, "document": unpack_xml(row["document"]), "reply": unpack_xml(row["reply"])})
+                for row in rows]
 
 
 @contextmanager

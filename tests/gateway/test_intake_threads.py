@@ -15,6 +15,7 @@ from broker_core import Queue
 from gateway import facts
 from gateway.app import create_app
 from gateway.config import ConfigError, load_yaml, settings_from_mapping
+from gateway.ledger_tables import unpack_xml
 from gateway.runtime import Runtime
 from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, with_id
 
@@ -70,7 +71,7 @@ async def _run(make_assembly, threads: int, monkeypatch) -> dict:
         with runtime.broker.store.engine.connect() as conn:
             for row in conn.execute(sa.text("SELECT doc_type, doc_id, document, facts, facts_version, receipt "
                                             "FROM b2b_ledger")):
-                rows[row.doc_type] = (row.doc_id, row.document, row.facts, row.facts_version)
+                rows[row.doc_type] = (row.doc_id, unpack_xml(row.document), row.facts, row.facts_version)
         messages = {}
         for destination in sorted({r.destination for r in assembly.routes if isinstance(r.destination, Queue)},
                                   key=str):
