@@ -158,7 +158,8 @@ class Ledger:
                 "doc_namespace": doc.doc_namespace, "doc_id": doc.doc_id, "idempotency_key": doc.idempotency_key,
                 "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
                 "status": "accepted", "received_at": doc.received_at, "updated_at": doc.received_at,
-                "document": pack_xml(doc.document), "reply": None, "reply_type": None, "receipt": doc.receipt, "error": None,
+                "document": pack_xml(doc.document), "reply": None, "reply_type": None, "receipt": doc.receipt,
+                "error": None,
                 "facts": doc.facts, "facts_version": doc.facts_version if doc.facts is not None else None,
             })
         except sa.exc.IntegrityError as exc:

@@ -136,7 +136,10 @@ class _SQLReader(Reader):
                     self._cursor = entry_id
                     if 0 < expiration <= now:
                         continue
-                    kind, body = read_body(kind, row[12]) if self._needs_body else (kind.removesuffix(_codec.COMPRESSED), None)
+                    if self._needs_body:
+                        kind, body = read_body(kind, row[12])
+                    else:
+                        kind, body = kind.removesuffix(_codec.COMPRESSED), None
                     env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
                                    None, type_, decode_properties(properties), kind, body)
                     if selector.matches(env):
