@@ -160,9 +160,10 @@ class SQLStore(Store):
     namespaces that share a file);
     ``expired_retention`` (s, 7 days): how long ``message_status`` can still
     say a message expired (then "gone"); ``commit_delay`` (s, 0.0005): while
-    asynchronous sends and commits stream in, the writer waits this long
-    before each transaction so that it carries more of them (0: never waits;
-    a synchronous ``send()`` never waits for it); ``compress_over`` (bytes,
+    asynchronous sends and commits stream in, the writer waits up to this
+    long before each transaction so that it carries more of them (0: never
+    waits; a synchronous ``send()`` never waits for it, nor a stream that
+    pauses for a quarter of it); ``compress_over`` (bytes,
     2048): bodies at least this long are stored LZ4-compressed when that
     saves space (0: never; see ``_codec``).
     """

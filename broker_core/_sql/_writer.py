@@ -33,6 +33,9 @@ log = logging.getLogger("broker_core.sql")
 #: Weight of the newest gap in the writer's moving average of the gaps between
 #: asynchronous operations (see GroupCommitter's ``commit_delay``).
 DENSE_GAP_WEIGHT = 0.125
+#: A commit delay ends early once no operation has arrived for this fraction
+#: of it: the stream has paused (its submitters are waiting for this commit).
+QUIET_FRACTION = 0.25
 
 
 class Batch:
@@ -102,7 +105,10 @@ class GroupCommitter:
     two more are due within it (sparse arrivals, such as a partner's single
     requests, never wait). A caller that blocks on its operation (a
     synchronous send, a claim) never waits for it: its operation ends the
-    wait, or prevents it.
+    wait, or prevents it. Nor does a stream that pauses: the wait ends once
+    no operation has come for :data:`QUIET_FRACTION` of the delay (a
+    gateway's clients, say, all waiting for this very commit), rather than
+    idling out the rest of it.
     """
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
@@ -213,7 +219,7 @@ class GroupCommitter:
                 if ((streaming or dense) and self.commit_delay > 0 and len(self._ops) == self._queued_async
                         and len(self._ops) < self._max_batch and not self._closed):
                     self._delaying = True  # until the delay is over, or a blocking submit() notifies
-                    self._cond.wait(self.commit_delay)
+                    self._delay()
                     self._delaying = False
                 ops = []
                 take = min(len(self._ops), self._max_batch)
@@ -223,6 +229,21 @@ class GroupCommitter:
                         self._queued_async -= 1
                     ops.append(op)
             self._execute(ops)
+
+    def _delay(self) -> None:
+        """Wait (holding ``_cond``) up to ``commit_delay`` for more operations, while they keep coming:
+        until a quiet spell of ``QUIET_FRACTION`` of it, a blocking submit, or close()."""
+        deadline = time.monotonic() + self.commit_delay
+        quiet = self.commit_delay * QUIET_FRACTION
+        while True:
+            queued = len(self._ops)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(min(quiet, remaining))
+            if (len(self._ops) == queued or len(self._ops) != self._queued_async or self._closed
+                    or len(self._ops) >= self._max_batch):
+                return
 
     def _transaction(self, ops: list[_Op]) -> set[str]:
         conn = self._connection()

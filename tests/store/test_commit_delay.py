@@ -1,6 +1,7 @@
 """The writer's commit delay: while asynchronous sends stream in, a commit
 waits ``commit_delay`` for more of them, so that one commit (one fsync)
-carries them all; a caller that blocks on its own send never waits for it.
+carries them all; a caller that blocks on its own send never waits for it,
+and a stream that pauses for a quarter of the delay ends the wait.
 
 Each store operation sees the number of the transaction it runs in
 (``Batch.number``), which is how these tests tell what shared a commit."""
@@ -24,7 +25,7 @@ def _committer(tmp_path, delay: float) -> GroupCommitter:
 
 
 def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_path):
-    writer = _committer(tmp_path, delay=0.3)
+    writer = _committer(tmp_path, delay=1.0)
     numbers: dict[str, int] = {}
     done = threading.Semaphore(0)
     first_running = threading.Event()
@@ -47,7 +48,7 @@ def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_
         assert first_running.wait(5)
         writer.submit(op("b"), callback=callback)  # queued while "a"'s transaction runs: a stream
         release_first.set()
-        time.sleep(0.1)  # well inside the delay that follows "a"'s commit
+        time.sleep(0.1)  # well inside the delay that follows "a"'s commit, and its quiet spell (0.25 s)
         writer.submit(op("c"), callback=callback)
         writer.submit(op("d"), callback=callback)
         for _ in range(4):
@@ -87,8 +88,8 @@ def _pair_after(writer: GroupCommitter, warm_up_gap: float | None, count: int = 
 
 
 def test_a_dense_stream_of_asynchronous_operations_shares_commits_even_when_the_queue_ran_dry(tmp_path):
-    # gaps of 10 ms under a 300 ms delay: more are due within it, so the writer waits for them
-    writer = _committer(tmp_path, delay=0.3)
+    # gaps of 10 ms under a 1 s delay: more are due within it, so the writer waits for them
+    writer = _committer(tmp_path, delay=1.0)
     try:
         x, y = _pair_after(writer, warm_up_gap=0.01)
     finally:
@@ -98,12 +99,75 @@ def test_a_dense_stream_of_asynchronous_operations_shares_commits_even_when_the_
 
 def test_sparse_asynchronous_operations_are_committed_without_waiting(tmp_path):
     # the same pair with no dense history: "x" is committed before "y" comes
-    writer = _committer(tmp_path, delay=0.3)
+    writer = _committer(tmp_path, delay=1.0)
     try:
         x, y = _pair_after(writer, warm_up_gap=None)
     finally:
         writer.close()
     assert y > x
+
+
+def _stream(writer: GroupCommitter, gaps: list[float]) -> tuple[dict[str, int], dict[str, float]]:
+    """A stream: "a" (its transaction held until "b" is queued behind it), then "b" and one more
+    operation after each gap; every operation's transaction number and when it was committed."""
+    numbers: dict[str, int] = {}
+    committed: dict[str, float] = {}
+    done = threading.Semaphore(0)
+    first_running = threading.Event()
+    release_first = threading.Event()
+
+    def op(name, block=False):
+        def run(batch):
+            numbers[name] = batch.number
+            if block:
+                first_running.set()
+                release_first.wait(5)
+        return run
+
+    def callback(name):
+        def settle(result, error):
+            assert error is None
+            committed[name] = time.monotonic()
+            done.release()
+        return settle
+
+    writer.submit(op("a", block=True), callback=callback("a"))
+    assert first_running.wait(5)
+    committed["start"] = time.monotonic()
+    writer.submit(op("b"), callback=callback("b"))  # queued while "a"'s transaction runs: a stream
+    release_first.set()
+    for i, gap in enumerate(gaps):
+        time.sleep(gap)
+        writer.submit(op(f"s{i}"), callback=callback(f"s{i}"))
+    for _ in range(len(gaps) + 2):
+        assert done.acquire(timeout=10)
+    return numbers, committed
+
+
+def test_a_stream_that_pauses_is_committed_without_waiting_out_the_delay(tmp_path):
+    # delay 4 s, so the quiet spell is 1 s: "b" is committed about 1 s after the stream stopped
+    writer = _committer(tmp_path, delay=4.0)
+    try:
+        numbers, committed = _stream(writer, gaps=[])
+    finally:
+        writer.close()
+    waited = committed["b"] - committed["start"]
+    assert numbers["b"] == numbers["a"] + 1
+    assert 0.5 < waited < 3.0, f"the pause ended the delay after {waited:.2f} s (quiet spell 1 s, delay 4 s)"
+
+
+def test_a_stream_that_keeps_coming_is_held_until_the_delay_is_over(tmp_path):
+    # gaps of 0.1 s under a 1.2 s delay (quiet spell 0.3 s): one commit takes the first ~1.2 s of
+    # the stream, later ones the rest
+    writer = _committer(tmp_path, delay=1.2)
+    try:
+        numbers, _ = _stream(writer, gaps=[0.1] * 20)
+    finally:
+        writer.close()
+    first = numbers["b"]
+    assert numbers["s0"] == numbers["s1"] == numbers["s2"] == first  # within the delay, no pause
+    assert sum(numbers[f"s{i}"] == first for i in range(20)) >= 5  # about 1.2 s of it
+    assert numbers["s19"] > first  # the delay is a bound: the stream did not all wait for one commit
 
 
 def test_without_a_delay_the_next_transaction_starts_at_once(tmp_path):
