@@ -24,9 +24,11 @@ def _committer(tmp_path, delay: float) -> GroupCommitter:
     return GroupCommitter(engine, begin=lambda conn, durable: None, commit_delay=delay)
 
 
-def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_path):
-    writer = _committer(tmp_path, delay=1.0)
+def _stream(writer: GroupCommitter, gaps: list[float]) -> tuple[dict[str, int], dict[str, float]]:
+    """A stream: "a" (its transaction held until "b" is queued behind it), then "b" and one more
+    operation after each gap; every operation's transaction number and when it was committed."""
     numbers: dict[str, int] = {}
+    committed: dict[str, float] = {}
     done = threading.Semaphore(0)
     first_running = threading.Event()
     release_first = threading.Event()
@@ -39,23 +41,34 @@ def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_
                 release_first.wait(5)
         return run
 
-    def callback(result, error):
-        assert error is None
-        done.release()
+    def callback(name):
+        def settle(result, error):
+            assert error is None
+            committed[name] = time.monotonic()
+            done.release()
+        return settle
 
+    writer.submit(op("a", block=True), callback=callback("a"))
+    assert first_running.wait(5)
+    committed["start"] = time.monotonic()
+    writer.submit(op("b"), callback=callback("b"))  # queued while "a"'s transaction runs: a stream
+    release_first.set()
+    for i, gap in enumerate(gaps):
+        time.sleep(gap)
+        writer.submit(op(f"s{i}"), callback=callback(f"s{i}"))
+    for _ in range(len(gaps) + 2):
+        assert done.acquire(timeout=10)
+    return numbers, committed
+
+
+def test_asynchronous_operations_arriving_within_the_delay_share_one_commit(tmp_path):
+    writer = _committer(tmp_path, delay=1.0)
     try:
-        writer.submit(op("a", block=True), callback=callback)
-        assert first_running.wait(5)
-        writer.submit(op("b"), callback=callback)  # queued while "a"'s transaction runs: a stream
-        release_first.set()
-        time.sleep(0.1)  # well inside the delay that follows "a"'s commit, and its quiet spell (0.25 s)
-        writer.submit(op("c"), callback=callback)
-        writer.submit(op("d"), callback=callback)
-        for _ in range(4):
-            assert done.acquire(timeout=5)
+        # 0.1 s after "b": well inside the delay that follows "a"'s commit, and its quiet spell (0.25 s)
+        numbers, _ = _stream(writer, gaps=[0.1, 0.0])
     finally:
         writer.close()
-    assert numbers["b"] == numbers["c"] == numbers["d"] == numbers["a"] + 1
+    assert numbers["b"] == numbers["s0"] == numbers["s1"] == numbers["a"] + 1
 
 
 def _pair_after(writer: GroupCommitter, warm_up_gap: float | None, count: int = 40) -> tuple[int, int]:
@@ -105,43 +118,6 @@ def test_sparse_asynchronous_operations_are_committed_without_waiting(tmp_path):
     finally:
         writer.close()
     assert y > x
-
-
-def _stream(writer: GroupCommitter, gaps: list[float]) -> tuple[dict[str, int], dict[str, float]]:
-    """A stream: "a" (its transaction held until "b" is queued behind it), then "b" and one more
-    operation after each gap; every operation's transaction number and when it was committed."""
-    numbers: dict[str, int] = {}
-    committed: dict[str, float] = {}
-    done = threading.Semaphore(0)
-    first_running = threading.Event()
-    release_first = threading.Event()
-
-    def op(name, block=False):
-        def run(batch):
-            numbers[name] = batch.number
-            if block:
-                first_running.set()
-                release_first.wait(5)
-        return run
-
-    def callback(name):
-        def settle(result, error):
-            assert error is None
-            committed[name] = time.monotonic()
-            done.release()
-        return settle
-
-    writer.submit(op("a", block=True), callback=callback("a"))
-    assert first_running.wait(5)
-    committed["start"] = time.monotonic()
-    writer.submit(op("b"), callback=callback("b"))  # queued while "a"'s transaction runs: a stream
-    release_first.set()
-    for i, gap in enumerate(gaps):
-        time.sleep(gap)
-        writer.submit(op(f"s{i}"), callback=callback(f"s{i}"))
-    for _ in range(len(gaps) + 2):
-        assert done.acquire(timeout=10)
-    return numbers, committed
 
 
 def test_a_stream_that_pauses_is_committed_without_waiting_out_the_delay(tmp_path):
