@@ -34,7 +34,7 @@ Everything done with the parsed tree (parse, route, validate, document id,
 properties, transform, warehouse facts) runs in four stages, and the tree is
 freed after the last: on the event loop by default (bodies up to
 :data:`INLINE_MAX_BYTES`), where the documents that arrived together (up to
-:data:`INTAKE_BATCH`) go through the stages together, each stage for all of
+:data:`INTAKE_BATCH` of them, :data:`INTAKE_BATCH_BYTES` in all) go through the stages together, each stage for all of
 them before the next, so that the parser's, the schema's and the extractor's
 code and data stay in the CPU's caches across the burst; or on one of
 ``server.intake_threads`` intake
@@ -95,8 +95,10 @@ log = logging.getLogger(__name__)
 INLINE_MAX_BYTES = 256 * 1024
 #: Threads that parse, validate and extract (0: on the event loop).
 INTAKE_THREADS = 0
-#: The most documents the event loop takes through the intake's stages together.
+#: The most documents the event loop takes through the intake's stages together...
 INTAKE_BATCH = 32
+#: ... and the most bytes of them (beyond the first): it bounds the trees alive at once.
+INTAKE_BATCH_BYTES = 1024 * 1024
 #: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
 DOCUMENTS_PATH = "/v1/documents/"
 #: The property a back end sets on a reply to say it failed (its value: why).
@@ -315,7 +317,8 @@ class Gateway:
                 self._intake_pool, self._intake, partner, body, charset, idempotency_key, True)
         elif len(body) <= self.inline_max_bytes:
             try:
-                intake = await self._intake_on_loop(_Work(partner, body, charset, idempotency_key, True, True))
+                intake = await self._intake_on_loop(_Work(partner, body, charset, idempotency_key,
+                                                           check_recent=True, on_loop=True))
             except _Invalid as invalid:
                 await asyncio.to_thread(self._explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
@@ -376,9 +379,16 @@ class Gateway:
         return future
 
     def _run_batch(self) -> None:
-        """Take the waiting documents (up to :data:`INTAKE_BATCH`) through the stages, each stage for
-        all of them before the next; a document that fails a stage gets its error and leaves."""
-        batch, self._batch = self._batch[:INTAKE_BATCH], self._batch[INTAKE_BATCH:]
+        """Take the waiting documents (up to :data:`INTAKE_BATCH` and :data:`INTAKE_BATCH_BYTES`) through
+        the stages, each stage for all of them before the next; a document that fails a stage gets its
+        error and leaves."""
+        take, size = 0, 0
+        for work, _ in self._batch:
+            size += len(work.body)
+            if take and (take == INTAKE_BATCH or size > INTAKE_BATCH_BYTES):
+                break
+            take += 1
+        batch, self._batch = self._batch[:take], self._batch[take:]
         if self._batch:
             asyncio.get_running_loop().call_soon(self._run_batch)
         for stage in self._stages:

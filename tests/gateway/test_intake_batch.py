@@ -59,8 +59,13 @@ async def test_a_burst_larger_than_a_batch_gets_every_answer_and_error_its_own(g
     assert gw_env.depth("invoices.inbound") == len(accepted)
 
 
-async def test_documents_arriving_together_go_through_each_stage_together(gw_env, monkeypatch):
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+async def test_documents_arriving_together_go_through_each_stage_together(gw_env, monkeypatch, bound):
     globex, _ = _partners(gw_env)
+    if bound == "count":
+        monkeypatch.setattr(service, "INTAKE_BATCH", 2)
+    else:  # room for two of them
+        monkeypatch.setattr(service, "INTAKE_BATCH_BYTES", 2 * len(with_id(INVOICE, "TOGETHER-0")) + 10)
     steps: list[tuple[str, str]] = []
     parse, for_ledger = service.parse_document_text, facts.for_ledger
 
@@ -78,7 +83,11 @@ async def test_documents_arriving_together_go_through_each_stage_together(gw_env
     outcomes = await asyncio.gather(*(gw_env.gateway.submit(globex, with_id(INVOICE, i)) for i in ids))
 
     assert [o.receipt["document_id"] for o in outcomes] == ids
-    assert steps == [("parse", i) for i in ids] + [("facts", i) for i in ids]
+    # two at a time, each stage for both before the next
+    expected = []
+    for pair in (ids[0:2], ids[2:4], ids[4:]):
+        expected += [("parse", i) for i in pair] + [("facts", i) for i in pair]
+    assert steps == expected
 
 
 async def test_a_request_that_goes_away_before_its_turn_takes_nothing_with_it(gw_env):
