@@ -235,9 +235,10 @@ class SQLStore(Store):
         self._writer: GroupCommitter | None = None
         self._selectors: dict[str | None, Any] = {}
         self._readers_lock = threading.Lock()
-        self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # readers that may take entries straight away
-        # Envelopes this process stored lately, by message row id (writer thread only): a claim of one of
-        # them needs no read-back of its row nor decoding of its body. Bounded by count and body size.
+        self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # the open readers (consumers) of each box
+        # Envelopes this process stored lately for a box it has a consumer of, by message row id (writer
+        # thread only): a claim of one of them needs no read-back of its row nor decoding of its body.
+        # Bounded by count and body size.
         self._recent: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
         self._recent_bytes = 0
         self._wakeups: LocalWakeups | None = None  # SQLite: datagrams to the other processes of the host
@@ -705,11 +706,17 @@ class SQLStore(Store):
     _RECENT_BYTES = 32 << 20
 
     def _remember(self, ids: Sequence[int], placed: Sequence[tuple[Envelope, Sequence[str]]]) -> None:
-        """After the commit that stored them: keep the envelopes for claims."""
+        """After the commit that stored them: keep the envelopes for claims by this process's consumers
+        (none for a queue that only other processes consume, or none yet)."""
+        readers = self._waiting_boxes  # every box with a consumer in this process
+        if not readers:
+            return
         recent = self._recent
         size = self._recent_bytes
-        for message, (env, _) in zip(ids, placed):
-            if env._xml is None:  # not one an XPATH selector parsed: its tree would not count in the bound
+        for message, (env, boxes) in zip(ids, placed):
+            # one a consumer here may claim, and not one an XPATH selector parsed (its tree would not count
+            # in the bound); a consumer that comes later reads the row back
+            if env._xml is None and any(box in readers for box in boxes):
                 recent[message] = env
                 size += _body_size(env)
         while len(recent) > self._RECENT_COUNT or size > self._RECENT_BYTES:

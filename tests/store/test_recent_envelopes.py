@@ -1,7 +1,9 @@
-"""A claim of a message this process stored lately reuses the envelope it
-stored instead of reading the row back. What the consumer gets must be the
-same either way, the shortcut must really skip the read, and the envelopes
-kept must stay bounded and be dropped once acknowledged."""
+"""A claim of a message this process stored lately, for a destination it has
+a consumer of, reuses the envelope it stored instead of reading the row back.
+What the consumer gets must be the same either way, the shortcut must really
+skip the read, and the envelopes kept must stay bounded, be dropped once
+acknowledged, and not be kept at all for destinations no consumer of this
+process reads."""
 
 from __future__ import annotations
 
@@ -49,10 +51,10 @@ def test_claims_of_own_and_foreign_messages_look_the_same(tmp_path, monkeypatch)
 
     monkeypatch.setattr(_store._Statements, "by_ids", counting)
     with Broker.open(url, sweep_interval=0) as mine, Broker.open(url, sweep_interval=0) as other:
-        _send_all(mine, queue, "x")  # stored by this process: kept
         with mine.connect() as conn:
-            conn.start()
             consumer = conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue)
+            _send_all(mine, queue, "x")  # stored by this process, which has a consumer of the queue: kept
+            conn.start()
             own = [consumer.receive(timeout=5) for _ in range(3)]
             assert reads == []  # taken as stored: no row read back
             _send_all(other, queue, "x")  # another process's messages: read back from the database
@@ -87,6 +89,7 @@ def test_the_envelopes_kept_are_bounded_and_dropped_once_acknowledged(tmp_path, 
     with Broker.open(f"sqlite:///{tmp_path / 'r.db'}", sweep_interval=0) as broker:
         store = broker.store
         with broker.connect() as conn:
+            consumer = conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue)
             session = conn.create_session()
             producer = session.create_producer(queue)
             for i in range(50):
@@ -94,7 +97,6 @@ def test_the_envelopes_kept_are_bounded_and_dropped_once_acknowledged(tmp_path, 
             assert len(store._recent) == 10
             assert store._recent_bytes == sum(len(env.body) for env in store._recent.values())
             conn.start()
-            consumer = conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue)
             got = [consumer.receive(timeout=5) for _ in range(50)]
             assert [m.text for m in got] == [f"m{i}" for i in range(50)]  # evicted ones read back, in order
             got[-1].acknowledge()
@@ -108,13 +110,39 @@ def test_a_document_an_xpath_selector_parsed_is_not_kept(tmp_path):
     with Broker.open(f"sqlite:///{tmp_path / 'r.db'}", sweep_interval=0) as broker:
         with broker.connect(client_id="xp") as conn:
             session = conn.create_session(ack_mode=AckMode.CLIENT)
-            session.create_durable_subscriber(topic, "orders", selector="XPATH '/Order[@total > 100]'").close()
+            subscriber = session.create_durable_subscriber(topic, "orders", selector="XPATH '/Order[@total > 100]'")
+            plain = session.create_consumer(Queue("recent.plain"))
             producer = session.create_producer(topic)
             producer.send(session.create_xml_message("<Order total='250'/>"))
             session.create_producer(Queue("recent.plain")).send(session.create_xml_message("<Order total='5'/>"))
             assert [env.destination for env in broker.store._recent.values()] == [Queue("recent.plain")]
             conn.start()
-            subscriber = session.create_durable_subscriber(topic, "orders", selector="XPATH '/Order[@total > 100]'")
+            assert plain.receive(timeout=5) is not None
             message = subscriber.receive(timeout=5)
             assert message is not None and "250" in message.text
             message.acknowledge()
+
+
+def test_nothing_is_kept_for_a_destination_no_consumer_of_this_process_reads(tmp_path):
+    """A gateway's one-way queue drained by workers elsewhere would otherwise hold tens of megabytes of
+    documents nobody here takes. The consumer that comes later gets them all the same, read back."""
+    queue, watched = Queue("recent.unread"), Queue("recent.watched")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with Broker.open(url, sweep_interval=0) as broker, Broker.open(url, sweep_interval=0) as other:
+        store = broker.store
+        with broker.connect() as conn, other.connect() as elsewhere:
+            elsewhere.create_session().create_consumer(queue)  # a consumer, but in another process
+            session = conn.create_session()
+            session.create_consumer(watched)  # a consumer of another destination here
+            producer = session.create_producer(queue)
+            for i in range(20):
+                producer.send(session.create_text_message(f"m{i}"))
+            session.create_producer(Topic("recent.nobody")).send(session.create_text_message("lost to no one"))
+            assert len(store._recent) == 0 and store._recent_bytes == 0
+            session.create_producer(watched).send(session.create_text_message("w"))
+            assert [env.destination for env in store._recent.values()] == [watched]
+            conn.start()
+            late = conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue)
+            got = [late.receive(timeout=5) for _ in range(20)]
+            assert [m.text for m in got] == [f"m{i}" for i in range(20)]
+            got[-1].acknowledge()
