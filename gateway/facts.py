@@ -44,12 +44,12 @@ Decimals and the date are JSON strings (cast by Arrow, as when parsing).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import re
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from lxml import etree
 
 __all__ = [
@@ -113,7 +113,6 @@ _NUMBER_RE = r"[+-]?(?:\d{1,12}(?:\.\d{0,6})?|\.\d{1,6})"
 _NUMBER = re.compile(_NUMBER_RE)
 #: Many numbers joined with NUL (a character no XML text can hold): one C-level check for all.
 _NUMBERS = re.compile(rf"{_NUMBER_RE}(?:\x00{_NUMBER_RE})*")
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _XML_SPACE = re.compile(r"[ \t\r\n]+")
 _SIX = Decimal("0.000001")
 _STRING = etree.XPath("string()", smart_strings=False)
@@ -493,7 +492,7 @@ def encode(header: dict[str, Any], lines: dict[str, list[Any]]) -> str:
     obj = {k: v for k, v in header.items() if v is not None}
     if lines:
         obj["lines"] = lines
-    return _ENCODE(obj)
+    return orjson.dumps(obj).decode("utf-8")  # compact, UTF-8 as it is; values are str, int or None
 
 
 def for_ledger(root: etree._Element, doc_type: str) -> str | None:

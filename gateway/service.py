@@ -62,6 +62,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from lxml import etree
 
 from broker_core import (
@@ -131,8 +132,10 @@ def uuid4_str() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-#: ``json.dumps(receipt, separators=(",", ":"))`` without building an encoder per call
-_RECEIPT_JSON = json.JSONEncoder(separators=(",", ":")).encode
+def _receipt_json(receipt: dict[str, Any]) -> str:
+    """Compact JSON (values are str or None)."""
+    return orjson.dumps(receipt).decode("utf-8")
+
 
 _ISO_SECOND: tuple[int, str] = (-1, "")  # the last second formatted (receipts come many to the second)
 
@@ -497,7 +500,7 @@ class Gateway:
             message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
             doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
             destination=str(route.destination), received_at=received_at, document=document,
-            receipt=_RECEIPT_JSON(receipt),
+            receipt=_receipt_json(receipt),
             facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None,
         )
 
