@@ -1,6 +1,9 @@
 """Benchmark of the HTTP gateway, driven over loopback. Prints, in one run:
 
-1. lxml's parse + validate rate alone (the UBL Order example, this process, one thread);
+1. lxml's parse + validate rate alone (the UBL Order example, this process, one thread), 5 s
+   before the server starts and 5 s again after (3), with the server idle; the ceiling takes
+   their mean. This machine's speed drifts by 10-20% within minutes (it shares its host), and
+   a single figure taken before could be from a faster or slower spell than (3)'s;
 2. the server's rate on a no-op endpoint (``POST /v1/noop``: reads the same body, answers 202);
 3. accepted UBL Orders per second on a one-way route (HTTP, auth, parse, validate, route,
    durable store on SQLite with the ledger row in the same commit), each order with a
@@ -426,7 +429,8 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     accepted = results["accepted"]
     ceiling = 1 / (1 / noop + 1 / validate)
     ratio = accepted["rate"] / ceiling
-    print(f"lxml parse+validate alone     {validate:9.0f} documents/s")
+    print(f"lxml parse+validate alone     {validate:9.0f} documents/s (before {results['validate_before']:.0f}, "
+          f"after {results['validate_after']:.0f})")
     print(f"no-op endpoint                {noop:9.0f} requests/s")
     print(f"ceiling 1/(1/noop+1/validate) {ceiling:9.0f} requests/s")
     print(f"one-way Orders accepted       {accepted['rate']:9.0f} orders/s = {ratio:.0%} of the ceiling "
@@ -513,6 +517,11 @@ def main() -> int:
 
             cpu["accepted"] = (server.cpu_seconds() - before) / max(1, results["accepted"]["total"])
             cpu["accepted_loop"] = (server.loop_cpu_seconds() - loop_before) / max(1, results["accepted"]["total"])
+            print("   lxml parse + validate alone again ...", flush=True)
+            time.sleep(1)  # the last commits' aftermath (a checkpoint) out of the way
+            results["validate_before"] = results["validate"]
+            results["validate_after"] = validate_rate(min(args.seconds, 5.0))
+            results["validate"] = (results["validate_before"] + results["validate_after"]) / 2
         print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
         before = server.cpu_seconds()
         results["rr_paced"] = asyncio.run(paced(
