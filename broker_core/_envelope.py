@@ -70,6 +70,9 @@ class Envelope:
     a ``str`` (text, xml), a ``dict`` never mutated after send (map),
     ``bytes`` (bytes, object) or a ``tuple`` of typed values (stream).
     ``origin`` is the id of the connection that sent it (for ``no_local``).
+    ``encoded`` is the body's UTF-8 encoding when the sender had it at hand
+    (an :class:`XMLMessage` made from the bytes received), else ``None``: the
+    SQL store writes it instead of encoding the text again.
     """
 
     __slots__ = (
@@ -86,6 +89,7 @@ class Envelope:
         "kind",
         "body",
         "origin",
+        "encoded",
         "_xml",
     )
 
@@ -104,6 +108,7 @@ class Envelope:
         kind: str,
         body: Any,
         origin: str | None = None,
+        encoded: bytes | None = None,
     ) -> None:
         self.message_id = message_id
         self.destination = destination
@@ -118,6 +123,7 @@ class Envelope:
         self.kind = kind
         self.body = body
         self.origin = origin
+        self.encoded = encoded
         self._xml = None
 
     def xml_root(self) -> Any:
@@ -128,7 +134,8 @@ class Envelope:
             xml = _NOT_XML
             if self.kind in ("xml", "text") and self.body:
                 try:
-                    xml = etree.fromstring(self.body.encode("utf-8"), _PARSER)
+                    encoded = self.encoded
+                    xml = etree.fromstring(encoded if encoded is not None else self.body.encode("utf-8"), _PARSER)
                 except (etree.XMLSyntaxError, ValueError):
                     xml = _NOT_XML
             self._xml = xml
@@ -140,6 +147,8 @@ class Envelope:
     def replace(self, **changes: Any) -> "Envelope":
         """A copy with some fields changed (used for dead letters and replays)."""
         fields = {name: getattr(self, name) for name in self.__slots__ if not name.startswith("_")}
+        if "body" in changes:
+            fields["encoded"] = None  # the old body's
         fields.update(changes)
         return Envelope(**fields)
 

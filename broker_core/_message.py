@@ -386,6 +386,10 @@ class Message:
     def _body_snapshot(self) -> Any:
         return None
 
+    def _body_encoded(self) -> bytes | None:
+        """The body's UTF-8 encoding when known without encoding it (see Envelope.encoded)."""
+        return None
+
     def _set_body_from(self, body: Any) -> None:
         pass
 
@@ -408,6 +412,7 @@ class Message:
             self.kind,
             self._body_snapshot(),
             origin,
+            self._body_encoded(),
         )
 
     def __repr__(self) -> str:
@@ -482,27 +487,43 @@ class XMLMessage(TextMessage):
 
     ``document()`` parses it on first use with a hardened parser (no DTD, no
     entity expansion, no network) and returns the root element.
+
+    *utf8*, when the caller has it at hand (the document as received), is the
+    text's UTF-8 encoding, exactly ``text.encode("utf-8")``: a persistent send
+    stores those bytes instead of encoding the text again (~12 us for a 14 KB
+    document with accented letters). Setting ``text`` later drops them.
     """
 
-    __slots__ = ("_doc",)
+    __slots__ = ("_doc", "_utf8")
     kind = "xml"
 
-    def __init__(self, text: str | None = None) -> None:
+    def __init__(self, text: str | None = None, *, utf8: bytes | None = None) -> None:
         self._doc = None
+        self._utf8 = None
         super().__init__(text)
+        if utf8 is not None:
+            if text is None or not isinstance(utf8, bytes):
+                raise MessageFormatError("utf8 must be the bytes of the text given with it")
+            self._utf8 = utf8
 
     @TextMessage.text.setter  # type: ignore[attr-defined]
     def text(self, value: str | None) -> None:
         TextMessage.text.fset(self, value)  # type: ignore[attr-defined]
         self._doc = None
+        self._utf8 = None
+
+    def _body_encoded(self) -> bytes | None:
+        return self._utf8
 
     def _set_body_from(self, body: Any) -> None:
         self._text = body
         self._doc = None
+        self._utf8 = None
 
     def _clear_body(self) -> None:
         self._text = None
         self._doc = None
+        self._utf8 = None
 
     def document(self) -> Any:
         """The root element of the XML body; :class:`MessageFormatError` if the
@@ -511,7 +532,8 @@ class XMLMessage(TextMessage):
             if self._text is None:
                 raise MessageFormatError("the message has no XML body")
             try:
-                self._doc = etree.fromstring(self._text.encode("utf-8"), _XML_PARSER)
+                data = self._utf8 if self._utf8 is not None else self._text.encode("utf-8")
+                self._doc = etree.fromstring(data, _XML_PARSER)
             except (etree.XMLSyntaxError, ValueError) as exc:
                 raise MessageFormatError(f"the body is not well-formed XML: {str(exc)[:300]}") from None
         return self._doc

@@ -132,6 +132,11 @@ def uuid4_str() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _is_utf8(root: etree._Element) -> bool:
+    """Whether the document was received in UTF-8 (declared so, or with no declared encoding)."""
+    return (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8"
+
+
 def _receipt_json(receipt: dict[str, Any]) -> str:
     """Compact JSON (values are str or None)."""
     return orjson.dumps(receipt).decode("utf-8")
@@ -183,6 +188,7 @@ class _Intake:
     text: str | None = None
     document: bytes | None = None
     facts: str | None = None
+    text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
 
 
 @dataclass(slots=True)
@@ -337,7 +343,8 @@ class Gateway:
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
         correlation = correlation_id or uuid4_str()
 
-        message = XMLMessage(text)
+        # the document's bytes are the text's encoding as received: the store need not encode it again
+        message = XMLMessage(text, utf8=document if intake.text_is_document else None)
         message.jms_type = route.doc_type
         message.set_string_property("JMSXUserID", partner.id)
         message.set_string_property("B2BRoute", route.id)
@@ -436,9 +443,11 @@ class Gateway:
                 return
         properties = route.extract(root)
         text = route.apply_transform(root)
+        same = text is None and _is_utf8(root)
         if text is None:
             text = self._text(body, root, work.decoded)
-        work.result = _Intake(route, doc_id, key, None, properties, text, self._document_bytes(body, root))
+        work.result = _Intake(route, doc_id, key, None, properties, text, self._document_bytes(body, root),
+                              text_is_document=same)
 
     @staticmethod
     def _facts_stage(work: _Work) -> None:
@@ -469,14 +478,15 @@ class Gateway:
     def _text(body: bytes, root: etree._Element, decoded: str | None = None) -> str:
         """The message text: the document as received when it is UTF-8 (*decoded*: that text, when the
         intake has decoded it already), else re-serialised."""
-        if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
+        if _is_utf8(root):
             return decoded if decoded is not None else body.decode("utf-8-sig")
         return etree.tostring(root, encoding="unicode")
 
     @staticmethod
     def _document_bytes(body: bytes, root: etree._Element) -> bytes:
-        """The document for the ledger, UTF-8."""
-        if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
+        """The document for the ledger, UTF-8: as received (without a byte order mark) when it is UTF-8,
+        and then exactly the encoding of :meth:`_text`."""
+        if _is_utf8(root):
             return body[3:] if body.startswith(codecs.BOM_UTF8) else body
         return etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
 

@@ -94,10 +94,12 @@ def encode_body(kind: str, body: Any) -> bytes | None:
     return body  # bytes, object: already bytes
 
 
-def stored_body(kind: str, body: Any, compress_over: int = COMPRESS_OVER) -> tuple[str, bytes | None]:
-    """The ``kind`` and ``body`` columns of a body: compressed (see the module docstring) when it is at
-    least ``compress_over`` bytes (0: never) and compression saves at least an eighth."""
-    data = encode_body(kind, body)
+def stored_body(kind: str, body: Any, compress_over: int = COMPRESS_OVER,
+                encoded: bytes | None = None) -> tuple[str, bytes | None]:
+    """The ``kind`` and ``body`` columns of a body (*encoded*: its encoding, known already): compressed
+    (see the module docstring) when it is at least ``compress_over`` bytes (0: never) and compression
+    saves at least an eighth."""
+    data = encoded if encoded is not None else encode_body(kind, body)
     if compress_over and data is not None and len(data) >= compress_over:
         packed = _compress(data)
         if len(packed) <= len(data) - (len(data) >> 3):
@@ -146,7 +148,7 @@ def message_values(env: Envelope, row_id: int, compress_over: int = COMPRESS_OVE
     """The ``b2b_messages`` insert parameters of ``env``, in
     ``("id", *MESSAGE_COLUMNS)`` order (the hot path: no dict per row)."""
     reply_to = env.reply_to
-    kind, body = stored_body(env.kind, env.body, compress_over)
+    kind, body = stored_body(env.kind, env.body, compress_over, env.encoded)
     return (row_id, env.message_id, str(env.destination), env.delivery_mode, env.timestamp, env.correlation_id,
             None if reply_to is None else str(reply_to), env.type, encode_properties(env.properties), kind,
             body, env.origin)

@@ -175,3 +175,39 @@ def test_any_body_reads_back_from_its_stored_columns(kind_body, compress_over):
         raw = _codec.encode_body(kind, body)
         assert compress_over and len(raw) >= compress_over and len(data) <= len(raw) * 7 // 8 + 1
     assert _codec.read_body(stored_kind, data) == (kind, body)
+
+
+def test_an_xml_message_made_from_its_bytes_is_stored_as_those_bytes(sql_url, monkeypatch):
+    """``XMLMessage(text, utf8=...)`` (the gateway's documents as received): the store writes the bytes it
+    was given rather than encoding the text again, and every reader gets the text all the same, a selector
+    looking into the body too."""
+    from broker_core import XMLMessage
+
+    encodings = []
+    real_encode = _codec.encode_body
+    monkeypatch.setattr(_codec, "encode_body", lambda kind, body: encodings.append(kind) or real_encode(kind, body))
+    queue = Queue("compress.utf8")
+    data = BIG_XML.encode("utf-8")
+    with Broker.open(sql_url, sweep_interval=0) as sender, Broker.open(sql_url, sweep_interval=0) as other:
+        with sender.connect() as conn:
+            session = conn.create_session()
+            producer = session.create_producer(queue)
+            producer.send(XMLMessage(BIG_XML, utf8=data))
+            changed = XMLMessage("<stale/>", utf8=b"<stale/>")
+            changed.text = BIG_XML.replace("Widget", "Gadget")  # the bytes given before are dropped
+            producer.send(changed)
+        assert encodings == ["xml"]  # the second message's only
+        engine = make_engine(sql_url)
+        try:
+            with engine.connect() as c:
+                rows = [_codec.read_body(kind, body) for kind, body in
+                        c.exec_driver_sql("SELECT kind, body FROM b2b_messages ORDER BY id")]
+        finally:
+            engine.dispose()
+        assert rows == [("xml", BIG_XML), ("xml", BIG_XML.replace("Widget", "Gadget"))]
+        with other.connect() as conn:
+            conn.start()
+            picky = conn.create_session().create_consumer(
+                queue, "XPATH '//*[local-name()=\"item\" and . = \"Gadget 3\"]'")
+            assert picky.receive(timeout=10).text == BIG_XML.replace("Widget", "Gadget")
+        assert [m.text for m in _receive_all(other, queue, 1)] == [BIG_XML]
