@@ -106,7 +106,8 @@ _EXPIRING = sa.text("b2b_entries.expiration > 0")
 
 def _body_size(env: Envelope) -> int:
     body = env.body
-    return len(body) if isinstance(body, (str, bytes)) else 256
+    size = len(body) if isinstance(body, (str, bytes)) else 256
+    return size if env.encoded is None else size + len(env.encoded)  # the bytes it came with count too
 
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",

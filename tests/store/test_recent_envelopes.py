@@ -104,6 +104,19 @@ def test_the_envelopes_kept_are_bounded_and_dropped_once_acknowledged(tmp_path, 
         assert len(store._recent) == 0 and store._recent_bytes == 0
 
 
+def test_the_bytes_an_xml_message_came_with_count_in_the_bound(tmp_path):
+    from broker_core import XMLMessage
+
+    queue = Queue("recent.utf8")
+    text = "<doc>é ü</doc>"
+    with Broker.open(f"sqlite:///{tmp_path / 'r.db'}", sweep_interval=0) as broker:
+        with broker.connect() as conn:
+            session = conn.create_session()
+            session.create_consumer(queue)
+            session.create_producer(queue).send(XMLMessage(text, utf8=text.encode("utf-8")))
+            assert broker.store._recent_bytes == len(text) + len(text.encode("utf-8"))
+
+
 def test_a_document_an_xpath_selector_parsed_is_not_kept(tmp_path):
     """Its parsed tree would stay in memory with it, unaccounted for."""
     topic = Topic("recent.xpath")
