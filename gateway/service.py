@@ -132,11 +132,6 @@ def uuid4_str() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def _is_utf8(root: etree._Element) -> bool:
-    """Whether the document was received in UTF-8 (declared so, or with no declared encoding)."""
-    return (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8"
-
-
 def _receipt_json(receipt: dict[str, Any]) -> str:
     """Compact JSON (values are str or None)."""
     return orjson.dumps(receipt).decode("utf-8")
@@ -442,12 +437,8 @@ class Gateway:
                 work.result = _Intake(route, doc_id, key, known)
                 return
         properties = route.extract(root)
-        text = route.apply_transform(root)
-        same = text is None and _is_utf8(root)
-        if text is None:
-            text = self._text(body, root, work.decoded)
-        work.result = _Intake(route, doc_id, key, None, properties, text, self._document_bytes(body, root),
-                              text_is_document=same)
+        text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
+        work.result = _Intake(route, doc_id, key, None, properties, text, document, text_is_document=own)
 
     @staticmethod
     def _facts_stage(work: _Work) -> None:
@@ -475,20 +466,20 @@ class Gateway:
         return key
 
     @staticmethod
-    def _text(body: bytes, root: etree._Element, decoded: str | None = None) -> str:
-        """The message text: the document as received when it is UTF-8 (*decoded*: that text, when the
-        intake has decoded it already), else re-serialised."""
-        if _is_utf8(root):
-            return decoded if decoded is not None else body.decode("utf-8-sig")
-        return etree.tostring(root, encoding="unicode")
-
-    @staticmethod
-    def _document_bytes(body: bytes, root: etree._Element) -> bytes:
-        """The document for the ledger, UTF-8: as received (without a byte order mark) when it is UTF-8,
-        and then exactly the encoding of :meth:`_text`."""
-        if _is_utf8(root):
-            return body[3:] if body.startswith(codecs.BOM_UTF8) else body
-        return etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
+    def _forms(body: bytes, root: etree._Element, decoded: str | None,
+               transformed: str | None) -> tuple[str, bytes, bool]:
+        """The message text (*transformed*, when the route has a transform), the ledger's document
+        (UTF-8), and whether the text is the document's own, the document then being its encoding. A
+        document received in UTF-8 is kept as received (without a byte order mark; *decoded*: its text,
+        when the intake has decoded it already), any other is re-serialised."""
+        if (root.getroottree().docinfo.encoding or "UTF-8").upper() == "UTF-8":
+            document = body[3:] if body.startswith(codecs.BOM_UTF8) else body
+            if transformed is not None:
+                return transformed, document, False
+            return (decoded if decoded is not None else document.decode("utf-8")), document, True
+        document = etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
+        text = transformed if transformed is not None else etree.tostring(root, encoding="unicode")
+        return text, document, False
 
     def _receipt(self, route: Route, message_id: str, correlation: str, doc_id: str | None,
                  received_at: int) -> dict[str, Any]:

@@ -126,6 +126,42 @@ async def test_receipt_body_is_the_ledgers_receipt_and_the_text_is_the_document_
     assert message.text.startswith("<Invoice")  # re-serialised as text, not the latin-1 bytes decoded
 
 
+async def test_a_transformed_document_is_stored_as_the_transform_made_it(make_assembly, tmp_path):
+    """The message carries the transform's output; the ledger keeps the document as received."""
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.runtime import Runtime
+
+    from gwtest import GatewayEnv, sample_data
+
+    (tmp_path / "slim.xsl").write_text("""<xsl:stylesheet version="1.0"
+    xmlns:xsl="http://www.w3.org/1999/XSL/Transform" exclude-result-prefixes="i cbc"
+    xmlns:i="urn:oasis:names:specification:ubl:schema:xsd:Invoice-2"
+    xmlns:cbc="urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2">
+  <xsl:output method="xml" omit-xml-declaration="yes"/>
+  <xsl:template match="/i:Invoice"><SlimInvoice id="{cbc:ID}">Ünïcode</SlimInvoice></xsl:template>
+</xsl:stylesheet>""", encoding="utf-8")
+    data = sample_data(tmp_path)
+    [invoice_route] = [r for r in data["routes"] if r["destination"] == "queue://invoices.inbound"]
+    invoice_route["transform"] = str(tmp_path / "slim.xsl")
+    runtime = Runtime(make_assembly(data), workers=False, etl=False, reconcile=False)
+    runtime.start()
+    app = create_app(runtime.assembly, runtime=runtime)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test")
+    try:
+        env = GatewayEnv(runtime.assembly, runtime, app, client, None)
+        response = await post(env, with_id(INVOICE, "SLIM-1"), GLOBEX)
+        assert response.status_code == 202, response.text
+        [message] = env.messages("invoices.inbound")  # read back from its row
+        assert message.text.strip() == '<SlimInvoice id="SLIM-1">Ünïcode</SlimInvoice>'
+        [row] = [r for r in env.ledger_rows() if r.doc_id == "SLIM-1"]
+        assert row.document == with_id(INVOICE, "SLIM-1")
+    finally:
+        await client.aclose()
+        runtime.stop()
+
+
 async def test_correlation_id_is_generated_when_absent(gw_env):
     response = await post(gw_env, INVOICE, GLOBEX)
     assert len(response.json()["correlation_id"]) == 36
