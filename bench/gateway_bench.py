@@ -16,7 +16,10 @@ are in flight per commit rather than by the server's work: 32 clients left a fif
 CPU idle, waiting for commits, and measured 20-25% fewer orders per second;
 4. request-reply round trips through the sample order responder (in-process worker) with
    100 concurrent clients: p50 / p99 latency, paced (each client sends, waits for its
-   reply, then thinks), and closed-loop (no think time) for the saturation figures.
+   reply, then thinks), and closed-loop (no think time) for the saturation figures. The paced
+   phase also lists the store commits the server logged as slower than 20 ms meanwhile (its
+   ``slow_commit_warning``): one such commit, nearly always the disk's sync, holds up every
+   round trip waiting on it, so a p99 over the goal says whether the disk was the cause.
 
 Goals: (3) >= 60% of the ceiling 1 / (1/(2) + 1/(1)); p99 of (4, paced) <= 20 ms.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import random
@@ -82,6 +86,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The server logs commits slower than this (ms): the latency goal's budget is 20 ms for a whole round trip.
+SLOW_COMMIT_MS = 20
+_SLOW_COMMIT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .*slow commit: .*? took (\d+) ms")
+
+
+def slow_commits(log: Path, start: float, end: float) -> list[float]:
+    """The durations (ms) of the slow commits the server logged between *start* and *end* (epoch s)."""
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        match = _SLOW_COMMIT.match(line)
+        if match:
+            when = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if start <= when <= end + 0.5:  # logged when the commit ended
+                found.append(float(match[2]))
+    return found
+
+
 def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None) -> Path:
     config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
@@ -99,6 +120,8 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
     })
     config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
     config["store"].setdefault("options", {})["sqlite_synchronous"] = synchronous
+    # every commit over SLOW_COMMIT_MS is logged: (4) reports those that happened during its phase
+    config["store"]["options"]["slow_commit_warning"] = SLOW_COMMIT_MS / 1000
     if os.environ.get("BENCH_INTAKE_THREADS"):  # A/B runs: the gateway's intake threads (0: on the event loop)
         config.setdefault("server", {})["intake_threads"] = int(os.environ["BENCH_INTAKE_THREADS"])
     if os.environ.get("BENCH_STORE_OPTIONS"):  # A/B runs: any Broker.open options, as JSON
@@ -524,10 +547,13 @@ def main() -> int:
             results["validate"] = (results["validate_before"] + results["validate_after"]) / 2
         print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
         before = server.cpu_seconds()
+        phase_start = time.time()
         results["rr_paced"] = asyncio.run(paced(
             f"{base}/v1/documents", acme_headers, args.seconds, args.clients, args.rate,
             lambda n: order_with_id(f"rp{run}-{n}"), 200))
         cpu["rr_paced"] = (server.cpu_seconds() - before) / max(1, results["rr_paced"]["total"])
+        time.sleep(0.2)  # the log's last lines written
+        results["rr_paced"]["slow_commits_ms"] = slow_commits(server.log, phase_start, time.time())
         print(f"   ... and closed-loop (no think time) ...", flush=True)
         results["rr_closed"] = asyncio.run(closed_loop(
             f"{base}/v1/documents", acme_headers, args.seconds, args.clients,
@@ -543,6 +569,10 @@ def main() -> int:
     print(f"request-reply, {args.clients} clients paced ({paced_rr['rate']:.0f}/s): p50 {paced_rr['p50_ms']:.1f} ms, "
           f"p99 {paced_rr['p99_ms']:.1f} ms (goal <= 20 ms: {'met' if paced_rr['p99_ms'] <= 20 else 'NOT met'}); "
           f"{paced_rr['bad']:.0f} failed; server CPU {cpu['rr_paced'] * 1e3:.1f} ms per round trip")
+    slow = paced_rr["slow_commits_ms"]
+    print(f"   store commits over {SLOW_COMMIT_MS} ms during that phase: {len(slow)}"
+          + (f" ({', '.join(f'{ms:.0f}' for ms in slow[:10])}{', ...' if len(slow) > 10 else ''} ms; the server "
+             f"log says where the time went)" if slow else ""))
     print(f"request-reply, {args.clients} clients closed-loop: {closed_rr['rate']:.0f} round trips/s, "
           f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed")
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")

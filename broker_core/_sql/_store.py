@@ -112,7 +112,7 @@ def _body_size(env: Envelope) -> int:
 
 _OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
             "poll_interval", "local_wakeups", "pool_size", "expired_retention", "commit_delay",
-            "compress_over"}
+            "compress_over", "slow_commit_warning"}
 
 #: How long the writer waits for more operations under a stream of asynchronous sends (s); see GroupCommitter.
 COMMIT_DELAY = 0.0005
@@ -166,7 +166,10 @@ class SQLStore(Store):
     waits; a synchronous ``send()`` never waits for it, nor a stream that
     pauses for a quarter of it); ``compress_over`` (bytes,
     2048): bodies at least this long are stored LZ4-compressed when that
-    saves space (0: never; see ``_codec``).
+    saves space (0: never; see ``_codec``); ``slow_commit_warning`` (s,
+    0.5): a transaction that takes longer is logged as a warning saying
+    where the time went, mostly the disk's sync (0: never; see
+    ``GroupCommitter``).
     """
 
     shared = True
@@ -187,6 +190,9 @@ class SQLStore(Store):
         self._commit_delay = float(options.get("commit_delay", COMMIT_DELAY))
         if not 0 <= self._commit_delay <= 0.1:
             raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s (0 turns it off), not {self._commit_delay}")
+        self._slow_commit = float(options.get("slow_commit_warning", 0.5))
+        if self._slow_commit < 0:
+            raise InvalidArgumentError(f"slow_commit_warning must be 0 (off) or more seconds, not {self._slow_commit}")
         self._compress_over = options.get("compress_over", _codec.COMPRESS_OVER)
         if type(self._compress_over) is not int or self._compress_over < 0:
             raise InvalidArgumentError(f"compress_over must be a whole number of bytes, 0 or more (0 turns "
@@ -275,6 +281,7 @@ class SQLStore(Store):
             was_committed=self._was_committed if self._pg else None,
             before_commit=self._before_commit,
             commit_delay=self._commit_delay,
+            slow_commit=self._slow_commit,
             on_touched=self._touched,
             retry_for=self._retry_for,
         )

@@ -93,6 +93,13 @@ class GroupCommitter:
     COMMIT failed without an answer so that a commit that did happen is not
     run twice.
 
+    ``slow_commit`` (s): a transaction that takes longer than this, from
+    waiting for the write turn to the end of its COMMIT, is logged as a
+    warning that says where the time went (the turn another process held,
+    the operations, the COMMIT itself: mostly the disk's sync); every caller
+    waiting on it waited that long. ``slow_commits`` counts them and
+    ``slowest_commit`` keeps the longest (0: neither warns nor counts).
+
     ``commit_delay`` (s): under a stream of operations whose submitters did
     not block (asynchronous sends and commits, deferred acknowledgements),
     the writer waits this long before taking the next batch, so that one
@@ -118,7 +125,8 @@ class GroupCommitter:
                  serialize: Callable[[], ContextManager[Any]] | None = None,
                  after_turn: Callable[[sa.Connection], None] | None = None,
                  was_committed: Callable[[int], bool] | None = None,
-                 max_batch: int = 2000, retry_for: float = 30.0, commit_delay: float = 0.0) -> None:
+                 max_batch: int = 2000, retry_for: float = 30.0, commit_delay: float = 0.0,
+                 slow_commit: float = 0.5) -> None:
         self._engine = engine
         self._serialize = serialize or contextlib.nullcontext
         self._after_turn = after_turn
@@ -143,6 +151,10 @@ class GroupCommitter:
         self._conn: sa.Connection | None = None
         self.commits = 0
         self.operations = 0
+        self.slow_commit = slow_commit
+        #: transactions that took longer than ``slow_commit``, and the longest of them (s)
+        self.slow_commits = 0
+        self.slowest_commit = 0.0
         self._thread = threading.Thread(target=self._run, name="b2b-sql-writer", daemon=True)
         self._thread.start()
 
@@ -248,9 +260,11 @@ class GroupCommitter:
     def _transaction(self, ops: list[_Op]) -> set[str]:
         conn = self._connection()
         batch = Batch(conn, next(self._numbers))
+        asked = time.perf_counter()
         with self._serialize():
             committing = False
             try:
+                turn = time.perf_counter()
                 self._begin(conn, any(op.durable for op in ops))
                 if not conn.in_transaction():  # open now: operations may use the driver's cursor directly
                     conn.begin()
@@ -259,7 +273,9 @@ class GroupCommitter:
                 if self._before_commit is not None:
                     self._before_commit(batch)
                 committing = True
+                ran = time.perf_counter()
                 conn.commit()
+                self._timed(len(ops), asked, turn, ran, time.perf_counter())
             except BaseException as error:
                 if committing and self._was_committed is not None and is_retryable(error):
                     self._in_doubt = batch
@@ -269,6 +285,17 @@ class GroupCommitter:
                     self._drop_connection()
                 raise
         return self._after_commit(batch)
+
+    def _timed(self, count: int, asked: float, turn: float, ran: float, committed: float) -> None:
+        took = committed - asked
+        if took <= self.slow_commit or self.slow_commit <= 0:
+            return
+        self.slow_commits += 1
+        self.slowest_commit = max(self.slowest_commit, took)
+        log.warning("slow commit: a transaction of %d operations took %.0f ms: %.0f ms waiting for the write "
+                    "turn (held by another process), %.0f ms running the operations, %.0f ms in COMMIT "
+                    "(mostly the disk's sync); its callers waited that long", count, took * 1e3,
+                    (turn - asked) * 1e3, (ran - turn) * 1e3, (committed - ran) * 1e3)
 
     @staticmethod
     def _after_commit(batch: Batch) -> set[str]:
