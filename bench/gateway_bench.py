@@ -124,6 +124,8 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
     config["store"]["options"]["slow_commit_warning"] = SLOW_COMMIT_MS / 1000
     if os.environ.get("BENCH_INTAKE_THREADS"):  # A/B runs: the gateway's intake threads (0: on the event loop)
         config.setdefault("server", {})["intake_threads"] = int(os.environ["BENCH_INTAKE_THREADS"])
+    if os.environ.get("BENCH_INTAKE_FACTS"):  # A/B runs: server.intake_facts (always, when_idle, never)
+        config.setdefault("server", {})["intake_facts"] = os.environ["BENCH_INTAKE_FACTS"]
     if os.environ.get("BENCH_STORE_OPTIONS"):  # A/B runs: any Broker.open options, as JSON
         config["store"]["options"].update(json.loads(os.environ["BENCH_STORE_OPTIONS"]))
     if os.environ.get("BENCH_PREFETCH"):
@@ -444,7 +446,8 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     try:
         queued = broker.stats(Queue("orders.bench")).depth
         with broker.store.engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT count(*) FROM b2b_ledger WHERE route = 'bench-order-one-way'")).scalar()
+            rows, with_facts = conn.execute(sa.text(
+                "SELECT count(*), count(facts) FROM b2b_ledger WHERE route = 'bench-order-one-way'")).one()
     finally:
         broker.close()
     validate = results["validate"]
@@ -460,7 +463,8 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
           f"(goal >= 60%: {'met' if ratio >= 0.6 else 'NOT met'}); p50 {accepted['p50_ms']:.1f} ms, "
           f"p99 {accepted['p99_ms']:.1f} ms; {accepted['bad']:.0f} refused")
     print(f"   stored: {queued} messages in queue://orders.bench, {rows} ledger rows "
-          f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase)")
+          f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase); {with_facts} with their warehouse facts "
+          f"extracted at intake, the others' left to the nightly load (server.intake_facts)")
     print(f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
           f"{cpu['accepted'] * 1e6:.0f} us per accepted order, of which {cpu['accepted_loop'] * 1e6:.0f} us in the "
           f"event loops' threads")

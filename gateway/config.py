@@ -12,7 +12,8 @@ mapping are an error (plain PyYAML silently keeps the last one).
 The sections, all optional::
 
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
-    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, processes: 1, pin_processes: true}
+    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
+                 pin_processes: true}
     limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
@@ -248,6 +249,12 @@ def expect_int(value: Any, where: Where, what: str, *, minimum: int | None = Non
     return value
 
 
+def expect_choice(value: Any, where: Where, what: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise where.error(f"{what} must be one of {', '.join(choices)}, not {clip(repr(value), 80)}")
+    return value
+
+
 def expect_bool(value: Any, where: Where, what: str) -> bool:
     if not isinstance(value, bool):
         raise where.error(f"{what} must be true or false, not {_kind(value)}")
@@ -302,6 +309,8 @@ class Settings:
     port: int = 8080
     #: threads that parse, validate and extract documents (0: on the event loop)
     intake_threads: int = 0
+    #: when the warehouse facts are extracted at intake: always, when_idle (not while saturated), never
+    intake_facts: str = "when_idle"
     #: serving processes sharing the listening socket and the store (0: one per usable CPU)
     processes: int = 1
     #: with several processes, bind each to one CPU (round robin over the usable ones)
@@ -385,7 +394,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     s.store_options = dict(expect_mapping(store.get("options"), store.at("options"), "store.options"))
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
-    check_keys(server, {"host", "port", "intake_threads", "processes", "pin_processes"}, "server")
+    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes"}, "server")
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
@@ -393,6 +402,9 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     if "intake_threads" in server:
         s.intake_threads = expect_int(server["intake_threads"], server.at("intake_threads"), "server.intake_threads",
                                       minimum=0, maximum=64)
+    if "intake_facts" in server:
+        s.intake_facts = expect_choice(server["intake_facts"], server.at("intake_facts"), "server.intake_facts",
+                                       ("always", "when_idle", "never"))
     if "processes" in server:
         s.processes = expect_int(server["processes"], server.at("processes"), "server.processes",
                                  minimum=0, maximum=256)

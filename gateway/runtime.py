@@ -160,7 +160,8 @@ class Runtime:
             if self.broker is None:
                 self.broker = open_broker(self.settings)
             if self._want_gateway:
-                self.gateway = Gateway(self.assembly, self.broker, intake_threads=self.settings.intake_threads)
+                self.gateway = Gateway(self.assembly, self.broker, intake_threads=self.settings.intake_threads,
+                                       intake_facts=self.settings.intake_facts)
                 self.gateway.start()
             if self._want_reconcile:
                 self.reconciler = Reconciler(self.broker, Ledger(self.broker.store.engine),

@@ -44,6 +44,16 @@ machine, the threads win when other work keeps the cores busy and lose on a
 machine the gateway has to itself (every hand-over then wakes a sleeping core),
 hence 0 by default. Bodies over :data:`INLINE_MAX_BYTES` always go to the
 default executor, so one 10 MB document does not hold up the small ones.
+
+The warehouse facts are the one stage the intake can leave out: the nightly
+load extracts them from the stored XML, with the same extractor and the same
+result, when a document has none. ``server.intake_facts`` says when they are
+made at intake: ``always``; ``when_idle`` (the default): unless the intake is
+saturated, :data:`INTAKE_BUSY` documents or more waiting for it together (a
+batch of that many on the event loop, or that many queued for the intake
+threads), when a burst is better served by accepting more documents than by
+saving the night some work (the facts take about a quarter of the CPU an
+accepted order costs); or ``never``.
 """
 
 from __future__ import annotations
@@ -100,6 +110,11 @@ INTAKE_THREADS = 0
 INTAKE_BATCH = 32
 #: ... and the most bytes of them (beyond the first): it bounds the trees alive at once.
 INTAKE_BATCH_BYTES = 1024 * 1024
+#: This many documents waiting for the intake together make it saturated: ``intake_facts: when_idle`` then leaves
+#: their warehouse facts to the nightly load.
+INTAKE_BUSY = 4
+#: When the warehouse facts are extracted at intake (see the module docstring).
+INTAKE_FACTS = ("always", "when_idle", "never")
 #: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
 DOCUMENTS_PATH = "/v1/documents/"
 #: The property a back end sets on a reply to say it failed (its value: why).
@@ -184,6 +199,7 @@ class _Intake:
     document: bytes | None = None
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
+    facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
 
 
 @dataclass(slots=True)
@@ -196,6 +212,7 @@ class _Work:
     idempotency_key: str | None
     check_recent: bool
     on_loop: bool = False  # the event loop's batched intake (an invalid document's details go to a thread)
+    busy: bool = False  # the intake is saturated (see INTAKE_BUSY)
     root: etree._Element | None = None
     decoded: str | None = None
     route: Route | None = None
@@ -228,7 +245,10 @@ class Gateway:
 
     def __init__(self, assembly: Assembly, broker: Broker, *, late_reply_window: float | None = None,
                  inline_max_bytes: int = INLINE_MAX_BYTES, duplicate_poll: float = 0.05,
-                 recent_keys: int = 100_000, intake_threads: int = INTAKE_THREADS) -> None:
+                 recent_keys: int = 100_000, intake_threads: int = INTAKE_THREADS,
+                 intake_facts: str = "when_idle") -> None:
+        if intake_facts not in INTAKE_FACTS:
+            raise ValueError(f"intake_facts must be one of {', '.join(INTAKE_FACTS)}, not {intake_facts!r}")
         store = broker.store
         if getattr(store, "engine", None) is None:
             raise GatewayError("the gateway needs a SQL store (sqlite:///PATH or postgresql+psycopg://...)")
@@ -260,6 +280,11 @@ class Gateway:
         # parse, validate, facts: off the event loop (libxml2 runs without the GIL, on another core)
         self._intake_pool = (concurrent.futures.ThreadPoolExecutor(intake_threads, thread_name_prefix="b2bgw-intake")
                              if intake_threads > 0 else None)
+        self._intake_threads = intake_threads
+        self._in_pool = 0  # documents running or queued on the intake threads
+        self.intake_facts = intake_facts
+        #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
+        self.facts_deferred = 0
         self._started = False
         self._closed = False
 
@@ -317,8 +342,13 @@ class Gateway:
         """Accept one document (see the module docstring); raises a GatewayError subclass when refused."""
         received_at = now_ms()
         if self._intake_pool is not None and len(body) <= self.inline_max_bytes:
-            intake = await asyncio.get_running_loop().run_in_executor(
-                self._intake_pool, self._intake, partner, body, charset, idempotency_key, True)
+            self._in_pool += 1
+            busy = self._in_pool >= self._intake_threads + INTAKE_BUSY  # that many queued behind the threads
+            try:
+                intake = await asyncio.get_running_loop().run_in_executor(
+                    self._intake_pool, self._intake, partner, body, charset, idempotency_key, True, busy)
+            finally:
+                self._in_pool -= 1
         elif len(body) <= self.inline_max_bytes:
             try:
                 intake = await self._intake_on_loop(_Work(partner, body, charset, idempotency_key,
@@ -336,6 +366,8 @@ class Gateway:
                 return await self._replay(self._with_unrecorded(existing, before))
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False)
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
+        if intake.facts_deferred:
+            self.facts_deferred += 1
         correlation = correlation_id or uuid4_str()
 
         # the document's bytes are the text's encoding as received: the store need not encode it again
@@ -364,11 +396,11 @@ class Gateway:
             raise StoreUnavailableError() from None
 
     def _intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                check_recent: bool) -> _Intake:
+                check_recent: bool, busy: bool = False) -> _Intake:
         """Everything done with the parsed tree, in one call (an intake thread runs it): parse, route,
         validate, the document id and idempotency key, then (unless the key was accepted lately) the
         properties, message text, ledger document and warehouse facts. The tree never leaves this call."""
-        work = _Work(partner, body, charset, idempotency_key, check_recent)
+        work = _Work(partner, body, charset, idempotency_key, check_recent, busy=busy)
         for stage in self._stages:
             stage(work)
         assert work.result is not None
@@ -396,6 +428,9 @@ class Gateway:
         batch, self._batch = self._batch[:take], self._batch[take:]
         if self._batch:
             asyncio.get_running_loop().call_soon(self._run_batch)
+        if take >= INTAKE_BUSY:
+            for work, _ in batch:
+                work.busy = True
         for stage in self._stages:
             going_on = []
             for work, future in batch:
@@ -440,11 +475,14 @@ class Gateway:
         text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
         work.result = _Intake(route, doc_id, key, None, properties, text, document, text_is_document=own)
 
-    @staticmethod
-    def _facts_stage(work: _Work) -> None:
-        if work.result.known is None:
-            # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
-            work.result.facts = warehouse_facts.for_ledger(work.root, work.route.doc_type)
+    def _facts_stage(self, work: _Work) -> None:
+        if work.result.known is not None or self.intake_facts == "never":
+            return
+        if work.busy and self.intake_facts == "when_idle":
+            work.result.facts_deferred = work.route.doc_type in warehouse_facts.LOADED_TYPES
+            return
+        # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
+        work.result.facts = warehouse_facts.for_ledger(work.root, work.route.doc_type)
 
     def _remember(self, key: str, message_id: str) -> None:
         recent = self._recent

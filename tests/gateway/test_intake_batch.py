@@ -28,6 +28,7 @@ def _partners(gw_env):
 async def test_a_burst_larger_than_a_batch_gets_every_answer_and_error_its_own(gw_env):
     globex, acme = _partners(gw_env)
     gateway = gw_env.gateway
+    gateway.intake_facts = "always"  # not left to the nightly load for the burst (test_intake_facts)
     bodies = []
     for i in range(service.INTAKE_BATCH + 13):
         if i % 10 == 3:
