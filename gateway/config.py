@@ -41,6 +41,9 @@ import yaml
 from .errors import ConfigError, clip
 from .xmlintake import DEFAULT_LIMITS, IntakeLimits
 
+#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.service).
+INTAKE_FACTS = ("always", "when_idle", "never")
+
 __all__ = [
     "DEFAULT_CONFIG_NAME",
     "MarkedDict",
@@ -404,7 +407,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                       minimum=0, maximum=64)
     if "intake_facts" in server:
         s.intake_facts = expect_choice(server["intake_facts"], server.at("intake_facts"), "server.intake_facts",
-                                       ("always", "when_idle", "never"))
+                                       INTAKE_FACTS)
     if "processes" in server:
         s.processes = expect_int(server["processes"], server.at("processes"), "server.processes",
                                  minimum=0, maximum=256)

@@ -85,6 +85,7 @@ from broker_core import (
 )
 
 from .assemble import Assembly
+from .config import INTAKE_FACTS
 from .errors import (
     BackendError,
     GatewayError,
@@ -113,8 +114,6 @@ INTAKE_BATCH_BYTES = 1024 * 1024
 #: This many documents waiting for the intake together make it saturated: ``intake_facts: when_idle`` then leaves
 #: their warehouse facts to the nightly load.
 INTAKE_BUSY = 4
-#: When the warehouse facts are extracted at intake (see the module docstring).
-INTAKE_FACTS = ("always", "when_idle", "never")
 #: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
 DOCUMENTS_PATH = "/v1/documents/"
 #: The property a back end sets on a reply to say it failed (its value: why).

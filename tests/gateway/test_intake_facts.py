@@ -12,13 +12,14 @@ import json
 
 import pytest
 import sqlalchemy as sa
+from lxml import etree
 
 from gateway import facts, service
 from gateway.config import ConfigError, load_yaml, settings_from_mapping
 from gateway.ledger_tables import unpack_xml
 from gateway.runtime import Runtime
 from gateway.service import Gateway
-from gwtest import INVOICE, with_id
+from gwtest import DESPATCH_ADVICE, INVOICE, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +66,6 @@ async def test_when_idle_documents_arriving_alone_get_their_facts(gw_env):
     for doc_id, (stored, version, document) in rows.items():
         assert stored is not None and version == facts.VERSION
         # the facts are those of the document stored with them
-        from lxml import etree
         assert json.loads(stored) == json.loads(facts.for_ledger(etree.fromstring(document), "Invoice"))
     assert gw_env.gateway.facts_deferred == 0
 
@@ -106,7 +106,6 @@ async def test_never_leaves_them_all_to_the_load(gw_env):
 
 
 async def test_a_document_type_the_warehouse_does_not_load_is_not_counted(gw_env):
-    from gwtest import DESPATCH_ADVICE
     globex = gw_env.assembly.partners.get("globex")
     await asyncio.gather(*(gw_env.gateway.submit(globex, with_id(DESPATCH_ADVICE, f"DA-{i}"))
                            for i in range(service.INTAKE_BUSY * 2)))
