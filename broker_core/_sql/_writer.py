@@ -275,7 +275,7 @@ class GroupCommitter:
                 committing = True
                 ran = time.perf_counter()
                 conn.commit()
-                self._timed(len(ops), asked, turn, ran, time.perf_counter())
+                committed = time.perf_counter()
             except BaseException as error:
                 if committing and self._was_committed is not None and is_retryable(error):
                     self._in_doubt = batch
@@ -284,6 +284,8 @@ class GroupCommitter:
                 except Exception:
                     self._drop_connection()
                 raise
+        # committed: the warning is written outside the turn, and nothing in it can undo the commit's answer
+        self._timed(len(ops), asked, turn, ran, committed)
         return self._after_commit(batch)
 
     def _timed(self, count: int, asked: float, turn: float, ran: float, committed: float) -> None:
