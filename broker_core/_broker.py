@@ -13,30 +13,26 @@ from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
 from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDError, InvalidDestinationError
 from ._message import Message, message_from_envelope
+from ._options import BROKER_OPTIONS, check_options, store_kind
 from ._store import DestinationStats, RedeliveryPolicy, Store, now_ms, queue_box
 
 __all__ = ["Broker", "Connection"]
 
 log = logging.getLogger("broker_core")
 
-_POLICY_OPTIONS = {"max_deliveries", "redelivery_delay", "redelivery_backoff", "max_redelivery_delay",
-                   "dead_letter_prefix", "expiry_queue"}
+_POLICY_OPTIONS = set(BROKER_OPTIONS) - {"xpath_namespaces", "sweep_interval"}
 
 
 def _open_store(url: str, options: dict[str, Any]) -> Store:
-    if url.startswith("memory:"):
+    if store_kind(url) == "memory":
         from ._memory import MemoryStore
 
         return MemoryStore(url, **options)
-    if url.startswith(("sqlite:", "postgresql")):
-        try:
-            from ._sql import SQLStore
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgumentError(f"the SQL store is not available: {exc}") from exc
-        return SQLStore(url, **options)
-    raise InvalidArgumentError(
-        f"unknown broker URL {url!r}: use memory://, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
-    )
+    try:
+        from ._sql import SQLStore
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise InvalidArgumentError(f"the SQL store is not available: {exc}") from exc
+    return SQLStore(url, **options)
 
 
 class Broker:
@@ -82,11 +78,19 @@ class Broker:
         ``sweep_interval`` (s, default 30, 0 to disable) is how often expired
         messages are swept. Other options go to the store.
         """
+        options = check_options(url, options)
         policy = RedeliveryPolicy(**{k: options.pop(k) for k in list(options) if k in _POLICY_OPTIONS})
         xpath_namespaces = options.pop("xpath_namespaces", None)
         sweep_interval = options.pop("sweep_interval", 30.0)
         store = _open_store(url, options)
         return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval)
+
+    @staticmethod
+    def check_options(url: str, **options: Any) -> None:
+        """Check what :meth:`open` would be given, opening nothing: the URL's
+        scheme, every option's name and value. Raises
+        :class:`InvalidArgumentError` (its ``option`` names the one at fault)."""
+        check_options(url, options)
 
     def __enter__(self) -> "Broker":
         return self

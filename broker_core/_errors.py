@@ -98,7 +98,14 @@ class InvalidSelectorError(JMSError, ValueError):
 
 class InvalidArgumentError(JMSError, ValueError):
     """Raised for an argument out of its allowed range: a priority outside
-    0-9, a negative time to live, an unknown delivery or acknowledge mode."""
+    0-9, a negative time to live, an unknown delivery or acknowledge mode; or
+    by :meth:`Broker.open` and :meth:`Broker.check_options` for an option
+    with an unknown name or a wrong value, which ``option`` then names."""
+
+    def __init__(self, *args: object, option: str | None = None) -> None:
+        super().__init__(*args)
+        #: the :meth:`Broker.open` option at fault, if that is what was wrong
+        self.option = option
 
 
 class MessageFormatError(JMSError, TypeError):

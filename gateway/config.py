@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from broker_core import Broker, InvalidArgumentError
 
 from .errors import ConfigError, clip
 from .xmlintake import DEFAULT_LIMITS, IntakeLimits
@@ -394,7 +395,13 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     env_url = os.environ.get("B2BGW_STORE_URL")
     if env_url:
         s.store_url = env_url
-    s.store_options = dict(expect_mapping(store.get("options"), store.at("options"), "store.options"))
+    options = expect_mapping(store.get("options"), store.at("options"), "store.options")
+    s.store_options = dict(options)
+    try:  # every option's name and value, now rather than at start-up (and by `b2bgw routes check`)
+        Broker.check_options(s.store_url, **s.store_options)
+    except InvalidArgumentError as error:
+        place = options.at(error.option) if error.option in options else store.at("url")
+        raise place.error(f"store.options: {error}") from None
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
     check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes"}, "server")

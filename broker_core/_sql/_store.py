@@ -45,6 +45,7 @@ from .._errors import (
     TransactionRolledBackError,
 )
 from .._memory import MemoryStore
+from .._options import check_store_options
 from .._store import (
     Delivery,
     DestinationStats,
@@ -110,10 +111,6 @@ def _body_size(env: Envelope) -> int:
     return size if env.encoded is None else size + len(env.encoded)  # the bytes it came with count too
 
 
-_OPTIONS = {"sqlite_synchronous", "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade",
-            "poll_interval", "local_wakeups", "pool_size", "expired_retention", "commit_delay",
-            "compress_over", "slow_commit_warning"}
-
 #: How long the writer waits for more operations under a stream of asynchronous sends (s); see GroupCommitter.
 COMMIT_DELAY = 0.0005
 
@@ -175,29 +172,20 @@ class SQLStore(Store):
     shared = True
 
     def __init__(self, url: str, **options: Any) -> None:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise InvalidArgumentError(f"unknown SQL store options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+        options = check_store_options(url, options)  # names and values: the conversions below cannot fail
         self.url = url
         self.prefetch = int(options.get("prefetch", 64))
         self.heartbeat_interval = float(options.get("heartbeat_interval", 1.0))
         self.lease_timeout = float(options.get("lease_timeout", 10.0))
         self.poll_interval = float(options.get("poll_interval", 0.02))
         self._poll_interval_set = "poll_interval" in options
-        self._local_wakeups = bool(options.get("local_wakeups", True))
+        self._local_wakeups = options.get("local_wakeups", True)
         self.expired_retention = float(options.get("expired_retention", 7 * 86400))
         self._retry_for = float(options.get("retry_for", 30.0))
         self._commit_delay = float(options.get("commit_delay", COMMIT_DELAY))
-        if not 0 <= self._commit_delay <= 0.1:
-            raise InvalidArgumentError(f"commit_delay must be between 0 and 0.1 s (0 turns it off), not {self._commit_delay}")
         self._slow_commit = float(options.get("slow_commit_warning", 0.5))
-        if self._slow_commit < 0:
-            raise InvalidArgumentError(f"slow_commit_warning must be 0 (off) or more seconds, not {self._slow_commit}")
         self._compress_over = options.get("compress_over", _codec.COMPRESS_OVER)
-        if type(self._compress_over) is not int or self._compress_over < 0:
-            raise InvalidArgumentError(f"compress_over must be a whole number of bytes, 0 or more (0 turns "
-                                       f"compression off), not {self._compress_over!r}")
-        self._sqlite_sync = str(options.get("sqlite_synchronous", "FULL")).upper()
+        self._sqlite_sync = options.get("sqlite_synchronous", "FULL")
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
         self._writer_raw: Any = None  # the writer's driver connection, once set up (SQLite)
         self._checkpoint_due = 0.0

@@ -165,3 +165,6 @@ def test_configuration_errors_exit_1(capsys, tmp_path):
     (tmp_path / "bad.yaml").write_text("server:\n  port: eighty\n")
     code, _, err = run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml"))
     assert code == 1 and f"{tmp_path / 'bad.yaml'}:2" in err
+    (tmp_path / "bad.yaml").write_text("store:\n  options:\n    local_wakeups: 'off'\n")
+    code, _, err = run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml"))
+    assert code == 1 and f"{tmp_path / 'bad.yaml'}:3: store.options: option local_wakeups must be true or false" in err

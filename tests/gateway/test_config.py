@@ -105,6 +105,25 @@ def test_store_url_can_come_from_the_environment(tmp_path, monkeypatch):
     assert settings_from_mapping({}, base_dir=tmp_path).store_url == "sqlite:////tmp/elsewhere.db"
 
 
+def test_store_options_are_checked_at_load_with_the_line_of_the_option(tmp_path):
+    """An operator's typo in store.options is a configuration error at its line (so `routes check`
+    finds it), not a traceback when the store opens, nor a value taken for another."""
+    for text, line, words in [
+        ("store:\n  options:\n    max_deliveries: 5\n    local_wakeups: 'no'\n", 4, "true or false, not 'no'"),
+        ("store:\n  options:\n    prefetch: abc\n", 3, "prefetch must be a whole number"),
+        ("store:\n  options:\n    commit_delay: 0.5\n", 3, "from 0 to 0.1 s, not 0.5"),
+        ("store:\n  options:\n    max_delivery: 5\n", 3, "unknown option max_delivery for the SQL store"),
+        ("store:\n  url: memory://\n  options:\n    pool_size: 2\n", 4, "for the memory store"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            settings_from_mapping(load_yaml(text=text, name="s.yaml"), base_dir=tmp_path)
+        assert (info.value.file, info.value.line) == ("s.yaml", line), text
+        assert info.value.detail.startswith("store.options: ") and words in info.value.detail, info.value.detail
+    good = "store:\n  options:\n    sqlite_synchronous: normal\n    max_deliveries: 2\n"
+    assert settings_from_mapping(load_yaml(text=good, name="s.yaml"), base_dir=tmp_path).store_options == {
+        "sqlite_synchronous": "normal", "max_deliveries": 2}
+
+
 def test_limits_are_checked(tmp_path):
     data = load_yaml(text="limits:\n  max_depth: 1000\n", name="l.yaml")
     with pytest.raises(ConfigError) as info:
