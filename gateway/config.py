@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 from broker_core import Broker, InvalidArgumentError
+from spark_etl.config import EtlSettingError, check_section as check_etl_section
 
 from .errors import ConfigError, clip
 from .xmlintake import DEFAULT_LIMITS, IntakeLimits
@@ -474,10 +475,47 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                 hint="a dotted Python module name")
         s.workers.append(module)
 
-    s.etl = dict(expect_mapping(root.get("etl"), root.at("etl"), "etl"))
+    etl = expect_mapping(root.get("etl"), root.at("etl"), "etl")
+    try:  # the warehouse load's own rules (spark_etl.config), now rather than when it is scheduled
+        check_etl_section(etl)
+    except EtlSettingError as error:
+        raise etl.at(error.key).error(f"etl.{error.key}: {error}") from None
+    s.etl = dict(etl)
     if root.get("stomp") is not None:
-        s.stomp = dict(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+        s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
     return s
+
+
+STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size"}
+
+
+def _stomp(stomp: MarkedDict) -> dict[str, Any]:
+    """The ``stomp:`` section, each value checked at its line (gateway.runtime.stomp_options reads it)."""
+    check_keys(stomp, STOMP_KEYS, "stomp")
+    if "enabled" in stomp:
+        expect_bool(stomp["enabled"], stomp.at("enabled"), "stomp.enabled")
+    if "host" in stomp:
+        expect_str(stomp["host"], stomp.at("host"), "stomp.host")
+    if "port" in stomp:
+        expect_int(stomp["port"], stomp.at("port"), "stomp.port", minimum=0, maximum=65535)
+    if "users" in stomp:
+        users = expect_mapping(stomp["users"], stomp.at("users"), "stomp.users")
+        for login, passcode in users.items():
+            if not isinstance(login, str) or not isinstance(passcode, str) or not login or not passcode:
+                raise users.at(login).error(f"stomp.users maps logins to passcodes, both non-empty strings (quote "
+                                            f"one that YAML reads as a number); got {clip(repr(login), 40)}: "
+                                            f"{_kind(passcode)}")
+    if "heartbeat" in stomp:
+        beats = expect_list(stomp["heartbeat"], stomp.at("heartbeat"), "stomp.heartbeat")
+        if len(beats) != 2:
+            raise stomp.at("heartbeat").error("stomp.heartbeat must be [send_ms, receive_ms], e.g. [10000, 10000]")
+        for i, beat in enumerate(beats):
+            expect_int(beat, beats.at(i), "a stomp.heartbeat interval (ms, 0: none)", minimum=0, maximum=3_600_000)
+    if "prefetch" in stomp:
+        expect_int(stomp["prefetch"], stomp.at("prefetch"), "stomp.prefetch", minimum=1)
+    if "max_frame_size" in stomp:
+        expect_int(stomp["max_frame_size"], stomp.at("max_frame_size"), "stomp.max_frame_size", minimum=1024)
+    return dict(stomp)
 
 
 def _schemas(s: Settings, schemas: MarkedDict) -> None:

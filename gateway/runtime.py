@@ -18,7 +18,7 @@ from typing import Any
 from broker_core import Broker
 
 from .assemble import Assembly
-from .config import Settings
+from .config import STOMP_KEYS, Settings
 from .errors import ConfigError
 from .ledger import Ledger, current_revision, head_revision, upgrade_ledger
 from .service import Gateway
@@ -112,8 +112,8 @@ def stomp_options(settings: Settings) -> dict[str, Any] | None:
         if key in section:
             options[key] = int(section.pop(key))
     if section:
-        raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: enabled, host, port, users, "
-                          "heartbeat, prefetch, max_frame_size)", file=settings.where.file)
+        raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: "
+                          f"{', '.join(sorted(STOMP_KEYS))})", file=settings.where.file)
     return options
 
 

@@ -124,6 +124,44 @@ def test_store_options_are_checked_at_load_with_the_line_of_the_option(tmp_path)
         "sqlite_synchronous": "normal", "max_deliveries": 2}
 
 
+@pytest.mark.parametrize("section, line, words", [
+    ("stomp:\n  port: abc\n", 2, "stomp.port must be an integer"),
+    ("stomp:\n  port: 70000\n", 2, "from 0 to 65535"),
+    ("stomp:\n  enabled: 'no'\n", 2, "stomp.enabled must be true or false"),
+    ("stomp:\n  heartbeat: [5]\n", 2, "[send_ms, receive_ms]"),
+    ("stomp:\n  heartbeat: [5, -1]\n", 2, "heartbeat interval"),
+    ("stomp:\n  users:\n    erp: 1234\n", 3, "quote one that YAML reads as a number"),
+    ("stomp:\n  host: 127.0.0.1\n  prefetch: 0\n", 3, "stomp.prefetch must be at least 1"),
+    ("stomp:\n  max_frame_size: 10\n", 2, "at least 1024"),
+    ("stomp:\n  prot: 61613\n", 2, "unknown key 'prot' in stomp"),
+    ("etl:\n  schedule: whenever\n", 2, "etl.schedule: must be a crontab expression"),
+    ("etl:\n  schedule: '0 2 * *'\n", 2, "etl.schedule: must be a crontab expression"),
+    ("etl:\n  timezone: Mars/Base\n", 2, "etl.timezone: must be an IANA time zone name"),
+    ("etl:\n  enabled: 'no'\n", 2, "etl.enabled: must be true or false"),
+    ("etl:\n  warehouse: ./w\n  lock_ttl: 0\n", 3, "etl.lock_ttl: must be a number of seconds over 0"),
+    ("etl:\n  read_partitions: 2.5\n", 2, "whole number"),
+    ("etl:\n  arrow_staging: sometimes\n", 2, "auto, true or false"),
+    ("etl:\n  spark_conf: [a]\n", 2, "mapping of Spark settings"),
+    ("etl:\n  shedule: '0 2 * * *'\n", 2, "unknown etl setting 'shedule'"),
+])
+def test_stomp_and_etl_sections_are_checked_at_load_with_lines(tmp_path, section, line, words):
+    """Checked when the configuration loads (and by `routes check`), not when the listener
+    starts or the night comes."""
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping(load_yaml(text=section, name="x.yaml"), base_dir=tmp_path)
+    assert (info.value.file, info.value.line) == ("x.yaml", line)
+    assert words in info.value.detail, info.value.detail
+
+
+def test_good_stomp_and_etl_sections_are_kept_as_written(tmp_path):
+    text = ("stomp:\n  enabled: true\n  port: 61614\n  users: {erp: '1234'}\n  heartbeat: [0, 5000]\n"
+            "etl:\n  schedule: '30 3 * * 1-5'\n  timezone: Europe/Stockholm\n  arrow_staging: auto\n"
+            "  spark_conf: {spark.driver.memory: 2g}\n")
+    s = settings_from_mapping(load_yaml(text=text, name="x.yaml"), base_dir=tmp_path)
+    assert s.stomp == {"enabled": True, "port": 61614, "users": {"erp": "1234"}, "heartbeat": [0, 5000]}
+    assert s.etl["schedule"] == "30 3 * * 1-5" and s.etl["timezone"] == "Europe/Stockholm"
+
+
 def test_limits_are_checked(tmp_path):
     data = load_yaml(text="limits:\n  max_depth: 1000\n", name="l.yaml")
     with pytest.raises(ConfigError) as info:

@@ -28,7 +28,7 @@ def test_disabled_section_starts_nothing():
 
 
 def test_unknown_keys_are_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="known: enabled, host, port"):
+    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, max_frame_size, port, prefetch, users"):
         stomp_options(_Settings({"prot": 61613}))
 
 

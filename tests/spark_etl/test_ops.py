@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from spark_etl import cli, config, job, state
+from spark_etl.config import EtlSettingError
 from spark_etl.scheduler import JOB_ID, NightlyLoad
 
 from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, race_worker, table
@@ -104,6 +105,9 @@ def test_scheduler_uses_a_cron_trigger_with_misfire_handling(ledger):
     assert disabled.scheduler is None
     with pytest.raises(ValueError, match="unknown etl setting"):
         NightlyLoad({"shedule": "0 2 * * *"}, ledger.url)
+    with pytest.raises(EtlSettingError, match="crontab") as info:  # not a scheduler's error at start-up
+        NightlyLoad({"schedule": "at two"}, ledger.url)
+    assert info.value.key == "schedule"
 
 
 def test_a_busy_lock_refuses_a_hand_run(spark, ledger, settings):
