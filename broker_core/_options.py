@@ -27,6 +27,7 @@ class _Rule:
     above_minimum: bool = False  # the minimum itself is not allowed
     choices: tuple[str, ...] = ()
     optional: bool = False  # None is allowed
+    hint: str = ""  # what a special value means, for the message
 
     def describe(self) -> str:
         if self.kind == "bool":
@@ -65,7 +66,7 @@ class _Rule:
                   and (self.maximum is None or value <= self.maximum))
         if not ok:
             shown = repr(value)
-            raise InvalidArgumentError(f"option {name} must be {self.describe()}, not "
+            raise InvalidArgumentError(f"option {name} must be {self.describe()}{self.hint}, not "
                                        f"{shown if len(shown) <= 80 else shown[:77] + '...'}", option=name)
         return value
 
@@ -76,9 +77,9 @@ _POSITIVE_SECONDS = _Rule("seconds", minimum=0, above_minimum=True)
 #: The broker's own options and its redelivery policy's (RedeliveryPolicy): the same for every store.
 BROKER_OPTIONS: dict[str, _Rule] = {
     "xpath_namespaces": _Rule("namespaces", optional=True),
-    "sweep_interval": _SECONDS,
+    "sweep_interval": _Rule("seconds", minimum=0, hint=" (0: never sweep)"),
     "max_deliveries": _Rule("int", minimum=1),
-    "redelivery_delay": _SECONDS,
+    "redelivery_delay": _Rule("seconds", minimum=0, hint=" (0: at once)"),
     "redelivery_backoff": _Rule("number", minimum=1),
     "max_redelivery_delay": _SECONDS,
     "dead_letter_prefix": _Rule("name"),
@@ -97,9 +98,9 @@ SQL_STORE_OPTIONS: dict[str, _Rule] = {
     "local_wakeups": _Rule("bool"),
     "pool_size": _Rule("int", minimum=1),
     "expired_retention": _SECONDS,
-    "commit_delay": _Rule("seconds", minimum=0, maximum=0.1),
-    "compress_over": _Rule("int", minimum=0),
-    "slow_commit_warning": _SECONDS,
+    "commit_delay": _Rule("seconds", minimum=0, maximum=0.1, hint=" (0 turns it off)"),
+    "compress_over": _Rule("int", minimum=0, hint=" (bytes; 0 turns compression off)"),
+    "slow_commit_warning": _Rule("seconds", minimum=0, hint=" (0 turns the warning off)"),
 }
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from broker_core import Broker, InvalidArgumentError
 from spark_etl.config import EtlSettingError, check_section as check_etl_section
 

@@ -38,7 +38,6 @@ import sqlalchemy as sa
 from .._destinations import Destination
 from .._envelope import NON_PERSISTENT, Envelope
 from .._errors import (
-    InvalidArgumentError,
     LeaseExpiredError,
     StoreError,
     StoreUnavailableError,

@@ -111,7 +111,7 @@ def test_store_options_are_checked_at_load_with_the_line_of_the_option(tmp_path)
     for text, line, words in [
         ("store:\n  options:\n    max_deliveries: 5\n    local_wakeups: 'no'\n", 4, "true or false, not 'no'"),
         ("store:\n  options:\n    prefetch: abc\n", 3, "prefetch must be a whole number"),
-        ("store:\n  options:\n    commit_delay: 0.5\n", 3, "from 0 to 0.1 s, not 0.5"),
+        ("store:\n  options:\n    commit_delay: 0.5\n", 3, "from 0 to 0.1 s (0 turns it off), not 0.5"),
         ("store:\n  options:\n    max_delivery: 5\n", 3, "unknown option max_delivery for the SQL store"),
         ("store:\n  url: memory://\n  options:\n    pool_size: 2\n", 4, "for the memory store"),
     ]:
