@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
@@ -13,14 +14,14 @@ from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
 from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDError, InvalidDestinationError
 from ._message import Message, message_from_envelope
-from ._options import BROKER_OPTIONS, check_options, store_kind
+from ._options import check_options, store_kind
 from ._store import DestinationStats, RedeliveryPolicy, Store, now_ms, queue_box
 
 __all__ = ["Broker", "Connection"]
 
 log = logging.getLogger("broker_core")
 
-_POLICY_OPTIONS = set(BROKER_OPTIONS) - {"xpath_namespaces", "sweep_interval"}
+_POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
 
 
 def _open_store(url: str, options: dict[str, Any]) -> Store:

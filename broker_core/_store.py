@@ -80,16 +80,10 @@ class RedeliveryPolicy:
     expiry_queue: str | None = None
 
     def __post_init__(self) -> None:
-        from ._errors import InvalidArgumentError
+        from ._options import BROKER_OPTIONS  # the rules Broker.open checks these by
 
-        if self.max_deliveries < 1:
-            raise InvalidArgumentError(f"max_deliveries must be at least 1, got {self.max_deliveries}")
-        if self.redelivery_delay < 0 or self.max_redelivery_delay < 0:
-            raise InvalidArgumentError("redelivery delays cannot be negative")
-        if self.redelivery_backoff < 1:
-            raise InvalidArgumentError(f"redelivery_backoff must be >= 1, got {self.redelivery_backoff}")
-        if not self.dead_letter_prefix:
-            raise InvalidArgumentError("dead_letter_prefix cannot be empty")
+        for field in dataclasses.fields(self):
+            BROKER_OPTIONS[field.name].check(field.name, getattr(self, field.name))
 
     def delay_ms(self, delivery_count: int) -> int:
         """Milliseconds to wait before making a message available again after

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from .._errors import InvalidArgumentError
+from .._options import check_store_options
 
 __all__ = ["make_engine", "upgrade_database"]
 
@@ -30,8 +30,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
     """An engine set up for the store (WAL, busy timeout, search path)."""
     clean, schema = _split_url(url)
     if clean.startswith("sqlite"):
-        if sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
-            raise InvalidArgumentError("sqlite_synchronous must be FULL (default), EXTRA or NORMAL")
+        sqlite_synchronous = check_store_options(clean, {"sqlite_synchronous": sqlite_synchronous})["sqlite_synchronous"]
         path = sa.engine.make_url(clean).database
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -50,7 +49,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
             # checkpoint at ~4 MB of WAL, as with 4 KB pages (the store's writer checkpoints after its
             # transactions instead, outside the write turn: SQLStore._checkpoint)
             cur.execute("PRAGMA wal_autocheckpoint=256")
-            cur.execute(f"PRAGMA synchronous={sqlite_synchronous.upper()}")
+            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA secure_delete=OFF")  # freed pages are not zeroed: far less to write per ack
             cur.close()
