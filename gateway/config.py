@@ -24,8 +24,11 @@ The sections, all optional::
     etl:        {...}                     # passed through to spark_etl untouched
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
 
-Parsing only checks shapes and types; :mod:`gateway.partners` and
-:mod:`gateway.routes` check meaning.
+Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
+``etl:`` values whole (by ``Broker.check_options`` and
+``spark_etl.config.check_section``, the rules those parts apply themselves),
+so a wrong one is reported at its line before anything starts;
+:mod:`gateway.partners` and :mod:`gateway.routes` check the meaning of the rest.
 """
 
 from __future__ import annotations
