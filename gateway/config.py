@@ -21,7 +21,7 @@ The sections, all optional::
     routes:     routes.yaml | [{id, partners, root, when, schema, ...}]
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
-    etl:        {...}                     # passed through to spark_etl untouched
+    etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
 
 Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
