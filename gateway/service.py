@@ -843,9 +843,10 @@ class Gateway:
         """The first answer to a document accepted before (same idempotency key)."""
         record = self._with_unrecorded(record)
         route = self.routes.get(record.route)
-        receipt = json.loads(record.receipt) if record.receipt else {
+        receipt = json.loads(record.receipt) if record.receipt else {  # the receipt _receipt made
             "message_id": record.message_id, "correlation_id": record.correlation_id, "route": record.route,
-            "status_url": DOCUMENTS_PATH + record.message_id,
+            "document_type": record.doc_type, "document_id": record.doc_id, "status": "accepted",
+            "received_at": iso_ms(record.received_at), "status_url": DOCUMENTS_PATH + record.message_id,
         }
         request_reply = route.request_reply if route is not None else record.reply is not None
         if request_reply and record.reply is None:

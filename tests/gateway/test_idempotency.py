@@ -552,3 +552,14 @@ def test_keys_have_the_party_and_stay_as_before_without_one(sample_routes):
     assert key("acme", route, "34", None, None, ["a|b", "c"]) != key("acme", route, "34", None, None, ["a", "b|c"])
     long_key = key("acme", route, "x" * 200, None, "GLN:" + "9" * 296)
     assert long_key.startswith("acme|sha256|") and len(long_key) < 100
+
+
+async def test_a_row_without_its_receipt_replays_the_receipt_it_was_given(env):
+    """The replay of a row whose receipt column is empty is the receipt the gateway gives, rebuilt from it."""
+    gw = env.env
+    first = await post(gw, despatch("7302347231110", "DA-R"), GLOBEX)
+    with gw.broker.store.engine.begin() as conn:
+        conn.execute(documents.update().values(receipt=None))
+    await env.restart()
+    again = await post(env.env, despatch("7302347231110", "DA-R"), GLOBEX)
+    assert again.headers["idempotent-replayed"] == "true" and again.json() == first.json()
