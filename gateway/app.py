@@ -45,7 +45,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .ledger import LedgerRecord
-from .openapi import openapi_document
+from .openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from .problems import problem_response
 from .runtime import Runtime, start_stomp
 from .service import Gateway, Outcome, iso_ms
@@ -55,8 +55,9 @@ __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 
-_CORRELATION = re.compile(r"^[!-~]{1,128}$")
-_IDEMPOTENCY = re.compile(r"^[ -~]{1,200}$")
+# the patterns the OpenAPI document states; a value is matched once HTTP's surrounding whitespace is stripped
+_CORRELATION = re.compile(CORRELATION_ID_PATTERN)
+_IDEMPOTENCY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 _JSON = "application/json"
 _XML = "application/xml; charset=utf-8"
 _JSON_RAW = _JSON.encode("latin-1")
@@ -71,7 +72,7 @@ def _checked(value: str | None, name: str, pattern: re.Pattern[str], rule: str) 
     if value is None:
         return None
     value = value.strip()
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise InvalidHeaderError(f"The {name} header must be {rule}.", header=name)
     return value
 
@@ -93,7 +94,7 @@ def _length(value: str | None) -> int | None:
 
 
 _CORRELATION_RULE = "1 to 128 printable ASCII characters without spaces"
-_IDEMPOTENCY_RULE = "1 to 200 printable ASCII characters"
+_IDEMPOTENCY_RULE = "1 to 200 printable ASCII characters (spaces only between others)"
 
 
 def _outcome_raw(outcome: Outcome) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -328,7 +329,7 @@ def create_app(
             raise StoreUnavailableError("The store does not answer.") from None
         return JSONResponse({"status": "ready"})
 
-    document = openapi_document()
+    document = openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

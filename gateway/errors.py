@@ -17,6 +17,7 @@ that says what to do about it::
     ├── ForbiddenRouteError             403 forbidden-route
     ├── NotFoundError                   404 not-found
     ├── MethodNotAllowedError           405 method-not-allowed
+    ├── IdempotencyConflictError        409 idempotency-conflict
     ├── NoRouteError                    422 no-route
     ├── BackendError                    502 backend-error
     ├── StoreUnavailableError           503 store-unavailable
@@ -56,6 +57,7 @@ __all__ = [
     "ForbiddenRouteError",
     "NotFoundError",
     "MethodNotAllowedError",
+    "IdempotencyConflictError",
     "NoRouteError",
     "BackendError",
     "StoreUnavailableError",
@@ -329,6 +331,34 @@ class MethodNotAllowedError(GatewayError):
     def __init__(self, detail: str | None = None, *, allowed: Iterable[str] = ()) -> None:
         self.allowed = tuple(allowed)
         super().__init__(detail)
+
+
+class IdempotencyConflictError(GatewayError):
+    """Raised when a document's idempotency key (its ``Idempotency-Key``, or
+    the default key: document type, sender party and document id) was taken
+    by a document that was accepted before and differs from this one: this
+    one is not accepted, and the first one's answer is not given.
+    ``first_message_id`` and ``first_status_url`` name the first document
+    (the problem's ``message_id`` and ``status_url`` members)."""
+
+    status = 409
+    code = "idempotency-conflict"
+    default_detail = ("Another document was accepted before under the same idempotency key; this one was not "
+                      "accepted. Give a new document its own document id or Idempotency-Key.")
+
+    def __init__(self, detail: str | None = None, *, first_message_id: str | None = None,
+                 first_status_url: str | None = None) -> None:
+        self.first_message_id = first_message_id
+        self.first_status_url = first_status_url
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if self.first_message_id is not None:
+            body["message_id"] = self.first_message_id
+        if self.first_status_url is not None:
+            body["status_url"] = self.first_status_url
+        return body
 
 
 class NoRouteError(GatewayError):

@@ -9,7 +9,9 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
   with the same key makes the insert fail with :class:`DuplicateDocument`,
   which rolls back that commit, message included. Concurrent duplicates
   therefore enqueue once: the database's unique constraint decides, and the
-  loser reads the winner's row.
+  loser reads the winner's row. The row keeps the document's ``digest``, by
+  which the loser tells a retry of the winner (replayed) from another
+  document under the same key (refused).
 * Status changes (:meth:`Ledger.transition`) go through the store's writer
   too (:func:`write`), so SQLite sees one writer. A
   change applies only from the statuses it lists, and appends a
@@ -84,6 +86,7 @@ class NewDocument:
     receipt: str
     facts: str | None = None  # gateway.facts JSON, extracted at intake (None: the warehouse parses the XML)
     facts_version: int | None = None  # the gateway.facts.VERSION that wrote facts
+    digest: str | None = None  # of the body as received (gateway.service.document_digest)
 
 
 @dataclass(slots=True)
@@ -108,6 +111,7 @@ class LedgerRecord:
     error: str | None
     document: bytes | None = None
     history: list[tuple[str, int]] | None = None
+    digest: str | None = None  # None in rows written before the ledger kept one
 
 
 _SUMMARY_COLUMNS = [c for c in documents.c if c.name not in ("document", "facts", "facts_version")]
@@ -121,7 +125,7 @@ def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRec
         correlation_id=m["correlation_id"], route=m["route"], destination=m["destination"], status=m["status"],
         received_at=m["received_at"], updated_at=m["updated_at"], reply=unpack_xml(m["reply"]),
         reply_type=m["reply_type"], receipt=m["receipt"], error=m["error"], document=unpack_xml(m.get("document")),
-        history=history,
+        history=history, digest=m["digest"],
     )
 
 
@@ -161,6 +165,7 @@ class Ledger:
                 "document": pack_xml(doc.document), "reply": None, "reply_type": None, "receipt": doc.receipt,
                 "error": None,
                 "facts": doc.facts, "facts_version": doc.facts_version if doc.facts is not None else None,
+                "digest": doc.digest,
             })
         except sa.exc.IntegrityError as exc:
             if self._is_duplicate(exc):
@@ -255,14 +260,25 @@ class Ledger:
             conn.rollback()
         return _record(row, events_list)
 
-    def find(self, idempotency_key: str) -> LedgerRecord | None:
+    def find(self, idempotency_key: str, *, document: bool = False) -> LedgerRecord | None:
         """The document accepted with this idempotency key, if any."""
+        cols = list(documents.c) if document else _SUMMARY_COLUMNS
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(*_SUMMARY_COLUMNS).where(documents.c.idempotency_key == idempotency_key)
-            ).first()
+            row = conn.execute(sa.select(*cols).where(documents.c.idempotency_key == idempotency_key)).first()
             conn.rollback()
         return None if row is None else _record(row)
+
+    def undigested_keys(self, since: int, limit: int) -> list[tuple[str, int]]:
+        """``(idempotency_key, received_at)`` of the rows without a digest received at *since* (epoch ms)
+        or later, the newest first, at most *limit*: a range of ``ix_b2b_ledger_undigested``, which holds
+        those rows alone."""
+        query = (sa.select(documents.c.idempotency_key, documents.c.received_at)
+                 .where(documents.c.digest.is_(None), documents.c.received_at >= since)
+                 .order_by(documents.c.received_at.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            rows = [(r.idempotency_key, r.received_at) for r in conn.execute(query)]
+            conn.rollback()
+        return rows
 
     def exists(self, idempotency_key: str) -> bool:
         with self.engine.connect() as conn:

@@ -26,6 +26,14 @@ Statuses: ``accepted`` (stored, waiting for a consumer), ``delivered`` (a
 consumer acknowledged it), ``replied`` (request-reply: the reply arrived),
 ``failed`` (the backend answered with an error, or the reply could not be
 recorded), ``dead_lettered`` (moved to a dead-letter queue).
+
+``digest`` is the SHA-256 of the request body as received (``sha256:`` and
+64 hex digits; the prefix names the algorithm): a document posted again under
+the same ``idempotency_key`` is the same document only if its digest is the
+same (:mod:`gateway.service`). Rows written before the column existed have
+none; the gateway then compares the stored ``document`` instead, and the
+partial index ``ix_b2b_ledger_undigested`` (those rows alone, by
+``received_at``) finds the recent ones at start-up without reading the table.
 """
 
 from __future__ import annotations
@@ -86,9 +94,13 @@ documents = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("facts", sa.Text),  # JSON of gateway.facts (the warehouse's extraction), or NULL
     sa.Column("facts_version", sa.SmallInteger),  # gateway.facts.VERSION that wrote facts
+    sa.Column("digest", sa.String(80)),  # "sha256:<hex>" of the body as received; NULL in rows written before
     # the reconciler's cursor: documents of one status in (updated_at, message_id) order (Ledger.in_status)
     sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
+    # the rows written before the digest (none are written since): the gateway's start-up finds the recent ones
+    sa.Index("ix_b2b_ledger_undigested", "received_at", sqlite_where=sa.text("digest IS NULL"),
+             postgresql_where=sa.text("digest IS NULL")),
 )
 
 events = sa.Table(

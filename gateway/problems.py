@@ -19,7 +19,8 @@ problem of a type; ``detail`` says what happened and what to do. Extension
 members: ``errors`` (400 document errors: line, column, element path,
 validator message; ``omitted_errors`` counts those left out), ``header``
 (400 invalid-header), ``message_id`` / ``correlation_id`` / ``status_url``
-(504 and 502: the document was accepted, follow it up instead of resending).
+(504 and 502: the document was accepted, follow it up instead of resending;
+409 idempotency-conflict: the document accepted first under the same key).
 
 Bodies are bounded: the errors are clipped where they are made (see
 :mod:`gateway.errors`) and :func:`problem_body` drops trailing ``errors``
@@ -59,6 +60,7 @@ TITLES = {
     "forbidden-route": "Route not allowed",
     "not-found": "Not found",
     "method-not-allowed": "Method not allowed",
+    "idempotency-conflict": "Idempotency conflict",
     "no-route": "No route",
     "backend-error": "Back-end error",
     "store-unavailable": "Store unavailable",

@@ -8,6 +8,7 @@ A route (one entry of the list)::
       when: "cbc:UBLVersionID = '2.1'"   # optional XPath 1.0 predicate, relative to the root
       schema: ubl-2.1/Order              # default: the schema registered for the root element
       document_id: cbc:ID                # the document's own id (default cbc:ID)
+      idempotency_key: [cbc:ID, cac:BuyerCustomerParty/cac:Party/cbc:EndpointID]  # optional (see below)
       namespaces: {p: uri}               # extra prefixes (UBL's cac/cbc/ext and the top-level ones are known)
       properties:                        # message properties consumers can select on
         OrderID: cbc:ID                  # a string by default...
@@ -26,6 +27,15 @@ partner may use wins. If some match but none allows the partner, that is
 :class:`~gateway.errors.ForbiddenRouteError` (403); if none matches at all,
 :class:`~gateway.errors.NoRouteError` (422) naming the root element and the
 partner.
+
+Idempotency (:mod:`gateway.service`): without an ``Idempotency-Key`` header
+a document's key is its partner, root element and document id, with the
+document's sender party (:data:`SENDER_PARTIES`, for the UBL 2.1 types whose
+issuing party is fixed: the buyer of an Order, the supplier of an Invoice...)
+when it names one, so that the documents of two parties relayed through one
+partner account never share a key because they share a number. A route's
+``idempotency_key`` (an XPath, or a list of them) replaces that default: the
+key is then the partner, the root element and the XPaths' string values.
 
 Every XPath compiles once, at load; property values are typed (``string``,
 ``double``, ``long``, ``int``, ``boolean``). An XSLT is compiled once with
@@ -65,7 +75,7 @@ from .errors import ConfigError, ForbiddenRouteError, GatewayError, NoRouteError
 from .partners import PartnerRegistry
 from .schemas import UBL_NAMESPACES, SchemaRegistry
 
-__all__ = ["PropertySpec", "Route", "RouteTable", "TransformError", "display_root"]
+__all__ = ["PropertySpec", "Route", "RouteTable", "SENDER_PARTIES", "TransformError", "display_root"]
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +91,57 @@ _TYPES = ("string", "double", "long", "int", "boolean")
 _RESERVED_PROPERTIES = {"B2BRoute", "B2BDocumentID", "B2BPartner"}
 _DEFAULT_TIMEOUT = 10.0
 _MAX_TIMEOUT = 300.0
+#: The most XPaths a route's ``idempotency_key`` lists.
+_MAX_KEY_XPATHS = 8
 _INT_RANGE = (-(2**31), 2**31 - 1)
 _LONG_RANGE = (-(2**63), 2**63 - 1)
+
+
+_UBL_DOC = "urn:oasis:names:specification:ubl:schema:xsd:"
+
+
+def _by_type(parties: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    return {f"{{{_UBL_DOC}{name}-2}}{name}": party for party, names in parties.items() for name in names}
+
+
+#: The party that issues each UBL 2.1 document type (a path to its ``cac:Party``-typed element, relative to
+#: the root), by root element: part of the default idempotency key, as its ``cbc:EndpointID`` (with its
+#: ``schemeID``), else its first ``cac:PartyIdentification/cbc:ID``. Only the types whose issuer the
+#: standard fixes are listed; the others (FulfilmentCancellation, sent by either side; the transport
+#: documents; non-UBL documents) key on partner, type and document id alone.
+SENDER_PARTIES: dict[str, str] = _by_type({
+    "cac:BuyerCustomerParty/cac:Party": ("Order", "OrderChange", "OrderCancellation", "RequestForQuotation"),
+    "cac:SellerSupplierParty/cac:Party": ("OrderResponse", "OrderResponseSimple", "Quotation"),
+    "cac:AccountingSupplierParty/cac:Party": ("Invoice", "CreditNote", "DebitNote", "FreightInvoice", "Reminder",
+                                              "Statement"),
+    "cac:AccountingCustomerParty/cac:Party": ("SelfBilledInvoice", "SelfBilledCreditNote", "RemittanceAdvice"),
+    "cac:DespatchSupplierParty/cac:Party": ("DespatchAdvice",),
+    "cac:DeliveryCustomerParty/cac:Party": ("ReceiptAdvice",),
+    "cac:ProviderParty": ("Catalogue", "CatalogueDeletion", "CatalogueItemSpecificationUpdate",
+                          "CataloguePricingUpdate"),
+    "cac:ContractingParty/cac:Party": ("CallForTenders", "ContractAwardNotice", "ContractNotice",
+                                       "PriorInformationNotice"),
+    "cac:TendererParty": ("Tender",),
+    "cac:InventoryReportingParty": ("InventoryReport",),
+    "cac:GuarantorParty": ("GuaranteeCertificate",),
+    "cac:SenderParty": ("ApplicationResponse", "AttachedDocument", "AwardedNotification", "DocumentStatus",
+                        "DocumentStatusRequest", "ExceptionCriteria", "ExceptionNotification", "Forecast",
+                        "ForecastRevision", "GoodsItemItinerary", "ItemInformationRequest", "ProductActivity",
+                        "RetailEvent", "TenderReceipt", "TendererQualificationResponse", "TradeItemLocationProfile",
+                        "TransportExecutionPlan", "TransportExecutionPlanRequest", "TransportProgressStatus",
+                        "TransportProgressStatusRequest", "TransportServiceDescription",
+                        "TransportServiceDescriptionRequest", "TransportationStatus", "TransportationStatusRequest",
+                        "UnawardedNotification", "UtilityStatement"),
+})
+
+#: The longest sender party identifier a key keeps as it is (a longer one is clipped and hashed with the key).
+_MAX_PARTY_CHARS = 200
+
+
+def _party_xpath(party: str) -> str:
+    """The identifier of the party at *party*: its endpoint id, else its first party identification (the
+    schema puts EndpointID before PartyIdentification, so the first non-blank in document order)."""
+    return f"({party}/cbc:EndpointID | {party}/cac:PartyIdentification/cbc:ID)[normalize-space()][1]"
 
 
 class TransformError(GatewayError):
@@ -156,6 +215,12 @@ class Route:
     transform: etree.XSLT | None = field(default=None, repr=False)
     namespaces: dict[str, str] = field(default_factory=dict)
     where: Where = field(default_factory=lambda: Where(None, None))
+    #: the route's own idempotency key XPaths (None: the default key, see the module docstring)
+    key_xpath_texts: tuple[str, ...] | None = None
+    key_xpaths: tuple[etree.XPath, ...] | None = field(default=None, repr=False)
+    #: where the default key's sender party is (SENDER_PARTIES), when the route keeps the default key
+    sender_party_path: str | None = None
+    sender_party: etree.XPath | None = field(default=None, repr=False)
 
     @functools.cached_property
     def doc_type(self) -> str:
@@ -192,6 +257,26 @@ class Route:
             return None
         text = self.document_id(root).strip()
         return clip(text, 200) if text else None
+
+    def extract_sender_party(self, root: etree._Element) -> str | None:
+        """The document's sender party, ``schemeID:identifier`` (or the identifier alone without a
+        scheme), for the default idempotency key; None when the route has none or the document names none."""
+        if self.sender_party is None:
+            return None
+        found = self.sender_party(root)
+        if not found:
+            return None
+        element = found[0]
+        text = " ".join((element.text or "").split())
+        scheme = element.get("schemeID")
+        party = f"{' '.join(scheme.split())}:{text}" if scheme else text
+        return party if len(party) <= _MAX_PARTY_CHARS else clip(party, _MAX_PARTY_CHARS)
+
+    def extract_key_values(self, root: etree._Element) -> list[str] | None:
+        """The string values of the route's own idempotency key XPaths; None when it keeps the default key."""
+        if self.key_xpaths is None:
+            return None
+        return [xpath(root).strip() for xpath in self.key_xpaths]
 
     def apply_transform(self, root: etree._Element) -> str | None:
         """The message text the XSLT makes of the document, or None without a transform."""
@@ -393,7 +478,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     spec = expect_mapping(item, where, "a route")
     check_keys(spec, {"id", "partners", "root", "when", "schema", "document_id", "namespaces", "properties",
                       "destination", "delivery_mode", "priority", "time_to_live", "exchange", "timeout",
-                      "transform"}, "a route")
+                      "transform", "idempotency_key"}, "a route")
     route_id = expect_str(spec.get("id"), spec.at("id") if "id" in spec else spec.where, "route id",
                           pattern=_ROUTE_ID, hint="1-100 letters, digits, '.', '-' or '_'")
     what = f"route {route_id!r}"
@@ -486,6 +571,29 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     doc_id = _xpath(doc_id_text, spec.at("document_id"), namespaces, f"{what} document_id", wrap="string")
     _check_against_schema(registry, schema, doc_id_text, namespaces, spec.at("document_id"), f"{what} document_id")
 
+    key_texts: tuple[str, ...] | None = None
+    key_xpaths: tuple[etree.XPath, ...] | None = None
+    if spec.get("idempotency_key") is not None:
+        kwhere = spec.at("idempotency_key")
+        raw_key = spec["idempotency_key"]
+        if isinstance(raw_key, str):
+            texts = [expect_str(raw_key, kwhere, f"{what} idempotency_key")]
+        else:
+            klist = expect_list(raw_key, kwhere, f"{what} idempotency_key")
+            texts = [expect_str(x, klist.at(i), f"{what} idempotency_key: an XPath") for i, x in enumerate(klist)]
+        if not texts:
+            raise kwhere.error(f"{what}: idempotency_key lists no XPath; list the XPaths whose values identify "
+                               "a document, or leave it out for the default key")
+        if len(texts) > _MAX_KEY_XPATHS:
+            raise kwhere.error(f"{what}: idempotency_key lists {len(texts)} XPaths; at most {_MAX_KEY_XPATHS}")
+        compiled_keys = []
+        for text in texts:
+            compiled_keys.append(_xpath(text, kwhere, namespaces, f"{what} idempotency_key", wrap="string"))
+            _check_against_schema(registry, schema, text, namespaces, kwhere, f"{what} idempotency_key")
+        key_texts, key_xpaths = tuple(texts), tuple(compiled_keys)
+    party_path = SENDER_PARTIES.get(root) if key_xpaths is None else None
+    party_xpath = None if party_path is None else etree.XPath(_party_xpath(party_path), namespaces=UBL_NAMESPACES)
+
     properties: list[PropertySpec] = []
     props = expect_mapping(spec.get("properties"), spec.at("properties"), f"{what} properties")
     probe = XMLMessage()
@@ -540,5 +648,9 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         transform=transform,
         namespaces=namespaces,
         where=where,
+        key_xpath_texts=key_texts,
+        key_xpaths=key_xpaths,
+        sender_party_path=party_path,
+        sender_party=party_xpath,
     )
 

@@ -8,16 +8,28 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
    validate against the route's schema (lxml; xmlschema details only when
    invalid, in a worker thread) -> extract the document id and properties ->
    transform (XSLT) if the route says so;
-2. idempotency: a document whose key (``Idempotency-Key``, else partner +
-   document type + document id) was accepted before gets the first answer
-   again, and nothing is enqueued. The ledger's unique key decides: the
-   insert of a duplicate fails its commit (message included) and the
-   document is answered from the row that holds the key. Keys this process
-   accepted lately are remembered, so the usual replay (a client retrying
-   against the same gateway) skips the doomed insert and its cost (a refused
-   insert fails the whole group commit, which the store then redoes one
-   operation at a time) -- a database read per request would cost more than
-   that on the hot path;
+2. idempotency: a document's key is, per partner, its ``Idempotency-Key``;
+   else the values of the route's own key XPaths; else its document type and
+   id, with its sender party when its type has one
+   (:data:`gateway.routes.SENDER_PARTIES`: two buyers' orders relayed through
+   one account may share a number). A document posted again under a key
+   already taken gets the first answer again, and nothing is enqueued, if it
+   is the same document: the same digest (SHA-256 of the body as received,
+   kept in the ledger). Another document under a taken key is refused with
+   :class:`~gateway.errors.IdempotencyConflictError` (409) naming the first;
+   it never gets the first one's receipt or reply. The ledger's unique key
+   decides: the insert of a duplicate fails its commit (message included)
+   and the document is answered from the row that holds the key. Keys this
+   process accepted lately are remembered with their digests, so the usual
+   replay (a client retrying against the same gateway) skips the doomed
+   insert and its cost (a refused insert fails the whole group commit, which
+   the store then redoes one operation at a time) -- a database read per
+   request would cost more than that on the hot path. Rows written before
+   the ledger kept digests are compared by their stored document instead;
+   and for :data:`LEGACY_KEY_WINDOW` after the newest of them, a document
+   whose key now has its sender party is also checked against the key it had
+   before (the recent ones are read once, at start), so that a retry across
+   the upgrade is still a replay;
 3. one-way: the message is sent in a transacted session and committed with
    the ledger insert (``in_transaction``): the receipt is returned only once
    both are durable. Request-reply: the route's long-lived
@@ -89,9 +101,11 @@ from .config import INTAKE_FACTS
 from .errors import (
     BackendError,
     GatewayError,
+    IdempotencyConflictError,
     NotFoundError,
     ReplyTimeoutError,
     StoreUnavailableError,
+    clip,
 )
 from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
@@ -99,7 +113,8 @@ from .partners import Partner
 from .routes import Route
 from .xmlintake import parse_document_text
 
-__all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "iso_ms"]
+__all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest",
+           "iso_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +135,19 @@ DOCUMENTS_PATH = "/v1/documents/"
 ERROR_PROPERTY = "B2BError"
 #: At most this many timed-out requests per route wait for a late reply.
 MAX_LATE = 100_000
+#: For this long (s) after the newest ledger row without a digest (accepted before the ledger kept them, under
+#: a key without the sender party), a document is also checked against the key it would have had then: a
+#: client's retry of a document accepted just before the upgrade is still a replay.
+LEGACY_KEY_WINDOW = 7 * 24 * 3600
+#: The most keys of such rows kept in memory for that (the newest).
+LEGACY_KEYS_MAX = 1_000_000
+
+
+def document_digest(body: bytes) -> str:
+    """The ledger's digest of a request body as received (the prefix names the algorithm).
+
+    SHA-256 rather than BLAKE2: with the CPU's SHA instructions, which OpenSSL uses, it is the faster."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 class _RandomPool(threading.local):
@@ -192,7 +220,10 @@ class _Intake:
     route: Route
     doc_id: str | None
     key: str
+    digest: str
     known: str | None  # the message id when the key was accepted lately (nothing else is filled in then)
+    party: str | None = None  # the sender party in the key
+    legacy: str | None = None  # the key it had before the sender party was part of it, when a recent row has it
     properties: dict[str, Any] | None = None
     text: str | None = None
     document: bytes | None = None
@@ -268,10 +299,13 @@ class Gateway:
         self.duplicate_poll = duplicate_poll
         self._connection: Any = None
         self._sessions: collections.deque[tuple[Any, Any]] = collections.deque()
-        # idempotency key -> message id of documents this process accepted lately (a replay then skips the
-        # insert that the unique key would refuse: a refused insert fails its whole group commit, which the
+        # idempotency key -> (message id, digest) of documents this process accepted lately (a replay then skips
+        # the insert that the unique key would refuse: a refused insert fails its whole group commit, which the
         # store then redoes one operation at a time)
-        self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._recent: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        # the keys of recent ledger rows without a digest (see LEGACY_KEY_WINDOW), until _legacy_until (epoch s)
+        self._legacy_keys: frozenset[str] | None = None
+        self._legacy_until = 0.0
         # message id -> (status, reply, reply type, error) of replies whose ledger write is under way
         self._unrecorded: dict[str, tuple[str, bytes, str | None, str | None]] = {}
         self.recent_keys = recent_keys
@@ -293,6 +327,7 @@ class Gateway:
         """Connect to the broker and open one requestor per request-reply route."""
         if self._started:
             return
+        self._load_legacy_keys()
         self._connection = self.broker.connect()
         self._connection.start()
         for route in self.routes:
@@ -316,6 +351,21 @@ class Gateway:
             self._connection.close()
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
+
+    def _load_legacy_keys(self) -> None:
+        """Read the keys of the rows accepted without a digest within :data:`LEGACY_KEY_WINDOW` (none once
+        the ledger has kept digests that long: an index range of those rows alone)."""
+        rows = self.ledger.undigested_keys(now_ms() - LEGACY_KEY_WINDOW * 1000, LEGACY_KEYS_MAX)
+        if not rows:
+            self._legacy_keys = None
+            return
+        self._legacy_keys = frozenset(key for key, _ in rows)
+        self._legacy_until = rows[0][1] / 1000 + LEGACY_KEY_WINDOW
+        if len(rows) == LEGACY_KEYS_MAX:
+            log.warning("%d documents accepted before the ledger kept digests are recent; retries of older ones "
+                        "are checked by their own key only", len(rows))
+        log.info("checking documents against the keys of %d recent documents accepted before the ledger kept "
+                 "digests, until %s", len(rows), iso_ms(int(self._legacy_until * 1000)))
 
     @property
     def ready(self) -> bool:
@@ -357,13 +407,17 @@ class Gateway:
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
         else:  # a large document would hold an intake thread for long: the default executor takes it
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, True)
-        route, doc_id, key = intake.route, intake.doc_id, intake.key
-        if intake.known is not None:  # accepted by this process lately: replay without trying to insert
+        if intake.known is not None:  # accepted by this process lately, the same document: replay, no insert
             before = self._unrecorded.get(intake.known)
             existing = await asyncio.to_thread(self.ledger.get, intake.known)
             if existing is not None:
                 return await self._replay(self._with_unrecorded(existing, before))
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False)
+        if intake.legacy is not None:
+            answer = await self._legacy_duplicate(partner, intake, body)
+            if answer is not None:
+                return answer
+        route, doc_id, key, digest = intake.route, intake.doc_id, intake.key, intake.digest
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
         if intake.facts_deferred:
             self.facts_deferred += 1
@@ -381,15 +435,14 @@ class Gateway:
         try:
             if route.request_reply:
                 return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
-                                                 received_at, facts)
+                                                 received_at, digest, facts)
             return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
-                                       facts)
+                                       digest, facts)
         except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # pragma: no cover - the winner's row is committed before we fail
                 raise StoreUnavailableError() from None
-            self._remember(key, existing.message_id)
-            return await self._replay(existing)
+            return await self._duplicate(existing, intake, idempotency_key, body)
         except BrokerStoreUnavailable as exc:
             log.warning("store unavailable while accepting a document: %s", exc)
             raise StoreUnavailableError() from None
@@ -464,15 +517,28 @@ class Gateway:
     def _extract_stage(self, work: _Work) -> None:
         route, root, body = work.route, work.root, work.body
         doc_id = route.extract_document_id(root)
-        key = self.idempotency_key(work.partner.id, route, doc_id, work.idempotency_key)
+        header = work.idempotency_key
+        party = values = None
+        if header is None:
+            values = route.extract_key_values(root)
+            if values is None:
+                party = route.extract_sender_party(root)
+        key = self.idempotency_key(work.partner.id, route, doc_id, header, party, values)
+        digest = document_digest(body)
         if work.check_recent:
             known = self._recent.get(key)
             if known is not None:
-                work.result = _Intake(route, doc_id, key, known)
+                if known[1] != digest:
+                    raise self._conflict(route, doc_id, party, header, known[0])
+                work.result = _Intake(route, doc_id, key, digest, known[0])
                 return
+        legacy = None
+        if self._legacy_keys is not None and doc_id is not None and (party is not None or values is not None):
+            legacy = self._legacy_key(work.partner.id, route, doc_id)
         properties = route.extract(root)
         text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
-        work.result = _Intake(route, doc_id, key, None, properties, text, document, text_is_document=own)
+        work.result = _Intake(route, doc_id, key, digest, None, party, legacy, properties, text, document,
+                              text_is_document=own)
 
     def _facts_stage(self, work: _Work) -> None:
         if work.result.known is not None or self.intake_facts == "never":
@@ -483,24 +549,99 @@ class Gateway:
         # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
         work.result.facts = warehouse_facts.for_ledger(work.root, work.route.doc_type)
 
-    def _remember(self, key: str, message_id: str) -> None:
+    def _remember(self, key: str, message_id: str, digest: str) -> None:
         recent = self._recent
-        recent[key] = message_id
+        recent[key] = (message_id, digest)
         if len(recent) > self.recent_keys:
             recent.popitem(last=False)
 
     @staticmethod
-    def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: str | None) -> str:
-        """The ledger's idempotency key: per partner, from the header, else document type + id."""
+    def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: str | None,
+                        party: str | None = None, values: list[str] | None = None) -> str:
+        """The ledger's idempotency key, per partner: from the header; else from the route's own key XPaths'
+        *values*; else document type + id, with the sender *party* when there is one (a key without it is
+        the one every document had before parties were part of it). A document that has none of these gets
+        a key of its own: it is never a replay."""
         if header is not None:
             key = f"{partner_id}|key|{header}"
+        elif values is not None:
+            if not any(values):
+                return f"{partner_id}|unique|{uuid4_str()}"
+            key = f"{partner_id}|{route.root}|xpath|" + "|".join(f"{len(v)}:{v}" for v in values)
         elif doc_id is not None:
-            key = f"{partner_id}|{route.root}|{doc_id}"
+            key = (f"{partner_id}|{route.root}|{doc_id}" if party is None
+                   else f"{partner_id}|{route.root}|{doc_id}|party={party}")
         else:
             return f"{partner_id}|unique|{uuid4_str()}"
         if len(key) > 500:
             key = f"{partner_id}|sha256|{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
         return key
+
+    def _legacy_key(self, partner_id: str, route: Route, doc_id: str) -> str | None:
+        """The default key without the sender party, when a recent row without a digest holds it."""
+        keys = self._legacy_keys
+        if keys is None:
+            return None
+        if time.time() > self._legacy_until:
+            self._legacy_keys = None
+            return None
+        legacy = self.idempotency_key(partner_id, route, doc_id, None)
+        return legacy if legacy in keys else None
+
+    def _conflict(self, route: Route, doc_id: str | None, party: str | None, header: str | None,
+                  first: str) -> IdempotencyConflictError:
+        if header is not None:
+            basis = "its Idempotency-Key"
+        elif route.key_xpaths is not None:
+            basis = f"route {route.id}'s key XPaths"
+        else:
+            basis = f"{route.doc_type} {clip(doc_id or '', 60)!r}" + (f" from {clip(party, 60)}" if party else "")
+        url = DOCUMENTS_PATH + first
+        return IdempotencyConflictError(
+            f"A different document with the same idempotency key ({basis}) was accepted before as {first}; this "
+            f"one was not accepted. GET {url} shows the first. A new document needs its own document id (or "
+            "Idempotency-Key); a correction of the first is sent as a change or cancellation document.",
+            first_message_id=first, first_status_url=url,
+        )
+
+    async def _duplicate(self, existing: LedgerRecord, intake: _Intake, header: str | None,
+                         body: bytes) -> Outcome:
+        """The answer to a document whose key *existing* holds: the first answer when it is the same
+        document, else :class:`IdempotencyConflictError`."""
+        if existing.digest is not None:
+            same = existing.digest == intake.digest
+        else:  # accepted before the ledger kept digests: compare the document it stored
+            stored = await asyncio.to_thread(self.ledger.get, existing.message_id, document=True)
+            same = stored is not None and stored.document in (intake.document, body)
+        if not same:
+            raise self._conflict(intake.route, intake.doc_id, intake.party, header, existing.message_id)
+        self._remember(intake.key, existing.message_id, intake.digest)
+        return await self._replay(existing)
+
+    async def _legacy_duplicate(self, partner: Partner, intake: _Intake, body: bytes) -> Outcome | None:
+        """The answer to a document whose key before the upgrade (:attr:`_Intake.legacy`) a row without a
+        digest holds, if it is that row's document or a variant of it from the same sender; None when that
+        row is another party's document (accept this one under its own key)."""
+        existing = await asyncio.to_thread(self.ledger.find, intake.legacy, document=True)
+        if existing is None or existing.digest is not None or existing.document is None:
+            return None
+        first_key = await asyncio.to_thread(self._key_of_stored, partner, intake.route, existing.document)
+        if first_key != intake.key:
+            return None
+        if existing.document not in (intake.document, body):
+            raise self._conflict(intake.route, intake.doc_id, intake.party, None, existing.message_id)
+        self._remember(intake.key, existing.message_id, intake.digest)
+        return await self._replay(existing)
+
+    def _key_of_stored(self, partner: Partner, route: Route, document: bytes) -> str | None:
+        """The key a stored document has today (None if it no longer parses)."""
+        try:
+            root, _ = parse_document_text(document, self.limits)
+        except GatewayError:
+            return None
+        values = route.extract_key_values(root)
+        party = route.extract_sender_party(root) if values is None else None
+        return self.idempotency_key(partner.id, route, route.extract_document_id(root), None, party, values)
 
     @staticmethod
     def _forms(body: bytes, root: etree._Element, decoded: str | None,
@@ -532,18 +673,18 @@ class Gateway:
         }
 
     def _record(self, route: Route, partner: Partner, message_id: str, correlation: str, key: str,
-                doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any],
+                doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any], digest: str,
                 facts: str | None = None) -> NewDocument:
         return NewDocument(
             message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
             doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
             destination=str(route.destination), received_at=received_at, document=document,
             receipt=_receipt_json(receipt),
-            facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None,
+            facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None, digest=digest,
         )
 
     async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                       key: str, doc_id: str | None, document: bytes, received_at: int,
+                       key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
                        facts: str | None = None) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
@@ -553,10 +694,10 @@ class Gateway:
             message_id = message.jms_message_id
             receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
             record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
-                                  facts)
+                                  digest, facts)
             ledger = self.ledger
             await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
-            self._remember(key, message_id)
+            self._remember(key, message_id, digest)
         except BaseException:
             try:
                 session.rollback()
@@ -569,7 +710,7 @@ class Gateway:
         return Outcome(message_id, correlation, route.id, receipt, receipt_json=record.receipt)
 
     async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                             key: str, doc_id: str | None, document: bytes, received_at: int,
+                             key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
                              facts: str | None = None) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
@@ -586,7 +727,7 @@ class Gateway:
             receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
             holder["receipt"] = receipt
             ledger.insert(conn, self._record(route, partner, message_id, correlation, key, doc_id, document,
-                                             received_at, receipt, facts))
+                                             received_at, receipt, digest, facts))
 
         try:
             reply = await exchange.requestor.request_async(
@@ -595,7 +736,7 @@ class Gateway:
             )
         except RequestTimeoutError:
             message_id = message.jms_message_id
-            self._remember(key, message_id)
+            self._remember(key, message_id, digest)
             with exchange.lock:
                 entry = exchange.open.get(correlation)
                 if entry is not None:  # keep the id (not the message and its document) for a late reply
@@ -613,7 +754,7 @@ class Gateway:
         with exchange.lock:
             exchange.open.pop(correlation, None)
         message_id = message.jms_message_id
-        self._remember(key, message_id)
+        self._remember(key, message_id, digest)
         reply_bytes, reply_type, error = self._reply_parts(reply)
         self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered"))
         if error is not None:
@@ -702,9 +843,10 @@ class Gateway:
         """The first answer to a document accepted before (same idempotency key)."""
         record = self._with_unrecorded(record)
         route = self.routes.get(record.route)
-        receipt = json.loads(record.receipt) if record.receipt else {
+        receipt = json.loads(record.receipt) if record.receipt else {  # the receipt _receipt made
             "message_id": record.message_id, "correlation_id": record.correlation_id, "route": record.route,
-            "status_url": DOCUMENTS_PATH + record.message_id,
+            "document_type": record.doc_type, "document_id": record.doc_id, "status": "accepted",
+            "received_at": iso_ms(record.received_at), "status_url": DOCUMENTS_PATH + record.message_id,
         }
         request_reply = route.request_reply if route is not None else record.reply is not None
         if request_reply and record.reply is None:

@@ -185,8 +185,11 @@ async def test_sequential_replay_returns_the_first_receipt_and_enqueues_once(gw_
 
 async def test_idempotency_key_header_decides_and_is_scoped_per_partner(gw_env):
     a = await post(gw_env, with_id(ORDER_CHANGE, "C1"), ACME, **{"Idempotency-Key": "k-1"})
-    b = await post(gw_env, with_id(ORDER_CHANGE, "C2"), ACME, **{"Idempotency-Key": "k-1"})
-    assert b.json()["message_id"] == a.json()["message_id"]
+    same = await post(gw_env, with_id(ORDER_CHANGE, "C1"), ACME, **{"Idempotency-Key": "k-1"})
+    assert same.json() == a.json() and same.headers["idempotent-replayed"] == "true"
+    b = await post(gw_env, with_id(ORDER_CHANGE, "C2"), ACME, **{"Idempotency-Key": "k-1"})  # another document
+    assert b.status_code == 409 and problem(b)["code"] == "idempotency-conflict"
+    assert problem(b)["message_id"] == a.json()["message_id"]
     c = await post(gw_env, with_id(INVOICE, "I9"), GLOBEX, **{"Idempotency-Key": "k-1"})
     assert c.status_code == 202 and c.json()["message_id"] != a.json()["message_id"]
     assert gw_env.depth("orders.changes") == 1 and gw_env.depth("invoices.inbound") == 1
@@ -608,7 +611,7 @@ def test_random_requests_never_500(gw_sync, auth, content_type, correlation, key
     if key is not None:
         headers["Idempotency-Key"] = key
     response = client.post("/v1/documents", content=body, headers=headers)
-    assert response.status_code in (200, 202, 400, 401, 403, 413, 415, 422), response.text
+    assert response.status_code in (200, 202, 400, 401, 403, 409, 413, 415, 422), response.text
     if response.status_code >= 400:
         assert response.headers["content-type"] == PROBLEM
         assert len(response.content) < 70_000

@@ -45,8 +45,8 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     from alembic.migration import MigrationContext
 
     engine = broker.store.engine
-    assert current_revision(engine) == head_revision() == "g0003"
-    assert upgrade_ledger(engine) == "g0003"  # idempotent
+    assert current_revision(engine) == head_revision() == "g0004"
+    assert upgrade_ledger(engine) == "g0004"  # idempotent
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"include_name": lambda name, type_, parent: (
             type_ != "table" or name in metadata.tables)})
@@ -429,3 +429,77 @@ def test_reconciler_marks_an_expired_document_failed_not_delivered(broker):
     assert got.status == "failed" and "expired" in got.error
     assert [status for status, _ in got.history] == ["accepted", "failed"]
     conn.close()
+
+
+def _migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
+    from alembic import command
+
+    from gateway.ledger import _alembic_config
+
+    cfg = _alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        (command.downgrade if down else command.upgrade)(cfg, revision)
+        conn.commit()
+
+
+def test_rows_written_before_the_digest_migrate_and_read_without_one(tmp_path):
+    """g0004 adds the digest column to a ledger with rows in it: they keep their keys, read with no digest,
+    and the start-up's query for the recent ones is a range of the partial index that holds them alone."""
+    import sqlite3
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    _migrate(engine, "g0003")
+    old = {"message_id": "ID:old", "partner": "acme", "doc_type": "Order", "doc_namespace": "urn:x", "doc_id": "34",
+           "idempotency_key": "acme|{urn:x}Order|34", "correlation_id": "c", "route": "r",
+           "destination": "queue://q", "status": "accepted", "received_at": now_ms(), "updated_at": now_ms(),
+           "document": b"<Order/>", "receipt": '{"message_id": "ID:old"}'}
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO b2b_ledger ({', '.join(old)}) VALUES ({', '.join(':' + k for k in old)})"),
+                     old)
+    assert upgrade_ledger(engine) == "g0004"
+    ledger = Ledger(engine)
+    got = ledger.find("acme|{urn:x}Order|34", document=True)
+    assert got.message_id == "ID:old" and got.digest is None and got.document == b"<Order/>"
+    new = record("ID:new")
+    new.digest = "sha256:" + "0" * 64
+    with engine.begin() as conn:
+        ledger.insert(conn, new)
+    assert ledger.get("ID:new").digest == new.digest
+    assert ledger.undigested_keys(0, 10) == [("acme|{urn:x}Order|34", old["received_at"])]
+    assert ledger.undigested_keys(old["received_at"] + 1, 10) == []
+    statements = []
+    sa.event.listen(engine, "before_cursor_execute", lambda c, cur, st, params, ctx, many: statements.append(
+        (st, params)))
+    ledger.undigested_keys(0, 10)
+    statement, parameters = statements[-1]
+    with sqlite3.connect(tmp_path / "old.db") as conn:
+        plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + statement, parameters))
+    assert "ix_b2b_ledger_undigested" in plan and "SCAN b2b_ledger" not in plan, plan
+    # and back: the downgrade drops the column, the rows stay
+    _migrate(engine, "g0003", down=True)
+    with engine.connect() as conn:
+        assert "digest" not in {c["name"] for c in sa.inspect(conn).get_columns("b2b_ledger")}
+        assert conn.execute(sa.text("SELECT count(*) FROM b2b_ledger")).scalar() == 2
+    assert upgrade_ledger(engine) == "g0004"
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_digest_and_rows_without_one_on_postgresql(postgres_schema):
+    """g0004 on PostgreSQL: the digest is stored and read back; only rows without one are found as old."""
+    from gateway import cli
+    from gateway.config import settings_from_mapping
+    from gateway.runtime import open_broker
+
+    assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
+    broker = open_broker(settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}}))
+    try:
+        ledger = Ledger(broker.store.engine)
+        with_digest, without = record("ID:pg-d1", "pg-d1"), record("ID:pg-d2", "pg-d2")
+        with_digest.digest = "sha256:" + "a" * 64
+        write(broker.store, lambda c: [ledger.insert(c, with_digest), ledger.insert(c, without)])
+        assert ledger.find("pg-d1").digest == with_digest.digest and ledger.find("pg-d2").digest is None
+        assert [k for k, _ in ledger.undigested_keys(0, 10)] == ["pg-d2"]
+    finally:
+        broker.close()
