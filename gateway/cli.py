@@ -649,6 +649,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if not hasattr(parsed, "_parser_prog"):  # the innermost (sub)command parser returns first
+            parsed._parser_prog = self.prog
+        return parsed, extra
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:  # reported by the command they were given to, not by `b2bgw`
+            prog = getattr(parsed, "_parser_prog", self.prog)
+            self.exit(2, f"{prog}: unrecognized arguments: {' '.join(extra)}; see `{prog} --help`\n")
+        return parsed
+
 
 class _VersionAction(argparse.Action):
     """``--version``: the installed package's version (looked up only when asked)."""
@@ -663,7 +676,8 @@ class _VersionAction(argparse.Action):
             text = version("b2bgw")
         except PackageNotFoundError:  # run from a source tree that is not installed
             text = "unknown (not installed: pip install -e .)"
-        parser.exit(0, f"b2bgw {text}\n")
+        sys.stdout.write(f"b2bgw {text}\n")
+        parser.exit(0)
 
 
 def _int_at_least(minimum: int, what: str) -> Any:

@@ -195,7 +195,7 @@ def _not_of_type(subject: str, value: str | None, types: list[str], reason: str)
         if m:
             detail = "; " + words.format(*m.groups())
             break
-    if value is None or not value.strip():
+    if value is None or not value.strip(" \t\r\n"):  # XML's white space (a no-break space is a character)
         return f"{subject} is empty but must hold a valid {expected}."
     return f"{subject}: {_quote(value)} is not a valid {expected}{detail}."
 
@@ -340,7 +340,9 @@ def _attribute_name(name: str, element: etree._Element | None) -> str:
 def _value(error: Any, element: etree._Element | None, attribute: str | None) -> str | None:
     obj = getattr(error, "obj", None)
     if isinstance(obj, str):
-        return obj
+        text = element.text or "" if element is not None and attribute is None and not len(element) else None
+        # xmlschema strips and collapses the value by Python's white space (no-break spaces too): quote it as sent
+        return text if text is not None and obj in ("", " ".join(text.split())) else obj
     if element is not None:
         if attribute is not None:
             for name, text in element.attrib.items():
