@@ -87,8 +87,8 @@ def user_error(exc: BaseException) -> str | None:
     """The one-line message for *exc* if it is a user error (exit status 2), else None (a bug: traceback)."""
     from broker_core import InvalidDestinationError, InvalidSelectorError, StoreError, StoreUnavailableError
 
-    if isinstance(exc, CommandError):
-        return _one_line(exc)
+    if isinstance(exc, CommandError | argparse.ArgumentError | argparse.ArgumentTypeError):
+        return _one_line(exc)  # the last two: an option a command checks itself (etl run --since)
     if isinstance(exc, ConfigError):
         return _one_line(f"configuration error: {exc}")
     if isinstance(exc, InvalidSelectorError):
@@ -727,7 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def with_log_level(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--log-level", choices=_LOG_LEVELS, type=str.upper, help="log level (default: INFO)")
+        p.add_argument("--log-level", choices=_LOG_LEVELS, type=str.upper,
+                       help="log level (default: $B2BGW_LOG_LEVEL, else INFO)")
         return p
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

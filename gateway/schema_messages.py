@@ -213,7 +213,9 @@ def _facet(facet: Any, subject: str, value: str | None, reason: str) -> str:
     label = _type_label(owner, base)
     if isinstance(facet, XsdEnumerationFacets):
         allowed = [str(v) for v in (getattr(facet, "enumeration", None) or [])]
-        listed = ", ".join(_clip(v, 30) for v in allowed[:12]) + (f" and {len(allowed) - 12} more" if len(allowed) > 12 else "")
+        listed = ", ".join(_clip(v, 30) for v in allowed[:12])
+        if len(allowed) > 12:
+            listed += f" and {len(allowed) - 12} more"
         return f"{subject}: {shown} is not one of the allowed values ({listed}){label}."
     if isinstance(facet, XsdPatternFacets):
         patterns = " or ".join(_clip(str(p), 80) for p in (getattr(facet, "regexps", None) or []))

@@ -274,7 +274,7 @@ def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(capsy
     assert f"configuration {SAMPLE_CONFIG}" in line and SAMPLE_CONFIG.is_absolute()
 
 
-def test_serve_masks_the_store_password_in_its_start_up_line(capsys, caplog, tmp_path, monkeypatch):
+def test_serve_with_a_store_it_cannot_open_says_so_without_its_password(capsys, monkeypatch):
     monkeypatch.setenv("B2BGW_STORE_URL", "postgresql+psycopg://gw:s3cret@127.0.0.1:1/gw")
     line = user_error(run(capsys, "-c", str(SAMPLE_CONFIG), "serve", "--port", "0"))
     assert "cannot open the store" in line and "s3cret" not in line and "***" in line and "store.url" in line
@@ -342,7 +342,8 @@ def test_serve_user_errors(capsys, tmp_path, store, no_uvicorn):
     assert "argument --port" in user_error(run(capsys, "serve", "--port", "eighty"))
     assert "argument --processes" in user_error(run(capsys, "serve", "--processes", "-1"))
     config = tmp_path / "w.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text().replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
+    config.write_text(SAMPLE_CONFIG.read_text()
+                      .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
                       .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
                       .replace("gateway.samples.order_responder", "gateway.samples.no_such_module"))
     line = user_error(run(capsys, "serve", "-c", str(config), "--port", "0"))
