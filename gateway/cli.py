@@ -83,7 +83,7 @@ def _one_line(text: Any) -> str:
     return re.sub(r"\[Errno \d+\] ", "", " ".join(str(text).split()))
 
 
-def user_error(exc: BaseException) -> str | None:
+def _user_error(exc: BaseException) -> str | None:
     """The one-line message for *exc* if it is a user error (exit status 2), else None (a bug: traceback)."""
     from broker_core import InvalidDestinationError, InvalidSelectorError, StoreError, StoreUnavailableError
 
@@ -546,7 +546,6 @@ def cmd_browse(args: argparse.Namespace) -> int:
     queue = _queue_name(args.destination)
     settings, broker = _open(args)
     try:
-        _require_known(settings, broker, queue)
         count = 0
         for message in _browse(broker, queue, args.selector, args.limit):
             count += 1
@@ -559,6 +558,8 @@ def cmd_browse(args: argparse.Namespace) -> int:
             if text is not None:
                 shown = text if args.body else text[:200].replace("\n", " ") + ("..." if len(text) > 200 else "")
                 print(f"  body {shown}")
+        if not count:  # after the selector's check: a bad selector is reported whatever the queue
+            _require_known(settings, broker, queue)
         print(f"{count} message{'s' if count != 1 else ''} in {queue}")
     finally:
         broker.close()
@@ -862,12 +863,12 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(exc, ConfigError):  # a document refused
             _err(str(exc))
             return 1
-        _err(f"{_command_name(args)}: {user_error(exc)}")
+        _err(f"{_command_name(args)}: {_user_error(exc)}")
         return 2
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        text = user_error(exc)
+        text = _user_error(exc)
         if text is None:  # a bug: its traceback is what helps
             raise
         _err(f"{_command_name(args)}: {text}")

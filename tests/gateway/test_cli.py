@@ -346,8 +346,9 @@ def test_serve_user_errors(capsys, tmp_path, store, no_uvicorn):
                       .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
                       .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
                       .replace("gateway.samples.order_responder", "gateway.samples.no_such_module"))
-    line = user_error(run(capsys, "serve", "-c", str(config), "--port", "0"))
-    assert "gateway.samples.no_such_module" in line and "cannot be imported" in line
+    for processes in ("1", "2"):  # found before any serving process starts
+        line = user_error(run(capsys, "serve", "-c", str(config), "--port", "0", "--processes", processes))
+        assert "gateway.samples.no_such_module" in line and "cannot be imported" in line
     assert not no_uvicorn
 
 
@@ -362,8 +363,9 @@ def test_stomp_user_errors(capsys, tmp_path, store):
 
 
 def test_browse_and_dlq_user_errors(capsys, store):
-    line = user_error(run(capsys, "browse", "orders.inbound", "--selector", "amount >> 3"))
-    assert line.startswith("b2bgw browse: --selector 'amount >> 3'") and "column 9" in line and "e.g." in line
+    for queue in ("orders.inbound", "Q"):  # the selector is checked first, whatever the queue
+        line = user_error(run(capsys, "browse", queue, "--selector", "amount >> 3"))
+        assert line.startswith("b2bgw browse: --selector 'amount >> 3'") and "column 9" in line and "e.g." in line
     line = user_error(run(capsys, "browse", "orders.inbound", "--selector", "Amount > 'x'"))
     assert "--selector" in line and "strings" in line
     line = user_error(run(capsys, "browse", "ordres.inbound"))  # a typo
