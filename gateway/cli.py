@@ -287,7 +287,7 @@ def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: s
 def _child_args(args: argparse.Namespace, settings: Settings) -> list[str]:
     out = ["--log-level", args.log_level, "serve"]
     if settings.config_path is not None:
-        out += ["--config", str(settings.config_path)]
+        out += ["--config", str(Path(settings.config_path).resolve())]
     for flag in ("no_workers", "no_etl", "no_access_log", "no_stomp", "noop_endpoint"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
