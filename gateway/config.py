@@ -51,6 +51,7 @@ from .xmlintake import DEFAULT_LIMITS, IntakeLimits
 INTAKE_FACTS = ("always", "when_idle", "never")
 
 __all__ = [
+    "CONFIG_SEARCH",
     "DEFAULT_CONFIG_NAME",
     "MarkedDict",
     "MarkedList",
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_NAME = "config/b2bgw.yaml"
+#: The files ``b2bgw`` looks for in the current directory, in order, when neither ``-c`` nor ``$B2BGW_CONFIG`` names one.
+CONFIG_SEARCH = (DEFAULT_CONFIG_NAME, "b2bgw.yaml")
 DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
@@ -350,25 +353,37 @@ _PREFIX = re.compile(r"^[A-Za-z_][\w.\-]*$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-def default_config_path() -> Path:
-    """Where ``b2bgw`` looks for its configuration when none is given.
+def default_config_path() -> Path | None:
+    """Where ``b2bgw`` looks for its configuration when none is given, or None.
 
-    ``$B2BGW_CONFIG``, else ``./config/b2bgw.yaml`` in the current directory,
-    else the sample configuration of the source tree this package runs from.
+    ``$B2BGW_CONFIG`` (used even if the file is missing, so a wrong value is
+    reported, not skipped), else ``./config/b2bgw.yaml``, else ``./b2bgw.yaml``
+    in the current directory. Never a file elsewhere: a command run outside a
+    deployment must not pick up the sample configuration (and its published
+    demo keys) of the source tree it was installed from.
     """
     env = os.environ.get("B2BGW_CONFIG")
     if env:
         return Path(env)
-    local = Path.cwd() / DEFAULT_CONFIG_NAME
-    if local.is_file():
-        return local
-    bundled = Path(__file__).resolve().parent.parent / DEFAULT_CONFIG_NAME
-    return bundled if bundled.is_file() else local
+    for name in CONFIG_SEARCH:
+        local = Path(name)
+        if local.is_file():
+            return local
+    return None
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load the configuration file at *path* (default: :func:`default_config_path`)."""
+    """Load the configuration file at *path* (default: :func:`default_config_path`).
+
+    Raises :class:`ConfigError` when no file is given and none is found there.
+    """
     config_path = Path(path) if path is not None else default_config_path()
+    if config_path is None:
+        raise ConfigError(
+            f"no configuration file: none given with -c FILE, $B2BGW_CONFIG is not set, and neither "
+            f"{' nor '.join('./' + name for name in CONFIG_SEARCH)} exists in {Path.cwd()}; pass -c FILE, set "
+            f"$B2BGW_CONFIG, or run from the directory that holds config/b2bgw.yaml"
+        )
     data = load_yaml(config_path, name=str(config_path))
     return settings_from_mapping(data, config_path=config_path)
 

@@ -64,6 +64,7 @@ from .errors import (
     XMLErrorDetail,
     clip,
 )
+from .schema_messages import plain_message
 
 __all__ = [
     "LocalSchemaResolver",
@@ -631,7 +632,7 @@ class SchemaRegistry:
                 child = getattr(err, "invalid_child", None)
                 if child is not None:
                     el = child
-            message = getattr(err, "reason", None) or getattr(err, "message", None) or str(err)
+            message = plain_message(err)
             if not isinstance(el, etree._Element):
                 el = None
             located.append((el, str(message)))

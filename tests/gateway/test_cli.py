@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import logging
+import socket
 from pathlib import Path
 
 import pytest
@@ -31,9 +34,20 @@ def shared_schemas(gw_registry, monkeypatch) -> None:
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse's own exits (--version, --help, usage errors)
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def user_error(result: tuple[int, str, str]) -> str:
+    """The one line a user error prints (exit status 2, no traceback)."""
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    return lines[0]
 
 
 def test_no_command_prints_help(capsys):
@@ -76,7 +90,7 @@ def test_key_new_prints_a_key_and_its_hash(capsys):
     key = out.split("): ")[1].split()[0]
     encoded = out.split('hash: "')[1].split('"')[0]
     assert key.startswith("initech-1.") and verify_key(key, encoded)
-    assert run(capsys, "key", "new", "--id", "bad id")[0] == 2
+    assert "choose another --id" in user_error(run(capsys, "key", "new", "--id", "bad id"))
 
 
 def test_db_upgrade(capsys, tmp_path):
@@ -135,7 +149,7 @@ def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
     assert ledger.get(receipt["message_id"]).status == "accepted"
     code, out, _ = run(capsys, "browse", "queue://invoices.inbound", "--selector", "InvoiceID = 'TOSL108'")
     assert "1 message in" in out
-    assert run(capsys, "browse", "topic://x")[0] == 1
+    assert "only queues can be browsed" in user_error(run(capsys, "browse", "topic://x"))
 
 
 def test_serve_builds_the_app_and_runs_uvicorn(capsys, store, monkeypatch, shared_schemas):
@@ -157,14 +171,256 @@ def test_serve_builds_the_app_and_runs_uvicorn(capsys, store, monkeypatch, share
 
 def test_worker_needs_configured_workers(capsys, tmp_path):
     (tmp_path / "w.yaml").write_text("store: {url: 'sqlite:///" + str(tmp_path / "w.db") + "'}\n")
-    code, _, err = run(capsys, "worker", "--config", str(tmp_path / "w.yaml"))
-    assert code == 1 and "no 'workers:'" in err
+    line = user_error(run(capsys, "worker", "--config", str(tmp_path / "w.yaml")))
+    assert "no 'workers:'" in line and "gateway.samples.order_responder" in line
 
 
-def test_configuration_errors_exit_1(capsys, tmp_path):
+def test_configuration_errors_are_user_errors(capsys, tmp_path):
     (tmp_path / "bad.yaml").write_text("server:\n  port: eighty\n")
-    code, _, err = run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml"))
-    assert code == 1 and f"{tmp_path / 'bad.yaml'}:2" in err
+    line = user_error(run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml")))
+    assert f"{tmp_path / 'bad.yaml'}:2" in line
     (tmp_path / "bad.yaml").write_text("store:\n  options:\n    local_wakeups: 'off'\n")
-    code, _, err = run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml"))
-    assert code == 1 and f"{tmp_path / 'bad.yaml'}:3: store.options: option local_wakeups must be true or false" in err
+    line = user_error(run(capsys, "routes", "check", "--config", str(tmp_path / "bad.yaml")))
+    assert f"{tmp_path / 'bad.yaml'}:3: store.options: option local_wakeups must be true or false" in line
+    line = user_error(run(capsys, "routes", "check", "--config", str(tmp_path)))  # a directory
+    assert str(tmp_path) in line and "Errno" not in line
+
+
+# --------------------------------------------------------------------------- the newcomer's rough edges
+
+
+def test_version_is_the_installed_package_version(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out == f"b2bgw {importlib.metadata.version('b2bgw')}\n"
+
+
+#: Every command that reads the configuration, with arguments that get it as far as reading it.
+CONFIG_COMMANDS = [
+    ["serve"], ["stomp"], ["worker"], ["send", "DOC", "--partner", "acme"], ["queues"], ["browse", "orders.inbound"],
+    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"],
+]
+
+
+@pytest.mark.parametrize("command", CONFIG_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_every_configuration_command_takes_c_before_or_after_it(capsys, tmp_path, monkeypatch, command):
+    monkeypatch.delenv("B2BGW_CONFIG", raising=False)
+    monkeypatch.delenv("B2BGW_STORE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.xml").write_bytes(b"<Order/>")
+    argv = [str(tmp_path / "doc.xml") if word == "DOC" else word for word in command]
+    missing = str(tmp_path / "missing.yaml")
+    for given in (argv + ["-c", missing], ["-c", missing] + argv, argv + ["--config", missing],
+                  ["--config", missing] + argv):
+        assert f"-c {missing}: no such file" in user_error(run(capsys, *given)), given
+    # the same default for all of them: nothing in the current directory, no $B2BGW_CONFIG: said, not guessed
+    line = user_error(run(capsys, *argv))
+    assert "no configuration file" in line and "./config/b2bgw.yaml" in line and "./b2bgw.yaml" in line
+
+
+def test_the_configuration_search_order(capsys, tmp_path, monkeypatch):
+    from gateway.config import default_config_path
+
+    monkeypatch.delenv("B2BGW_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_config_path() is None
+    minimal = "store: {url: 'sqlite:///" + str(tmp_path / "s.db") + "'}\n"
+    (tmp_path / "b2bgw.yaml").write_text(minimal)
+    assert default_config_path() == Path("b2bgw.yaml")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "b2bgw.yaml").write_text(minimal)
+    assert default_config_path() == Path("config/b2bgw.yaml")
+    code, out, err = run(capsys, "routes", "check")
+    assert code == 0 and out.startswith("config/b2bgw.yaml: OK: 0 partners, 0 routes, 0 schemas"), err
+    (tmp_path / "elsewhere.yaml").write_text(minimal)
+    monkeypatch.setenv("B2BGW_CONFIG", str(tmp_path / "elsewhere.yaml"))
+    assert default_config_path() == tmp_path / "elsewhere.yaml"
+    code, out, _ = run(capsys, "routes", "check")
+    assert code == 0 and out.startswith(f"{tmp_path / 'elsewhere.yaml'}: OK")
+    code, out, _ = run(capsys, "-c", "b2bgw.yaml", "routes", "check")  # -c before all of them
+    assert code == 0 and out.startswith("b2bgw.yaml: OK")
+    monkeypatch.setenv("B2BGW_CONFIG", str(tmp_path / "gone.yaml"))
+    assert f"$B2BGW_CONFIG={tmp_path / 'gone.yaml'}: no such file" in user_error(run(capsys, "routes", "check"))
+
+
+@pytest.fixture
+def no_uvicorn(monkeypatch) -> dict:
+    """uvicorn.run recorded instead of run: what serve would have served."""
+    import uvicorn
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    return seen
+
+
+def test_serve_outside_a_deployment_says_where_it_looked(capsys, tmp_path, monkeypatch, no_uvicorn):
+    monkeypatch.delenv("B2BGW_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    line = user_error(run(capsys, "serve"))
+    assert str(tmp_path) in line and "-c FILE" in line and "$B2BGW_CONFIG" in line
+    assert not no_uvicorn  # the sample configuration of the source tree is not served
+
+
+def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(capsys, caplog, tmp_path, monkeypatch,
+                                                                           no_uvicorn, shared_schemas):
+    # what scripts/serve does: `b2bgw serve` in the checkout, no -c, no $B2BGW_CONFIG
+    monkeypatch.delenv("B2BGW_CONFIG", raising=False)
+    monkeypatch.setenv("B2BGW_STORE_URL", f"sqlite:///{tmp_path / 'serve.db'}")
+    monkeypatch.chdir(REPO)
+    caplog.set_level(logging.INFO, logger="gateway.cli")
+    code, _, err = run(capsys, "serve", "--port", "0", "--no-etl", "--no-stomp")
+    assert code == 0, err
+    assert no_uvicorn["host"] == "127.0.0.1"
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving ")]
+    assert f"configuration {SAMPLE_CONFIG}" in line and SAMPLE_CONFIG.is_absolute()
+
+
+def test_serve_with_a_store_it_cannot_open_says_so_without_its_password(capsys, monkeypatch):
+    monkeypatch.setenv("B2BGW_STORE_URL", "postgresql+psycopg://gw:s3cret@127.0.0.1:1/gw")
+    line = user_error(run(capsys, "-c", str(SAMPLE_CONFIG), "serve", "--port", "0"))
+    assert "cannot open the store" in line and "s3cret" not in line and "***" in line and "store.url" in line
+
+
+def test_serve_refuses_a_public_address_while_the_demo_keys_are_configured(capsys, store, no_uvicorn):
+    for host in ("0.0.0.0", "::", "192.0.2.10"):
+        line = user_error(run(capsys, "serve", "--host", host, "--port", "0"))
+        assert f"refusing to listen on {host}" in line and "acme-demo" in line and "globex-demo" in line
+        assert "b2bgw key new" in line and str(SAMPLE_CONFIG) in line
+    assert not no_uvicorn
+
+
+def test_serve_listens_on_a_public_address_with_keys_of_its_own(capsys, tmp_path, no_uvicorn):
+    from gateway.partners import generate_key, hash_key
+
+    own = generate_key("acme-demo")  # the demo's key id, a new secret: not the published key
+    config = tmp_path / "b2bgw.yaml"
+    config.write_text(
+        "store: {url: 'sqlite:///" + str(tmp_path / "p.db") + "'}\n"
+        "partners:\n"
+        "  acme:\n    keys:\n      - {id: acme-demo, hash: '" + hash_key(own) + "'}\n"
+        "  globex:\n    enabled: false\n"  # the published key of a disabled partner lets nobody in
+        "    keys:\n      - {id: globex-demo, hash: '" + _published_hash("globex-demo") + "'}\n"
+        "etl: {enabled: false}\nstomp: {enabled: false}\n")
+    code, _, err = run(capsys, "serve", "-c", str(config), "--host", "0.0.0.0", "--port", "0")
+    assert code == 0, err
+    assert no_uvicorn["host"] == "0.0.0.0"
+
+
+def _published_hash(key_id: str) -> str:
+    from gateway.config import load_yaml
+
+    partners = load_yaml(REPO / "config" / "partners.yaml")["partners"]
+    return next(k["hash"] for p in partners.values() for k in p["keys"] if k["id"] == key_id)
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("", False), ("10.1.2.3", False), ("gateway.example.com", False),
+])
+def test_which_addresses_are_loopback(host, loopback):
+    assert cli.is_loopback(host) is loopback
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_user_errors(capsys, tmp_path, store, no_uvicorn):
+    sock, port = _taken_port()
+    with sock:
+        line = user_error(run(capsys, "serve", "--port", str(port)))
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
+    assert "argument --port" in user_error(run(capsys, "serve", "--port", "65536"))
+    assert "argument --port" in user_error(run(capsys, "serve", "--port", "eighty"))
+    assert "argument --processes" in user_error(run(capsys, "serve", "--processes", "-1"))
+    config = tmp_path / "w.yaml"
+    config.write_text(SAMPLE_CONFIG.read_text()
+                      .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
+                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+                      .replace("gateway.samples.order_responder", "gateway.samples.no_such_module"))
+    for processes in ("1", "2"):  # found before any serving process starts
+        line = user_error(run(capsys, "serve", "-c", str(config), "--port", "0", "--processes", processes))
+        assert "gateway.samples.no_such_module" in line and "cannot be imported" in line
+    assert not no_uvicorn
+
+
+def test_stomp_user_errors(capsys, tmp_path, store):
+    sock, port = _taken_port()
+    with sock:
+        line = user_error(run(capsys, "stomp", "--port", str(port)))
+    assert f"cannot listen on 127.0.0.1:{port}" in line
+    config = tmp_path / "s.yaml"
+    config.write_text("store: {url: 'sqlite:///" + str(tmp_path / "s.db") + "'}\nstomp: {enabled: false}\n")
+    assert "stomp.enabled: false" in user_error(run(capsys, "stomp", "-c", str(config)))
+
+
+def test_browse_and_dlq_user_errors(capsys, store):
+    for queue in ("orders.inbound", "Q"):  # the selector is checked first, whatever the queue
+        line = user_error(run(capsys, "browse", queue, "--selector", "amount >> 3"))
+        assert line.startswith("b2bgw browse: --selector 'amount >> 3'") and "column 9" in line and "e.g." in line
+    line = user_error(run(capsys, "browse", "orders.inbound", "--selector", "Amount > 'x'"))
+    assert "--selector" in line and "strings" in line
+    line = user_error(run(capsys, "browse", "ordres.inbound"))  # a typo
+    assert "no queue queue://ordres.inbound is known" in line and "queue://orders.inbound" in line
+    assert "queue://NAME" in user_error(run(capsys, "browse", "queue://"))
+    assert "argument --limit" in user_error(run(capsys, "browse", "orders.inbound", "--limit", "0"))
+    code, out, _ = run(capsys, "browse", "orders.inbound")  # routed to, empty: known
+    assert code == 0 and "0 messages in queue://orders.inbound" in out
+    assert "no queue queue://ordres.inbound" in user_error(run(capsys, "dlq", "replay", "ordres.inbound"))
+    assert "only queues" in user_error(run(capsys, "dlq", "replay", "topic://prices"))
+    assert "choose an action: replay" in user_error(run(capsys, "dlq"))
+
+
+def test_send_user_errors(capsys, tmp_path, store, monkeypatch):
+    monkeypatch.delenv("B2BGW_API_KEY", raising=False)
+    document = str(UBL_EXAMPLES / "UBL-Invoice-2.1-Example.xml")
+    line = user_error(run(capsys, "send", str(tmp_path / "nothing.xml"), "--partner", "globex"))
+    assert str(tmp_path / "nothing.xml") in line and "No such file" in line
+    assert "send needs --partner" in user_error(run(capsys, "send", document))
+    line = user_error(run(capsys, "send", document, "--partner", "initech"))
+    assert "no partner 'initech'" in line and "acme, globex" in line
+    assert "--key" in user_error(run(capsys, "send", document, "--url", "http://127.0.0.1:8080"))
+    for url in ("127.0.0.1:8080", "ftp://127.0.0.1/", "http://"):
+        assert "is not a gateway URL" in user_error(run(capsys, "send", document, "--url", url, "--key", "k.x"))
+    url = f"http://127.0.0.1:{_free_port()}"
+    line = user_error(run(capsys, "send", document, "--url", url, "--key", "k.x"))
+    assert f"cannot reach {url}/v1/documents" in line and "b2bgw serve" in line
+    assert "argument --timeout" in user_error(run(capsys, "send", document, "--url", url, "--timeout", "0"))
+
+
+def test_store_user_errors(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("B2BGW_CONFIG", str(SAMPLE_CONFIG))
+    monkeypatch.setenv("B2BGW_STORE_URL", "postgresql+psycopg://gw:s3cret@127.0.0.1:1/gw")
+    for command in (["queues"], ["browse", "orders.inbound"], ["dlq", "replay", "orders.inbound"]):
+        line = user_error(run(capsys, *command))
+        assert "cannot open the store" in line and "s3cret" not in line and "database is running" in line
+    monkeypatch.setenv("B2BGW_STORE_URL", "sqlite:/no-slashes")
+    assert "sqlite:///PATH" in user_error(run(capsys, "queues"))
+    line = user_error(run(capsys, "db", "upgrade", "--url", "postgresql+psycopg://gw:s3cret@127.0.0.1:1/gw"))
+    assert "cannot use the database" in line and "s3cret" not in line
+    assert "only SQL stores" in user_error(run(capsys, "db", "upgrade", "--url", "memory://"))
+
+
+def test_usage_errors_are_one_line(capsys):
+    line = user_error(run(capsys, "serve", "--no-such-option"))
+    assert "--no-such-option" in line and "b2bgw serve --help" in line
+    assert "invalid choice: 'sreve'" in user_error(run(capsys, "sreve"))
+    assert "invalid choice" in user_error(run(capsys, "--log-level", "loud", "queues"))
+    assert "choose an action" in user_error(run(capsys, "routes"))
+
+
+def test_an_unexpected_failure_keeps_its_traceback(capsys, monkeypatch):
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_queues", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["queues"])

@@ -217,11 +217,15 @@ def test_sigterm_stops_every_process(tmp_path):
 
 
 def test_a_process_failing_at_start_up_stops_the_supervisor(tmp_path):
+    # a route naming a schema that is not configured: found when each serving process assembles its routes
+    # (the supervisor itself checks the address, the worker modules and the store before it starts them)
+    routes = tmp_path / "routes.yaml"
+    routes.write_text((REPO / "routes" / "ubl-2.1.yaml").read_text()
+                      .replace("schema: ubl-2.1/Order\n", "schema: ubl-2.1/no_such_schema_for_this_test\n", 1))
     config = tmp_path / "b2bgw.yaml"
     config.write_text(SAMPLE_CONFIG.read_text()
                       .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
-                      .replace("module: gateway.samples.order_responder", "module: no_such_module_for_this_test"))
+                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {routes}"))
     proc, _, log = _serve(tmp_path, "--processes", "2", config=config)
     try:
         code = proc.wait(90)
@@ -230,7 +234,7 @@ def test_a_process_failing_at_start_up_stops_the_supervisor(tmp_path):
         raise AssertionError("the supervisor kept running after its processes failed at start-up") from None
     assert code != 0
     text = log.read_text()
-    assert "no_such_module_for_this_test" in text and "during start-up" in text
+    assert "no_such_schema_for_this_test" in text and "during start-up" in text
 
 
 # --------------------------------------------------------------------------- configuration
