@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from gateway.ledger_tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
 from spark_etl.db import absolute_url
 from spark_etl.warehouse import KEY, PARTITION, Storage
@@ -164,6 +165,11 @@ def run(
             engine.dispose()
             raise LockBusyError("another process holds the warehouse lock" + (" or already ran this slot" if slot else ""))
     try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(ledger_events.name):
+                raise EtlError(f"the store {engine.url.render_as_string()} has no gateway ledger "
+                               f"({ledger_events.name}): name the gateway's store (store.url, --db-url), "
+                               f"or create the ledger there with `b2bgw db upgrade`")
         if not full:
             with engine.connect() as conn:
                 unfinished = state.unfinished_runs(conn)

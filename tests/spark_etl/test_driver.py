@@ -249,3 +249,14 @@ def test_a_bad_config_file_is_a_message_not_a_traceback(content, says, tmp_path,
         assert gateway_cli.main(["etl", command, "-c", str(path)]) == 1
         err = capsys.readouterr().err
         assert err.startswith("etl: ") and says in err and "Traceback" not in err
+
+
+def test_a_store_without_the_gateway_ledger_is_named_not_a_traceback(tmp_path, capsys, no_spark):
+    """A store the gateway never wrote (a wrong --db-url, or before `b2bgw db
+    upgrade`): the answer names it and says what to do, before any Spark."""
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    with pytest.raises(job.EtlError, match=r"has no gateway ledger \(b2b_ledger_events\).*b2bgw db upgrade"):
+        job.run(_settings(), url)
+    assert cli.main(["run", "--db-url", url, "--warehouse", str(tmp_path / "wh"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("etl: FAILED: the store sqlite:///") and "Traceback" not in err
