@@ -1,10 +1,12 @@
 """Command line: ``b2bgw etl run|status`` and ``python -m spark_etl run|status``.
 
-``run [--full] [--reparse] [--since ISO] [--config FILE] [--db-url URL]
+``run [--full] [--reparse] [--since ISO] [-c/--config FILE] [--db-url URL]
 [--warehouse DIR] [--master MASTER] [--no-progress]`` runs the load once
 (progress bar on a terminal; ``--full --reparse`` rebuilds the warehouse from
-the raw XML alone, ignoring the facts the gateway extracted at intake); ``status [--limit N] [--quarantine] [--json]`` lists the runs from
-``etl_runs`` (and the quarantined documents).
+the raw XML alone, ignoring the facts the gateway extracted at intake; with
+nothing new since the last run it answers so without starting Spark);
+``status [-c/--config FILE] [--limit N] [--quarantine] [--json]`` lists the
+runs from ``etl_runs`` (and the quarantined documents).
 
 The gateway's CLI calls :func:`register` with its subparsers; every parser
 added here sets ``func`` (``args.func(args)`` returns the exit code).
@@ -33,8 +35,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", dest="etl_config", metavar="FILE",
-                   help="gateway YAML configuration (default: config/b2bgw.yaml when present)")  # fmt: skip
+    p.add_argument("--config", "-c", dest="etl_config", metavar="FILE",
+                   help="the configuration file (default: $B2BGW_CONFIG, else ./config/b2bgw.yaml)")  # fmt: skip
     p.add_argument("--db-url", dest="etl_db_url", metavar="URL", help="store URL (overrides store.url)")
 
 
@@ -59,10 +61,23 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     status.set_defaults(func=cmd_status)
 
 
+class _UsageError(Exception):
+    """A configuration the command cannot use (its message says what to fix)."""
+
+
 def _settings(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    import yaml
+
     from .config import load_settings
 
-    settings, url = load_settings(getattr(args, "etl_config", None) or getattr(args, "config", None))
+    path = getattr(args, "etl_config", None) or getattr(args, "config", None)
+    try:
+        settings, url = load_settings(path)
+    except OSError as exc:
+        raise _UsageError(f"cannot read the configuration {exc.filename or path}: {exc.strerror or exc}") from None
+    except (ValueError, yaml.YAMLError) as exc:  # not YAML, not a mapping, a bad etl: setting
+        where = f" (etl.{exc.key})" if getattr(exc, "key", None) else ""
+        raise _UsageError(f"configuration error{where}: {exc}") from None
     url = getattr(args, "etl_db_url", None) or getattr(args, "db_url", None) or url
     if getattr(args, "warehouse", None):
         settings["warehouse"] = args.warehouse
@@ -86,8 +101,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .job import EtlError, LockBusyError, run
     from .state import LockLostError
 
-    settings, url = _settings(args)
-    since = parse_since(args.since, settings.get("timezone") or "UTC") if args.since else None
+    try:
+        settings, url = _settings(args)
+    except _UsageError as exc:
+        print(f"etl: {exc}", file=sys.stderr)
+        return 1
+    try:
+        since = parse_since(args.since, settings.get("timezone") or "UTC") if args.since else None
+    except argparse.ArgumentTypeError as exc:
+        print(f"etl: {exc}", file=sys.stderr)
+        return 2
     progress = not args.no_progress and sys.stderr.isatty()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -98,6 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (EtlError, LockLostError) as exc:
         print(f"etl: FAILED: {exc}", file=sys.stderr)
         return 1
+    if result.nothing_new:
+        print(f"etl run {result.run_id} ({result.mode}) {result.status}: nothing new: no document was delivered in "
+              f"ledger seq ({result.seq_from}, {result.seq_to}]" + ("" if result.spark_started else "; Spark not started"))
+        return 0
     print(
         f"etl run {result.run_id} ({result.mode}) {result.status}: ledger seq ({result.seq_from}, {result.seq_to}], "
         f"{result.docs_read} documents read, {result.loaded} loaded, {result.quarantined} quarantined, "
@@ -144,7 +171,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from . import state
 
-    _, url = _settings(args)
+    try:
+        _, url = _settings(args)
+    except _UsageError as exc:
+        print(f"etl: {exc}", file=sys.stderr)
+        return 1
     engine = state.open_store(url)
     try:
         with engine.connect() as conn:

@@ -1,7 +1,8 @@
 """Settings of the warehouse load.
 
 They come from the ``etl:`` section of the gateway's YAML configuration
-(``config/b2bgw.yaml`` by default, or ``--config FILE``) and the store URL from
+(``-c/--config FILE``, else ``$B2BGW_CONFIG``, else ``config/b2bgw.yaml`` when
+present, as for the gateway's other commands) and the store URL from
 its top-level ``store.url`` (default ``sqlite:///var/b2bgw.db``; the
 ``B2BGW_STORE_URL`` environment variable wins, as in the gateway); ``--db-url``
 and the other command-line options override them. Keys of ``etl:``:
@@ -66,10 +67,13 @@ DEFAULTS: dict[str, Any] = {
 
 
 def load_settings(path: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
-    """``(etl settings, store url)`` from the gateway's YAML file; the defaults
-    when *path* is None and ``config/b2bgw.yaml`` does not exist. A file given
-    explicitly must exist."""
+    """``(etl settings, store url)`` from the gateway's YAML file: *path*, else
+    ``$B2BGW_CONFIG``, else ``config/b2bgw.yaml``; the defaults when none is
+    given and ``config/b2bgw.yaml`` does not exist. A file named explicitly
+    (argument or variable) must exist."""
     data: dict[str, Any] = {}
+    if path is None:
+        path = os.environ.get("B2BGW_CONFIG") or None
     if path is None and Path(DEFAULT_CONFIG_FILE).exists():
         path = DEFAULT_CONFIG_FILE
     if path is not None:

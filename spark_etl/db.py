@@ -2,7 +2,10 @@
 
 The store URL is the gateway's (``store.url``): ``sqlite:///path`` or
 ``postgresql+psycopg://user@host/db``, optionally with the store's own
-``?schema=NAME`` option (the PostgreSQL search path).
+``?schema=NAME`` option (the PostgreSQL search path). A relative SQLite
+path (``sqlite:///var/b2bgw.db``) is relative to the current directory of the
+process that reads the URL: :func:`absolute_url` pins it down on the driver,
+because Spark's executors run in working directories of their own.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["make_engine", "split_url", "write_conn"]
+__all__ = ["absolute_url", "make_engine", "relative_sqlite_path", "split_url", "write_conn"]
 
 
 def split_url(url: str) -> tuple[str, str | None]:
@@ -23,6 +26,28 @@ def split_url(url: str) -> tuple[str, str | None]:
     if schema is None:
         return url, None
     return parsed.difference_update_query(["schema"]).render_as_string(hide_password=False), str(schema)
+
+
+def relative_sqlite_path(url: str) -> str | None:
+    """The file path of a SQLite URL when it is relative (else None: another
+    database, an in-memory one, an absolute path or a ``file:`` URI name)."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    path = parsed.database
+    if not path or path == ":memory:" or path.startswith("file:") or os.path.isabs(path):
+        return None
+    return path
+
+
+def absolute_url(url: str) -> str:
+    """*url* with a relative SQLite path made absolute against the current
+    directory (what the gateway itself opens); any other URL as it is."""
+    path = relative_sqlite_path(url)
+    if path is None:
+        return url
+    parsed = sa.engine.make_url(url)
+    return parsed.set(database=os.path.abspath(path)).render_as_string(hide_password=False)
 
 
 _READ_MMAP = 1 << 34  # bytes of the file SQLite may map (16 GiB of address space, not memory)

@@ -19,10 +19,12 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from gateway.ledger_tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
+from spark_etl.db import absolute_url
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
-__all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "run"]
+__all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "plan_window", "run"]
 
 log = logging.getLogger("spark_etl.job")
 
@@ -61,6 +63,10 @@ class RunResult:
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: no document was delivered in the window (an incremental or ``since`` run)
+    nothing_new: bool = False
+    #: whether the run needed Spark (a run with nothing new answers from SQL alone)
+    spark_started: bool = True
 
 
 class _Steps:
@@ -143,7 +149,14 @@ def run(
     :class:`LockBusyError` when another process holds the lock,
     :class:`ReconciliationError` (run recorded as failed, watermark unchanged)
     when the warehouse would not match the ledger.
+
+    A relative SQLite path in *db_url* is resolved here, on the driver (the
+    executors run elsewhere). When nothing was delivered in the window and
+    no earlier run is left to finish, the run is recorded without starting
+    Spark.
     """
+    t0 = time.perf_counter()
+    db_url = absolute_url(db_url)
     engine = state.open_store(db_url)
     own_lease = lease is None
     if lease is None:
@@ -152,6 +165,18 @@ def run(
             engine.dispose()
             raise LockBusyError("another process holds the warehouse lock" + (" or already ran this slot" if slot else ""))
     try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(ledger_events.name):
+                raise EtlError(f"the store {engine.url.render_as_string()} has no gateway ledger "
+                               f"({ledger_events.name}): name the gateway's store (store.url, --db-url), "
+                               f"or create the ledger there with `b2bgw db upgrade`")
+        if not full:
+            with engine.connect() as conn:
+                unfinished = state.unfinished_runs(conn)
+                window, n_docs = plan_window(conn, full=full, since=since)
+                conn.rollback()
+            if n_docs == 0 and not unfinished:
+                return _nothing_new(engine, lease, "since" if since is not None else "incremental", window, t0)
         from spark_etl.session import get_spark
 
         spark = spark or get_spark(settings)
@@ -164,6 +189,31 @@ def run(
         if own_lease:
             lease.release()
         engine.dispose()
+
+
+def plan_window(conn: sa.Connection, *, full: bool, since: _dt.datetime | None) -> tuple[source.Window, int]:
+    """The run's window and how many documents it holds: ``(0, newest]`` for
+    a full run; ``(watermark, newest]``, widened down to *since* when given,
+    otherwise. The newest event seq is read once, here."""
+    wm = state.watermark(conn)
+    hi = source.max_seq(conn)
+    if full:
+        lo = 0
+    elif since is not None:
+        lo = min(source.seq_at(conn, int(since.timestamp() * 1000)), wm)
+    else:
+        lo = wm
+    window = source.Window(min(lo, hi), hi)
+    return window, source.window_size(conn, window)
+
+
+def _nothing_new(engine: sa.Engine, lease: state.Lease, mode: str, window: source.Window, t0: float) -> RunResult:
+    """Record a run whose window holds no document (no Spark needed)."""
+    run_id = state.start_run(engine, mode=mode, owner=lease.owner, seq_from=window.lo, seq_to=window.hi)
+    state.finish_run(engine, run_id, lease=lease, docs_read=0, rows_written=0, loaded=0, quarantined=0, skipped=0,
+                     stats={"ledger": {}, "spark": False})  # fmt: skip
+    return RunResult(run_id, mode, "succeeded", window.lo, window.hi, nothing_new=True, spark_started=False,
+                     seconds=time.perf_counter() - t0)  # fmt: skip
 
 
 def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> list[int]:
@@ -234,18 +284,9 @@ class _Job:
     def run(self) -> RunResult:
         t0 = time.perf_counter()
         with self.engine.connect() as conn:
-            wm = state.watermark(conn)
-            hi = source.max_seq(conn)
-            if self.full:
-                lo = 0
-            elif self.since is not None:
-                lo = min(source.seq_at(conn, int(self.since.timestamp() * 1000)), wm)
-            else:
-                lo = wm
-            lo = min(lo, hi)
-            self.window = source.Window(lo, hi)
-            self.n_docs = source.window_size(conn, self.window)
+            self.window, self.n_docs = plan_window(conn, full=self.full, since=self.since)
             conn.rollback()
+        lo, hi = self.window.lo, self.window.hi
         if self.n_docs:
             # The ledger's count per document type (for reconciliation) reads
             # the wide ledger rows: it runs while the window is read.
@@ -259,6 +300,7 @@ class _Job:
                 state.finish_run(self.engine, self.run_id, lease=self.lease, docs_read=0, rows_written=0, loaded=0,
                                  quarantined=0, skipped=0, stats={"ledger": {}})  # fmt: skip
                 result.status = "succeeded"
+                result.nothing_new = True
             else:
                 self._load(result)
             result.seconds = time.perf_counter() - t0

@@ -43,11 +43,12 @@ from gateway import facts as gateway_facts
 from gateway.ledger_tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
-from .db import make_engine
+from .db import make_engine, relative_sqlite_path
 
 __all__ = [
     "LedgerDataSource",
     "RAW_SCHEMA",
+    "RelativeStorePathError",
     "Window",
     "plan_ranges",
     "register",
@@ -260,8 +261,9 @@ class SeqRange(InputPartition):  # type: ignore[misc]
 class LedgerDataSource(DataSource):  # type: ignore[misc]
     """``spark.read.format("b2b_ledger").option("url", ...).option("ranges", json).load()``
 
-    Options: ``url`` (the store URL), ``ranges`` (JSON list of ``[lo, hi]``
-    seq ranges, one partition each), ``mode`` (``parsed`` or ``raw``),
+    Options: ``url`` (the store URL; a SQLite file by its absolute path),
+    ``ranges`` (JSON list of ``[lo, hi]`` seq ranges, one partition each),
+    ``mode`` (``parsed`` or ``raw``),
     ``reparse`` (``true``: parse every document's XML, ignore stored facts),
     ``batch_size`` (documents per Arrow batch, 1000).
     """
@@ -277,9 +279,26 @@ class LedgerDataSource(DataSource):  # type: ignore[misc]
         return LedgerReader(dict(self.options))
 
 
+class RelativeStorePathError(ValueError):
+    """Raised when the reader is planned (on the driver) with a SQLite URL
+    whose path is relative: every executor would resolve it against its own
+    working directory and open another file, or none."""
+
+    def __init__(self, url: str, path: str) -> None:
+        super().__init__(
+            f"the store URL {url!r} names the SQLite file {path!r} relative to the current directory, which "
+            f"Spark's executors do not share: give the b2b_ledger reader an absolute path (four slashes: "
+            f"'sqlite:////srv/b2bgw/var/b2bgw.db'); b2bgw etl run makes store.url and --db-url absolute itself"
+        )
+        self.url, self.path = url, path
+
+
 class LedgerReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         self.url = options["url"]
+        relative = relative_sqlite_path(self.url)
+        if relative is not None:
+            raise RelativeStorePathError(self.url, relative)
         self.ranges = [tuple(r) for r in json.loads(options.get("ranges", "[]"))]
         self.mode = options.get("mode", "parsed")
         self.reparse = options.get("reparse", "false").lower() == "true"

@@ -139,6 +139,7 @@ def test_register_adds_etl_run_and_status():
 
 def test_settings_come_from_the_gateway_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("B2BGW_STORE_URL", raising=False)
+    monkeypatch.delenv("B2BGW_CONFIG", raising=False)
     cfg = tmp_path / "b2bgw.yaml"
     cfg.write_text("store:\n  url: sqlite:///x.db\netl:\n  schedule: '15 1 * * *'\n  warehouse: /w\n")
     settings, url = config.load_settings(cfg)
