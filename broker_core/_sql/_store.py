@@ -206,7 +206,8 @@ class SQLStore(Store):
                     )
         except sa.exc.OperationalError as exc:
             self.engine.dispose()
-            raise StoreUnavailableError(f"cannot open the store at {url}: {str(exc).splitlines()[0]}") from exc
+            shown = self.engine.url.render_as_string(hide_password=True)  # the message reaches logs and terminals
+            raise StoreUnavailableError(f"cannot open the store at {shown}: {str(exc).splitlines()[0]}") from exc
         self.instance_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(4).hex()}"
         self._mem = MemoryStore()
         self._counters = _Counters()
