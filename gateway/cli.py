@@ -167,9 +167,19 @@ def demo_keys_configured(settings: Settings) -> list[str]:
     return found
 
 
-def _check_can_serve(settings: Settings, host: str, port: int) -> None:
+def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = True) -> None:
     """Refuse, before anything starts, what would make ``serve`` fail or be unsafe at start-up."""
     import importlib
+
+    from .runtime import stomp_options
+
+    listener = stomp_options(settings) if stomp else None
+    if listener is not None and not listener.get("users") and not is_loopback(listener["host"]):
+        raise CommandError(
+            f"refusing to start the STOMP listener on {listener['host']}: without stomp.users in "
+            f"{_config_shown(settings)} it accepts any login, and anyone who reaches it could read every partner's "
+            "documents; add users: {LOGIN: PASSCODE} to the stomp section, listen on 127.0.0.1, or serve with "
+            "--no-stomp")
 
     if not is_loopback(host):
         demo = demo_keys_configured(settings)
@@ -213,7 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.listen_fd is None:
         from .processes import process_count
 
-        _check_can_serve(settings, host, port)
+        _check_can_serve(settings, host, port, stomp=not args.no_stomp)
         count = process_count(settings, args.processes)
         if count > 1:
             return _supervise(args, settings, count, host, port)
