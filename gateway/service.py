@@ -97,7 +97,9 @@ from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
 from .partners import Partner
 from .routes import Route
-from .xmlintake import parse_document_text
+from .rules import RulesRunner, violation, warnings_of
+from .schematron import document_text
+from .xmlintake import parse_document, parse_document_text
 
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "iso_ms"]
 
@@ -199,6 +201,7 @@ class _Intake:
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
     facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
+    rules: Any = None  # the route's business rules running (a future of the findings), or None
 
 
 @dataclass(slots=True)
@@ -216,6 +219,7 @@ class _Work:
     decoded: str | None = None
     route: Route | None = None
     result: _Intake | None = None
+    rules: Any = None  # the business rules' future (see _validate_stage)
 
 
 class _Invalid(Exception):
@@ -284,6 +288,10 @@ class Gateway:
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
         self.facts_deferred = 0
+        # business rules (gateway.rules): worker processes, when a route applies a rule set
+        self.rules = (RulesRunner(assembly.rules, workers=self.settings.rules_workers,
+                                  seconds=self.settings.rules_seconds)
+                      if any(route.rules for route in self.routes) else None)
         self._started = False
         self._closed = False
 
@@ -293,6 +301,8 @@ class Gateway:
         """Connect to the broker and open one requestor per request-reply route."""
         if self._started:
             return
+        if self.rules is not None:
+            self.rules.start()
         self._connection = self.broker.connect()
         self._connection.start()
         for route in self.routes:
@@ -316,6 +326,8 @@ class Gateway:
             self._connection.close()
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
+        if self.rules is not None:
+            self.rules.close()
 
     @property
     def ready(self) -> bool:
@@ -364,6 +376,15 @@ class Gateway:
             if existing is not None:
                 return await self._replay(self._with_unrecorded(existing, before))
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False)
+        warnings: list[dict[str, Any]] | None = None
+        warning_count = 0
+        if intake.rules is not None:  # the business rules ran meanwhile: failures refuse the document
+            findings = await asyncio.wrap_future(intake.rules)
+            if any(f.is_error for f in findings):
+                raise await asyncio.to_thread(violation, findings, body, lambda data: parse_document(
+                    data, self.limits, declared_charset=charset))
+            warning_count = len(findings)
+            warnings = warnings_of(findings)
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
         if intake.facts_deferred:
             self.facts_deferred += 1
@@ -377,13 +398,15 @@ class Gateway:
         if doc_id is not None:
             message.set_string_property("B2BDocumentID", doc_id)
         route.set_properties(message, properties)
+        if route.rules:
+            message.set_int_property("B2BRuleWarnings", warning_count)
 
         try:
             if route.request_reply:
                 return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
-                                                 received_at, facts)
+                                                 received_at, facts, warnings)
             return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
-                                       facts)
+                                       facts, warnings)
         except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # pragma: no cover - the winner's row is committed before we fail
@@ -455,6 +478,8 @@ class Gateway:
             if work.on_loop:  # the rich errors (xmlschema) take milliseconds: not on the event loop
                 raise _Invalid(work)
             self._explain_invalid(work)
+        if work.route.rules:  # business rules: a worker process runs them while the intake goes on (submit waits)
+            work.rules = self.rules.submit(work.route.rules, document_text(work.root, work.decoded))
 
     def _explain_invalid(self, work: _Work) -> None:
         """Raise the SchemaValidationError of an invalid document, with every error's details."""
@@ -472,7 +497,8 @@ class Gateway:
                 return
         properties = route.extract(root)
         text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
-        work.result = _Intake(route, doc_id, key, None, properties, text, document, text_is_document=own)
+        work.result = _Intake(route, doc_id, key, None, properties, text, document, text_is_document=own,
+                              rules=work.rules)
 
     def _facts_stage(self, work: _Work) -> None:
         if work.result.known is not None or self.intake_facts == "never":
@@ -519,8 +545,8 @@ class Gateway:
         return text, document, False
 
     def _receipt(self, route: Route, message_id: str, correlation: str, doc_id: str | None,
-                 received_at: int) -> dict[str, Any]:
-        return {
+                 received_at: int, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        receipt = {
             "message_id": message_id,
             "correlation_id": correlation,
             "route": route.id,
@@ -530,6 +556,9 @@ class Gateway:
             "received_at": iso_ms(received_at),
             "status_url": DOCUMENTS_PATH + message_id,
         }
+        if warnings:  # business rule warnings (flag warning / information): accepted, but told
+            receipt["warnings"] = warnings
+        return receipt
 
     def _record(self, route: Route, partner: Partner, message_id: str, correlation: str, key: str,
                 doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any],
@@ -544,14 +573,14 @@ class Gateway:
 
     async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                        key: str, doc_id: str | None, document: bytes, received_at: int,
-                       facts: str | None = None) -> Outcome:
+                       facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
         try:
             await producer.send_async(route.destination, message, delivery_mode=route.delivery_mode,
                                       priority=route.priority, time_to_live=route.time_to_live_ms)
             message_id = message.jms_message_id
-            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at, warnings)
             record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
                                   facts)
             ledger = self.ledger
@@ -570,7 +599,7 @@ class Gateway:
 
     async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                              key: str, doc_id: str | None, document: bytes, received_at: int,
-                             facts: str | None = None) -> Outcome:
+                             facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
             self._expire_late(exchange)
@@ -583,7 +612,7 @@ class Gateway:
 
         def record(conn: Any) -> None:
             message_id = message.jms_message_id
-            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at, warnings)
             holder["receipt"] = receipt
             ledger.insert(conn, self._record(route, partner, message_id, correlation, key, doc_id, document,
                                              received_at, receipt, facts))
