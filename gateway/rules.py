@@ -128,6 +128,9 @@ def build_rule_book(settings: Any, errors: list[ConfigError]) -> RuleBook:
     cache = rules_cache_dir(settings)
     checker: SaxonRules | None = None
     for entry in settings.rule_sets:
+        if not entry.path.is_file():
+            errors.append(entry.where.error(f"rule set {entry.name!r}: no such file {entry.path}"))
+            continue
         try:
             compiled = load_schematron(entry.path, entry.phase, cache_dir=cache, check=checker)
         except SchematronError as exc:
