@@ -578,7 +578,7 @@ class _Compiler:
                 first = self.reader.where(taken[name])
                 raise self.error(let, f"let ${name} is declared twice (first at {first[0]}:{first[1]})")
             target = f"Q{{{OWN_NS}}}{scope}.{name.replace(':', '.')}"
-            renamed[name] = f"Q{{{OWN_NS}}}{scope}.{name.replace(':', '.')}"
+            renamed[name] = f"$Q{{{OWN_NS}}}{scope}.{name.replace(':', '.')}"
         else:
             taken[name] = let
         var = etree.Element(_xsl("variable"))
