@@ -343,6 +343,8 @@ class _Reader:
             if str(file) in stack:
                 raise SchematronError(f"{what} {href!r} includes itself (through {' -> '.join(stack)})",
                                       file=where[0], line=where[1])
+            if not file.is_file():
+                raise SchematronError(f"{what} {href!r}: no such file ({file})", file=where[0], line=where[1])
             parent = el.getparent()
             if what == "xi:include" and el.get("parse") == "text":
                 try:

@@ -375,7 +375,7 @@ def test_an_xpath_that_does_not_compile_is_reported_at_its_line(tmp_path):
      "sch:extends 'x': no abstract rule", 4),
     (schema("<sch:pattern><sch:rule context='*'><sch:assert test='1' diagnostics='d'>x</sch:assert>"
             "</sch:rule></sch:pattern>"), "no sch:diagnostic has the id 'd'", 4),
-    (schema("<sch:include href='missing.sch'/>"), "missing.sch: no such file", 4),
+    (schema("<sch:include href='missing.sch'/>"), "sch:include 'missing.sch': no such file", 4),
     (schema("<sch:include href='https://example.com/rules.sch'/>"), "is not a local file", 4),
     (schema("<xsl:include href='missing.xsl'/>"), "missing.xsl", 4),
     (schema("<sch:pattern documents='doc(@href)'/>"), "subordinate documents", 4),
