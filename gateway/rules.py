@@ -10,8 +10,9 @@ the cache of :func:`gateway.schematron.load_schematron`), each problem a
 whose rules run too long could hold a thread for good: the transforms run in
 ``rules.workers`` worker processes (``python -m gateway.rules``), each with
 every rule set compiled, fed one document at a time over a pipe. The intake
-hands a document over (:meth:`RulesRunner.submit`: a future) and goes on
-with its other stages; a worker that has not answered within
+hands a document over (:meth:`RulesRunner.submit`: a future; the event loop
+drives the workers' pipes) and goes on with its other stages; a worker that
+has not answered within
 ``limits.rules_seconds`` is killed, the document gets
 :class:`~gateway.errors.RulesTimeoutError` (422), and a fresh worker takes its
 place, so a costly document costs the server that budget and no more. A
@@ -26,11 +27,12 @@ carry.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import concurrent.futures
 import json
 import logging
 import os
-import queue
 import select
 import signal
 import struct
@@ -48,6 +50,7 @@ from lxml import etree
 from .errors import (
     BusinessRuleViolationError,
     ConfigError,
+    GatewayError,
     RuleFailureDetail,
     RulesEvaluationError,
     RulesTimeoutError,
@@ -269,15 +272,24 @@ def _worker_main() -> None:
 
 
 class _Worker:
-    """One worker process and the thread that feeds it."""
+    """One worker process, driven from the event loop (no thread: a thread would wait for the GIL on
+    every document while the loop is busy)."""
 
     def __init__(self, runner: RulesRunner, number: int) -> None:
         self.runner = runner
         self.number = number
         self.process: subprocess.Popen[bytes] | None = None
-        self.thread = threading.Thread(target=self._serve, name=f"b2bgw-rules-{number}", daemon=True)
+        self.job: _Job | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.buffer = bytearray()
+        self.pending = b""
+        self.timer: asyncio.TimerHandle | None = None
+        self.starting = False
+
+    # ----------------------------------------------------------------- the process
 
     def spawn(self) -> None:
+        """Start the process and wait until it has compiled the rule sets (blocking: call it off the loop)."""
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -289,85 +301,182 @@ class _Worker:
             _write_frame(process.stdin.fileno(), self.runner.start_frame)
             answer = _read_frame(process.stdout.fileno(), time.monotonic() + START_SECONDS)
         except (OSError, EOFError, TimeoutError) as exc:
-            self._kill(process)
+            _kill(process)
             raise RuntimeError(f"a rules worker did not start: {exc!r}") from None
         if answer != b"ok":
-            self._kill(process)
+            _kill(process)
             raise RuntimeError(f"a rules worker did not start: {answer.decode('utf-8', 'replace')[:500]}")
+        os.set_blocking(process.stdin.fileno(), False)
+        os.set_blocking(process.stdout.fileno(), False)
         self.process = process
 
-    @staticmethod
-    def _kill(process: subprocess.Popen[bytes]) -> None:
-        try:
-            process.kill()
-        except OSError:
-            pass
-        for stream in (process.stdin, process.stdout):
+    @property
+    def ready(self) -> bool:
+        return self.process is not None and self.job is None and not self.starting
+
+    def _replace(self) -> None:
+        """Stop the process (the document it runs has had its time) and start another off the loop."""
+        loop = self.loop
+        process, self.process = self.process, None
+        if process is not None and loop is not None:
+            for fd in (process.stdout.fileno(), process.stdin.fileno()):  # type: ignore[union-attr]
+                loop.remove_reader(fd)
+                loop.remove_writer(fd)
+        if process is not None:
             try:
-                if stream is not None:
-                    stream.close()
+                process.kill()
             except OSError:
                 pass
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait for anything
-            pass
+        self.buffer.clear()
+        self.pending = b""
+        if self.runner.closed:
+            if process is not None:
+                threading.Thread(target=_kill, args=(process,), daemon=True).start()
+            return
+        self.starting = True
 
-    def _serve(self) -> None:
-        jobs = self.runner._jobs
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            numbers, text, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(self._run(numbers, text))
-            except BaseException as exc:  # noqa: BLE001 - the document's own outcome
-                future.set_exception(exc)
+        def restart() -> None:
+            if process is not None:
+                _kill(process)
+            error = None
+            for _ in range(3):
+                try:
+                    self.spawn()
+                    error = None
+                    break
+                except RuntimeError as exc:
+                    error = exc
+            if error is not None:
+                log.error("%s", error)
+            self.starting = False
+            if self.runner.closed and self.process is not None:
+                _kill(self.process)
+                self.process = None
+            self.runner._wake()
 
-    def _run(self, numbers: tuple[int, ...], text: str) -> list[str]:
-        if self.process is None or self.process.poll() is not None:
-            self._respawn()
+        threading.Thread(target=restart, name=f"b2bgw-rules-restart-{self.number}", daemon=True).start()
+
+    # ----------------------------------------------------------------- one document
+
+    def run(self, job: _Job) -> None:
+        loop = asyncio.get_running_loop()
         process = self.process
         assert process is not None and process.stdin is not None and process.stdout is not None
-        seconds = self.runner.seconds
-        payload = ",".join(map(str, numbers)).encode("ascii") + b"\n" + text.encode("utf-8")
-        started = time.monotonic()
-        try:
-            _write_frame(process.stdin.fileno(), payload)
-            answer = _read_frame(process.stdout.fileno(), started + seconds)
-        except TimeoutError:
-            self.runner.timeouts += 1
-            log.warning("business rules: a document took over %g s; its worker was stopped", seconds)
-            self._kill(process)
-            self.process = None
-            self._respawn_later()
-            raise RulesTimeoutError(seconds=seconds) from None
-        except (OSError, EOFError):
-            self._kill(process)
-            self.process = None
-            self._respawn_later()
-            raise RulesEvaluationError("The business rules could not be run on this document (the rules worker "
-                                       "stopped); retry later or contact the operator.") from None
-        kind, rest = answer[:1], answer[1:].decode("utf-8", "replace")
-        if kind == b"R":
-            return rest.split("\0")
-        if kind == b"P":  # the intake parsed it: not expected, but the document is what Saxon refuses
-            raise RulesEvaluationError(f"The business rules could not read this document: {_first_line(rest)}")
-        raise RulesEvaluationError(f"The business rules failed on this document: {_first_line(rest)}; check the "
-                                   "values they name.")
+        self.loop = loop
+        self.job = job
+        self.buffer.clear()
+        self.pending = _LEN.pack(len(job.payload)) + job.payload
+        loop.add_reader(process.stdout.fileno(), self._readable)
+        self.timer = loop.call_later(self.runner.seconds, self._timed_out)
+        self._writable()
 
-    def _respawn(self) -> None:
-        self.spawn()
-
-    def _respawn_later(self) -> None:
-        """A new process now, so the next document does not wait for its start (best effort: _run retries)."""
+    def _writable(self) -> None:
+        process = self.process
+        if process is None or not self.pending:
+            return
+        fd = process.stdin.fileno()  # type: ignore[union-attr]
         try:
-            self.spawn()
-        except RuntimeError as exc:
-            log.error("%s", exc)
+            written = os.write(fd, self.pending)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            self._failed("the rules worker stopped")
+            return
+        self.pending = self.pending[written:]
+        assert self.loop is not None
+        if self.pending:
+            self.loop.add_writer(fd, self._writable)
+        else:
+            self.loop.remove_writer(fd)
+
+    def _readable(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        try:
+            chunk = os.read(process.stdout.fileno(), 1 << 20)  # type: ignore[union-attr]
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._failed("the rules worker stopped")
+            return
+        self.buffer += chunk
+        if len(self.buffer) < 4:
+            return
+        (size,) = _LEN.unpack_from(self.buffer)
+        if len(self.buffer) < 4 + size:
+            return
+        answer = bytes(self.buffer[4:4 + size])
+        self._finish()
+        job, self.job = self.job, None
+        assert job is not None
+        self.runner._answered(job, answer)
+
+    def _finish(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        process = self.process
+        if process is not None and self.loop is not None:
+            self.loop.remove_reader(process.stdout.fileno())  # type: ignore[union-attr]
+            self.loop.remove_writer(process.stdin.fileno())  # type: ignore[union-attr]
+        self.buffer.clear()
+        self.pending = b""
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        job, self.job = self.job, None
+        self._finish()
+        self.runner.timeouts += 1
+        log.warning("business rules: a document took over %g s; its worker was stopped", self.runner.seconds)
+        self._replace()
+        if job is not None:
+            _fail(job.future, RulesTimeoutError(seconds=self.runner.seconds))
+        self.runner._dispatch()
+
+    def _failed(self, why: str) -> None:
+        job, self.job = self.job, None
+        self._finish()
+        log.error("business rules: %s", why)
+        self._replace()
+        if job is not None:
+            _fail(job.future, RulesEvaluationError(
+                "The business rules could not be run on this document (the rules worker stopped); retry later "
+                "or contact the operator."))
+        self.runner._dispatch()
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    try:
+        process.kill()
+    except OSError:
+        pass
+    for stream in (process.stdin, process.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait for anything
+        pass
+
+
+@dataclass(eq=False)
+class _Job:
+    names: tuple[str, ...]
+    payload: bytes
+    future: asyncio.Future[list[Finding]]
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    """Fail a job's future; marked as retrieved, since nobody awaits the job of a replayed document."""
+    if not future.done():
+        future.set_exception(error)
+        future.exception()
 
 
 def _first_line(text: str) -> str:
@@ -376,7 +485,10 @@ def _first_line(text: str) -> str:
 
 
 class RulesRunner:
-    """Runs the rule sets of a :class:`RuleBook` in worker processes, each document within *seconds*."""
+    """Runs the rule sets of a :class:`RuleBook` in worker processes, each document within *seconds*.
+
+    :meth:`start` starts the processes (blocking); :meth:`submit` is called on the event loop, which
+    then drives the workers' pipes itself."""
 
     def __init__(self, book: RuleBook, *, workers: int = 1, seconds: float = DEFAULT_RULES_SECONDS) -> None:
         if workers < 1:
@@ -386,11 +498,12 @@ class RulesRunner:
         self.names = list(book.sets)
         self.numbers = {name: i for i, name in enumerate(self.names)}
         self.start_frame = json.dumps({"sets": [book.sets[n].compiled.to_json() for n in self.names]}).encode()
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._workers = [_Worker(self, i) for i in range(workers)]
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest submit
         self.timeouts = 0
         self._started = False
-        self._closed = False
+        self.closed = False
 
     def start(self) -> None:
         """Start the worker processes (each compiles every rule set: under a second from the cache)."""
@@ -401,48 +514,92 @@ class RulesRunner:
             list(pool.map(lambda w: w.spawn(), self._workers))
         finally:
             pool.shutdown()
-        for worker in self._workers:
-            worker.thread.start()
         self._started = True
 
     def close(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        for _ in self._workers:
-            self._jobs.put(None)
+        self.closed = True
         for worker in self._workers:
-            if worker.process is not None:
-                worker._kill(worker.process)
-                worker.process = None
+            if worker.timer is not None:
+                worker.timer.cancel()
+            process, worker.process = worker.process, None
+            if process is not None:
+                if worker.loop is not None and not worker.loop.is_closed():
+                    for fd in (process.stdout.fileno(), process.stdin.fileno()):  # type: ignore[union-attr]
+                        try:
+                            worker.loop.remove_reader(fd)
+                            worker.loop.remove_writer(fd)
+                        except (RuntimeError, ValueError):  # pragma: no cover - the loop is going away
+                            pass
+                _kill(process)
+        for job in self._queue:
+            _fail(job.future, RulesEvaluationError("The gateway is stopping; retry in a moment."))
+        self._queue.clear()
 
-    def submit(self, names: Iterable[str], text: str) -> concurrent.futures.Future[list[Finding]]:
-        """Run the rule sets *names* on a document's text (see :func:`~gateway.schematron.document_text`);
-        the future's result is every finding, or RulesTimeoutError / RulesEvaluationError."""
-        if not self._started or self._closed:
+    def submit(self, names: Iterable[str], text: str) -> asyncio.Future[list[Finding]]:
+        """Run the rule sets *names* on a document's text (:func:`~gateway.schematron.document_text`); call
+        it on the event loop. The future's result is every finding, or RulesTimeoutError /
+        RulesEvaluationError."""
+        if not self._started or self.closed:
             raise RuntimeError("the rules runner is not running")
         names = tuple(names)
-        numbers = tuple(self.numbers[n] for n in names)
-        raw: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
-        self._jobs.put((numbers, text, raw))
-        out: concurrent.futures.Future[list[Finding]] = concurrent.futures.Future()
+        payload = ",".join(str(self.numbers[n]) for n in names).encode("ascii") + b"\n" + text.encode("utf-8")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        job = _Job(names, payload, loop.create_future())
+        self._queue.append(job)
+        self._dispatch()
+        return job.future
 
-        def done(f: concurrent.futures.Future[list[str]]) -> None:
-            error = f.exception()
-            if error is not None:
-                out.set_exception(error)
-                return
-            findings: list[Finding] = []
-            for name, output in zip(names, f.result()):
-                findings.extend(parse_output(self.book.sets[name].compiled, output, MAX_FINDINGS))
-            out.set_result(findings)
-
-        raw.add_done_callback(done)
-        return out
+    async def check_async(self, names: Iterable[str], text: str) -> list[Finding]:
+        return await self.submit(names, text)
 
     def check(self, names: Iterable[str], text: str) -> list[Finding]:
-        """:meth:`submit` and wait (a worker's own deadline bounds the wait)."""
-        return self.submit(names, text).result()
+        """:meth:`submit` and wait, outside an event loop (tools and benchmarks)."""
+        return asyncio.run(self.check_async(names, text))
+
+    def _wake(self) -> None:
+        """Dispatch waiting documents from the loop they were submitted on (any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._dispatch)
+            except RuntimeError:  # pragma: no cover - closed meanwhile
+                pass
+
+    def _dispatch(self) -> None:
+        queue_ = self._queue
+        while queue_:
+            worker = next((w for w in self._workers if w.ready), None)
+            if worker is None:
+                return
+            job = queue_.popleft()
+            if job.future.done():  # cancelled: the client went away
+                continue
+            worker.run(job)
+
+    def _answered(self, job: _Job, answer: bytes) -> None:
+        try:
+            findings = self._findings(job, answer)
+        except GatewayError as exc:
+            _fail(job.future, exc)
+        else:
+            if not job.future.done():
+                job.future.set_result(findings)
+        self._dispatch()
+
+    def _findings(self, job: _Job, answer: bytes) -> list[Finding]:
+        kind, rest = answer[:1], answer[1:].decode("utf-8", "replace")
+        if kind == b"P":  # the intake parsed it: not expected, but the document is what Saxon refuses
+            raise RulesEvaluationError(f"The business rules could not read this document: {_first_line(rest)}")
+        if kind != b"R":
+            raise RulesEvaluationError(f"The business rules failed on this document: {_first_line(rest)}; check "
+                                       "the values they name.")
+        findings: list[Finding] = []
+        for name, output in zip(job.names, rest.split("\0")):
+            findings.extend(parse_output(self.book.sets[name].compiled, output, MAX_FINDINGS))
+        return findings
 
 
 if __name__ == "__main__":  # a worker process (RulesRunner starts it)

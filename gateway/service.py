@@ -201,7 +201,7 @@ class _Intake:
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
     facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
-    rules: Any = None  # the route's business rules running (a future of the findings), or None
+    rules: Any = None  # the route's business rules: running (a future of the findings), or the text to run them on
 
 
 @dataclass(slots=True)
@@ -379,7 +379,10 @@ class Gateway:
         warnings: list[dict[str, Any]] | None = None
         warning_count = 0
         if intake.rules is not None:  # the business rules ran meanwhile: failures refuse the document
-            findings = await asyncio.wrap_future(intake.rules)
+            pending = intake.rules
+            if isinstance(pending, str):  # an intake thread made the text: the event loop drives the workers
+                pending = self.rules.submit(route.rules, pending)
+            findings = await pending
             if any(f.is_error for f in findings):
                 raise await asyncio.to_thread(violation, findings, body, lambda data: parse_document(
                     data, self.limits, declared_charset=charset))
@@ -478,8 +481,9 @@ class Gateway:
             if work.on_loop:  # the rich errors (xmlschema) take milliseconds: not on the event loop
                 raise _Invalid(work)
             self._explain_invalid(work)
-        if work.route.rules:  # business rules: a worker process runs them while the intake goes on (submit waits)
-            work.rules = self.rules.submit(work.route.rules, document_text(work.root, work.decoded))
+        if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
+            text = document_text(work.root, work.decoded)
+            work.rules = self.rules.submit(work.route.rules, text) if work.on_loop else text
 
     def _explain_invalid(self, work: _Work) -> None:
         """Raise the SchemaValidationError of an invalid document, with every error's details."""
