@@ -19,7 +19,7 @@ The sections, all optional::
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
     partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
     routes:     routes.yaml | [{id, partners, root, when, schema, rules, ...}]
-    rules:      {sets: {name: {file, phase}}, cache_dir, workers}   # Schematron business rules (gateway.rules)
+    rules:      {sets: {name: {file, phase}}, cache_dir, workers, worker_memory_mb}   # business rules (gateway.rules)
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
@@ -358,6 +358,8 @@ class Settings:
     rules_cache_dir: Path | None = None
     #: ``rules.workers``: processes running the rules (SaxonC cannot be stopped in a thread)
     rules_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    #: ``rules.worker_memory_mb``: the memory of one rules worker process (it stops beyond)
+    rules_worker_memory_mb: int = 1024
     #: ``limits.rules_seconds``: the most one document's business rules may take
     rules_seconds: float = 2.0
     where: Where = NOWHERE
@@ -523,7 +525,7 @@ _RULE_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 def _rules(s: Settings, rules: MarkedDict) -> None:
     """The ``rules:`` section: Schematron rule sets (``sets``), their cache folder and worker processes."""
-    check_keys(rules, {"sets", "cache_dir", "workers"}, "rules")
+    check_keys(rules, {"sets", "cache_dir", "workers", "worker_memory_mb"}, "rules")
     sets = expect_mapping(rules.get("sets"), rules.at("sets"), "rules.sets")
     for name, body in sets.items():
         where = sets.at(name)
@@ -547,6 +549,9 @@ def _rules(s: Settings, rules: MarkedDict) -> None:
                                                      "rules.cache_dir")).resolve()
     if "workers" in rules:
         s.rules_workers = expect_int(rules["workers"], rules.at("workers"), "rules.workers", minimum=1, maximum=64)
+    if "worker_memory_mb" in rules:
+        s.rules_worker_memory_mb = expect_int(rules["worker_memory_mb"], rules.at("worker_memory_mb"),
+                                              "rules.worker_memory_mb", minimum=128)
 
 
 STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size"}

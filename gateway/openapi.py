@@ -51,6 +51,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                 "unauthenticated", "forbidden-route", "not-found", "method-not-allowed",
                                 "document-too-large", "unsupported-media-type", "no-route", "internal-error",
                                 "backend-error", "store-unavailable", "reply-timeout",
+                                "business-rule-violation", "rules-timeout", "rules-error",
                             ],
                         },
                         "errors": {"type": "array", "items": {"$ref": "#/components/schemas/DocumentError"}},
@@ -68,6 +69,21 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         "column": {"type": ["integer", "null"]},
                         "path": {"type": ["string", "null"], "example": "/Order/cac:OrderLine[2]/cbc:Quantity"},
                         "message": {"type": "string"},
+                        "id": {"type": ["string", "null"], "description": "business-rule-violation: the rule's id"},
+                        "flag": {"type": ["string", "null"], "description": "business-rule-violation: its flag"},
+                        "location": {"type": "string", "description": "business-rule-violation: XPath of the node"},
+                        "text": {"type": "string", "description": "business-rule-violation: the rule's text"},
+                    },
+                },
+                "RuleWarning": {
+                    "type": "object",
+                    "description": "A business rule finding that does not refuse the document (flag warning, information).",
+                    "properties": {
+                        "id": {"type": ["string", "null"]},
+                        "flag": {"type": ["string", "null"]},
+                        "location": {"type": "string"},
+                        "text": {"type": "string"},
+                        "diagnostics": {"type": "array", "items": {"type": "string"}},
                     },
                 },
                 "Receipt": {
@@ -82,6 +98,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         "status": {"type": "string", "enum": ["accepted"]},
                         "received_at": {"type": "string", "format": "date-time"},
                         "status_url": {"type": "string", "example": "/v1/documents/ID:3f2a9c1b7d4e5f60-42"},
+                        "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"}},
                     },
                 },
                 "DocumentStatus": {
@@ -104,6 +121,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         "reply_type": {"type": ["string", "null"]},
                         "reply_url": {"type": ["string", "null"]},
                         "error": {"type": ["string", "null"]},
+                        "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"}},
                     },
                 },
             },
@@ -137,12 +155,15 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         "202": {"description": "One-way route: accepted and durably stored.",
                                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Receipt"}}}},
                         "400": _problem("Not well-formed, forbidden XML construct, schema-invalid (every error with "
-                                        "line, column, path, message) or a malformed header."),
+                                        "line, column, path, message), business-rule-violation (every failed rule "
+                                        "with id, flag, location, text, line, column) or a malformed header."),
                         **auth_errors,
                         "403": _problem("The partner may not use the route the document matched."),
                         "413": _problem("The body is over the size limit."),
                         "415": _problem("Content-Type is not XML."),
-                        "422": _problem("No route matches (names the root element and partner)."),
+                        "422": _problem("No route matches (names the root element and partner); or the route's business "
+                                        "rules did not finish in time (rules-timeout) or failed on the document "
+                                        "(rules-error)."),
                         "502": _problem("Request-reply: the back end answered with an error; the document was accepted."),
                         "503": _problem("The store is unavailable; nothing was accepted."),
                         "504": _problem("Request-reply: no reply in time; the document was accepted (see status_url)."),

@@ -13,7 +13,8 @@ every rule set compiled, fed one document at a time over a pipe. The intake
 hands a document over (:meth:`RulesRunner.submit`: a future; the event loop
 drives the workers' pipes) and goes on with its other stages; a worker that
 has not answered within
-``limits.rules_seconds`` is killed, the document gets
+``limits.rules_seconds`` is killed (one that needs more memory than
+``rules.worker_memory_mb`` stops by itself), the document gets
 :class:`~gateway.errors.RulesTimeoutError` (422), and a fresh worker takes its
 place, so a costly document costs the server that budget and no more. A
 document is parsed once in the worker for all the route's rule sets.
@@ -33,6 +34,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import struct
@@ -88,6 +90,9 @@ START_SECONDS = 60.0
 MAX_FINDINGS = 1000
 #: The most warnings a receipt lists (the count on the message is the whole number).
 MAX_RECEIPT_WARNINGS = 50
+#: ``rules.worker_memory_mb`` by default: a worker that needs more for a document stops (the document gets
+#: 422 rules-error) and another takes its place.
+DEFAULT_WORKER_MEMORY_MB = 1024
 
 
 @dataclass
@@ -238,6 +243,9 @@ def _worker_main() -> None:
     fin, fout = sys.stdin.fileno(), sys.stdout.fileno()
     try:
         start = json.loads(_read_frame(fin))
+        if start.get("memory"):  # Saxon's heap is mapped memory: RLIMIT_DATA bounds it (RLIMIT_AS would not:
+            limit = int(start["memory"])  # the native image reserves far more address space than it uses)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         rules = SaxonRules()
         for text in start["sets"]:
             rules.add(CompiledSchematron.from_json(text))
@@ -443,8 +451,8 @@ class _Worker:
         self._replace()
         if job is not None:
             _fail(job.future, RulesEvaluationError(
-                "The business rules could not be run on this document (the rules worker stopped); retry later "
-                "or contact the operator."))
+                "The business rules could not be run on this document: the process running them stopped (out of "
+                f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."))
         self.runner._dispatch()
 
 
@@ -490,14 +498,17 @@ class RulesRunner:
     :meth:`start` starts the processes (blocking); :meth:`submit` is called on the event loop, which
     then drives the workers' pipes itself."""
 
-    def __init__(self, book: RuleBook, *, workers: int = 1, seconds: float = DEFAULT_RULES_SECONDS) -> None:
+    def __init__(self, book: RuleBook, *, workers: int = 1, seconds: float = DEFAULT_RULES_SECONDS,
+                 memory_mb: int = DEFAULT_WORKER_MEMORY_MB) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.book = book
         self.seconds = seconds
+        self.memory_mb = memory_mb
         self.names = list(book.sets)
         self.numbers = {name: i for i, name in enumerate(self.names)}
-        self.start_frame = json.dumps({"sets": [book.sets[n].compiled.to_json() for n in self.names]}).encode()
+        self.start_frame = json.dumps({"sets": [book.sets[n].compiled.to_json() for n in self.names],
+                                       "memory": memory_mb * 1024 * 1024}).encode()
         self._workers = [_Worker(self, i) for i in range(workers)]
         self._queue: collections.deque[_Job] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest submit
@@ -574,6 +585,11 @@ class RulesRunner:
             worker = next((w for w in self._workers if w.ready), None)
             if worker is None:
                 return
+            if worker.process is not None and worker.process.poll() is not None:  # died while idle
+                log.error("business rules: worker %d exited (status %s); starting another", worker.number,
+                          worker.process.returncode)
+                worker._replace()
+                continue
             job = queue_.popleft()
             if job.future.done():  # cancelled: the client went away
                 continue

@@ -290,7 +290,8 @@ class Gateway:
         self.facts_deferred = 0
         # business rules (gateway.rules): worker processes, when a route applies a rule set
         self.rules = (RulesRunner(assembly.rules, workers=self.settings.rules_workers,
-                                  seconds=self.settings.rules_seconds)
+                                  seconds=self.settings.rules_seconds,
+                                  memory_mb=self.settings.rules_worker_memory_mb)
                       if any(route.rules for route in self.routes) else None)
         self._started = False
         self._closed = False

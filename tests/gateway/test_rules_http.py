@@ -23,7 +23,9 @@ from gateway.app import create_app
 from gateway.assemble import assemble, assemble_or_raise
 from gateway.cli import main
 from gateway.config import settings_from_mapping
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, RulesEvaluationError
+from gateway.rules import RuleBook, RuleSet, RulesRunner
+from gateway.schematron import load_schematron
 from gateway.runtime import Runtime
 
 BUDGET = 1.0
@@ -214,6 +216,65 @@ def test_a_rule_failing_on_a_value_gets_422(env):
     body = problem(post(env, noted("error", "rules-error")), 422, "rules-error")
     assert "FORG0001" in body["detail"] or "convert" in body["detail"].lower()
     assert post(env, with_id(ORDER, "rules-after-error")).status_code == 202
+
+
+def test_a_worker_that_died_is_replaced(env):
+    _, runtime, _ = env
+    runner = runtime.gateway.rules
+    (worker,) = runner._workers
+    worker.process.kill()
+    worker.process.wait()
+    response = post(env, with_id(ORDER, "rules-after-kill"))
+    assert response.status_code == 202, response.text
+    assert len(response.json()["warnings"]) == 4
+
+
+def test_rules_run_from_the_intake_threads_too(tmp_path, gw_registry):
+    data = sample_data(tmp_path, business_rules=True)
+    data["server"]["intake_threads"] = 1
+    data["rules"]["workers"] = 1
+    order = data["routes"][0]
+    order.update(exchange="one-way", destination="queue://orders.threads")
+    del order["timeout"]
+    settings = settings_from_mapping(data, config_path=SAMPLE_CONFIG, base_dir=tmp_path)
+    assembly = assemble(settings, registry=gw_registry)
+    assert not assembly.errors, assembly.errors
+    runtime = Runtime(assembly, workers=False, etl=False, reconcile=False)
+    runtime.start()
+    try:
+        assert runtime.gateway._intake_pool is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from starlette.testclient import TestClient
+        with TestClient(create_app(assembly, runtime=runtime)) as client:
+            accepted = client.post("/v1/documents", content=with_id(ORDER, "threads-ok"), headers=ACME)
+            refused = client.post("/v1/documents", content=with_id(ORDER, "threads-bad").replace(
+                b"<cbc:ID>2</cbc:ID>", b"<cbc:ID>1</cbc:ID>"), headers=ACME)
+        assert accepted.status_code == 202 and len(accepted.json()["warnings"]) == 4
+        body = problem(refused, 400, "business-rule-violation")
+        assert {e["id"] for e in body["errors"]} == {"LIN-02"}
+    finally:
+        runtime.stop()
+
+
+def test_a_document_that_needs_too_much_memory_stops_its_worker_only(tmp_path):
+    (tmp_path / "memory.sch").write_text(textwrap.dedent("""\
+        <sch:schema xmlns:sch="http://purl.oclc.org/dsdl/schematron" queryBinding="xslt2">
+          <sch:pattern><sch:rule context="/*[@n]">
+            <sch:assert id="BIG" test="string-length(string-join(for $i in 1 to xs:integer(@n) return
+              string(current-dateTime()) || $i, '')) gt 0" xmlns:xs="http://www.w3.org/2001/XMLSchema">big</sch:assert>
+          </sch:rule></sch:pattern>
+        </sch:schema>"""))
+    book = RuleBook({"memory": RuleSet("memory", load_schematron(tmp_path / "memory.sch"))})
+    runner = RulesRunner(book, workers=1, seconds=60, memory_mb=256)
+    runner.start()
+    try:
+        assert runner.check(["memory"], '<a n="10"/>') == []
+        with pytest.raises(RulesEvaluationError, match="256 MB"):
+            runner.check(["memory"], '<a n="50000000"/>')
+        assert runner.check(["memory"], '<a n="10"/>') == []  # a new worker took its place
+    finally:
+        runner.close()
 
 
 # --------------------------------------------------------------------------- configuration errors
