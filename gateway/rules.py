@@ -584,6 +584,13 @@ class RulesRunner:
         while queue_:
             worker = next((w for w in self._workers if w.ready), None)
             if worker is None:
+                if all(w.process is None and not w.starting for w in self._workers):  # none would start
+                    while queue_:
+                        _fail(queue_.popleft().future, GatewayError(
+                            "The business rules cannot be run right now (their processes do not start); retry "
+                            "later or contact the operator."))
+                    for w in self._workers:  # and try again for the next documents
+                        w._replace()
                 return
             if worker.process is not None and worker.process.poll() is not None:  # died while idle
                 log.error("business rules: worker %d exited (status %s); starting another", worker.number,
