@@ -221,6 +221,7 @@ def test_a_process_failing_at_start_up_stops_the_supervisor(tmp_path):
     config.write_text(SAMPLE_CONFIG.read_text()
                       .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
                       .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+                      .replace("file: ../rules/", f"file: {REPO}/rules/")
                       .replace("module: gateway.samples.order_responder", "module: no_such_module_for_this_test"))
     proc, _, log = _serve(tmp_path, "--processes", "2", config=config)
     try:
