@@ -293,6 +293,7 @@ class _Worker:
         self.pending = b""
         self.timer: asyncio.TimerHandle | None = None
         self.starting = False
+        self.reading: tuple[asyncio.AbstractEventLoop, int] | None = None  # where the answers are awaited
 
     # ----------------------------------------------------------------- the process
 
@@ -326,6 +327,7 @@ class _Worker:
         """Stop the process (the document it runs has had its time) and start another off the loop."""
         loop = self.loop
         process, self.process = self.process, None
+        self.reading = None
         if process is not None and loop is not None:
             for fd in (process.stdout.fileno(), process.stdin.fileno()):  # type: ignore[union-attr]
                 loop.remove_reader(fd)
@@ -374,7 +376,10 @@ class _Worker:
         self.job = job
         self.buffer.clear()
         self.pending = _LEN.pack(len(job.payload)) + job.payload
-        loop.add_reader(process.stdout.fileno(), self._readable)
+        fd = process.stdout.fileno()
+        if self.reading != (loop, fd):  # registered once per process (and loop), not per document
+            loop.add_reader(fd, self._readable)
+            self.reading = (loop, fd)
         self.timer = loop.call_later(self.runner.seconds, self._timed_out)
         self._writable()
 
@@ -410,6 +415,8 @@ class _Worker:
         if not chunk:
             self._failed("the rules worker stopped")
             return
+        if self.job is None:  # nothing asked: not an answer
+            return
         self.buffer += chunk
         if len(self.buffer) < 4:
             return
@@ -427,8 +434,7 @@ class _Worker:
             self.timer.cancel()
             self.timer = None
         process = self.process
-        if process is not None and self.loop is not None:
-            self.loop.remove_reader(process.stdout.fileno())  # type: ignore[union-attr]
+        if process is not None and self.loop is not None and self.pending:
             self.loop.remove_writer(process.stdin.fileno())  # type: ignore[union-attr]
         self.buffer.clear()
         self.pending = b""
@@ -548,14 +554,15 @@ class RulesRunner:
             _fail(job.future, RulesEvaluationError("The gateway is stopping; retry in a moment."))
         self._queue.clear()
 
-    def submit(self, names: Iterable[str], text: str) -> asyncio.Future[list[Finding]]:
-        """Run the rule sets *names* on a document's text (:func:`~gateway.schematron.document_text`); call
-        it on the event loop. The future's result is every finding, or RulesTimeoutError /
-        RulesEvaluationError."""
+    def submit(self, names: Iterable[str], text: str | bytes) -> asyncio.Future[list[Finding]]:
+        """Run the rule sets *names* on a document's text (:func:`~gateway.schematron.document_text`, or its
+        UTF-8 encoding); call it on the event loop. The future's result is every finding, or
+        RulesTimeoutError / RulesEvaluationError."""
         if not self._started or self.closed:
             raise RuntimeError("the rules runner is not running")
         names = tuple(names)
-        payload = ",".join(str(self.numbers[n]) for n in names).encode("ascii") + b"\n" + text.encode("utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        payload = ",".join(str(self.numbers[n]) for n in names).encode("ascii") + b"\n" + data
         loop = asyncio.get_running_loop()
         self._loop = loop
         job = _Job(names, payload, loop.create_future())

@@ -76,6 +76,7 @@ __all__ = [
     "SchematronError",
     "compile_schematron",
     "document_text",
+    "document_utf8",
     "load_schematron",
     "locate",
     "parse_output",
@@ -221,11 +222,20 @@ class CompiledSchematron:
     #: the rule set's prefixes (``sch:ns``), which locations are written with
     namespaces: dict[str, str] = field(default_factory=dict)
     from_cache: bool = False
+    _shown: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def display_path(self, path: str) -> str:
         """*path* (``fn:path()``: ``Q{uri}name[n]`` steps) with the rule set's prefixes where it has one."""
         if "Q{" not in path:
             return path
+        shown = self._shown.get(path)
+        if shown is None:
+            if len(self._shown) >= 4096:  # the same few paths come back document after document
+                self._shown.clear()
+            shown = self._shown[path] = self._display(path)
+        return shown
+
+    def _display(self, path: str) -> str:
         prefixes = getattr(self, "_prefixes", None)
         if prefixes is None:
             prefixes = {}
@@ -1138,6 +1148,17 @@ def document_text(root: etree._Element, decoded: str | None = None) -> str:
     if decoded is not None:
         return _XML_DECLARATION.sub("", decoded, count=1)
     return etree.tostring(root, encoding="unicode")
+
+
+_XML_DECLARATION_UTF8 = re.compile(rb"^(?:\xef\xbb\xbf)?\s*<\?xml[^>]*\?>")
+
+
+def document_utf8(root: etree._Element, body: bytes, utf8: bool) -> bytes:
+    """:func:`document_text` encoded in UTF-8: the received bytes themselves when they are UTF-8 (*utf8*:
+    the intake decoded them as such), without byte order mark and XML declaration."""
+    if utf8:
+        return _XML_DECLARATION_UTF8.sub(b"", body, count=1)
+    return etree.tostring(root, encoding="UTF-8")
 
 
 _SAXON_ERROR = re.compile(r"on line (\d+)(?: column \d+)? of (\S+?):\s*\n\s*(\S+)\s+(.*?)(?=\n\S|\Z)", re.S)

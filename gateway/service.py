@@ -98,7 +98,7 @@ from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
 from .partners import Partner
 from .routes import Route
 from .rules import RulesRunner, violation, warnings_of
-from .schematron import document_text
+from .schematron import document_utf8
 from .xmlintake import parse_document, parse_document_text
 
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "iso_ms"]
@@ -201,7 +201,7 @@ class _Intake:
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
     facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
-    rules: Any = None  # the route's business rules: running (a future of the findings), or the text to run them on
+    rules: Any = None  # the route's business rules: running (a future of the findings), or the text to run them on (bytes)
 
 
 @dataclass(slots=True)
@@ -381,7 +381,7 @@ class Gateway:
         warning_count = 0
         if intake.rules is not None:  # the business rules ran meanwhile: failures refuse the document
             pending = intake.rules
-            if isinstance(pending, str):  # an intake thread made the text: the event loop drives the workers
+            if isinstance(pending, bytes):  # an intake thread made the text: the event loop drives the workers
                 pending = self.rules.submit(route.rules, pending)
             findings = await pending
             if any(f.is_error for f in findings):
@@ -483,8 +483,8 @@ class Gateway:
                 raise _Invalid(work)
             self._explain_invalid(work)
         if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
-            text = document_text(work.root, work.decoded)
-            work.rules = self.rules.submit(work.route.rules, text) if work.on_loop else text
+            data = document_utf8(work.root, work.body, work.decoded is not None)
+            work.rules = self.rules.submit(work.route.rules, data) if work.on_loop else data
 
     def _explain_invalid(self, work: _Work) -> None:
         """Raise the SchemaValidationError of an invalid document, with every error's details."""
