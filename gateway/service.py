@@ -201,7 +201,7 @@ class _Intake:
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
     facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
-    rules: Any = None  # the route's business rules: running (a future of the findings), or the text to run them on (bytes)
+    rules: Any = None  # the business rules running (a future of the findings), or the document for them (bytes)
 
 
 @dataclass(slots=True)
@@ -219,7 +219,7 @@ class _Work:
     decoded: str | None = None
     route: Route | None = None
     result: _Intake | None = None
-    rules: Any = None  # the business rules' future (see _validate_stage)
+    rules: Any = None  # the business rules' future, or the document for them (see _validate_stage)
 
 
 class _Invalid(Exception):
