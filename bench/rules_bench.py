@@ -264,7 +264,8 @@ def main() -> int:
         e = results[f"engine {name}"]
         print(f"engine {name}: {e['with_parse']:.0f} documents/s with the parse ({e['with_parse_cpu_us']:.0f} us CPU "
               f"each; goal >= {goals[name]}: {'met' if e['with_parse'] >= goals[name] else 'NOT met'}), "
-              f"{e['alone']:.0f}/s on documents parsed beforehand ({e['alone_cpu_us']:.0f} us CPU), Saxon's parse alone "
+              f"{e['alone']:.0f}/s on documents parsed beforehand ({e['alone_cpu_us']:.0f} us CPU), "
+              f"Saxon's parse alone "
               f"{e['parse']:.0f}/s ({e['parse_cpu_us']:.0f} us CPU); {e['findings']} findings per document")
         rate, parent_cpu, worker_cpu = results[f"worker {name}"]
         print(f"   through one worker process: {rate:.0f} documents/s ({worker_cpu:.0f} us CPU in the worker, "

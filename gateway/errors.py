@@ -316,7 +316,7 @@ class BusinessRuleViolationError(InvalidDocumentError):
     :class:`RuleFailureDetail` (at most ``max_errors``; ``omitted`` counts the rest)."""
 
     code = "business-rule-violation"
-    default_detail = "The document breaks business rules agreed for this route; fix the errors listed and send it again."
+    default_detail = "The document breaks business rules agreed for this route; fix the errors listed and resend it."
     max_errors = 50
 
 

@@ -866,7 +866,8 @@ class _Compiler:
 
 # --------------------------------------------------------------------------- constant lets
 
-_LITERAL_RESOURCE = re.compile(r"\b(?:doc|document|unparsed-text|unparsed-text-lines|json-doc)\s*\(\s*(['\"])([^'\"]*)\1")
+_LITERAL_RESOURCE = re.compile(
+    r"\b(?:doc|document|unparsed-text|unparsed-text-lines|json-doc)\s*\(\s*(['\"])([^'\"]*)\1")
 _CONSTANT_TOKEN = re.compile(
     r"\s+|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+|[(),]"
     r"|(?:fn:)?(?P<function>[A-Za-z][\w-]*)\s*(?=\()")
