@@ -129,6 +129,7 @@ def _outcome_response(outcome: Outcome) -> Response:
 
 
 def _status_body(record: LedgerRecord) -> dict[str, Any]:
+    warnings = json.loads(record.receipt).get("warnings") if record.receipt and '"warnings"' in record.receipt else None
     reply = None
     if record.reply is not None:
         reply = record.reply.decode("utf-8", errors="replace")
@@ -146,6 +147,7 @@ def _status_body(record: LedgerRecord) -> dict[str, Any]:
         "reply_type": record.reply_type,
         "reply_url": f"/v1/documents/{record.message_id}/reply" if record.reply is not None else None,
         "error": record.error,
+        **({"warnings": warnings} if warnings else {}),  # business rule warnings the receipt listed
     }
 
 

@@ -13,6 +13,7 @@
     b2bgw dlq replay DEST                               move a dead-letter queue's messages back
     b2bgw db upgrade [--url URL]                        run the broker's and the ledger's migrations
     b2bgw routes check                                  check partners, schemas and routes (file:line errors)
+    b2bgw rules check RULES.sch DOC.xml... [--json]     run a Schematron rule set on documents (no schema)
     b2bgw key new --id KEY_ID                           make an API key and the hash to configure
     b2bgw etl run|status ...                            the warehouse load (when spark_etl is installed)
     b2bgw --version
@@ -634,7 +635,64 @@ def cmd_routes_check(args: argparse.Namespace) -> int:
     for route in assembly.routes:
         who = "every partner" if route.partners is None else ", ".join(sorted(route.partners))
         print(f"  {route.id}: {route.doc_type} from {who} -> {route.destination} ({route.exchange})")
+    for name, rule_set in assembly.rules.sets.items():
+        compiled = rule_set.compiled
+        print(f"  rule set {name}: {len(compiled.assertions)} assertions from {compiled.path}"
+              f"{' (phase ' + compiled.phase + ')' if compiled.phase else ''}")
     return 0
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    """Run one Schematron rule set on documents: exit 0 when none fails a rule of flag fatal, error or none,
+    1 when one does (or cannot be read), 2 when the rule file cannot be used."""
+    from .schematron import SaxonRules, SchematronError, default_cache_dir, document_text, load_schematron
+    from .xmlintake import parse_document_text
+
+    rules = SaxonRules()
+    cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+    try:
+        compiled = load_schematron(args.rules, args.phase, cache_dir=cache, check=rules)
+        rules.add(compiled)
+    except SchematronError as exc:
+        for err in exc.errors:
+            _err(str(err))
+        return 2
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
+    rules.lock()
+    status = 0
+    for name in args.documents:
+        try:
+            root, decoded = parse_document_text(Path(name).read_bytes())
+            findings = rules.run(document_text(root, decoded))
+        except OSError as exc:
+            _err(f"{name}: {exc.strerror or exc}")
+            status = 1
+            continue
+        except GatewayError as exc:  # not well-formed, a DOCTYPE, too large...
+            _err(f"{name}: {exc}")
+            status = 1
+            continue
+        except rules._saxon.PySaxonApiError as exc:
+            _err(f"{name}: the rules failed on this document: {' '.join(str(exc).split())[:300]}")
+            status = 1
+            continue
+        failed = [f for f in findings if f.failed_assert]
+        reports = [f for f in findings if not f.failed_assert]
+        if any(f.is_error for f in findings):
+            status = 1
+        if args.json:
+            print(json.dumps({"document": name, "failed": [f.to_dict() for f in failed],
+                              "reports": [f.to_dict() for f in reports]}, ensure_ascii=False))
+            continue
+        errors = sum(1 for f in findings if f.is_error)
+        print(f"{name}: {'FAILED' if errors else 'ok'} ({errors} error{'s' if errors != 1 else ''}, "
+              f"{len(findings) - errors} warning{'s' if len(findings) - errors != 1 else ''} or reports)")
+        for f in findings:
+            kind = "failed" if f.failed_assert else "report"
+            print(f"  {kind} {f.assertion.id or '-'} [{f.assertion.flag or 'no flag'}] {f.location}: {f.text}")
+    return status
 
 
 def cmd_key_new(args: argparse.Namespace) -> int:
@@ -820,6 +878,16 @@ def build_parser() -> argparse.ArgumentParser:
     routes = needs_action(sub.add_parser("routes", help="routes"), "routes")
     p = with_config(routes.add_parser("check", help="check partners, schemas and routes"))
     p.set_defaults(func=cmd_routes_check)
+
+    rules = needs_action(sub.add_parser("rules", help="business rules"), "rules")
+    p = with_log_level(rules.add_parser("check", help="run a Schematron rule set on documents (no schema validation)"))
+    p.add_argument("rules", metavar="RULES.sch", help="the ISO Schematron rule file")
+    p.add_argument("documents", metavar="DOC.xml", nargs="+", help="documents to check")
+    p.add_argument("--phase", help="the phase to run (default: the schema's defaultPhase, else every pattern)")
+    p.add_argument("--json", action="store_true", help="one JSON object per document per line")
+    p.add_argument("--cache-dir", help="where compiled rule sets are kept (default: ~/.cache/b2bgw/rules)")
+    p.add_argument("--no-cache", action="store_true", help="compile the rule set without the cache")
+    p.set_defaults(func=cmd_rules_check)
 
     key = needs_action(sub.add_parser("key", help="API keys"), "key")
     p = with_log_level(key.add_parser("new", help="make a new API key and print the hash to configure"))

@@ -37,8 +37,10 @@ _XML_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
 _DESCRIPTIONS = {
     400: "The document is not well-formed XML, uses a construct the gateway refuses (a DOCTYPE, an entity, too "
-         "deep or too many elements), or is not valid against its schema (`errors` lists each problem with line, "
-         "column, element path and message); or a request header is malformed (`header` names it).",
+         "deep or too many elements), is not valid against its schema (`errors` lists each problem with line, "
+         "column, element path and message), or breaks a business rule of its route (`business-rule-violation`: "
+         "`errors` lists each failed rule with its id, flag, location and text); or a request header is malformed "
+         "(`header` names it).",
     401: "No API key, or one the gateway does not know (`WWW-Authenticate: Bearer`).",
     403: "The partner may not use the route the document matched.",
     404: "No such document for your partner account (another partner's documents are not found either).",
@@ -47,7 +49,8 @@ _DESCRIPTIONS = {
          "accepted. `message_id` and `status_url` name the first document.",
     413: "The body is larger than the gateway accepts.",
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
-    422: "The document is valid, but no route takes it (the detail names its root element and the partner).",
+    422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
+         "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
     429: "Too many requests from this partner; retry after the time given.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
@@ -227,6 +230,21 @@ def _components() -> dict[str, Any]:
                     "column": {"type": ["integer", "null"]},
                     "path": {"type": ["string", "null"], "example": "/Order/cac:OrderLine[2]/cbc:Quantity"},
                     "message": _STRING,
+                    "id": {"type": ["string", "null"], "description": "business-rule-violation: the rule's id"},
+                    "flag": {"type": ["string", "null"], "description": "business-rule-violation: its flag"},
+                    "location": {"type": "string", "description": "business-rule-violation: XPath of the node"},
+                    "text": {"type": "string", "description": "business-rule-violation: the rule's text"},
+                },
+            },
+            "RuleWarning": {
+                "type": "object",
+                "description": "A business rule finding that does not refuse the document (flag warning, information).",
+                "properties": {
+                    "id": {"type": ["string", "null"]},
+                    "flag": {"type": ["string", "null"]},
+                    "location": _STRING,
+                    "text": _STRING,
+                    "diagnostics": {"type": "array", "items": _STRING},
                 },
             },
             "Receipt": {
@@ -242,6 +260,8 @@ def _components() -> dict[str, Any]:
                     "status": {"type": "string", "enum": ["accepted"]},
                     "received_at": {"type": "string", "format": "date-time"},
                     "status_url": {"type": "string", "example": "/v1/documents/ID:3f2a9c1b7d4e5f60-42"},
+                    "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"},
+                                 "description": "Business rule warnings (flags warning, information), when any."},
                 },
             },
             "DocumentStatus": {
@@ -266,6 +286,7 @@ def _components() -> dict[str, Any]:
                     "reply_type": {"type": ["string", "null"]},
                     "reply_url": {"type": ["string", "null"]},
                     "error": {"type": ["string", "null"]},
+                    "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"}},
                 },
             },
             "Health": {"type": "object", "required": ["status"], "properties": {"status": _STRING}},

@@ -65,7 +65,8 @@ def test_routes_check_on_the_sample(capsys, store):
 def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, shared_schemas):
     (tmp_path / "b2bgw.yaml").write_text((SAMPLE_CONFIG.read_text()
                                           .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                                          .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")))
+                                          .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")
+                                          .replace("file: ../rules/", f"file: {REPO}/rules/")))
     routes = (REPO / "routes" / "ubl-2.1.yaml").read_text()
     routes = routes.replace("destination: queue://despatch.inbound", "destination: despatch")
     routes = routes.replace("TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:PayableAmount, type: double}",
