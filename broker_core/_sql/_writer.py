@@ -152,6 +152,8 @@ class GroupCommitter:
         self.commits = 0
         self.operations = 0
         self.slow_commit = slow_commit
+        #: called with (seconds, operations) after each committed transaction (operators' metrics)
+        self.on_commit: Callable[[float, int], None] | None = None
         #: transactions that took longer than ``slow_commit``, and the longest of them (s)
         self.slow_commits = 0
         self.slowest_commit = 0.0
@@ -290,6 +292,12 @@ class GroupCommitter:
 
     def _timed(self, count: int, asked: float, turn: float, ran: float, committed: float) -> None:
         took = committed - asked
+        observer = self.on_commit
+        if observer is not None:
+            try:
+                observer(took, count)
+            except Exception:  # an observer's failure is not the commit's
+                log.exception("commit observer failed")
         if took <= self.slow_commit or self.slow_commit <= 0:
             return
         self.slow_commits += 1
