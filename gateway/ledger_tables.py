@@ -89,6 +89,10 @@ documents = sa.Table(
     # the reconciler's cursor: documents of one status in (updated_at, message_id) order (Ledger.in_status)
     sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
+    # operators' searches (migration g0005): by time, and by a correlation id or a document id alone
+    sa.Index("ix_b2b_ledger_received", "received_at", "message_id"),
+    sa.Index("ix_b2b_ledger_correlation", "correlation_id"),
+    sa.Index("ix_b2b_ledger_doc_id", "doc_id"),
 )
 
 events = sa.Table(
