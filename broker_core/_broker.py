@@ -84,6 +84,19 @@ def _position(cursor: str | None) -> tuple[int, ...] | None:
     return parts
 
 
+def _queue(name: Queue | str) -> Queue:
+    """A queue given as itself, as ``queue://NAME`` or as a bare name."""
+    if isinstance(name, Queue):
+        return name
+    text = str(name)
+    if "://" in text:
+        found = parse_destination(text)
+        if not isinstance(found, Queue) or found.is_temporary:
+            raise InvalidDestinationError(f"{text} is not a queue")
+        return found
+    return Queue(text)
+
+
 def _ids_selector(message_ids: Any, selector: str | None) -> str | None:
     """A selector for the messages named by *message_ids* (and *selector*)."""
     if message_ids is None:
@@ -303,7 +316,7 @@ class Broker:
         """Move waiting messages of a queue (or subscription box) to queue *target*, as they are (same id,
         headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
         *selector*, at most *limit*; returns the ids of those moved."""
-        queue = target if isinstance(target, Queue) else Queue(str(target))
+        queue = _queue(target)
         return self._take(destination, _ids_selector(message_ids, selector), limit, lambda env: queue)
 
     def _take(self, destination: Destination | str, selector: str | None, limit: int | None,
@@ -403,7 +416,7 @@ class Broker:
     def replay_dead_letter_ids(self, dead_letter_queue: Queue | str, limit: int | None = None, *,
                                message_ids: Any = None, selector: str | None = None) -> list[str]:
         """:meth:`replay_dead_letters`, returning the ids of the messages moved."""
-        queue = dead_letter_queue if isinstance(dead_letter_queue, Queue) else Queue(str(dead_letter_queue))
+        queue = _queue(dead_letter_queue)
 
         def origin(env: Any) -> Destination | None:
             text = env.properties.get("JMS_DLQ_OriginalDestination")

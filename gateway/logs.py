@@ -30,6 +30,8 @@ __all__ = [
     "TextFormatter",
     "bind",
     "configure",
+    "fresh",
+    "restore",
     "uvicorn_log_config",
 ]
 
@@ -47,6 +49,17 @@ def bind(**values: str | None) -> None:
     """Set context fields (``partner=...``, ``message_id=...``) for the rest of the current task."""
     for name, value in values.items():
         _VARS[name].set(value)
+
+
+def fresh() -> list[tuple[contextvars.ContextVar[str | None], contextvars.Token[str | None]]]:
+    """Clear the context fields for a new request (the ASGI server may run several requests in one task);
+    :func:`restore` undoes it."""
+    return [(var, var.set(None)) for var in _VARS.values()]
+
+
+def restore(tokens: list[tuple[contextvars.ContextVar[str | None], contextvars.Token[str | None]]]) -> None:
+    for var, token in reversed(tokens):
+        var.reset(token)
 
 
 def context() -> dict[str, str]:

@@ -54,7 +54,7 @@ from typing import Any, Awaitable, Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .logs import bind, partner_var, problem_var
+from .logs import bind, fresh, partner_var, problem_var, restore
 
 __all__ = ["HttpMetrics", "StoreCollector", "observe_commit", "scrape"]
 
@@ -115,10 +115,12 @@ class HttpMetrics:
                          route=state[1])
             await send(message)
 
+        tokens = fresh()
         try:
             await dispatch(scope, receive, sending)
         finally:
             self._record(scope, state[0], state[1], time.perf_counter() - started)
+            restore(tokens)
 
     def _record(self, scope: Any, status: int, route_id: str | None, elapsed: float) -> None:
         path = scope["path"]
