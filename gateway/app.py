@@ -45,7 +45,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .ledger import LedgerRecord
-from .logs import partner_var
+from .logs import set_partner
 from .openapi import openapi_document
 from .problems import problem_response
 from .runtime import Runtime, start_stomp
@@ -300,7 +300,7 @@ def create_app(
     async def accept(headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
         partner = await partners.authenticate_async(headers.get("authorization"))
-        partner_var.set(partner.id)
+        set_partner(partner.id)
         charset = check_media_type(headers.get("content-type"))
         correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
         key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
@@ -314,7 +314,7 @@ def create_app(
 
     async def get_document(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
-        partner_var.set(partner.id)
+        set_partner(partner.id)
         gw = gateway()
         rt: Runtime = state["runtime"]
         refresh = rt.reconciler.refresh if rt.reconciler is not None else None
@@ -325,7 +325,7 @@ def create_app(
 
     async def get_reply(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
-        partner_var.set(partner.id)
+        set_partner(partner.id)
         record = await gateway().document(partner, request.path_params["message_id"])
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")

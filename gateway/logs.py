@@ -30,6 +30,9 @@ __all__ = [
     "TextFormatter",
     "bind",
     "configure",
+    "field",
+    "set_partner",
+    "set_problem",
     "fresh",
     "restore",
     "uvicorn_log_config",
@@ -37,39 +40,64 @@ __all__ = [
 
 #: The request context a log line carries when known, in this order.
 CONTEXT_FIELDS = ("partner", "message_id", "correlation_id", "route", "problem")
-_VARS: dict[str, contextvars.ContextVar[str | None]] = {
-    name: contextvars.ContextVar(f"b2bgw_{name}", default=None) for name in CONTEXT_FIELDS
-}
-partner_var = _VARS["partner"]
-problem_var = _VARS["problem"]
+#: The current request's context fields: one dictionary per request (:func:`fresh`), filled as it goes.
+_FIELDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("b2bgw_log", default=None)
 FORMATS = ("text", "json")
 
 
 def bind(**values: str | None) -> None:
-    """Set context fields (``partner=...``, ``message_id=...``) for the rest of the current task."""
+    """Set context fields (``partner=...``, ``message_id=...``; None clears one) for the rest of the request."""
+    fields = _FIELDS.get()
+    if fields is None:
+        fields = {}
+        _FIELDS.set(fields)
     for name, value in values.items():
-        _VARS[name].set(value)
+        if value is None:
+            fields.pop(name, None)
+        else:
+            fields[name] = value
 
 
-def fresh() -> list[tuple[contextvars.ContextVar[str | None], contextvars.Token[str | None]]]:
-    """Clear the context fields for a new request (the ASGI server may run several requests in one task);
-    :func:`restore` undoes it."""
-    return [(var, var.set(None)) for var in _VARS.values()]
+def set_partner(partner: str) -> None:
+    """``bind(partner=...)`` for the intake's hot path."""
+    fields = _FIELDS.get()
+    if fields is None:
+        _FIELDS.set({"partner": partner})
+    else:
+        fields["partner"] = partner
 
 
-def restore(tokens: list[tuple[contextvars.ContextVar[str | None], contextvars.Token[str | None]]]) -> None:
-    for var, token in reversed(tokens):
-        var.reset(token)
+def set_problem(code: str) -> None:
+    """``bind(problem=...)``: the RFC 9457 code a request is refused with."""
+    fields = _FIELDS.get()
+    if fields is None:
+        _FIELDS.set({"problem": code})
+    else:
+        fields["problem"] = code
+
+
+def field(name: str) -> str | None:
+    """One context field of the current request, if set."""
+    fields = _FIELDS.get()
+    return None if fields is None else fields.get(name)
+
+
+def fresh(fields: dict[str, str] | None = None) -> contextvars.Token[dict[str, str] | None]:
+    """Start a request's context (the ASGI server may run several requests in one task) in *fields* (a new
+    dictionary, which the caller may fill directly); :func:`restore` ends it."""
+    return _FIELDS.set({} if fields is None else fields)
+
+
+def restore(token: contextvars.Token[dict[str, str] | None]) -> None:
+    _FIELDS.reset(token)
 
 
 def context() -> dict[str, str]:
-    """The context fields set now."""
-    out = {}
-    for name, var in _VARS.items():
-        value = var.get()
-        if value is not None:
-            out[name] = value
-    return out
+    """The context fields set now, in :data:`CONTEXT_FIELDS` order."""
+    fields = _FIELDS.get()
+    if not fields:
+        return {}
+    return {name: fields[name] for name in CONTEXT_FIELDS if name in fields}
 
 
 class ContextFilter(logging.Filter):

@@ -128,6 +128,17 @@ box_counters = sa.Table(
     sa.Column("redelivered", sa.BigInteger, nullable=False, server_default="0"),
 )
 
+#: How many entries each box holds (waiting and in flight), as deltas per broker instance written in the
+#: transactions that insert and delete entries (instance ``''``: the deltas of instances gone, folded), so
+#: that counting a box's messages never scans its entries. A box's rows go when the box is deleted.
+box_depth = sa.Table(
+    "b2b_box_depth",
+    metadata,
+    sa.Column("instance", sa.String(64), primary_key=True),
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("entries", sa.BigInteger, nullable=False),
+)
+
 #: The open consumers of each live broker instance, per box (so every process counts every process's).
 consumers = sa.Table(
     "b2b_consumers",

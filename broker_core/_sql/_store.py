@@ -59,7 +59,17 @@ from .._store import (
     now_ms,
 )
 from . import _codec
-from ._schema import box_counters, consumers, entries, instances, leases, messages, subscriptions, temporaries
+from ._schema import (
+    box_counters,
+    box_depth,
+    consumers,
+    entries,
+    instances,
+    leases,
+    messages,
+    subscriptions,
+    temporaries,
+)
 from ._schema import expired as expired_table
 from ._engine import (
     _PG_WRITE_LOCK,
@@ -656,6 +666,11 @@ class SQLStore(Store):
             log.warning("broker instance %s stopped sending heartbeats; reclaiming its messages", owner)
             self._reclaim(batch, owner)
             conn.execute(instances.delete().where(instances.c.id == owner))
+        # depth deltas of instances that are gone (written in the very transaction that said goodbye)
+        for owner in conn.execute(sa.select(box_depth.c.instance).where(
+                box_depth.c.instance != "", box_depth.c.instance != self.instance_id,
+                ~box_depth.c.instance.in_(sa.select(instances.c.id))).distinct()).scalars().all():
+            self._fold_depth(batch, owner)
         # in-flight rows whose owner is unknown (instance row lost) come back too
         orphans = conn.execute(
             sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id)))
@@ -675,6 +690,7 @@ class SQLStore(Store):
         conn.execute(subscriptions.delete().where(subscriptions.c.owner == owner))
         conn.execute(temporaries.delete().where(temporaries.c.owner == owner))
         conn.execute(consumers.delete().where(consumers.c.instance == owner))
+        self._fold_depth(batch, owner)
 
     def _insert(self, batch: Batch, envs: Sequence[Envelope]) -> None:
         """Store ``envs`` in this transaction (written by :meth:`_flush_inserts`
@@ -684,6 +700,8 @@ class SQLStore(Store):
     def _before_commit(self, batch: Batch) -> None:
         if batch.inserts:
             self._flush_inserts(batch)
+        if batch.depth:
+            self._record_depth(batch)
         if self._pg:
             for box in batch.touched:
                 self._sql.run(batch.conn, "SELECT pg_notify(%s, %s)", (_CHANNEL, box))
@@ -791,6 +809,32 @@ class SQLStore(Store):
         # consumers (and other processes) are not woken to find it empty, only the readers that got them
         batch.touched.update(counts if not handed else {p[0] for i, p in enumerate(pending) if i not in handed})
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+        depth = batch.depth
+        for box, n in counts.items():
+            depth[box] = depth.get(box, 0) + n
+
+    def _record_depth(self, batch: Batch) -> None:
+        """Add this transaction's entries per box to ``b2b_box_depth`` (this instance's rows): counting a
+        box then reads a few rows, never its entries. One statement per transaction, carrying every box
+        the transaction touched (one or two, mostly)."""
+        changed = [(self.instance_id, box, n) for box, n in sorted(batch.depth.items()) if n]
+        if changed:
+            mark = self._sql._mark
+            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
+
+    def _fold_depth(self, batch: Batch, owner: str) -> None:
+        """Fold the depth deltas of a broker instance that is gone into the base rows (instance ``''``).
+        DELETE ... RETURNING takes them, so two processes folding the same instance cannot both count it."""
+        rows = batch.conn.execute(box_depth.delete().where(box_depth.c.instance == owner)
+                                  .returning(box_depth.c.box, box_depth.c.entries)).all()
+        changed = [("", box, n) for box, n in rows if n]
+        if changed:
+            mark = self._sql._mark
+            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
 
     _RECENT_COUNT = 4096
     _RECENT_BYTES = 32 << 20
@@ -893,9 +937,13 @@ class SQLStore(Store):
         """Delete entries (only ``owner``'s, when given) and their orphaned
         messages; returns how many entries were deleted."""
         if owner is not None:
-            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_owned", ids, owner)]
+            deleted = self._sql.by_ids(batch.conn, "delete_owned", ids, owner)
         else:
-            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_any", ids)]
+            deleted = self._sql.by_ids(batch.conn, "delete_any", ids)
+        refs = [row[0] for row in deleted]
+        depth = batch.depth
+        for _, box in deleted:
+            depth[box] = depth.get(box, 0) - 1
         self._collect(batch, refs)
         self._forget(refs)
         return len(refs)
@@ -905,6 +953,9 @@ class SQLStore(Store):
         for state in (_WAITING, _IN_FLIGHT):  # each through its partial index
             refs += batch.conn.execute(
                 entries.delete().where(entries.c.box == box, state).returning(entries.c.message)).scalars().all()
+        # the box is gone: so are its counts (every instance's), and this transaction's
+        batch.depth.pop(box, None)
+        batch.conn.execute(box_depth.delete().where(box_depth.c.box == box))
         self._collect(batch, refs)
 
     def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
@@ -1295,12 +1346,15 @@ class SQLStore(Store):
         return iter(found)
 
     def stats(self) -> list[DestinationStats]:
+        """Counters of every box without scanning what waits: the entries of each box from
+        ``b2b_box_depth`` (a few rows per box), those in flight (few: consumers' prefetch) and the head of
+        each box (one index seek each)."""
         with self.engine.connect() as conn:
-            waiting = conn.execute(  # through the claim index, which covers box and seq
-                sa.select(entries.c.box, sa.func.count(), sa.func.min(entries.c.seq)).where(_WAITING)
-                .group_by(entries.c.box)).all()
+            totals = dict(conn.execute(sa.select(box_depth.c.box, sa.func.sum(box_depth.c.entries))
+                                       .group_by(box_depth.c.box)).all())
             flying = dict(conn.execute(
                 sa.select(entries.c.box, sa.func.count()).where(_IN_FLIGHT).group_by(entries.c.box)).all())
+            heads = dict(conn.execute(self._heads_query).all()) if totals else {}
             subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
             shared = {row[0]: row[1:] for row in conn.execute(sa.select(
                 box_counters.c.box, box_counters.c.enqueued, box_counters.c.dequeued, box_counters.c.expired,
@@ -1309,6 +1363,8 @@ class SQLStore(Store):
                 sa.select(consumers.c.box, sa.func.sum(consumers.c.consumers))
                 .where(consumers.c.instance != self.instance_id).group_by(consumers.c.box)).all())
             conn.rollback()
+        waiting = [(box, max(0, int(total) - flying.get(box, 0)), heads.get(box))
+                   for box, total in totals.items() if total]
         depth = {box: (n, oldest) for box, n, oldest in waiting}
         memory = {s.name: s for s in self._mem.stats()}
         names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared)
@@ -1334,6 +1390,12 @@ class SQLStore(Store):
                 redelivered=counts[RED] + (mem.redelivered if mem else 0),
             ))
         return out
+
+    #: The seq of the first waiting entry of each counted box in delivery order (one seek of the claim
+    #: index per box): when the message the box's consumers get next came in.
+    _heads_query = sa.text(
+        "SELECT d.box, (SELECT e.seq FROM b2b_entries e WHERE e.box = d.box AND e.state = 0 "
+        "ORDER BY e.priority DESC, e.seq LIMIT 1) FROM (SELECT DISTINCT box FROM b2b_box_depth) d")
 
     # ------------------------------------------------------------ operators' reads and actions
 
@@ -1458,6 +1520,8 @@ class SQLStore(Store):
             refs = batch.conn.execute(entries.delete().where(entries.c.id.in_(
                 sa.select(entries.c.id).where(entries.c.box == box, _WAITING).limit(5000).scalar_subquery()))
                 .returning(entries.c.message)).scalars().all()
+            if refs:
+                batch.depth[box] = batch.depth.get(box, 0) - len(refs)
             self._collect(batch, refs)
             self._forget(refs)
             return len(refs)

@@ -42,7 +42,7 @@ class Batch:
     """What an operation sees: the connection of the current transaction, and
     where to record boxes that got messages (woken after the commit)."""
 
-    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered", "number")
+    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered", "number", "depth")
 
     def __init__(self, conn: sa.Connection, number: int = 0) -> None:
         self.conn = conn
@@ -51,6 +51,7 @@ class Batch:
         self.touched: set[str] = set()
         self.after_commit: list[Callable[[], None]] = []
         self.inserts: list[Any] = []  # messages to store, written together just before the commit
+        self.depth: dict[str, int] = {}  # entries added (removed: negative) per box, recorded at the commit
 
 
 class _Op:

@@ -16,13 +16,12 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..metrics import HttpMetrics, StoreCollector, observe_commit, scrape
+from ..metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
 from ..opsconfig import AdminSettings
 from .api import api_routes
 from .console import console_routes
@@ -42,8 +41,7 @@ class Operations:
         self.admin: AdminSettings = assembly.settings.admin or AdminSettings()
         self.service = AdminService(assembly, runtime, self.admin)
         self.http = HttpMetrics(set(assembly.partners.partners))
-        self.store_registry = CollectorRegistry(auto_describe=False)
-        self.store_registry.register(StoreCollector(self._snapshot, self._dead_letter_prefix))
+        self.store_metrics = StoreMetrics(self._snapshot, self._dead_letter_prefix)
         self._listener_wanted = listener and self.admin.active and self.admin.separate
         self._server: Any = None
         self._serving: asyncio.Task[None] | None = None
@@ -71,7 +69,11 @@ class Operations:
         return merge_admin(document) if self.admin.active else document
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        body, media = await asyncio.to_thread(scrape, self.store_registry)
+        def exposition() -> tuple[bytes, str]:
+            self.http.flush()  # this process's requests up to now
+            return scrape(self.store_metrics)
+
+        body, media = await asyncio.to_thread(exposition)
         return Response(body, media_type=media, headers={"Cache-Control": "no-store"})
 
     # ----------------------------------------------------------------- lifecycle (the app's lifespan)
@@ -85,6 +87,7 @@ class Operations:
             await self._start_listener()
 
     async def stopping(self) -> None:
+        self.http.flush()
         if self._server is not None:
             self._server.should_exit = True
             if self._serving is not None:

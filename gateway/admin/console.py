@@ -34,6 +34,9 @@ __all__ = ["console_routes"]
 
 HERE = Path(__file__).resolve().parent
 MAX_FORM = 256 * 1024
+#: The overview lists the busiest destinations; the destinations page lists them all, a page at a time.
+OVERVIEW_ROWS = 50
+PAGE_ROWS = 200
 
 
 def _static_files() -> dict[str, tuple[bytes, str, str]]:
@@ -169,8 +172,9 @@ def console_routes(service: AdminService) -> list[Route]:
     def back(target: str | None, **message: str) -> RedirectResponse:
         if not target or not target.startswith("/console") or target.startswith("//"):
             target = "/console"
-        sep = "&" if "?" in target else "?"
-        return RedirectResponse(target + sep + urllib.parse.urlencode(message), 303)
+        if message:
+            target += ("&" if "?" in target else "?") + urllib.parse.urlencode(message)
+        return RedirectResponse(target, 303)
 
     # --------------------------------------------------------------- login
 
@@ -222,7 +226,8 @@ def console_routes(service: AdminService) -> list[Route]:
 
     # --------------------------------------------------------------- pages
 
-    def destinations_view() -> dict[str, Any]:
+    def destinations_view(limit: int = OVERVIEW_ROWS, offset: int = 0, name_filter: str | None = None,
+                          by_name: bool = False) -> dict[str, Any]:
         data = service.destinations()
         history = service.sampler.history()
         items = data["destinations"]
@@ -238,8 +243,12 @@ def console_routes(service: AdminService) -> list[Route]:
             points = [values.get(name, (0, 0, 0))[0] for _, values in history[-40:]]
             return svg_series(points, 96, 22, "spark", f"depth of {name}")
 
-        return {"destinations": items, "totals": totals, "taken_at": data["taken_at"], "spark": spark,
-                "interval": service.admin.stats_interval}
+        listed = [d for d in items if d["kind"] != "dead-letter" and (not name_filter or name_filter in d["name"])]
+        if not by_name:  # the overview: the busiest first (dead letters, then depth)
+            listed.sort(key=lambda d: (-d["dead_letter_depth"], -d["depth"], d["name"]))
+        return {"destinations": listed[offset:offset + limit], "listed": len(listed), "offset": offset,
+                "limit": limit, "totals": totals, "taken_at": data["taken_at"], "spark": spark,
+                "interval": service.admin.stats_interval, "name_filter": name_filter or ""}
 
     async def overview(request: Request, principal: Principal) -> Response:
         view = await thread(destinations_view)
@@ -289,6 +298,15 @@ def console_routes(service: AdminService) -> list[Route]:
         m = await thread(service.message, q.get("destination"), q.get("id") or "")
         is_dlq = m["box"].startswith(f"queue://{service.broker.policy.dead_letter_prefix}")
         return render("message.html", request, principal, title=m["message_id"], nav="overview", m=m, is_dlq=is_dlq)
+
+    async def all_destinations(request: Request, principal: Principal) -> Response:
+        q = request.query_params
+        page_no = max(0, int(q.get("page") or 0)) if (q.get("page") or "0").isdigit() else 0
+        name_filter = (q.get("q") or "").strip()[:200] or None
+        view = await thread(lambda: destinations_view(PAGE_ROWS, page_no * PAGE_ROWS, name_filter, True))
+        return render("destinations.html", request, principal, title="Destinations", nav="overview", page_no=page_no,
+                      full_list=True,
+                      **view)
 
     async def dead_letters(request: Request, principal: Principal) -> Response:
         data = await thread(service.destinations)
@@ -381,6 +399,7 @@ def console_routes(service: AdminService) -> list[Route]:
         Route("/console/logout", page(logout), methods=["POST"]),
         Route("/console/fragments/destinations", page(fragment), methods=["GET"]),
         Route("/console/destination", page(destination), methods=["GET"]),
+        Route("/console/destinations", page(all_destinations), methods=["GET"]),
         Route("/console/message", page(message), methods=["GET"]),
         Route("/console/dead-letters", page(dead_letters), methods=["GET"]),
         Route("/console/actions", page(actions), methods=["POST"]),

@@ -381,3 +381,60 @@ async def test_without_operators_there_is_no_admin_side(make_assembly):
             assert not any(p.startswith("/admin") for p in (await c.get("/openapi.json")).json()["paths"])
     finally:
         runtime.stop()
+
+
+# --------------------------------------------------------------------------- the console's pages over HTTP
+
+
+async def console_login(env: GatewayEnv, name: str = "alice", secret: str = "alice-secret-1") -> None:
+    c = env.client
+    form = await c.get("/console/login")
+    token = form.cookies.get("b2bgw_login") or c.cookies.get("b2bgw_login")
+    assert token and f'value="{token}"' in form.text
+    r = await c.post("/console/login", data={"csrf": token, "name": name, "secret": secret, "next": "/console"})
+    assert r.status_code == 303 and r.headers["location"] == "/console"
+    assert c.cookies.get("b2bgw_session")
+
+
+async def test_console_pages_need_a_session_and_render_for_it(admin_env):
+    c = admin_env.client
+    r = await c.get("/console/ledger?doc_id=X")
+    assert r.status_code == 303 and r.headers["location"].startswith("/console/login?next=")
+    r = await c.post("/console/login", data={"csrf": "forged", "name": "alice", "secret": "alice-secret-1"})
+    assert r.status_code == 303 and "error=" in r.headers["location"] and not c.cookies.get("b2bgw_session")
+    await console_login(admin_env)
+    [mid] = await post_invoices(admin_env, "INV-PAGES")
+    fresh(admin_env)
+    for path in ("/console", "/console/destinations", "/console/destinations?q=invoices&page=0",
+                 "/console/dead-letters", "/console/ledger?doc_id=INV-PAGES", f"/console/ledger/{mid}",
+                 "/console/partners", "/console/etl", "/console/audit",
+                 "/console/destination?name=queue%3A%2F%2Finvoices.inbound",
+                 f"/console/message?destination=queue%3A%2F%2Finvoices.inbound&id={mid}",
+                 "/console/fragments/destinations"):
+        r = await c.get(path)
+        assert r.status_code == 200, (path, r.text[:300])
+        assert r.headers["cache-control"] == "no-store"
+    page = await c.get("/console")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert "queue://invoices.inbound" in page.text
+    assert (await c.get("/console/static/console.css")).headers["content-type"].startswith("text/css")
+    missing = await c.get("/console/message?destination=queue%3A%2F%2Finvoices.inbound&id=ID:none")
+    assert missing.status_code == 404 and "not in queue://invoices.inbound" in missing.text
+
+
+async def test_console_actions_need_the_csrf_token_and_say_what_they_did(admin_env):
+    c = admin_env.client
+    await console_login(admin_env)
+    [mid] = await post_invoices(admin_env, "INV-FORM-DEL")
+    page = await c.get("/console/destination?name=queue%3A%2F%2Finvoices.inbound")
+    token = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    form = {"destination": "queue://invoices.inbound", "message_id": mid, "action": "delete",
+            "return_to": "/console/destination?name=queue%3A%2F%2Finvoices.inbound"}
+    r = await c.post("/console/actions", data={**form, "csrf": "wrong"})
+    assert r.status_code == 403
+    assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
+    r = await c.post("/console/actions", data={**form, "csrf": token})
+    assert r.status_code == 303 and "done=Deleted+1+message" in r.headers["location"]
+    assert admin_env.broker.find_message("queue://invoices.inbound", mid) is None
+    r = await c.post("/console/actions", data={**form, "csrf": token, "return_to": "https://evil.example/"})
+    assert r.headers["location"].startswith("/console?")  # never redirected off the console

@@ -10,7 +10,6 @@ import time
 import httpx
 import pytest
 from gwtest import ACME, GLOBEX, INVOICE, ORDER, GatewayEnv, Responder, with_id
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core import Queue
@@ -166,10 +165,34 @@ def test_multiprocess_mode_sums_what_every_serving_process_counted(tmp_path, mon
     for _ in range(2):  # two serving processes, one after the other (the files outlive them)
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    body, media = scrape(CollectorRegistry())
+    body, media = scrape()
     metrics = parse(body.decode())
     assert value(metrics, "b2bgw_http_requests", "b2bgw_http_requests_total", partner="acme", status="202") == 6
     assert value(metrics, "b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_count",
                  route="ubl-order") == 2
     assert value(metrics, "b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_bucket",
                  route="ubl-order", le="0.005") == 2
+
+
+async def test_the_sample_dashboard_uses_only_metrics_a_scrape_has(env):
+    import json
+    import re
+    from pathlib import Path
+
+    from spark_etl import state
+
+    engine = env.broker.store.engine
+    state.upgrade(engine)
+    run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=1)
+    state.update_run(engine, run_id, status="failed", finished_at=int(time.time() * 1000), rows_written=0, loaded=0)
+    await env.client.post("/v1/documents", content=with_id(INVOICE, "INV-G"), headers=GLOBEX)
+    await env.client.post("/v1/documents", content=with_id(ORDER, "PO-G"), headers=ACME)
+    await env.client.post("/v1/documents", content=b"<x", headers=GLOBEX)
+    metrics = await scraped(env)
+    samples = set(metrics) | {name for family in metrics.values() for name, _, _ in family["samples"]}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            used |= set(re.findall(r"\bb2bgw_[a-z_]+", target["expr"]))
+    assert used and used <= samples, used - samples
