@@ -700,20 +700,35 @@ class SQLStore(Store):
     def _before_commit(self, batch: Batch) -> None:
         if batch.inserts:
             self._flush_inserts(batch)
-        if batch.depth:
-            self._record_depth(batch)
         if self._pg:
             for box in batch.touched:
                 self._sql.run(batch.conn, "SELECT pg_notify(%s, %s)", (_CHANNEL, box))
             self._mark_commit(batch)
+        elif batch.depth:
+            self._record_depth(batch)
+
+    _MARK = "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id"
+    #: The mark with the transaction's depth deltas (``_record_depth``) in the same statement: no round
+    #: trip of their own (a data-modifying WITH runs whether or not the query reads it).
+    _MARK_WITH_DEPTH = (
+        "WITH depth AS (INSERT INTO b2b_box_depth (instance, box, entries) "
+        "SELECT %s, t.box, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(box, n) "
+        "ON CONFLICT (instance, box) DO UPDATE SET entries = b2b_box_depth.entries + excluded.entries) "
+        + _MARK)
 
     def _mark_commit(self, batch: Batch) -> None:
         """Record this transaction's number in our instance row (PostgreSQL):
         if the answer to COMMIT is lost, :meth:`_was_committed` tells whether
-        it happened, so the writer neither loses nor repeats it."""
+        it happened, so the writer neither loses nor repeats it. The same
+        statement records the transaction's depth deltas."""
         conn = batch.conn
-        marked = self._sql.run(conn, "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id",
-                               (batch.number, self.instance_id))
+        changed = [(box, n) for box, n in sorted(batch.depth.items()) if n]
+        if changed:
+            marked = self._sql.run(conn, self._MARK_WITH_DEPTH, (self.instance_id, [b for b, _ in changed],
+                                                                 [n for _, n in changed], batch.number,
+                                                                 self.instance_id))
+        else:
+            marked = self._sql.run(conn, self._MARK, (batch.number, self.instance_id))
         if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
             now = now_ms()
             conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
