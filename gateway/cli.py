@@ -332,7 +332,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
-        print("(consumers are counted per process: those of a running `b2bgw serve` are not visible here)")
+        print("(consumers of every process sharing the store, as of their last heartbeat, about a second ago)")
     finally:
         broker.close()
     return 0

@@ -438,3 +438,88 @@ async def test_console_actions_need_the_csrf_token_and_say_what_they_did(admin_e
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is None
     r = await c.post("/console/actions", data={**form, "csrf": token, "return_to": "https://evil.example/"})
     assert r.headers["location"].startswith("/console?")  # never redirected off the console
+
+
+# --------------------------------------------------------------------------- lineage, and the admin side's own port
+
+
+@pytest.fixture
+async def etl_env(make_assembly, tmp_path):
+    assembly = make_assembly(operators=OPERATORS, etl={"enabled": False, "warehouse": str(tmp_path / "wh")})
+    runtime = Runtime(assembly, workers=False, etl=False, reconcile=True)
+    runtime.start()
+    app = create_app(assembly, runtime=runtime)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test")
+    try:
+        yield GatewayEnv(assembly, runtime, app, client, None), tmp_path / "wh"
+    finally:
+        await client.aclose()
+        app.state.ops.service.close()
+        runtime.stop()
+
+
+async def test_a_loaded_document_shows_its_run_and_warehouse_rows_a_quarantined_one_why(etl_env):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from spark_etl import state
+
+    env, warehouse = etl_env
+    c = env.client
+    loaded, quarantined = await post_invoices(env, "INV-W1", "INV-W2")
+    conn = env.broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(Queue("invoices.inbound"))
+    assert consumer.receive(timeout=2) is not None and consumer.receive(timeout=2) is not None
+    conn.close()
+    await wait_status(env, loaded, "delivered")
+    await wait_status(env, quarantined, "delivered")
+    doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
+    assert doc["lineage"]["state"] == "no-load-yet"
+    engine = env.broker.store.engine
+    state.upgrade(engine)
+    doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
+    assert doc["lineage"]["state"] == "waiting-for-load"
+    delivered_seq = next(h["seq"] for h in doc["history"] if h["status"] == "delivered")
+    run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=delivered_seq + 10)
+    state.finish_run(engine, run_id, lease=None, quarantine_rows=[{
+        "message_id": quarantined, "partner": "globex", "doc_type": "Invoice", "ledger_seq": delivered_seq + 1,
+        "reason": "a decimal does not fit decimal(18,6)"}], rows_written=1, loaded=1)
+    folder = warehouse / "fact_invoice" / "issue_date=2009-12-15"  # the example invoice's IssueDate
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"message_id": [loaded, "ID:someone-else"], "invoice_id": ["INV-W1", "X"],
+                             "payable_amount": ["729.000000", "1.000000"]}), folder / "part-00000.parquet")
+    doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
+    lineage = doc["lineage"]
+    assert lineage["state"] == "loaded" and lineage["run"]["run_id"] == run_id
+    assert lineage["rows"] == {"fact_invoice": [{"message_id": loaded, "invoice_id": "INV-W1",
+                                                 "payable_amount": "729.000000"}]}
+    assert doc["timeline"][-1]["step"] == "warehouse" and f"run {run_id}" in doc["timeline"][-1]["detail"]
+    other = (await c.get(f"{API}/documents/{quarantined}", headers=BOB)).json()
+    assert other["lineage"]["state"] == "quarantined"
+    assert "decimal(18,6)" in other["timeline"][-1]["detail"]
+    runs = (await c.get(f"{API}/etl/runs", headers=BOB)).json()["runs"]
+    assert [(r["run_id"], r["status"], r["rows_written"]) for r in runs] == [(run_id, "succeeded", 1)]
+
+
+async def test_the_admin_side_can_have_a_listener_of_its_own(make_assembly):
+    assembly = make_assembly(operators=OPERATORS, admin={"host": "127.0.0.1", "port": 0})
+    runtime = Runtime(assembly, workers=False, etl=False, reconcile=False)
+    runtime.start()
+    app = create_app(assembly, runtime=runtime)
+    ops = app.state.ops
+    await ops.started(runtime)
+    try:
+        port = ops.listener_port
+        assert port
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as admin:
+            assert (await admin.get(f"{API}/destinations", headers=ALICE)).status_code == 200
+            assert (await admin.get("/metrics")).status_code == 200
+            assert (await admin.get("/console")).status_code == 303  # to the login page
+            assert (await admin.get("/v1/documents/ID:1")).status_code == 404  # no partner API here
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as public:
+            for path in ("/console", f"{API}/destinations", "/metrics"):
+                assert (await public.get(path, headers=ALICE)).status_code == 404, path
+            assert (await public.get("/healthz")).status_code == 200
+    finally:
+        await ops.stopping()
+        runtime.stop()
