@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -114,6 +115,7 @@ class AdminService:
         self.admin = admin
         self._runtime = runtime
         self._parts: tuple[Broker, Access, Audit, StatsSampler, queries.Counts] | None = None
+        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- parts, made once the store is open
 
@@ -125,6 +127,13 @@ class AdminService:
 
     def parts(self) -> tuple[Broker, Access, Audit, StatsSampler, queries.Counts]:
         rt = self._started()
+        parts = self._parts
+        if parts is not None and parts[0] is rt.broker:
+            return parts
+        with self._lock:  # made once, whichever request comes first
+            return self._make_parts(rt)
+
+    def _make_parts(self, rt: Any) -> tuple[Broker, Access, Audit, StatsSampler, queries.Counts]:
         parts = self._parts
         if parts is None or parts[0] is not rt.broker:
             broker = rt.broker
