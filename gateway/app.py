@@ -7,6 +7,9 @@
 ``GET  /healthz``                           the process is up
 ``GET  /readyz``                            the store is reachable (503 otherwise)
 ``GET  /openapi.json``                      the OpenAPI 3.1 description
+``/console``, ``/admin/api/v1/...``         the operators' console and admin API (:mod:`gateway.admin`,
+                                            when operators are configured; or on ``admin.port``)
+``GET  /metrics``                           Prometheus metrics (:mod:`gateway.metrics`)
 ==========================================  ==========================================================
 
 Checks on ``POST``, in order: the API key (401), the media type (415), the

@@ -108,6 +108,7 @@ def console_routes(service: AdminService) -> list[Route]:
     env.globals.update(
         static=lambda name: f"/console/static/{name}?v={statics[name][2]}", when=when, age=age, ago=ago,
         size=size, dest_url=dest_url, statuses=STATUSES, show_bytes=SHOW_BYTES)
+    env.filters["n"] = lambda value: f"{value:,}" if isinstance(value, int) else value
 
     def render(template: str, request: Request, principal: Principal | None, status: int = 200,
                **values: Any) -> HTMLResponse:
