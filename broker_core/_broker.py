@@ -97,16 +97,15 @@ def _queue(name: Queue | str) -> Queue:
     return Queue(text)
 
 
-def _ids_selector(message_ids: Any, selector: str | None) -> str | None:
-    """A selector for the messages named by *message_ids* (and *selector*)."""
+def _checked_ids(message_ids: Any) -> list[str] | None:
     if message_ids is None:
-        return selector
+        return None
     ids = list(message_ids)
     if not ids or len(ids) > MAX_MESSAGE_IDS or not all(isinstance(i, str) and 0 < len(i) <= 128 for i in ids):
         raise InvalidArgumentError(f"message_ids must be 1 to {MAX_MESSAGE_IDS} message ids (strings of at most 128 "
                                    f"characters)")
-    listed = "JMSMessageID IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
-    return listed if selector is None else f"({listed}) AND ({selector})"
+    return list(dict.fromkeys(ids))
+
 
 log = logging.getLogger("broker_core")
 
@@ -309,7 +308,7 @@ class Broker:
                         selector: str | None = None, limit: int | None = None) -> list[str]:
         """Delete waiting messages of a queue (or subscription box): those named by *message_ids* (at most
         1000) and/or matching *selector*, at most *limit*; returns the ids of those deleted."""
-        return self._take(destination, _ids_selector(message_ids, selector), limit, None)
+        return self._take(destination, message_ids, selector, limit, None)
 
     def move_messages(self, destination: Destination | str, target: Queue | str, *, message_ids: Any = None,
                       selector: str | None = None, limit: int | None = None) -> list[str]:
@@ -317,33 +316,29 @@ class Broker:
         headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
         *selector*, at most *limit*; returns the ids of those moved."""
         queue = _queue(target)
-        return self._take(destination, _ids_selector(message_ids, selector), limit, lambda env: queue)
+        return self._take(destination, message_ids, selector, limit, lambda env: queue)
 
-    def _take(self, destination: Destination | str, selector: str | None, limit: int | None,
+    def _take(self, destination: Destination | str, message_ids: Any, selector: str | None, limit: int | None,
               target: Callable[[Any], Destination | None] | None, strip: bool = False) -> list[str]:
-        """Claim matching messages and, in batches of up to 200 per store transaction, acknowledge them,
-        sending each to ``target(envelope)`` if given (None there: leave that one where it is)."""
+        """Claim the messages named by *message_ids* (each found by its id) or matching *selector* (found
+        page by page, as :meth:`browse_page` finds them: memory bounded however deep the box) and, in
+        batches of up to 200 per store transaction, acknowledge them, sending each to
+        ``target(envelope)`` if given (None there: leave that one where it is)."""
         if limit is not None and limit < 1:
             raise InvalidArgumentError(f"limit must be at least 1, not {limit}")
         key = destination if isinstance(destination, str) else queue_box(destination)
-        reader = self.store.reader(key, selector, prefetch=min(limit or 200, 200))
+        ids = _checked_ids(message_ids)
+        compiled = None
+        if selector is not None:
+            from ._selector import compile_selector
+
+            compiled = compile_selector(selector, xpath_namespaces=self.xpath_namespaces or None)
         done: list[str] = []
-        skipped = []
-        batch_sends: list[Any] = []
-        batch_acks: list[Any] = []
+        skipped: list[Any] = []
 
-        def flush() -> None:
-            if batch_acks:
-                self.store.commit(batch_sends, batch_acks)
-                done.extend(d.envelope.message_id for d in batch_acks)
-                batch_sends.clear()
-                batch_acks.clear()
-
-        try:
-            while limit is None or len(done) + len(batch_acks) < limit:
-                delivery = reader.claim(now_ms(), False)
-                if delivery is None:
-                    break
+        def settle(deliveries: list[Any]) -> None:
+            sends, acks = [], []
+            for delivery in deliveries:
                 env = delivery.envelope
                 if target is not None:
                     where = target(env)
@@ -353,15 +348,35 @@ class Broker:
                     properties = env.properties
                     if strip:
                         properties = {k: v for k, v in properties.items() if not k.startswith("JMS_DLQ_")}
-                    batch_sends.append(env.replace(destination=where, properties=properties))
-                batch_acks.append(delivery)
-                if len(batch_acks) >= 200:
-                    flush()
-            flush()
+                    sends.append(env.replace(destination=where, properties=properties))
+                acks.append(delivery)
+            if acks:
+                self.store.commit(sends, acks)
+                done.extend(d.envelope.message_id for d in acks)
+
+        def room() -> int:
+            return 200 if limit is None else min(200, limit - len(done) - len(skipped))
+
+        try:
+            if ids is not None:
+                for start in range(0, len(ids), 200):
+                    if room() <= 0:
+                        break
+                    found = [self.store.find(key, i) for i in ids[start:start + 200]]
+                    positions = [m.position for m in found if m is not None and m.state == "pending"
+                                 and (compiled is None or compiled.matches(m.envelope))][:room()]
+                    settle(self.store.claim_positions(key, positions))
+            else:
+                cursor = None
+                while room() > 0:
+                    found, cursor = self.store.browse_page(key, selector, cursor, room(), 10_000)
+                    if found:
+                        settle(self.store.claim_positions(key, [m.position for m in found]))
+                    if cursor is None:
+                        break
         finally:
             if skipped:
                 self.store.release(skipped, "not replayable: original destination unknown")
-            reader.close()
         return done
 
     def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
@@ -426,7 +441,7 @@ class Broker:
                 return None
             return None if found is None or found.is_temporary else found
 
-        return self._take(queue, _ids_selector(message_ids, selector), limit, origin, strip=True)
+        return self._take(queue, message_ids, selector, limit, origin, strip=True)
 
 
 class Connection:

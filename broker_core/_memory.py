@@ -463,6 +463,23 @@ class MemoryStore(Store):
                                          (9 - entry.env.priority, entry.seq))
         return None
 
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        wanted = set(positions)
+        out: list[Delivery] = []
+        touched: list[str] = []
+        now = now_ms()
+        with self._lock:
+            found = self._boxes.get(box)
+            if found is None or not wanted:
+                return out
+            for entry in [e for e in self._waiting(found) if (9 - e.env.priority, e.seq) in wanted]:
+                delivery = self._take(found, entry, now, False, touched)
+                if delivery is not None:
+                    out.append(delivery)
+        self._notify(touched)
+        out.sort(key=lambda d: (-d.envelope.priority, d.ref.seq))
+        return out
+
     def purge(self, box: str) -> int:
         with self._lock:
             found = self._boxes.get(box)

@@ -349,6 +349,12 @@ class Store(abc.ABC):
         finally:
             reader.close()
 
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        """Claim (make in flight) the entries of ``box`` at these positions (from :meth:`browse_page` or
+        :meth:`find`) that are still waiting and ready; the others are skipped. What an operator's action
+        takes (``Broker.remove_messages``, ``move_messages``, ``replay_dead_letters``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot claim messages by position")
+
     def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
         """Call ``observer(seconds, operations)`` after each store transaction
         (stores that have none ignore it)."""

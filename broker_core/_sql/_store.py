@@ -1527,6 +1527,16 @@ class SQLStore(Store):
         return StoredMessage(box, env, "in_flight" if row.state == 1 else "pending", row.delivery_count,
                              body_size(env), (0, 9 - row.priority, row.seq, row.id))
 
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        """Positions ``(0, ...)`` name entries by id (claimed if still waiting); ``(1, ...)`` this process's
+        non-persistent messages."""
+        ids = [p[3] for p in positions if len(p) == 4 and p[0] == 0]
+        memory = [p[1:] for p in positions if p and p[0] == 1]
+        out = self._claim_rows(box, len(ids), ids, now_ms()) if ids else []
+        if memory:
+            out += self._mem.claim_positions(box, memory)
+        return out
+
     def purge(self, box: str) -> int:
         """Delete the waiting entries of *box*, 5,000 per transaction so that other writers get turns."""
         total = self._mem.purge(box)

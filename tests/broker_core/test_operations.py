@@ -219,3 +219,20 @@ def test_stats_say_when_the_oldest_message_came_and_count_redeliveries(make_brok
     tx.rollback()
     assert broker.stats(ORDERS).redelivered == 1
     assert broker.stats(Queue("empty")).oldest is None
+
+
+def test_an_action_by_selector_goes_page_by_page_through_the_whole_queue(broker):
+    conn = started(broker)
+    session = conn.create_session(transacted=True)  # one commit for the lot
+    producer = session.create_producer(ORDERS)
+    ids = []
+    for i in range(450):
+        message = session.create_text_message(f"m{i}")
+        message.set_int_property("n", i)
+        producer.send(message)
+        ids.append(message.jms_message_id)
+    session.commit()
+    moved = broker.move_messages(ORDERS, PARKED, selector="n < 100 OR n >= 250")  # 300, past several pages
+    assert moved == ids[:100] + ids[250:]
+    assert broker.remove_messages(ORDERS, selector="n >= 0", limit=120) == ids[100:220]
+    assert broker.stats(PARKED).depth == 300 and broker.stats(ORDERS).depth == 30
