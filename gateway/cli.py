@@ -15,6 +15,7 @@
     b2bgw routes check                                  check partners, schemas and routes (file:line errors)
     b2bgw rules check RULES.sch DOC.xml... [--json]     run a Schematron rule set on documents (no schema)
     b2bgw key new --id KEY_ID                           make an API key and the hash to configure
+    b2bgw operator new --name N [--role operator]       make a console operator's secret and its hash
     b2bgw etl run|status ...                            the warehouse load (when spark_etl is installed)
     b2bgw --version
 
@@ -218,7 +219,10 @@ def _config_shown(settings: Settings) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .logs import configure
+
     settings = _settings(args)
+    configure(settings.log_format, getattr(logging, args.log_level, logging.INFO), args.process_index)
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
     if args.listen_fd is None:
@@ -239,6 +243,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     import uvicorn
 
     from .app import create_app
+    from .logs import uvicorn_log_config
 
     index = args.process_index
     if args.cpu is not None:
@@ -249,14 +254,14 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     app = create_app(settings, workers=not args.no_workers, etl=first and not args.no_etl,
                      stomp=first and not args.no_stomp,
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
-                     freeze_gc=True, on_started=_ready_writer(args.ready_fd))
+                     freeze_gc=True, on_started=_ready_writer(args.ready_fd), admin_listener=first)
     if index is None:
         log.info("serving %d routes for %d partners on http://%s:%d (configuration %s, store %s)",
                  len(app.state.assembly.routes), len(app.state.assembly.partners.partners), host, port,
                  _config_shown(settings), _shown_url(settings.store_url))
     _freeze_startup_objects()
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10)
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config())
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
@@ -501,7 +506,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
-        print("(consumers are counted per process: those of a running `b2bgw serve` are not visible here)")
+        print("(consumers of every process sharing the store, as of their last heartbeat, about a second ago)")
     finally:
         broker.close()
     return 0
@@ -709,6 +714,24 @@ def cmd_key_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator_new(args: argparse.Namespace) -> int:
+    import re
+    import secrets
+
+    from .partners import hash_key
+
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$", args.name):
+        _err(f"operator name {args.name!r} must be 1-64 letters, digits, '.', '@', '-' or '_'")
+        return 2
+    secret = secrets.token_urlsafe(24)
+    print(f"Secret for {args.name} (give it to the operator; it is not stored anywhere): {secret}")
+    print("Add under 'operators:' in the configuration:")
+    print(f"  {args.name}:")
+    print(f"    role: {args.role}")
+    print(f"    hash: \"{hash_key(secret)}\"")
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -893,6 +916,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_log_level(key.add_parser("new", help="make a new API key and print the hash to configure"))
     p.add_argument("--id", required=True, help="the key id (e.g. acme-2025): the part before the dot")
     p.set_defaults(func=cmd_key_new)
+
+    operator = sub.add_parser("operator", help="console operators").add_subparsers(dest="operator_command",
+                                                                                 metavar="ACTION")
+    p = operator.add_parser("new", help="make an operator's secret and print the hash to configure")
+    p.add_argument("--name", required=True, help="the operator's login name")
+    p.add_argument("--role", choices=["viewer", "operator"], default="viewer",
+                   help="viewer reads; operator also replays, deletes, moves and purges (default: viewer)")
+    p.set_defaults(func=cmd_operator_new)
 
     try:  # the warehouse load adds `etl run` / `etl status` (pyspark is an optional extra)
         from spark_etl.cli import register  # type: ignore[import-not-found]

@@ -24,6 +24,9 @@ The sections, all optional::
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
+    operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
+    admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
+    logging:    {format: text|json}
 
 Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
 ``etl:`` values whole (by ``Broker.check_options`` and
@@ -74,6 +77,7 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
     "rules",
+    "operators", "admin", "logging",  # gateway.opsconfig
 }
 
 
@@ -365,6 +369,9 @@ class Settings:
     rules_worker_memory_mb: int = 1024
     #: ``limits.rules_seconds``: the most one document's business rules may take
     rules_seconds: float = 2.0
+    #: ``admin:`` and ``operators:`` (gateway.opsconfig.AdminSettings), ``logging.format``
+    admin: Any = None
+    log_format: str = "text"
     where: Where = NOWHERE
 
     @property
@@ -532,6 +539,9 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     s.etl = dict(etl)
     if root.get("stomp") is not None:
         s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+    from .opsconfig import apply_sections  # operators:, admin:, logging:
+
+    apply_sections(s, root)
     return s
 
 

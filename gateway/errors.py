@@ -140,6 +140,8 @@ class GatewayError(Exception):
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal-error"
+    #: False for the errors only the operators' side answers: the partner API's OpenAPI document leaves them out
+    partner_facing: ClassVar[bool] = True
     default_detail: ClassVar[str] = "The gateway failed to process the request; retry later or contact the operator."
 
     def __init__(self, detail: str | None = None) -> None:

@@ -121,8 +121,8 @@ def _error_classes() -> list[type[errors.GatewayError]]:
 
 
 def problem_codes(status: int) -> list[str]:
-    """The problem ``code`` values the gateway's errors carry with *status*, sorted."""
-    return sorted({cls.code for cls in _error_classes() if cls.status == status})
+    """The problem ``code`` values the gateway's partner-facing errors carry with *status*, sorted."""
+    return sorted({cls.code for cls in _error_classes() if cls.status == status and cls.partner_facing})
 
 
 def _problem_response(status: int, *, headers: dict[str, Any] | None = None, required: Iterable[str] = (),
@@ -213,7 +213,7 @@ def _components() -> dict[str, Any]:
                     "status": {"type": "integer"},
                     "detail": {"type": "string", "maxLength": errors.MAX_DETAIL_CHARS},
                     "instance": _STRING,
-                    "code": {"type": "string", "enum": sorted({c.code for c in _error_classes()})},
+                    "code": {"type": "string", "enum": sorted({c.code for c in _error_classes() if c.partner_facing})},
                     "errors": {"type": "array", "items": {"$ref": "#/components/schemas/DocumentError"}},
                     "omitted_errors": {"type": "integer", "minimum": 1},
                     "header": _STRING,

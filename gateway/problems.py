@@ -40,6 +40,7 @@ from .errors import (
     GatewayError,
     MethodNotAllowedError,
 )
+from .logs import set_problem
 
 __all__ = ["MAX_BODY_BYTES", "PROBLEM_MEDIA_TYPE", "problem_body", "problem_response", "TITLES"]
 
@@ -104,6 +105,7 @@ def problem_body(error: GatewayError, instance: str | None = None) -> dict[str, 
 def problem_response(error: GatewayError, instance: str | None = None,
                      headers: dict[str, str] | None = None) -> Response:
     """The HTTP response for *error*."""
+    set_problem(error.code)  # the log line and the refusal metric of this request name it
     body = json.dumps(problem_body(error, instance), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     out = {"Cache-Control": "no-store"}
     if isinstance(error, AuthenticationError):
