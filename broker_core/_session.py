@@ -356,9 +356,15 @@ class Session:
         self._release_unacked("the session was recovered")
 
     def _release_unacked(self, reason: str) -> None:
+        """Redeliver what this session received and did not acknowledge, and
+        give back what its consumers hold prefetched, so that delivery
+        restarts with the oldest of them (JMS: recover and rollback restart
+        the session's stream of messages after its last acknowledged one)."""
         with self._lock:
             deliveries = sorted(self._unacked.values(), key=lambda d: d.count)
             self._unacked.clear()
+        for consumer in list(self._consumers):
+            consumer._reader.release_held()
         if deliveries:
             self._store.release(deliveries, reason)
 

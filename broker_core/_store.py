@@ -176,6 +176,13 @@ class Reader(abc.ABC):
         """Epoch ms at which a delayed redelivery becomes available, if any."""
         return None
 
+    def release_held(self) -> None:
+        """Give back the entries claimed ahead for the consumer (prefetched)
+        but not handed out yet: available again, no delivery counted. A
+        session's recover or rollback calls it so that redelivery restarts
+        with the oldest unacknowledged message, not behind what was prefetched.
+        A store that claims one entry per receive holds none."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Forget this reader. In-flight entries stay in flight."""

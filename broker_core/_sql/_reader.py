@@ -193,6 +193,15 @@ class _SQLReader(Reader):
             return memory
         return ready if memory is None else min(ready, memory)
 
+    def release_held(self) -> None:
+        """Give back prefetched rows that were never handed out (see Reader.release_held)."""
+        with self._lock, self._inbox_lock:
+            if self._closed:
+                return
+            ids = [d.ref for d in self._buffer]
+            self._buffer.clear()
+        self._give_back(ids)
+
     def close(self) -> None:
         """Give back prefetched rows that were never handed out."""
         with self._lock, self._inbox_lock:
@@ -203,6 +212,9 @@ class _SQLReader(Reader):
             self._buffer.clear()
         self._store._unregister_reader(self)
         self._memory.close()
+        self._give_back(ids)
+
+    def _give_back(self, ids: list[int]) -> None:
         if ids and not self._store._closed:
             store = self._store
             try:
