@@ -355,6 +355,33 @@ class Session:
             raise IllegalStateError("recover() is for non-transacted sessions; use rollback()")
         self._release_unacked("the session was recovered")
 
+    def dead_letter(self, message: Message, reason: str) -> None:
+        """Move ``message``, received by this session and not yet
+        acknowledged (CLIENT, INDIVIDUAL or transacted), to its dead-letter
+        queue now, with ``JMS_DLQ_Reason`` = ``reason``: for a message the
+        application knows it can never process, which redelivery would only
+        repeat. It happens at once, outside any transaction: a later
+        rollback or recover does not bring it back. Raises
+        :class:`IllegalStateError` for a message this session does not hold
+        unacknowledged (AUTO and DUPS_OK sessions acknowledge on receipt)."""
+        self._check_open()
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"the reason must be a string, got {type(reason).__name__}")
+        message_id = getattr(message, "jms_message_id", None)
+        with self._lock:
+            found = None
+            for key, delivery in self._unacked.items():
+                if delivery.envelope.message_id == message_id:
+                    found = key
+                    break
+            delivery = self._unacked.pop(found) if found is not None else None
+        if delivery is None:
+            raise IllegalStateError(
+                f"message {message_id!r} is not held unacknowledged by this session (received elsewhere, "
+                "acknowledged or committed already, or the session acknowledges on receipt)"
+            )
+        self._store.dead_letter([delivery], reason)
+
     def _release_unacked(self, reason: str) -> None:
         """Redeliver what this session received and did not acknowledge, and
         give back what its consumers hold prefetched, so that delivery

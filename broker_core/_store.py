@@ -274,6 +274,13 @@ class Store(abc.ABC):
         or dead-letter those delivered ``max_deliveries`` times, with ``reason``."""
 
     @abc.abstractmethod
+    def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        """Move in-flight entries to their dead-letter queue now, whatever
+        their delivery count, with ``reason`` as ``JMS_DLQ_Reason``
+        (an application that knows a message can never be processed).
+        Entries no longer in flight are left alone."""
+
+    @abc.abstractmethod
     def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
         """Available entries in delivery order, without consuming them."""
 

@@ -852,6 +852,24 @@ class SQLStore(Store):
             conn.execute(entries.delete().where(entries.c.id == row.id))
             batch.touched.add(row.box)
 
+    def _op_dead_letter(self, batch: Batch, ids: list[int], reason: str) -> None:
+        """Move this instance's in-flight entries to their dead-letter queues now."""
+        conn = batch.conn
+        rows = conn.execute(sa.select(*_CLAIMED).where(entries.c.id.in_(ids), entries.c.state == 1,
+                                                        entries.c.owner == self.instance_id)
+                            .order_by(entries.c.seq)).all()
+        if not rows:
+            return
+        found = self._envelopes(conn, rows)
+        letters = []
+        for row in rows:
+            env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
+            letters.append(dead_letter_envelope(env, self.policy, reason, row.box))
+            batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
+        self._ordered(batch)
+        self._insert(batch, letters)
+        self._delete_entries(batch, [row.id for row in rows])
+
     def _expire_rows(self, batch: Batch, rows: Sequence[Any]) -> None:
         """Delete expired entries (already selected), remember them (for
         ``locate``), and count or move them."""
@@ -1149,6 +1167,14 @@ class SQLStore(Store):
         memory = [d for d in deliveries if type(d.ref) is not int]
         if memory:
             self._mem.release(memory, reason)
+
+    def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        ids = [d.ref for d in deliveries if type(d.ref) is int]
+        if ids:
+            self._write(lambda batch: self._op_dead_letter(batch, ids, reason))
+        memory = [d for d in deliveries if type(d.ref) is not int]
+        if memory:
+            self._mem.dead_letter(memory, reason)
 
     # ------------------------------------------------------------ reads
 
