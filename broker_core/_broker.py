@@ -99,6 +99,14 @@ class Broker:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    async def __aenter__(self) -> "Broker":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        from ._session import _close_off_loop
+
+        await _close_off_loop(self.store, self.close)
+
     def connect(self, client_id: str | None = None, user: str | None = None) -> "Connection":
         """A new, stopped connection. ``client_id`` (needed for durable
         subscriptions) must be unique among open connections; ``user``, when
@@ -254,7 +262,7 @@ class Connection:
     """A client's connection: makes sessions and temporary destinations.
 
     Created stopped: consumers receive nothing until :meth:`start`. Also a
-    context manager that closes it.
+    context manager, plain or ``async with``, that closes it.
     """
 
     def __init__(self, broker: Broker, client_id: str | None, user: str | None) -> None:
@@ -278,6 +286,14 @@ class Connection:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "Connection":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        from ._session import _close_off_loop
+
+        await _close_off_loop(self._broker.store, self.close)
 
     def __repr__(self) -> str:
         return f"<Connection {self._id} client_id={self._client_id!r}>"

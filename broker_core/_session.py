@@ -96,9 +96,20 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
     return future
 
 
+async def _close_off_loop(store: Any, close: Callable[[], None]) -> None:
+    """``close()`` for ``async with``: inline on a store whose calls never
+    wait (memory), in a thread on one whose may (SQL: giving back prefetched
+    rows, rolling back, is a write)."""
+    if getattr(store, "shared", False):
+        await asyncio.to_thread(close)
+    else:
+        close()
+
+
 class Session:
     """A single-threaded context for producing and consuming.
 
+    Also a context manager, plain or ``async with``, that closes it.
     A transacted session stages its sends and receives until :meth:`commit`
     (or discards and redelivers them on :meth:`rollback`); its ack mode is
     ``AckMode.TRANSACTED``. Listener calls of one session never overlap.
@@ -135,6 +146,12 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await _close_off_loop(self._store, self.close)
 
     @property
     def connection(self) -> "Connection":
@@ -556,6 +573,12 @@ class MessageProducer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    async def __aenter__(self) -> "MessageProducer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
     def send(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
              time_to_live: int | None = None) -> None:
         """``send(message)`` on a producer with a destination, or
@@ -663,8 +686,10 @@ class MessageConsumer:
     ``receive(timeout)`` blocks up to ``timeout`` seconds (forever when
     ``None``) and returns ``None`` on timeout; ``receive_no_wait()`` never
     blocks; ``await receive_async(timeout)`` waits without blocking the event
-    loop. A consumer with a listener (:meth:`set_message_listener`) cannot
-    receive synchronously.
+    loop, and ``async for message in consumer`` receives that way until the
+    consumer (or its session or connection) closes. A consumer with a
+    listener (:meth:`set_message_listener`) cannot receive synchronously.
+    Also a context manager, plain or ``async with``, that closes it.
     """
 
     def __init__(self, session: Session, destination: Destination, box: str, reader: Any, selector: str | None,
@@ -695,6 +720,25 @@ class MessageConsumer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "MessageConsumer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await _close_off_loop(self._session._store, self.close)
+
+    def __aiter__(self) -> "MessageConsumer":
+        return self
+
+    async def __anext__(self) -> Message:
+        """``async for message in consumer``: each message as it arrives,
+        until the consumer, its session or its connection closes."""
+        while True:
+            if self._closed or self._session._closed or self._session._connection._closed:
+                raise StopAsyncIteration
+            message = await self.receive_async(None)
+            if message is not None:
+                return message
 
     def __repr__(self) -> str:
         return f"<MessageConsumer {self._destination} selector={self.message_selector!r}>"

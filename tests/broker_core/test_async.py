@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from broker_core import Queue, Requestor
+from broker_core import Broker, Queue, Requestor
 
 QUEUE = Queue("async")
 
@@ -197,3 +197,75 @@ def test_send_async_in_a_transacted_session_stages_until_commit(broker, conn):
     asyncio.run(main())
     message = reader.receive(timeout=5)
     assert message is not None and message.text == "staged"
+
+
+def test_async_for_receives_each_message_until_the_consumer_closes(broker, send):
+    queue = Queue("async.iter")
+    send(queue, "a", "b")
+
+    async def main():
+        got = []
+        async with broker.connect() as conn:
+            conn.start()
+            session = conn.create_session(transacted=True)
+            consumer = session.create_consumer(queue)
+            producer = broker.connect().create_session()
+            async for message in consumer:
+                got.append(message.text)
+                await session.commit_async()
+                if message.text == "b":  # one more arrives while iterating
+                    producer.create_producer(queue).send(producer.create_text_message("c"))
+                if len(got) == 3:
+                    consumer.close()  # ends the loop at its next turn
+        return got
+
+    got = asyncio.run(main())
+    assert got == ["a", "b", "c"]
+    assert broker.stats(queue).depth == 0 and broker.stats(queue).in_flight == 0
+
+
+def test_async_for_ends_when_the_connection_closes_from_elsewhere(broker):
+    conn = broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(Queue("async.iter.close"))
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.2, conn.close)
+        return [message async for message in consumer]
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == []
+
+
+def test_async_with_closes_and_redelivers_what_was_not_committed(broker, send):
+    queue = Queue("async.with")
+    send(queue, "x")
+
+    async def main():
+        async with broker.connect() as conn:
+            conn.start()
+            async with conn.create_session(transacted=True) as session:
+                async with session.create_consumer(queue) as consumer:
+                    first = await consumer.receive_async(2)
+                    async with session.create_producer(Queue("async.with.out")) as producer:
+                        producer.send(session.create_text_message("dropped"))
+                assert consumer._closed
+            assert session._closed
+        return first, conn
+
+    first, conn = asyncio.run(main())
+    assert first.text == "x"
+    assert conn._closed
+    again = broker.connect()
+    again.start()
+    redelivered = again.create_session().create_consumer(queue).receive(2)
+    assert redelivered.text == "x" and redelivered.jms_redelivered is True
+    assert list(broker.browse(Queue("async.with.out"))) == []
+
+
+def test_async_with_a_broker_closes_it(broker_url):
+    async def main():
+        async with Broker.open(broker_url, sweep_interval=0) as opened:
+            assert not opened.closed
+        return opened
+
+    assert asyncio.run(main()).closed
