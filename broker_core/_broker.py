@@ -45,10 +45,16 @@ class Broker:
     """
 
     def __init__(self, store: Store, policy: RedeliveryPolicy, *, xpath_namespaces: dict[str, str] | None = None,
-                 sweep_interval: float = 30.0) -> None:
+                 sweep_interval: float = 30.0, selector_string_numbers: str = "convert") -> None:
+        if selector_string_numbers not in ("strict", "convert"):
+            raise InvalidArgumentError(
+                f"selector_string_numbers must be 'strict' or 'convert', not {selector_string_numbers!r}")
         self.store = store
         self.policy = policy
         self.xpath_namespaces = dict(xpath_namespaces or {})
+        #: how selectors read the string properties of messages from text protocols (STOMP): a
+        #: listener given no choice of its own marks its messages so (see STRING_NUMBERS_PROPERTY)
+        self.selector_string_numbers = selector_string_numbers
         self.instance_id = uuid.uuid4().hex[:16]
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -77,14 +83,21 @@ class Broker:
         ``max_redelivery_delay`` (s), ``dead_letter_prefix``, ``expiry_queue``.
         ``xpath_namespaces`` maps prefixes for ``XPATH`` selectors;
         ``sweep_interval`` (s, default 30, 0 to disable) is how often expired
-        messages are swept. Other options go to the store.
+        messages are swept. ``selector_string_numbers`` (``convert``, the
+        default, or ``strict``): whether selectors read the string properties
+        of messages sent over STOMP (every header is a string there) as
+        numbers where they want one, as ActiveMQ does, or keep the JMS rule
+        (a string never compares with a number); a STOMP listener's own
+        option overrides it. Other options go to the store.
         """
         options = check_options(url, options)
         policy = RedeliveryPolicy(**{k: options.pop(k) for k in list(options) if k in _POLICY_OPTIONS})
         xpath_namespaces = options.pop("xpath_namespaces", None)
         sweep_interval = options.pop("sweep_interval", 30.0)
+        string_numbers = options.pop("selector_string_numbers", "CONVERT").lower()
         store = _open_store(url, options)
-        return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval)
+        return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval,
+                   selector_string_numbers=string_numbers)
 
     @staticmethod
     def check_options(url: str, **options: Any) -> None:
