@@ -66,8 +66,12 @@ class _SQLReader(Reader):
             if self._closed:  # a claim now would hold rows that close() can no longer give back
                 return None
             while True:
-                if not self._buffer and not self._fill(now):
-                    return None
+                if not self._buffer:
+                    # A consumer woken by a completion callback (a commit_async whose memory-tier sends
+                    # wake it) runs in the writer's thread, where a claim's write would wait for itself:
+                    # it takes from the memory tier only, and finds the rows at its next wake-up.
+                    if threading.get_ident() == store._writer_thread or not self._fill(now):
+                        return None
                 delivery = self._buffer.popleft()
                 env = delivery.envelope
                 if env.expiration and env.expiration <= now:

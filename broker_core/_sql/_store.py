@@ -227,6 +227,7 @@ class SQLStore(Store):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._writer: GroupCommitter | None = None
+        self._writer_thread: int | None = None
         self._selectors: dict[str | None, Any] = {}
         self._readers_lock = threading.Lock()
         self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # the open readers (consumers) of each box
@@ -272,6 +273,8 @@ class SQLStore(Store):
             on_touched=self._touched,
             retry_for=self._retry_for,
         )
+        #: the writer's thread: completion callbacks run there, and a write it asked for would wait for itself
+        self._writer_thread = self._writer._thread.ident
         now = now_ms()
         self._write(lambda b: b.conn.execute(instances.insert(), {
             "id": self.instance_id, "host": socket.gethostname()[:200], "pid": os.getpid(),

@@ -269,3 +269,38 @@ def test_async_with_a_broker_closes_it(broker_url):
         return opened
 
     assert asyncio.run(main()).closed
+
+
+def test_commit_async_of_a_reply_to_a_requestor_of_this_process_completes(broker):
+    """The reply (non-persistent, to a temporary queue of this process) is
+    handed to the waiting requestor when the commit completes; on the SQL
+    store that happens in the writer's thread, which must not wait for a
+    write of its own."""
+    service = Queue("async.commit.reply")
+    requester = broker.connect()
+    requester.start()
+    requestor = Requestor(requester.create_session(), service)
+    responder = broker.connect()
+    responder.start()
+    tx = responder.create_session(transacted=True)
+    requests = tx.create_consumer(service)
+    replies = tx.create_producer(None)
+
+    async def answer_one():
+        request = await requests.receive_async(5)
+        reply = tx.create_text_message("pong")
+        reply.jms_correlation_id = request.jms_message_id
+        replies.send(request.jms_reply_to, reply)
+        await asyncio.wait_for(tx.commit_async(), 10)
+
+    def serve():
+        asyncio.run(answer_one())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    reply = requestor.request(requester.create_session().create_text_message("ping"), timeout=10)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert reply.text == "pong"
+    requester.close()
+    responder.close()
