@@ -440,14 +440,17 @@ class Session:
             self._unacked.clear()
         return staged, consumed
 
-    def rollback(self) -> None:
-        """Discard this transaction's sends and redeliver what it received."""
+    def rollback(self, reason: str | None = None) -> None:
+        """Discard this transaction's sends and redeliver what it received.
+        ``reason`` (why it failed) is what a dead-letter queue records as the
+        last failure of a message this was the last delivery of."""
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("rollback() is only for transacted sessions")
         with self._lock:
             self._staged = []
-        self._release_unacked("the transaction was rolled back")
+        self._release_unacked(f"the transaction was rolled back: {reason}"[:500] if reason
+                              else "the transaction was rolled back")
 
     def close(self) -> None:
         """Close consumers, producers and browsers; roll back an open
