@@ -110,3 +110,17 @@ def test_a_message_the_session_does_not_hold_is_refused(conn):
         tx.dead_letter(tx.create_text_message("never sent"), "not received")
     with pytest.raises(InvalidArgumentError):
         tx.dead_letter(other, None)
+
+
+def test_the_reason_of_the_last_rollback_is_recorded_in_the_dead_letter(make_broker, drain):
+    broker = make_broker(max_deliveries=1)
+    conn = broker.connect()
+    conn.start()
+    send(conn.create_session(), "unreadable")
+    tx = conn.create_session(transacted=True)
+    tx.create_consumer(ORDERS).receive(timeout=2)
+    tx.rollback("the parser raised ValueError: bad date")
+    (letter,) = drain(conn.create_session().create_consumer(DLQ))
+    reason = letter.get_string_property("JMS_DLQ_Reason")
+    assert reason.startswith("delivered 1 times without acknowledgement")
+    assert reason.endswith("the transaction was rolled back: the parser raised ValueError: bad date")
