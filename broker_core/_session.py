@@ -810,10 +810,17 @@ class MessageConsumer:
         self._check_receivable()
         return self._receive_now()
 
+    async def _receive_now_async(self) -> Message | None:
+        """:meth:`_receive_now`, in a thread when the claim may wait on a store write."""
+        if self._reader.claim_may_wait(now_ms()):
+            return await asyncio.to_thread(self._receive_now)
+        return self._receive_now()
+
     async def receive_async(self, timeout: float | None = None) -> Message | None:
-        """Like :meth:`receive`, for asyncio: waits without blocking the loop."""
+        """Like :meth:`receive`, for asyncio: waits without blocking the loop
+        (a claim that writes to the SQL store runs in a thread)."""
         self._check_receivable()
-        message = self._receive_now()
+        message = await self._receive_now_async()
         if message is not None or timeout == 0:
             return message
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -821,7 +828,7 @@ class MessageConsumer:
         self._waiter = waiter
         try:
             while True:
-                message = self._receive_now()
+                message = await self._receive_now_async()
                 if message is not None or self._closed:
                     return message
                 wait = self._wait_time(deadline)

@@ -176,6 +176,12 @@ class Reader(abc.ABC):
         """Epoch ms at which a delayed redelivery becomes available, if any."""
         return None
 
+    def claim_may_wait(self, now: int) -> bool:
+        """Whether :meth:`claim` may wait on a write (the SQL store's claim
+        transaction): ``receive_async`` then claims in a thread, so that the
+        event loop is not stalled. False for a store whose claims never wait."""
+        return False
+
     def release_held(self) -> None:
         """Give back the entries claimed ahead for the consumer (prefetched)
         but not handed out yet: available again, no delivery counted. A

@@ -413,7 +413,9 @@ def _to_message(session: Session, result: Any) -> Message | None:
     if isinstance(result, etree._ElementTree):
         result = result.getroot()
     if isinstance(result, etree._Element):
-        return session.create_xml_message(etree.tostring(result, encoding="unicode"))
+        message = session.create_xml_message(etree.tostring(result, encoding="unicode"))
+        message.jms_type = etree.QName(result).localname  # what _set_type would parse the text again for
+        return message
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # not awaited: say so here rather than in a RuntimeWarning
@@ -798,7 +800,7 @@ class _Runner:
         """As :meth:`_receive`, for the tasks of an ``async def`` handler."""
         if self.handler.concurrency == 1:
             return await consumer.receive_async(poll)
-        message = consumer.receive_no_wait()
+        message = await consumer.receive_async(0)
         if message is not None:
             return message
         try:

@@ -81,6 +81,10 @@ class _SQLReader(Reader):
                     store.ack([delivery], wait=False)
                 return delivery
 
+    def claim_may_wait(self, now: int) -> bool:
+        """A claim writes unless it takes a row held already or nothing changed since the box was empty."""
+        return not self._buffer and (self._selector is not None or self._worth_claiming(now))
+
     def _worth_claiming(self, now: int) -> bool:
         """False when nothing changed since a claim found the box empty (saves a write)."""
         if self._empty_at is None or self._empty_at != self._store._version(self._box):

@@ -34,6 +34,7 @@ ApplicationResponse. Its lines are ``cac:OrderLine/cac:LineItem``.)
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as _dt
 import logging
@@ -216,8 +217,12 @@ def respond(message: Message, context: HandlerContext) -> etree._Element:
 
 
 async def _respond_async(message: Message, context: AsyncHandlerContext) -> etree._Element:
-    """Answer a UBL Order with an OrderResponse that accepts it (``async def``)."""
-    return _answer(message, context.logger)
+    """Answer a UBL Order with an OrderResponse that accepts it (``async def``).
+
+    Parsing, building and validating are CPU work that lxml does with the GIL
+    released: in a thread they run in parallel with the other requests'
+    (on the event loop they would run one at a time, and stall the loop)."""
+    return await asyncio.to_thread(_answer, message, context.logger)
 
 
 #: :func:`respond` written ``async def``; not registered (run it with ``Worker(broker, [respond_async])``).
