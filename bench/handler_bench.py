@@ -7,8 +7,10 @@ tasks of the worker's event loop) against one broker, and ``--clients``
 requesters send the official UBL 2.1 example Order in a closed loop (asyncio
 tasks over one ``Requestor``, in this process). The variants take turns
 (``--rounds`` each, ``--seconds`` a turn) so that a drift of the machine
-touches both alike. Printed per variant: round trips per second and the
-p50 / p99 round-trip time.
+touches both alike. Printed per variant: round trips per second, the
+p50 / p99 round-trip time, and the CPU time of this process (clients,
+worker and store together) per round trip, which a busy machine disturbs
+less than the rates.
 
 Usage: python bench/handler_bench.py [--url sqlite:///PATH | memory://] [--clients 16]
        [--concurrency 4] [--seconds 5] [--rounds 2]
@@ -73,17 +75,18 @@ async def closed_loop(broker: Broker, order: str, clients: int, seconds: float) 
         await asyncio.to_thread(conn.close)
 
 
-def run_turn(broker: Broker, item: object, order: str, clients: int, seconds: float) -> tuple[int, float, list[float]]:
+def run_turn(broker: Broker, item: object, order: str, clients: int,
+             seconds: float) -> tuple[int, float, float, list[float]]:
     worker = Worker(broker, [item])
     worker.start()
     try:
         asyncio.run(closed_loop(broker, order, clients, min(1.0, seconds)))  # warm up: schemas, caches
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         times = asyncio.run(closed_loop(broker, order, clients, seconds))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         worker.stop()
-    return len(times), elapsed, times
+    return len(times), elapsed, cpu, times
 
 
 def main() -> None:
@@ -101,21 +104,24 @@ def main() -> None:
         url = args.url or f"sqlite:///{folder}/bench.db"
         with Broker.open(url, sweep_interval=0) as broker:
             items = variants(args.concurrency)
-            results: dict[str, list[tuple[int, float, list[float]]]] = {name: [] for name in items}
+            results: dict[str, list[tuple[int, float, float, list[float]]]] = {name: [] for name in items}
             for _ in range(args.rounds):
                 for name, item in items.items():
                     results[name].append(run_turn(broker, item, order, args.clients, args.seconds))
             print(f"Python {sys.version.split()[0]}, {url.split('///')[0]}, {args.clients} clients, "
                   f"concurrency {args.concurrency}, {args.rounds} x {args.seconds:g} s per variant, "
                   f"{threading.active_count()} threads left")
-            print(f"{'variant':<8} {'round trips':>12} {'per second':>11} {'p50 ms':>8} {'p99 ms':>8}")
+            print(f"{'variant':<8} {'round trips':>12} {'per second':>11} {'p50 ms':>8} {'p99 ms':>8} "
+                  f"{'CPU ms/trip':>12}")
             for name, turns in results.items():
                 count = sum(t[0] for t in turns)
                 elapsed = sum(t[1] for t in turns)
-                times = sorted(x for t in turns for x in t[2])
+                cpu = sum(t[2] for t in turns)
+                times = sorted(x for t in turns for x in t[3])
                 p50 = statistics.median(times) * 1000
                 p99 = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
-                print(f"{name:<8} {count:>12,} {count / elapsed:>11,.0f} {p50:>8.2f} {p99:>8.2f}")
+                print(f"{name:<8} {count:>12,} {count / elapsed:>11,.0f} {p50:>8.2f} {p99:>8.2f} "
+                      f"{cpu / count * 1000:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -817,7 +817,12 @@ class _Loop:
     """The worker's event loop for ``async def`` handlers, in a thread of its own."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        try:  # uvloop when installed (a dependency where it builds), as uvicorn does for the gateway
+            import uvloop
+
+            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="handler-loop", daemon=True)
         self.thread.start()
 

@@ -24,6 +24,7 @@ PostgreSQL and ``PRAGMA data_version`` polling on SQLite.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -228,6 +229,8 @@ class SQLStore(Store):
         self._threads: list[threading.Thread] = []
         self._writer: GroupCommitter | None = None
         self._writer_thread: int | None = None
+        self._completion_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._completion_lock = threading.Lock()
         self._selectors: dict[str | None, Any] = {}
         self._readers_lock = threading.Lock()
         self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # the open readers (consumers) of each box
@@ -306,6 +309,8 @@ class SQLStore(Store):
             except StoreError:
                 log.warning("could not deregister broker instance %s; its lease will expire", self.instance_id)
             self._writer.close()
+        if self._completion_pool is not None:
+            self._completion_pool.shutdown(wait=True)
         for thread in self._threads:
             thread.join(timeout=5)
         self._mem.close()
@@ -1058,12 +1063,36 @@ class SQLStore(Store):
             memory_part()
             return
 
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is None:
+        if not (memory_sends or memory_acks):
+            self._write(op, callback=lambda result, error: callback(error))
+            return
+
+        def finish() -> None:
+            try:
                 memory_part()
-            callback(error)
+            except BaseException as error:  # noqa: BLE001 - the caller hears of it
+                callback(error)
+                return
+            callback(None)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                callback(error)
+            else:  # the memory-tier part wakes consumers: not in the writer's thread, which has commits to run
+                self._completions().submit(finish)
 
         self._write(op, callback=done)
+
+    def _completions(self) -> concurrent.futures.ThreadPoolExecutor:
+        """One thread that finishes asynchronous commits' memory-tier parts, in commit order."""
+        pool = self._completion_pool
+        if pool is None:
+            with self._completion_lock:
+                if self._completion_pool is None:
+                    self._completion_pool = concurrent.futures.ThreadPoolExecutor(
+                        1, thread_name_prefix="b2b-sql-completions")
+                pool = self._completion_pool
+        return pool
 
     def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)
