@@ -833,6 +833,7 @@ class _Loop:
         finally:
             try:
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.run_until_complete(self.loop.shutdown_default_executor())  # the to_thread threads
             finally:
                 self.loop.close()
 
