@@ -43,10 +43,12 @@ from ._message import (
     XMLMessage,
 )
 from ._requestor import Requestor, reply_correlation_id
+from ._selector import STRING_NUMBERS_PROPERTY, string_number
 from ._session import MessageConsumer, MessageProducer, QueueBrowser, Session
 from ._store import DestinationStats, RedeliveryPolicy
 
 __all__ = [
+    "STRING_NUMBERS_PROPERTY",
     "AckMode",
     "Broker",
     "BrowsePage",
@@ -98,4 +100,5 @@ __all__ = [
     "XMLMessage",
     "parse_destination",
     "reply_correlation_id",
+    "string_number",
 ]

@@ -133,10 +133,16 @@ class Broker:
     """
 
     def __init__(self, store: Store, policy: RedeliveryPolicy, *, xpath_namespaces: dict[str, str] | None = None,
-                 sweep_interval: float = 30.0) -> None:
+                 sweep_interval: float = 30.0, selector_string_numbers: str = "convert") -> None:
+        if selector_string_numbers not in ("strict", "convert"):
+            raise InvalidArgumentError(
+                f"selector_string_numbers must be 'strict' or 'convert', not {selector_string_numbers!r}")
         self.store = store
         self.policy = policy
         self.xpath_namespaces = dict(xpath_namespaces or {})
+        #: how selectors read the string properties of messages from text protocols (STOMP): a
+        #: listener given no choice of its own marks its messages so (see STRING_NUMBERS_PROPERTY)
+        self.selector_string_numbers = selector_string_numbers
         self.instance_id = uuid.uuid4().hex[:16]
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -166,14 +172,21 @@ class Broker:
         ``max_redelivery_delay`` (s), ``dead_letter_prefix``, ``expiry_queue``.
         ``xpath_namespaces`` maps prefixes for ``XPATH`` selectors;
         ``sweep_interval`` (s, default 30, 0 to disable) is how often expired
-        messages are swept. Other options go to the store.
+        messages are swept. ``selector_string_numbers`` (``convert``, the
+        default, or ``strict``): whether selectors read the string properties
+        of messages sent over STOMP (every header is a string there) as
+        numbers where they want one, as ActiveMQ does, or keep the JMS rule
+        (a string never compares with a number); a STOMP listener's own
+        option overrides it. Other options go to the store.
         """
         options = check_options(url, options)
         policy = RedeliveryPolicy(**{k: options.pop(k) for k in list(options) if k in _POLICY_OPTIONS})
         xpath_namespaces = options.pop("xpath_namespaces", None)
         sweep_interval = options.pop("sweep_interval", 30.0)
+        string_numbers = options.pop("selector_string_numbers", "CONVERT").lower()
         store = _open_store(url, options)
-        return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval)
+        return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval,
+                   selector_string_numbers=string_numbers)
 
     @staticmethod
     def check_options(url: str, **options: Any) -> None:
@@ -187,6 +200,14 @@ class Broker:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "Broker":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        from ._session import _close_off_loop
+
+        await _close_off_loop(self.store, self.close)
 
     def connect(self, client_id: str | None = None, user: str | None = None) -> "Connection":
         """A new, stopped connection. ``client_id`` (needed for durable
@@ -448,7 +469,7 @@ class Connection:
     """A client's connection: makes sessions and temporary destinations.
 
     Created stopped: consumers receive nothing until :meth:`start`. Also a
-    context manager that closes it.
+    context manager, plain or ``async with``, that closes it.
     """
 
     def __init__(self, broker: Broker, client_id: str | None, user: str | None) -> None:
@@ -472,6 +493,14 @@ class Connection:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "Connection":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        from ._session import _close_off_loop
+
+        await _close_off_loop(self._broker.store, self.close)
 
     def __repr__(self) -> str:
         return f"<Connection {self._id} client_id={self._client_id!r}>"

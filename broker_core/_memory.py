@@ -390,6 +390,23 @@ class MemoryStore(Store):
                 self._put(box, again, front=True)
         self._notify(touched)
 
+    def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        touched: list[str] = []
+        with self._lock:
+            for d in deliveries:
+                entry = d.ref
+                if entry.state is not IN_FLIGHT:
+                    continue
+                entry.state = GONE
+                self._flying.pop(entry, None)
+                box = self._boxes.get(d.box)
+                if box is None:
+                    continue
+                box.in_flight -= 1
+                box.dead_lettered += 1
+                self._route(dead_letter_envelope(entry.env, self.policy, reason, box.key), touched)
+        self._notify(touched)
+
     def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
         from ._selector import compile_selector
 

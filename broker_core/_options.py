@@ -84,6 +84,7 @@ BROKER_OPTIONS: dict[str, _Rule] = {
     "max_redelivery_delay": _SECONDS,
     "dead_letter_prefix": _Rule("name"),
     "expiry_queue": _Rule("name", optional=True),
+    "selector_string_numbers": _Rule("choice", choices=("STRICT", "CONVERT")),
 }
 
 #: The SQL store's options (documented on SQLStore).

@@ -53,6 +53,17 @@ Values are SQL three-valued: TRUE, FALSE and UNKNOWN (``True``, ``False``,
   ``JMSCorrelationID`` and ``JMSType`` read the envelope's headers;
   ``JMSX...`` and ``JMS_...`` names are properties; any other ``JMS...`` name
   is NULL.
+* Strings that hold numbers: a message whose boolean property
+  ``JMS_StringNumbers`` (:data:`STRING_NUMBERS_PROPERTY`) is true (the STOMP
+  listener marks the messages it receives so, unless told ``strict``: STOMP
+  sends every header as a string) has its string *properties* taken as
+  numbers where a number is wanted, as ActiveMQ does for STOMP: in
+  arithmetic, ``BETWEEN``, ``<`` ``<=`` ``>`` ``>=``, and ``=`` / ``<>``
+  against a number. Only a decimal literal converts (an optional sign,
+  digits with an optional fraction, an optional exponent; an int when it has
+  neither fraction nor exponent, within a long); any other string keeps the
+  rules above. Two strings compared with ``=`` stay strings. Other messages
+  (every JMS client's, with typed properties) are not affected.
 * ``XPATH '<xpath 1.0>'`` is TRUE when the expression, evaluated on the
   envelope's XML body, is true by XPath's ``boolean()`` rules; FALSE when the
   body is not XML; UNKNOWN when the evaluation fails.
@@ -76,7 +87,11 @@ from lxml import etree
 
 from ._errors import InvalidSelectorError
 
-__all__ = ["Selector", "compile_selector"]
+__all__ = ["Selector", "compile_selector", "STRING_NUMBERS_PROPERTY", "string_number"]
+
+#: A message whose boolean property of this name is true has its string
+#: properties read as numbers where a selector wants a number (see the module doc).
+STRING_NUMBERS_PROPERTY = "JMS_StringNumbers"
 
 
 # ====================================================================== API
@@ -897,6 +912,61 @@ def _div(a: Any, b: Any) -> Any:
         return None
 
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_EXACT = re.compile(r"[+-]?[0-9]+")
+#: Longer strings are not numbers to a selector (a long has 19 digits, a double ~17 significant ones).
+_MAX_NUMBER_TEXT = 64
+
+
+def string_number(text: str) -> int | float | None:
+    """The number a string holds as a decimal literal (an int without
+    fraction or exponent, within a long; else a finite float), or None."""
+    if len(text) > _MAX_NUMBER_TEXT or _DECIMAL.fullmatch(text) is None:
+        return None
+    if _EXACT.fullmatch(text) is not None:
+        value = int(text)
+        return value if _LONG_MIN <= value <= _LONG_MAX else None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+#: Strings seen lately and what they hold (``v`` itself for a string that is no
+#: number): a value is parsed once, not at every evaluation by every consumer.
+_string_numbers: dict[str, Any] = {}
+_STRING_NUMBERS_KEPT = 4096
+
+
+def _sn(v: Any, props: Any) -> Any:
+    """A string property where a number is wanted: its number when the
+    message is marked so and it holds one, else the string itself."""
+    if props.get(STRING_NUMBERS_PROPERTY) is not True or v.__class__ is not str:
+        return v
+    n = _string_numbers.get(v)
+    if n is None:
+        n = string_number(v)
+        if n is None:
+            n = v
+        if len(_string_numbers) >= _STRING_NUMBERS_KEPT:
+            _string_numbers.clear()
+        _string_numbers[v] = n
+    return n
+
+
+def _pair(a: Any, b: Any, props: Any, ordering: bool) -> tuple[Any, Any]:
+    """Two identifiers compared: for ``<`` ``<=`` ``>`` ``>=`` (``ordering``)
+    each string is read as a number; for ``=`` and ``<>`` a string only when
+    the other is a number."""
+    if a.__class__ is not str and b.__class__ is not str:
+        return a, b
+    if ordering:
+        return _sn(a, props), _sn(b, props)
+    if isinstance(a, str) and _num(b) is not None:
+        return _sn(a, props), b
+    if isinstance(b, str) and _num(a) is not None:
+        return a, _sn(b, props)
+    return a, b
+
+
 _ARITH = {"+": _add, "-": _sub, "*": _mul, "/": _div}
 _ARITH_NAMES = {"+": "_add", "-": "_sub", "*": "_mul", "/": "_div"}
 
@@ -950,6 +1020,8 @@ _RUNTIME = {
     "_div": _div,
     "_chain": _chain,
     "_xpath": _xpath,
+    "_sn": _sn,
+    "_pair": _pair,
     "int": int,
     "float": float,
     "str": str,
@@ -1036,11 +1108,11 @@ class _Generator:
         if kind == "null":
             return "None"
         if kind == "neg":
-            return f"_neg({self.value(node.args[0], depth + 1)})"
+            return f"_neg({self.num_value(node.args[0], depth + 1)})"
         if kind == "pos":
-            return f"_num({self.value(node.args[0], depth + 1)})"
+            return f"_num({self.num_value(node.args[0], depth + 1)})"
         if kind == "arith":
-            operands = [self.value(a, depth + 1) for a in node.args]
+            operands = [self.num_value(a, depth + 1) for a in node.args]
             if len(operands) <= 4:
                 code = operands[0]
                 for op, operand in zip(node.value, operands[1:]):
@@ -1048,6 +1120,22 @@ class _Generator:
                 return code
             return f"_chain({node.value!r}, ({', '.join(operands)},))"
         return self.cond(node, depth)
+
+    def num_value(self, node: _Node, depth: int) -> str:
+        """The value of an operand where a number is wanted: a string
+        property goes through ``_sn`` (a type check costs the others)."""
+        if node.kind != "prop":
+            return self.value(node, depth)
+        t = self.temp()
+        return f"({t} if ({t} := {self.value(node, depth)}).__class__ is not str else _sn({t}, _P))"
+
+    @staticmethod
+    def slow_num(call: str, v: str, rest: str, convert: bool) -> str:
+        """``call(v, rest)``, with ``v`` (a bound property value) through
+        ``_sn`` first when it is a string."""
+        if not convert:
+            return f"{call}({v}, {rest})"
+        return f"({call}(_sn({v}, _P), {rest}) if {v}.__class__ is str else {call}({v}, {rest}))"
 
     # ------------------------------------------------------------ conditions
 
@@ -1100,10 +1188,17 @@ class _Generator:
         """A helper call computing a comparison-like leaf (no fast path)."""
         kind = node.kind
         if kind == "cmp":
-            left, right = (self.value(x, depth + 1) for x in node.args)
-            return f"{_SLOW_CMP[node.value[0]]}({left}, {right})"
+            op, type_ = node.value
+            if type_ == _NUM:
+                left, right = (self.num_value(x, depth + 1) for x in node.args)
+            else:
+                left, right = (self.value(x, depth + 1) for x in node.args)
+                if type_ == _ANY and any(x.kind == "prop" for x in node.args):
+                    ordering = op not in ("=", "<>")
+                    return f"{_SLOW_CMP[op]}(*_pair({left}, {right}, _P, {ordering}))"
+            return f"{_SLOW_CMP[op]}({left}, {right})"
         if kind == "between":
-            x, lo, hi = (self.value(a, depth + 1) for a in node.args)
+            x, lo, hi = (self.num_value(a, depth + 1) for a in node.args)
             return f"{'_not_between' if node.value else '_between'}({x}, {lo}, {hi})"
         raise AssertionError(kind)  # pragma: no cover - in/like always have a fast path
 
@@ -1120,9 +1215,11 @@ class _Generator:
             if type_ == _NUM:
                 t = self.temp()
                 guard = f"(({t} := ({v} := {x}).__class__) is int or {t} is float)"
+                slow = self.slow_num(_SLOW_CMP[op], v, c, left.kind == "prop")
             else:
                 guard = f"(({v} := {x}).__class__ is str)"
-            return guard, f"{v} {_PY_CMP[op]} {c}", f"{_SLOW_CMP[op]}({v}, {c})"
+                slow = f"{_SLOW_CMP[op]}({v}, {c})"
+            return guard, f"{v} {_PY_CMP[op]} {c}", slow
         if kind == "between":
             x, lo, hi = node.args
             if lo.kind != "lit" or hi.kind != "lit":
@@ -1130,9 +1227,11 @@ class _Generator:
             v, t = self.temp(), self.temp()
             lo_c, hi_c = self.const(lo.value), self.const(hi.value)
             guard = f"(({t} := ({v} := {self.value(x, depth + 1)}).__class__) is int or {t} is float)"
+            convert = x.kind == "prop"
             if node.value:
-                return guard, f"{v} < {lo_c} or {v} > {hi_c}", f"_not_between({v}, {lo_c}, {hi_c})"
-            return guard, f"{lo_c} <= {v} <= {hi_c}", f"_between({v}, {lo_c}, {hi_c})"
+                return (guard, f"{v} < {lo_c} or {v} > {hi_c}",
+                        self.slow_num("_not_between", v, f"{lo_c}, {hi_c}", convert))
+            return guard, f"{lo_c} <= {v} <= {hi_c}", self.slow_num("_between", v, f"{lo_c}, {hi_c}", convert)
         if kind == "in":
             negated, values = node.value
             v, k = self.temp(), self.const(values)

@@ -96,9 +96,20 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
     return future
 
 
+async def _close_off_loop(store: Any, close: Callable[[], None]) -> None:
+    """``close()`` for ``async with``: inline on a store whose calls never
+    wait (memory), in a thread on one whose may (SQL: giving back prefetched
+    rows, rolling back, is a write)."""
+    if getattr(store, "shared", False):
+        await asyncio.to_thread(close)
+    else:
+        close()
+
+
 class Session:
     """A single-threaded context for producing and consuming.
 
+    Also a context manager, plain or ``async with``, that closes it.
     A transacted session stages its sends and receives until :meth:`commit`
     (or discards and redelivers them on :meth:`rollback`); its ack mode is
     ``AckMode.TRANSACTED``. Listener calls of one session never overlap.
@@ -135,6 +146,12 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await _close_off_loop(self._store, self.close)
 
     @property
     def connection(self) -> "Connection":
@@ -355,10 +372,43 @@ class Session:
             raise IllegalStateError("recover() is for non-transacted sessions; use rollback()")
         self._release_unacked("the session was recovered")
 
+    def dead_letter(self, message: Message, reason: str) -> None:
+        """Move ``message``, received by this session and not yet
+        acknowledged (CLIENT, INDIVIDUAL or transacted), to its dead-letter
+        queue now, with ``JMS_DLQ_Reason`` = ``reason``: for a message the
+        application knows it can never process, which redelivery would only
+        repeat. It happens at once, outside any transaction: a later
+        rollback or recover does not bring it back. Raises
+        :class:`IllegalStateError` for a message this session does not hold
+        unacknowledged (AUTO and DUPS_OK sessions acknowledge on receipt)."""
+        self._check_open()
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"the reason must be a string, got {type(reason).__name__}")
+        message_id = getattr(message, "jms_message_id", None)
+        with self._lock:
+            found = None
+            for key, delivery in self._unacked.items():
+                if delivery.envelope.message_id == message_id:
+                    found = key
+                    break
+            delivery = self._unacked.pop(found) if found is not None else None
+        if delivery is None:
+            raise IllegalStateError(
+                f"message {message_id!r} is not held unacknowledged by this session (received elsewhere, "
+                "acknowledged or committed already, or the session acknowledges on receipt)"
+            )
+        self._store.dead_letter([delivery], reason)
+
     def _release_unacked(self, reason: str) -> None:
+        """Redeliver what this session received and did not acknowledge, and
+        give back what its consumers hold prefetched, so that delivery
+        restarts with the oldest of them (JMS: recover and rollback restart
+        the session's stream of messages after its last acknowledged one)."""
         with self._lock:
             deliveries = sorted(self._unacked.values(), key=lambda d: d.count)
             self._unacked.clear()
+        for consumer in list(self._consumers):
+            consumer._reader.release_held()
         if deliveries:
             self._store.release(deliveries, reason)
 
@@ -390,14 +440,17 @@ class Session:
             self._unacked.clear()
         return staged, consumed
 
-    def rollback(self) -> None:
-        """Discard this transaction's sends and redeliver what it received."""
+    def rollback(self, reason: str | None = None) -> None:
+        """Discard this transaction's sends and redeliver what it received.
+        ``reason`` (why it failed) is what a dead-letter queue records as the
+        last failure of a message this was the last delivery of."""
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("rollback() is only for transacted sessions")
         with self._lock:
             self._staged = []
-        self._release_unacked("the transaction was rolled back")
+        self._release_unacked(f"the transaction was rolled back: {reason}"[:500] if reason
+                              else "the transaction was rolled back")
 
     def close(self) -> None:
         """Close consumers, producers and browsers; roll back an open
@@ -523,6 +576,12 @@ class MessageProducer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    async def __aenter__(self) -> "MessageProducer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
     def send(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
              time_to_live: int | None = None) -> None:
         """``send(message)`` on a producer with a destination, or
@@ -630,8 +689,10 @@ class MessageConsumer:
     ``receive(timeout)`` blocks up to ``timeout`` seconds (forever when
     ``None``) and returns ``None`` on timeout; ``receive_no_wait()`` never
     blocks; ``await receive_async(timeout)`` waits without blocking the event
-    loop. A consumer with a listener (:meth:`set_message_listener`) cannot
-    receive synchronously.
+    loop, and ``async for message in consumer`` receives that way until the
+    consumer (or its session or connection) closes. A consumer with a
+    listener (:meth:`set_message_listener`) cannot receive synchronously.
+    Also a context manager, plain or ``async with``, that closes it.
     """
 
     def __init__(self, session: Session, destination: Destination, box: str, reader: Any, selector: str | None,
@@ -662,6 +723,25 @@ class MessageConsumer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> "MessageConsumer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await _close_off_loop(self._session._store, self.close)
+
+    def __aiter__(self) -> "MessageConsumer":
+        return self
+
+    async def __anext__(self) -> Message:
+        """``async for message in consumer``: each message as it arrives,
+        until the consumer, its session or its connection closes."""
+        while True:
+            if self._closed or self._session._closed or self._session._connection._closed:
+                raise StopAsyncIteration
+            message = await self.receive_async(None)
+            if message is not None:
+                return message
 
     def __repr__(self) -> str:
         return f"<MessageConsumer {self._destination} selector={self.message_selector!r}>"
@@ -730,10 +810,17 @@ class MessageConsumer:
         self._check_receivable()
         return self._receive_now()
 
+    async def _receive_now_async(self) -> Message | None:
+        """:meth:`_receive_now`, in a thread when the claim may wait on a store write."""
+        if self._reader.claim_may_wait(now_ms()):
+            return await asyncio.to_thread(self._receive_now)
+        return self._receive_now()
+
     async def receive_async(self, timeout: float | None = None) -> Message | None:
-        """Like :meth:`receive`, for asyncio: waits without blocking the loop."""
+        """Like :meth:`receive`, for asyncio: waits without blocking the loop
+        (a claim that writes to the SQL store runs in a thread)."""
         self._check_receivable()
-        message = self._receive_now()
+        message = await self._receive_now_async()
         if message is not None or timeout == 0:
             return message
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -741,7 +828,7 @@ class MessageConsumer:
         self._waiter = waiter
         try:
             while True:
-                message = self._receive_now()
+                message = await self._receive_now_async()
                 if message is not None or self._closed:
                     return message
                 wait = self._wait_time(deadline)

@@ -216,6 +216,19 @@ class Reader(abc.ABC):
         """Epoch ms at which a delayed redelivery becomes available, if any."""
         return None
 
+    def claim_may_wait(self, now: int) -> bool:
+        """Whether :meth:`claim` may wait on a write (the SQL store's claim
+        transaction): ``receive_async`` then claims in a thread, so that the
+        event loop is not stalled. False for a store whose claims never wait."""
+        return False
+
+    def release_held(self) -> None:
+        """Give back the entries claimed ahead for the consumer (prefetched)
+        but not handed out yet: available again, no delivery counted. A
+        session's recover or rollback calls it so that redelivery restarts
+        with the oldest unacknowledged message, not behind what was prefetched.
+        A store that claims one entry per receive holds none."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Forget this reader. In-flight entries stay in flight."""
@@ -305,6 +318,13 @@ class Store(abc.ABC):
     def release(self, deliveries: Sequence[Delivery], reason: str) -> None:
         """Make in-flight entries available again (after the policy's delay),
         or dead-letter those delivered ``max_deliveries`` times, with ``reason``."""
+
+    @abc.abstractmethod
+    def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        """Move in-flight entries to their dead-letter queue now, whatever
+        their delivery count, with ``reason`` as ``JMS_DLQ_Reason``
+        (an application that knows a message can never be processed).
+        Entries no longer in flight are left alone."""
 
     @abc.abstractmethod
     def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:

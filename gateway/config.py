@@ -23,7 +23,8 @@ The sections, all optional::
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
-    stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
+    stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size,
+                 selector_string_numbers}   # the STOMP listener
     operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
     admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
     logging:    {format: text|json}
@@ -579,7 +580,7 @@ def _rules(s: Settings, rules: MarkedDict) -> None:
                                               "rules.worker_memory_mb", minimum=128)
 
 
-STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size"}
+STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size", "selector_string_numbers"}
 
 
 def _stomp(stomp: MarkedDict) -> dict[str, Any]:
@@ -608,6 +609,9 @@ def _stomp(stomp: MarkedDict) -> dict[str, Any]:
         expect_int(stomp["prefetch"], stomp.at("prefetch"), "stomp.prefetch", minimum=1)
     if "max_frame_size" in stomp:
         expect_int(stomp["max_frame_size"], stomp.at("max_frame_size"), "stomp.max_frame_size", minimum=1024)
+    if "selector_string_numbers" in stomp:
+        expect_choice(stomp["selector_string_numbers"], stomp.at("selector_string_numbers"),
+                      "stomp.selector_string_numbers", ("convert", "strict"))
     return dict(stomp)
 
 

@@ -111,6 +111,8 @@ def stomp_options(settings: Settings) -> dict[str, Any] | None:
     for key in ("prefetch", "max_frame_size"):
         if key in section:
             options[key] = int(section.pop(key))
+    if "selector_string_numbers" in section:
+        options["selector_string_numbers"] = str(section.pop("selector_string_numbers"))
     if section:
         raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: "
                           f"{', '.join(sorted(STOMP_KEYS))})", file=settings.where.file)

@@ -66,8 +66,12 @@ class _SQLReader(Reader):
             if self._closed:  # a claim now would hold rows that close() can no longer give back
                 return None
             while True:
-                if not self._buffer and not self._fill(now):
-                    return None
+                if not self._buffer:
+                    # A consumer woken by a completion callback (a commit_async whose memory-tier sends
+                    # wake it) runs in the writer's thread, where a claim's write would wait for itself:
+                    # it takes from the memory tier only, and finds the rows at its next wake-up.
+                    if threading.get_ident() == store._writer_thread or not self._fill(now):
+                        return None
                 delivery = self._buffer.popleft()
                 env = delivery.envelope
                 if env.expiration and env.expiration <= now:
@@ -76,6 +80,10 @@ class _SQLReader(Reader):
                 if auto_ack:
                     store.ack([delivery], wait=False)
                 return delivery
+
+    def claim_may_wait(self, now: int) -> bool:
+        """A claim writes unless it takes a row held already or nothing changed since the box was empty."""
+        return not self._buffer and (self._selector is not None or self._worth_claiming(now))
 
     def _worth_claiming(self, now: int) -> bool:
         """False when nothing changed since a claim found the box empty (saves a write)."""
@@ -193,6 +201,15 @@ class _SQLReader(Reader):
             return memory
         return ready if memory is None else min(ready, memory)
 
+    def release_held(self) -> None:
+        """Give back prefetched rows that were never handed out (see Reader.release_held)."""
+        with self._lock, self._inbox_lock:
+            if self._closed:
+                return
+            ids = [d.ref for d in self._buffer]
+            self._buffer.clear()
+        self._give_back(ids)
+
     def close(self) -> None:
         """Give back prefetched rows that were never handed out."""
         with self._lock, self._inbox_lock:
@@ -203,6 +220,9 @@ class _SQLReader(Reader):
             self._buffer.clear()
         self._store._unregister_reader(self)
         self._memory.close()
+        self._give_back(ids)
+
+    def _give_back(self, ids: list[int]) -> None:
         if ids and not self._store._closed:
             store = self._store
             try:

@@ -24,6 +24,7 @@ PostgreSQL and ``PRAGMA data_version`` polling on SQLite.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -272,6 +273,9 @@ class SQLStore(Store):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._writer: GroupCommitter | None = None
+        self._writer_thread: int | None = None
+        self._completion_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._completion_lock = threading.Lock()
         self._selectors: dict[str | None, Any] = {}
         self._readers_lock = threading.Lock()
         self._waiting_boxes: dict[str, list[_SQLReader]] = {}  # the open readers (consumers) of each box
@@ -321,6 +325,8 @@ class SQLStore(Store):
             retry_for=self._retry_for,
         )
         self._writer.on_commit = self._commit_observer
+        #: the writer's thread: completion callbacks run there, and a write it asked for would wait for itself
+        self._writer_thread = self._writer._thread.ident
         now = now_ms()
         self._write(lambda b: b.conn.execute(instances.insert(), {
             "id": self.instance_id, "host": socket.gethostname()[:200], "pid": os.getpid(),
@@ -352,6 +358,8 @@ class SQLStore(Store):
             except StoreError:
                 log.warning("could not deregister broker instance %s; its lease will expire", self.instance_id)
             self._writer.close()
+        if self._completion_pool is not None:
+            self._completion_pool.shutdown(wait=True)
         for thread in self._threads:
             thread.join(timeout=5)
         self._mem.close()
@@ -1016,6 +1024,24 @@ class SQLStore(Store):
             conn.execute(entries.delete().where(entries.c.id == row.id))
             batch.touched.add(row.box)
 
+    def _op_dead_letter(self, batch: Batch, ids: list[int], reason: str) -> None:
+        """Move this instance's in-flight entries to their dead-letter queues now."""
+        conn = batch.conn
+        rows = conn.execute(sa.select(*_CLAIMED).where(entries.c.id.in_(ids), entries.c.state == 1,
+                                                        entries.c.owner == self.instance_id)
+                            .order_by(entries.c.seq)).all()
+        if not rows:
+            return
+        found = self._envelopes(conn, rows)
+        letters = []
+        for row in rows:
+            env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
+            letters.append(dead_letter_envelope(env, self.policy, reason, row.box))
+            batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
+        self._ordered(batch)
+        self._insert(batch, letters)
+        self._delete_entries(batch, [row.id for row in rows])
+
     def _expire_rows(self, batch: Batch, rows: Sequence[Any]) -> None:
         """Delete expired entries (already selected), remember them (for
         ``locate``), and count or move them."""
@@ -1201,12 +1227,36 @@ class SQLStore(Store):
             memory_part()
             return
 
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is None:
+        if not (memory_sends or memory_acks):
+            self._write(op, callback=lambda result, error: callback(error))
+            return
+
+        def finish() -> None:
+            try:
                 memory_part()
-            callback(error)
+            except BaseException as error:  # noqa: BLE001 - the caller hears of it
+                callback(error)
+                return
+            callback(None)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                callback(error)
+            else:  # the memory-tier part wakes consumers: not in the writer's thread, which has commits to run
+                self._completions().submit(finish)
 
         self._write(op, callback=done)
+
+    def _completions(self) -> concurrent.futures.ThreadPoolExecutor:
+        """One thread that finishes asynchronous commits' memory-tier parts, in commit order."""
+        pool = self._completion_pool
+        if pool is None:
+            with self._completion_lock:
+                if self._completion_pool is None:
+                    self._completion_pool = concurrent.futures.ThreadPoolExecutor(
+                        1, thread_name_prefix="b2b-sql-completions")
+                pool = self._completion_pool
+        return pool
 
     def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)
@@ -1313,6 +1363,14 @@ class SQLStore(Store):
         memory = [d for d in deliveries if type(d.ref) is not int]
         if memory:
             self._mem.release(memory, reason)
+
+    def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        ids = [d.ref for d in deliveries if type(d.ref) is int]
+        if ids:
+            self._write(lambda batch: self._op_dead_letter(batch, ids, reason))
+        memory = [d for d in deliveries if type(d.ref) is not int]
+        if memory:
+            self._mem.dead_letter(memory, reason)
 
     # ------------------------------------------------------------ reads
 

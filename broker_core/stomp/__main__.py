@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="heart-beat milliseconds offered (default 10000,10000)")
     parser.add_argument("--prefetch", type=int, default=1000, help="default per-subscription prefetch")
     parser.add_argument("--max-frame-size", type=int, default=10 * 1024 * 1024, help="largest body accepted (bytes)")
+    parser.add_argument("--selector-string-numbers", choices=("convert", "strict"), default="convert",
+                        help="selectors read the string headers of messages sent here as numbers where they want "
+                             "one (convert, as ActiveMQ; the default) or keep the JMS rule (strict)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -46,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def run() -> None:
         server = StompServer(broker, host=args.host, port=args.port, users=_users(args.user), heartbeat=(sx, sy),
-                             max_frame_size=args.max_frame_size, prefetch=args.prefetch)
+                             max_frame_size=args.max_frame_size, prefetch=args.prefetch,
+                             selector_string_numbers=args.selector_string_numbers)
         await server.start()
         print(f"STOMP listening on {server.host}:{server.port} ({args.url})", flush=True)
         await server.serve_forever()

@@ -522,7 +522,8 @@ class StompConnection:
 
     async def on_send(self, frame: Frame) -> None:
         destination = self.resolve(self._required(frame, "destination"))
-        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self.resolve)
+        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self.resolve,
+                                                         self.server.string_numbers)
         tx = self._transaction(frame)
         if tx is not None:
             tx.producer.send(destination, message, delivery_mode=mode, priority=priority, time_to_live=ttl)

@@ -11,6 +11,11 @@ The mapping follows ActiveMQ's, which STOMP users know:
 * a body with ``content-length`` is a BytesMessage, without one a TextMessage
   (``amq-msg-type: text|bytes`` overrides, as in ActiveMQ, because many clients
   always add ``content-length``);
+* the listener marks each message it receives with the boolean property
+  ``JMS_StringNumbers`` (true) unless its ``selector_string_numbers`` is
+  ``strict``: selectors then read its string properties as numbers where
+  they want one (``amount > 100``), as ActiveMQ does for STOMP; a client
+  cannot set that property itself, and it is not sent back out;
 * MESSAGE frames carry ``message-id``, ``destination``, ``subscription``,
   ``ack`` (1.2), ``redelivered``, ``persistent``, ``priority``, ``expires``,
   ``timestamp``, ``correlation-id``, ``reply-to``, ``type`` and one header per
@@ -27,6 +32,7 @@ from .._constants import DeliveryMode
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
 from .._errors import InvalidArgumentError, InvalidDestinationError, InvalidPropertyError, MessageFormatError
 from .._message import BytesMessage, Message, TextMessage
+from .._selector import STRING_NUMBERS_PROPERTY
 from ._frames import escape
 
 __all__ = ["split_destination", "message_from_send", "encode_message", "SEND_HEADERS"]
@@ -45,7 +51,7 @@ SEND_HEADERS = frozenset({
     "destination", "content-length", "transaction", "receipt", "persistent", "priority", "expires",
     "correlation-id", "reply-to", "type", "message-id", "timestamp", "redelivered", "subscription", "ack",
     "amq-msg-type", "JMSDeliveryMode", "JMSPriority", "JMSExpiration", "JMSCorrelationID", "JMSReplyTo",
-    "JMSType", "JMSMessageID", "JMSTimestamp", "JMSRedelivered", "JMSDestination",
+    "JMSType", "JMSMessageID", "JMSTimestamp", "JMSRedelivered", "JMSDestination", STRING_NUMBERS_PROPERTY,
 })
 
 
@@ -70,11 +76,13 @@ def _bool(value: str) -> bool:
     return value.strip().lower() == "true"
 
 
-def message_from_send(headers: dict[str, str], body: bytes,
-                      resolve: Callable[[str], Destination]) -> tuple[Message, int, int, int]:
+def message_from_send(headers: dict[str, str], body: bytes, resolve: Callable[[str], Destination],
+                      string_numbers: bool = False) -> tuple[Message, int, int, int]:
     """The JMS message a SEND frame describes, with its delivery mode,
     priority and time to live (ms) for ``producer.send``. ``resolve`` turns a
-    STOMP destination (``reply-to``) into a broker destination."""
+    STOMP destination (``reply-to``) into a broker destination;
+    ``string_numbers`` marks the message for selectors that read its string
+    properties as numbers."""
     kind = headers.get("amq-msg-type")
     if kind is None:
         kind = "bytes" if "content-length" in headers else "text"
@@ -127,6 +135,8 @@ def message_from_send(headers: dict[str, str], body: bytes,
             if name.startswith("JMS"):
                 continue  # reserved for the broker: never taken from a client
             props[name] = value  # not a Java identifier (content-type, x-foo): kept, not selectable
+    if string_numbers:
+        props[STRING_NUMBERS_PROPERTY] = True
     return message, mode, priority, ttl
 
 
@@ -195,6 +205,7 @@ def encode_message(env: Any, subscription: str, ack: str | None, redelivered: bo
 _RESERVED_OUT = frozenset({
     "message-id", "destination", "subscription", "ack", "redelivered", "persistent", "priority", "expires",
     "timestamp", "correlation-id", "reply-to", "type", "content-length", "transformation", "amq-msg-type",
+    STRING_NUMBERS_PROPERTY,
 })
 
 

@@ -24,16 +24,30 @@ class StompServer:
     milliseconds the server offers in CONNECTED. ``max_frame_size``: the
     largest body accepted. ``prefetch``: unacknowledged messages per
     client-ack subscription unless its SUBSCRIBE says otherwise
-    (``activemq.prefetchSize`` or ``prefetch``). ``port=0`` lets the OS
-    choose; :attr:`port` is the actual port once started.
+    (``activemq.prefetchSize`` or ``prefetch``). ``selector_string_numbers``
+    (``convert`` or ``strict``; default: the broker's, ``convert`` unless
+    ``Broker.open`` was told otherwise): ``convert`` marks every message sent
+    here so that selectors read its string properties (STOMP headers are all
+    strings) as numbers where they want one, as ActiveMQ does, so that
+    ``amount > 100`` matches ``amount:150``; ``strict`` keeps the JMS rule,
+    under which a string never compares with a number. ``port=0`` lets the
+    OS choose; :attr:`port` is the actual port once started.
     """
 
     def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  users: dict[str, str] | None = None, heartbeat: tuple[int, int] = (10000, 10000),
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, prefetch: int = 1000,
-                 max_headers: int = DEFAULT_MAX_HEADERS, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
+                 max_headers: int = DEFAULT_MAX_HEADERS, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                 selector_string_numbers: str | None = None) -> None:
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
+        if selector_string_numbers is None:
+            selector_string_numbers = getattr(broker, "selector_string_numbers", "convert")
+        if selector_string_numbers not in ("strict", "convert"):
+            raise ValueError(f"selector_string_numbers must be 'strict' or 'convert', not {selector_string_numbers!r}")
+        self.selector_string_numbers = selector_string_numbers
+        #: whether messages sent here are marked for selectors that read strings as numbers
+        self.string_numbers = selector_string_numbers == "convert"
         self.broker = broker
         self.host = host
         self.port = port

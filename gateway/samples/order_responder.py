@@ -8,7 +8,9 @@ sessions and processes), and replies with a UBL 2.1 OrderResponse (valid
 against ``UBL-OrderResponse-2.1.xsd``; checked before it is sent, so an
 order that cannot be answered validly, or a message that is not a UBL Order,
 is rolled back and, after the broker's ``max_deliveries``, dead-lettered
-instead of answered with garbage).
+instead of answered with garbage). :data:`respond_async` is the same
+responder written ``async def``, not registered (a worker runs one or the
+other: ``Worker(broker, [respond_async])``).
 
 :func:`build_order_response` builds the response from an order's root element
 for direct use. The response accepts the whole order as it stands:
@@ -32,6 +34,7 @@ ApplicationResponse. Its lines are ``cac:OrderLine/cac:LineItem``.)
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as _dt
 import logging
@@ -42,7 +45,7 @@ from lxml import etree
 
 from broker_core import Message, MessageFormatError, TextMessage, XMLMessage
 
-from ..handlers import HandlerContext, handler
+from ..handlers import AsyncHandlerContext, HandlerContext, handler
 from ..schemas import SchemaRegistry
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "ORDER_RESPONSE_NS",
     "build_order_response",
     "respond",
+    "respond_async",
 ]
 
 ORDER_NS = "urn:oasis:names:specification:ubl:schema:xsd:Order-2"
@@ -150,7 +154,7 @@ def build_order_response(order_root: etree._Element, *, issued: _dt.datetime | N
     for n, order_line in enumerate(order_root.iterfind(_cac("OrderLine")), start=1):
         item = _child(order_line, _cac("LineItem"))
         line_id = None if item is None else _child(item, _cbc("ID"))
-        if line_id is None:
+        if item is None or line_id is None:
             raise ValueError(f"order line {n} has no cac:LineItem/cbc:ID")
         line = _sub(root, _cac("OrderLine"))
         line_item = _sub(line, _cac("LineItem"))
@@ -193,16 +197,33 @@ def _document(message: Message) -> etree._Element:
     raise MessageFormatError(f"expected an XML message, got a {type(message).__name__}")
 
 
-@handler(ORDERS_QUEUE, name="order_responder")
-def respond(message: Message, context: HandlerContext) -> etree._Element:
-    """Answer a UBL Order with an OrderResponse that accepts it."""
+def _answer(message: Message, logger: logging.Logger) -> etree._Element:
     if message.jms_type not in (None, "Order"):  # the queue is read without a selector (see the module doc)
         raise MessageFormatError(f"orders.inbound carries UBL Orders; this message's JMSType is {message.jms_type!r}")
     order = _document(message)
     response = build_order_response(order)
     if VALIDATE_RESPONSES:
         _schemas().validate(response, "ubl-2.1/OrderResponse")
-    if context.logger.isEnabledFor(logging.INFO):  # the arguments cost more than the call when INFO is off
-        context.logger.info("order %s answered with order response %s",
-                            response.findtext(f"{{{CAC}}}OrderReference/{{{CBC}}}ID"), response.findtext(_cbc("ID")))
+    if logger.isEnabledFor(logging.INFO):  # the arguments cost more than the call when INFO is off
+        logger.info("order %s answered with order response %s",
+                    response.findtext(f"{{{CAC}}}OrderReference/{{{CBC}}}ID"), response.findtext(_cbc("ID")))
     return response
+
+
+@handler(ORDERS_QUEUE, name="order_responder")
+def respond(message: Message, context: HandlerContext) -> etree._Element:
+    """Answer a UBL Order with an OrderResponse that accepts it."""
+    return _answer(message, context.logger)
+
+
+async def _respond_async(message: Message, context: AsyncHandlerContext) -> etree._Element:
+    """Answer a UBL Order with an OrderResponse that accepts it (``async def``).
+
+    Parsing, building and validating are CPU work that lxml does with the GIL
+    released: in a thread they run in parallel with the other requests'
+    (on the event loop they would run one at a time, and stall the loop)."""
+    return await asyncio.to_thread(_answer, message, context.logger)
+
+
+#: :func:`respond` written ``async def``; not registered (run it with ``Worker(broker, [respond_async])``).
+respond_async = handler(ORDERS_QUEUE, name="order_responder_async", registry=None)(_respond_async)

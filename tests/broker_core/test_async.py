@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from broker_core import Queue, Requestor
+from broker_core import Broker, Queue, Requestor
 
 QUEUE = Queue("async")
 
@@ -197,3 +197,110 @@ def test_send_async_in_a_transacted_session_stages_until_commit(broker, conn):
     asyncio.run(main())
     message = reader.receive(timeout=5)
     assert message is not None and message.text == "staged"
+
+
+def test_async_for_receives_each_message_until_the_consumer_closes(broker, send):
+    queue = Queue("async.iter")
+    send(queue, "a", "b")
+
+    async def main():
+        got = []
+        async with broker.connect() as conn:
+            conn.start()
+            session = conn.create_session(transacted=True)
+            consumer = session.create_consumer(queue)
+            producer = broker.connect().create_session()
+            async for message in consumer:
+                got.append(message.text)
+                await session.commit_async()
+                if message.text == "b":  # one more arrives while iterating
+                    producer.create_producer(queue).send(producer.create_text_message("c"))
+                if len(got) == 3:
+                    consumer.close()  # ends the loop at its next turn
+        return got
+
+    got = asyncio.run(main())
+    assert got == ["a", "b", "c"]
+    assert broker.stats(queue).depth == 0 and broker.stats(queue).in_flight == 0
+
+
+def test_async_for_ends_when_the_connection_closes_from_elsewhere(broker):
+    conn = broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(Queue("async.iter.close"))
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.2, conn.close)
+        return [message async for message in consumer]
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == []
+
+
+def test_async_with_closes_and_redelivers_what_was_not_committed(broker, send):
+    queue = Queue("async.with")
+    send(queue, "x")
+
+    async def main():
+        async with broker.connect() as conn:
+            conn.start()
+            async with conn.create_session(transacted=True) as session:
+                async with session.create_consumer(queue) as consumer:
+                    first = await consumer.receive_async(2)
+                    async with session.create_producer(Queue("async.with.out")) as producer:
+                        producer.send(session.create_text_message("dropped"))
+                assert consumer._closed
+            assert session._closed
+        return first, conn
+
+    first, conn = asyncio.run(main())
+    assert first.text == "x"
+    assert conn._closed
+    again = broker.connect()
+    again.start()
+    redelivered = again.create_session().create_consumer(queue).receive(2)
+    assert redelivered.text == "x" and redelivered.jms_redelivered is True
+    assert list(broker.browse(Queue("async.with.out"))) == []
+
+
+def test_async_with_a_broker_closes_it(broker_url):
+    async def main():
+        async with Broker.open(broker_url, sweep_interval=0) as opened:
+            assert not opened.closed
+        return opened
+
+    assert asyncio.run(main()).closed
+
+
+def test_commit_async_of_a_reply_to_a_requestor_of_this_process_completes(broker):
+    """The reply (non-persistent, to a temporary queue of this process) is
+    handed to the waiting requestor when the commit completes; on the SQL
+    store that happens in the writer's thread, which must not wait for a
+    write of its own."""
+    service = Queue("async.commit.reply")
+    requester = broker.connect()
+    requester.start()
+    requestor = Requestor(requester.create_session(), service)
+    responder = broker.connect()
+    responder.start()
+    tx = responder.create_session(transacted=True)
+    requests = tx.create_consumer(service)
+    replies = tx.create_producer(None)
+
+    async def answer_one():
+        request = await requests.receive_async(5)
+        reply = tx.create_text_message("pong")
+        reply.jms_correlation_id = request.jms_message_id
+        replies.send(request.jms_reply_to, reply)
+        await asyncio.wait_for(tx.commit_async(), 10)
+
+    def serve():
+        asyncio.run(answer_one())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    reply = requestor.request(requester.create_session().create_text_message("ping"), timeout=10)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert reply.text == "pong"
+    requester.close()
+    responder.close()

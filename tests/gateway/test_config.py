@@ -34,7 +34,7 @@ def test_sample_configuration_loads():
     assert set(s.partners) == {"acme", "globex"}
     assert [r["id"] for r in s.routes] == ["ubl-order", "ubl-order-change", "ubl-order-cancellation",
                                           "ubl-despatch-advice", "ubl-invoice"]
-    assert s.workers == ["gateway.samples.order_responder"]
+    assert s.workers == ["gateway.samples.order_responder", "gateway.samples.document_receiver"]
     assert s.worker_concurrency == {"gateway.samples.order_responder": 4}
     assert s.etl["schedule"] == "0 2 * * *"  # passed through untouched
     assert s.late_reply_window == 3600 and s.reconcile_interval == 2

@@ -28,8 +28,22 @@ def test_disabled_section_starts_nothing():
 
 
 def test_unknown_keys_are_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, max_frame_size, port, prefetch, users"):
+    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, max_frame_size, port, prefetch, "
+                                          "selector_string_numbers, users"):
         stomp_options(_Settings({"prot": 61613}))
+
+
+def test_the_selector_string_numbers_choice_reaches_the_listener():
+    assert stomp_options(_Settings({"selector_string_numbers": "strict"}))["selector_string_numbers"] == "strict"
+    assert "selector_string_numbers" not in stomp_options(_Settings({}))  # the broker's choice (convert)
+
+
+def test_a_wrong_selector_string_numbers_choice_is_reported_at_its_line(tmp_path):
+    from gateway.config import settings_from_mapping
+
+    with pytest.raises(ConfigError, match="stomp.selector_string_numbers must be one of convert, strict"):
+        settings_from_mapping({"store": {"url": "memory://"}, "stomp": {"selector_string_numbers": "loose"}},
+                              config_path=tmp_path / "b2bgw.yaml", base_dir=tmp_path)
 
 
 def test_a_listener_started_from_the_section_carries_messages_into_the_broker():
