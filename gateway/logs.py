@@ -207,8 +207,9 @@ def uvicorn_log_config() -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "loggers": {
-            "uvicorn": {"handlers": [], "propagate": True},
-            "uvicorn.error": {"handlers": [], "propagate": True},
-            "uvicorn.access": {"handlers": [], "propagate": True},
+            # NOTSET: the root's level applies unless uvicorn is given a log_level of its own
+            "uvicorn": {"handlers": [], "propagate": True, "level": "NOTSET"},
+            "uvicorn.error": {"handlers": [], "propagate": True, "level": "NOTSET"},
+            "uvicorn.access": {"handlers": [], "propagate": True, "level": "NOTSET"},
         },
     }
