@@ -267,7 +267,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     else:
         import socket
 
-        sock = socket.socket(fileno=args.listen_fd)  # the supervisor's listening socket (family detected)
+        sock = socket.socket(fileno=args.listen_fd)  # the supervisor's socket (uvicorn listens once started)
         uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     return 0
 

@@ -18,7 +18,10 @@ the HTTP work and the store's writer share one core's worth of Python. With
   takes a process's socket out of the port's group the moment the process
   dies: new connections go to the live ones while it restarts (the few
   already waiting in its queue are reset, unless the system migrates them:
-  ``net.ipv4.tcp_migrate_req``), and its successor gets a new socket,
+  ``net.ipv4.tcp_migrate_req``). Its successor gets a new socket, bound but
+  not listening: the process listens once it has started, so no connection
+  waits in its queue while it starts up (seconds) when a live process could
+  take it,
 * forwards SIGINT/SIGTERM to them and waits for their graceful shutdown
   (SIGKILL after ``STOP_GRACE`` seconds),
 * restarts a process that dies after it has started serving (a crash, an
@@ -157,14 +160,16 @@ class Supervisor:
         self._bound = True
         return self.port
 
-    def _listen(self) -> socket.socket:
-        """A new listening socket on the port, in the port's SO_REUSEPORT group."""
+    def _listen(self, listen: bool = True) -> socket.socket:
+        """A new socket on the port, in the port's SO_REUSEPORT group once it listens (*listen*: now; else
+        its process listens when it has started: uvicorn does, after the app's start-up)."""
         sock = socket.socket(self.family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.host, self.port))
-            sock.listen(2048)
+            if listen:
+                sock.listen(2048)
         except OSError as exc:
             sock.close()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}; "
@@ -179,8 +184,8 @@ class Supervisor:
             child.sock = None
 
     def _spawn(self, child: _Child) -> None:
-        if child.sock is None:  # a successor: its predecessor's socket went with it
-            child.sock = self._listen()
+        if child.sock is None:  # a successor: its predecessor's socket went with it; the others serve meanwhile
+            child.sock = self._listen(listen=False)
         args = [sys.executable, "-m", "gateway.cli", *self.child_args,
                 "--listen-fd", str(child.sock.fileno()), "--process-index", str(child.index)]
         cpu = self.cpus[child.index]

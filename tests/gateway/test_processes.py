@@ -267,3 +267,36 @@ def test_a_taken_port_is_a_clear_error(tmp_path):
         supervisor = Supervisor(s, 2, host="127.0.0.1", port=taken.getsockname()[1], child_args=[])
         with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1"):
             supervisor.bind()
+
+
+def test_a_successors_socket_takes_no_connection_until_its_process_listens(tmp_path):
+    """While a replaced process starts up (seconds), new connections go to the live processes: its socket is in
+    the port's group only once it listens (uvicorn listens after the app's start-up)."""
+    s = settings_from_mapping({"store": {"url": f"sqlite:///{tmp_path / 'x.db'}"}})
+    supervisor = Supervisor(s, 2, host="127.0.0.1", port=0, child_args=[])
+    port = supervisor.bind()
+    live, _ = (child.sock for child in supervisor.children)
+    starting = supervisor._listen(listen=False)  # what a successor gets
+    try:
+        for _ in range(40):  # the kernel spreads connections by a hash of their addresses: many tries
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+        live.settimeout(1)
+        taken = 0
+        while True:
+            try:
+                conn, _ = live.accept()
+            except TimeoutError:
+                break
+            conn.close()
+            taken += 1
+        # the first-started sockets listen: the other one takes its share too, the starting one none
+        assert taken > 0
+        starting.listen(8)
+        starting.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            starting.accept()  # nothing queued for it before it listened
+    finally:
+        starting.close()
+        for child in supervisor.children:
+            supervisor._unlisten(child)
