@@ -23,6 +23,7 @@ The sections, all optional::
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
+    ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention
 
 Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
 ``etl:`` values whole (by ``Broker.check_options`` and
@@ -71,6 +72,7 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
+    "ledger",  # gateway.retention
 }
 
 
@@ -342,6 +344,8 @@ class Settings:
     reconcile_interval: float = 2.0
     etl: dict[str, Any] = field(default_factory=dict)
     stomp: dict[str, Any] | None = None
+    #: ``ledger.retention`` (gateway.retention.RetentionPolicy); None: documents stay online for ever
+    retention: Any = None
     where: Where = NOWHERE
 
     @property
@@ -502,7 +506,20 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     s.etl = dict(etl)
     if root.get("stomp") is not None:
         s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+    if root.get("ledger") is not None:
+        _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
     return s
+
+
+def _ledger(s: Settings, ledger: MarkedDict) -> None:
+    """The ``ledger:`` section: its ``retention`` policy (gateway.retention)."""
+    from .retention import parse_retention
+
+    check_keys(ledger, {"retention"}, "ledger")
+    if ledger.get("retention") is not None:
+        route_ids = {item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)}
+        s.retention = parse_retention(ledger["retention"], ledger.at("retention"),
+                                      late_reply_window=s.late_reply_window, route_ids=route_ids)
 
 
 STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size"}
