@@ -42,6 +42,7 @@ import datetime as _dt
 import hashlib
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from gateway.retention import PolicyClass, RetentionPolicy
 
 from . import state
 
-__all__ = ["ARCHIVE_TABLE", "ArchiveError", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
+__all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStopped", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
            "archive_root", "get", "run", "verify"]
 
 log = logging.getLogger("spark_etl.archive")
@@ -72,6 +73,15 @@ Write = Callable[[Callable[[sa.Connection], Any]], Any]
 class ArchiveError(RuntimeError):
     """The archive job could not do its work (recorded in ``b2b_archive_runs``; nothing unverified was
     purged): files that do not read back as written, a lost lease, a store error."""
+
+
+class ArchiveBusyError(ArchiveError):
+    """Another process holds the archive lease (it is running the job): nothing was done."""
+
+
+class ArchiveStopped(ArchiveError):
+    """The run was asked to stop (the gateway is stopping): it ended between two steps, recorded as
+    interrupted; the next run goes on from there."""
 
 
 @dataclass
@@ -297,13 +307,16 @@ class _Job:
         self.do_vacuum = vacuum
         self.limit = limit
         self.pacer = pacer or lifecycle.Pacer()
+        self.should_stop: Callable[[], bool] = lambda: False
         self.result: ArchiveResult | None = None
 
     def _stop(self) -> bool:
-        return self.lease is not None and self.lease.lost
+        return (self.lease is not None and self.lease.lost) or self.should_stop()
 
     def _check_lease(self) -> None:
-        if self._stop():
+        if self.should_stop():
+            raise ArchiveStopped("stopped on request (the gateway is stopping); the next run goes on")
+        if self.lease is not None and self.lease.lost:
             raise ArchiveError("the archive lease was lost (expired or taken over); the next run goes on")
 
     def run(self, owner: str) -> ArchiveResult:
@@ -328,7 +341,7 @@ class _Job:
                 result.vacuumed_pages = lifecycle.vacuum(self.engine, self.write, stop=self._stop)
             result.status = "succeeded"
         except BaseException as exc:
-            result.status = "failed"
+            result.status = "interrupted" if isinstance(exc, ArchiveStopped) else "failed"
             result.seconds = time.perf_counter() - t0
             self._record(run_id, f"{type(exc).__name__}: {exc}"[:4000])
             raise
@@ -523,7 +536,8 @@ class _Job:
 
 def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, db_url: str | None = None,
         wait_for_warehouse: bool = True, now: int | None = None, lease: state.Lease | None = None,
-        vacuum: bool = True, limit: int | None = None, pacer: lifecycle.Pacer | None = None) -> ArchiveResult:
+        vacuum: bool = True, limit: int | None = None, pacer: lifecycle.Pacer | None = None,
+        stop: Callable[[], bool] | None = None) -> ArchiveResult:
     """Run the archive job once (see the module docstring) and return what it did.
 
     *engine* reads the store; *write* runs a function of a connection in a store transaction and returns
@@ -532,8 +546,9 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     (:func:`archive_root`). *wait_for_warehouse*: only documents the warehouse load has read are due (set it
     when the load is enabled). *now* (epoch ms): the time the policy is applied at. Without *lease* the
     ``archive`` lease is taken here (:class:`ArchiveError` when another process holds it). *limit*: purge at
-    most about this many documents. Raises :class:`ArchiveError` (run recorded as failed) when a batch does
-    not read back as written or the lease is lost."""
+    most about this many documents. *stop*: asked between steps; true ends the run (:class:`ArchiveStopped`,
+    recorded as interrupted). Raises :class:`ArchiveError` (run recorded as failed) when a batch does not
+    read back as written or the lease is lost, :class:`ArchiveBusyError` when another process runs the job."""
     own = lease is None
     etl_engine = None
     if own:
@@ -542,10 +557,12 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
             state.upgrade(engine)
         lease = state.Lease(etl_engine, ttl=600.0, name=LEASE_NAME)
         if not lease.acquire():
-            raise ArchiveError("another process is running the archive job (the archive lease is held)")
+            raise ArchiveBusyError("another process is running the archive job (the archive lease is held)")
     try:
         job = _Job(engine, write, policy, root, wait_for_warehouse=wait_for_warehouse, now=now, lease=lease,
                    vacuum=vacuum, limit=limit, pacer=pacer)
+        if stop is not None:
+            job.should_stop = stop
         return job.run(lease.owner)
     finally:
         if own:
@@ -704,6 +721,7 @@ class ArchiveSchedule:
         self.trigger = CronTrigger.from_crontab(policy.schedule, timezone=policy.timezone)
         self.scheduler: Any = None
         self.last_result: ArchiveResult | None = None
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -720,6 +738,7 @@ class ArchiveSchedule:
                  job.next_run_time if job else None)
 
     def shutdown(self, wait: bool = True) -> None:
+        self._stopping.set()  # a run in progress ends at its next step
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=wait)
             self.scheduler = None
@@ -739,7 +758,8 @@ class ArchiveSchedule:
                 return False
             try:
                 self.last_result = run(self.policy, engine=self.engine, write=self.write, root=self.root,
-                                       wait_for_warehouse=self.wait_for_warehouse, lease=lease)
+                                       wait_for_warehouse=self.wait_for_warehouse, lease=lease,
+                                       stop=self._stopping.is_set)
                 r = self.last_result
                 log.info("ledger archive run %s: %d archived, %d purged, %d waiting for the warehouse load, "
                          "%d tombstones expired in %.1f s", r.run_id, r.archived, r.purged, r.waiting,
