@@ -242,7 +242,7 @@ def new_batch(write: Write, run_id: int, kind: str, documents_: int, files: list
 def set_batch(write: Write, batch_id: int, **values: Any) -> None:
     if "files" in values and not isinstance(values["files"], (str, type(None))):
         values["files"] = json.dumps(values["files"])
-    values["updated_at"] = now_ms()
+    values.setdefault("updated_at", now_ms())
     write(lambda conn: conn.execute(archive_batches.update().where(archive_batches.c.batch_id == batch_id)
                                     .values(**values)))
 

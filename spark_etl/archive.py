@@ -310,6 +310,11 @@ class _Job:
         self.should_stop: Callable[[], bool] = lambda: False
         self.result: ArchiveResult | None = None
 
+    def clock(self) -> int:
+        """Now (epoch ms), or the time the job was asked to apply the policy at: purges and tombstone
+        expiry are counted on the same clock."""
+        return self.now if self.now is not None else lifecycle.now_ms()
+
     def _stop(self) -> bool:
         return (self.lease is not None and self.lease.lost) or self.should_stop()
 
@@ -404,7 +409,7 @@ class _Job:
     def _archive(self, run_id: int, rows: list[dict[str, Any]], history: dict[str, Any]) -> None:
         result = self.result
         assert result is not None
-        archived_at = lifecycle.now_ms()
+        archived_at = self.clock()
         by_day: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             by_day.setdefault(_day(row["received_at"]), []).append(row)
@@ -443,7 +448,7 @@ class _Job:
         result.batches += 1
 
     def _purge(self, batch_id: int, items: list[tuple[str, int]], archived: bool) -> int:
-        at = lifecycle.now_ms()
+        at = self.clock()
         first = [True]
 
         def chunk(conn: sa.Connection, part: Any) -> int:
@@ -459,7 +464,7 @@ class _Job:
         counts = self.pacer.run(self.write, chunk, items, stop)
         self._check_lease()
         purged = self._purged(batch_id)
-        lifecycle.set_batch(self.write, batch_id, status="purged", purged=purged)
+        lifecycle.set_batch(self.write, batch_id, status="purged", purged=purged, updated_at=at)
         return sum(counts)
 
     def _purged(self, batch_id: int) -> int:
@@ -552,9 +557,11 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     own = lease is None
     etl_engine = None
     if own:
-        etl_engine = state.open_store(db_url) if db_url is not None else engine
-        if db_url is None:
-            state.upgrade(engine)
+        if db_url is not None:
+            etl_engine = state.open_store(db_url)
+        else:  # the store's own engine; on SQLite its writes must take the write lock at BEGIN, as the store's do
+            etl_engine = engine.execution_options(b2b_write=True) if engine.dialect.name == "sqlite" else engine
+            state.upgrade(etl_engine)
         lease = state.Lease(etl_engine, ttl=600.0, name=LEASE_NAME)
         if not lease.acquire():
             raise ArchiveBusyError("another process is running the archive job (the archive lease is held)")
@@ -567,7 +574,7 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     finally:
         if own:
             lease.release()
-            if etl_engine is not None and etl_engine is not engine:
+            if db_url is not None and etl_engine is not None:
                 etl_engine.dispose()
 
 

@@ -199,14 +199,14 @@ def run(
 
 
 def _purged_documents(engine: sa.Engine) -> int:
-    """How many documents the ledger's retention has purged whose tombstones are kept (0 without retention)."""
-    from gateway.ledger_tables import tombstones
+    """How many documents the ledger's retention has purged (0 without retention)."""
+    from gateway.ledger_tables import archive_batches
 
     with engine.connect() as conn:
-        if not sa.inspect(conn).has_table(tombstones.name):
+        if not sa.inspect(conn).has_table(archive_batches.name):
             return 0
-        n = conn.execute(sa.select(sa.func.count()).select_from(
-            sa.select(tombstones.c.message_id).limit(1_000_000).subquery())).scalar_one()
+        n = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(archive_batches.c.purged), 0))
+                         .where(archive_batches.c.status.in_(("purged", "expired")))).scalar_one()
         conn.rollback()
     return int(n)
 
