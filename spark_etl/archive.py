@@ -423,6 +423,7 @@ class _Job:
             table, digests = _table(day_rows, history, batch_id, archived_at)
             expected.update(digests)
             written += _write_file(table, os.path.join(self.root, f["path"]))
+            _hook("file_written", batch_id)
         _hook("written", batch_id)
         lifecycle.set_batch(self.write, batch_id, status="written", bytes=written)
         _hook("before_verify", batch_id)
@@ -542,7 +543,7 @@ class _Job:
 def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, db_url: str | None = None,
         wait_for_warehouse: bool = True, now: int | None = None, lease: state.Lease | None = None,
         vacuum: bool = True, limit: int | None = None, pacer: lifecycle.Pacer | None = None,
-        stop: Callable[[], bool] | None = None) -> ArchiveResult:
+        stop: Callable[[], bool] | None = None, lease_ttl: float = 600.0) -> ArchiveResult:
     """Run the archive job once (see the module docstring) and return what it did.
 
     *engine* reads the store; *write* runs a function of a connection in a store transaction and returns
@@ -550,7 +551,8 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     returns nothing: :func:`store_writer` makes one that returns the function's result). *root*: the archive root
     (:func:`archive_root`). *wait_for_warehouse*: only documents the warehouse load has read are due (set it
     when the load is enabled). *now* (epoch ms): the time the policy is applied at. Without *lease* the
-    ``archive`` lease is taken here (:class:`ArchiveError` when another process holds it). *limit*: purge at
+    ``archive`` lease is taken here for *lease_ttl* seconds, renewed while the job runs (a crashed run's
+    lease expires after that). *limit*: purge at
     most about this many documents. *stop*: asked between steps; true ends the run (:class:`ArchiveStopped`,
     recorded as interrupted). Raises :class:`ArchiveError` (run recorded as failed) when a batch does not
     read back as written or the lease is lost, :class:`ArchiveBusyError` when another process runs the job."""
@@ -562,7 +564,7 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
         else:  # the store's own engine; on SQLite its writes must take the write lock at BEGIN, as the store's do
             etl_engine = engine.execution_options(b2b_write=True) if engine.dialect.name == "sqlite" else engine
             state.upgrade(etl_engine)
-        lease = state.Lease(etl_engine, ttl=600.0, name=LEASE_NAME)
+        lease = state.Lease(etl_engine, ttl=lease_ttl, name=LEASE_NAME)
         if not lease.acquire():
             raise ArchiveBusyError("another process is running the archive job (the archive lease is held)")
     try:
@@ -628,6 +630,8 @@ def get(message_id: str, *, root: str, engine: sa.Engine | None = None) -> Archi
     if not os.path.isdir(base):
         return None
     dataset = ds.dataset(base, format="parquet", partitioning="hive")
+    if not dataset.files:
+        return None
     table = dataset.to_table(filter=ds.field("message_id") == message_id)
     if table.num_rows == 0:
         return None
@@ -700,8 +704,10 @@ def verify(engine: sa.Engine, root: str) -> dict[str, Any]:
     base = os.path.join(root, ARCHIVE_TABLE)
     total = 0
     if os.path.isdir(base):
-        ids = ds.dataset(base, format="parquet", partitioning="hive").to_table(columns=["message_id"])
-        total = ids.num_rows
+        dataset = ds.dataset(base, format="parquet", partitioning="hive")
+        ids = dataset.to_table(columns=["message_id"]) if dataset.files else None
+        total = ids.num_rows if ids is not None else 0
+    if total:
         duplicates = total - len(set(ids.column("message_id").to_pylist()))
         if duplicates:
             problems.append(f"{duplicates} documents are in the archive more than once")
