@@ -83,7 +83,7 @@ def class_condition(cls: PolicyClass) -> sa.ColumnElement[bool]:
 
 
 def scan_due(engine: sa.Engine, cls: PolicyClass, status: str, cutoff: int, after: tuple[int, str] | None,
-             limit: int) -> list[dict[str, Any]]:
+             limit: int) -> list[Any]:
     """Up to *limit* ledger rows of *cls* in *status* last changed before *cutoff* (epoch ms), in
     (updated_at, message_id) order after the cursor *after*: a range of the ledger's status index."""
     query = sa.select(*ARCHIVE_COLUMNS).where(documents.c.status == status, documents.c.updated_at < cutoff,
@@ -92,7 +92,7 @@ def scan_due(engine: sa.Engine, cls: PolicyClass, status: str, cutoff: int, afte
         query = query.where(sa.tuple_(documents.c.updated_at, documents.c.message_id) > sa.tuple_(*after))
     query = query.order_by(documents.c.updated_at, documents.c.message_id).limit(limit)
     with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(query)]
+        rows = list(conn.execute(query).mappings().all())
         conn.rollback()
     return rows
 
@@ -104,8 +104,8 @@ def histories(engine: sa.Engine, message_ids: Sequence[str], chunk: int = 900) -
              .where(events.c.message_id.in_(sa.bindparam("ids", expanding=True))).order_by(events.c.seq))
     with engine.connect() as conn:
         for i in range(0, len(message_ids), chunk):
-            for r in conn.execute(query, {"ids": list(message_ids[i:i + chunk])}):
-                out[r.message_id].append((r.seq, r.status, r.at))
+            for mid, seq, status, at in conn.execute(query, {"ids": list(message_ids[i:i + chunk])}).all():
+                out[mid].append((seq, status, at))
         conn.rollback()
     return out
 

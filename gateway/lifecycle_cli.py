@@ -152,7 +152,7 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
 
     broker = open_broker(settings, sweep_interval=0)
     try:
-        freed = lifecycle.vacuum(broker.store.engine, store_writer(broker.store), max_pages=args.pages)
+        freed = lifecycle.vacuum(broker.store.engine, store_writer(broker.store, durable=False), max_pages=args.pages)
         after = lifecycle.sqlite_space(broker.store.engine)
     finally:
         broker.close()
@@ -174,7 +174,8 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
     broker = open_broker(settings, sweep_interval=0)
     try:
         try:
-            result = run(policy, engine=broker.store.engine, write=store_writer(broker.store), root=_root(settings),
+            result = run(policy, engine=broker.store.engine, write=store_writer(broker.store),
+                         purge_write=store_writer(broker.store, durable=False), root=_root(settings),
                          db_url=settings.store_url, wait_for_warehouse=etl_enabled(settings),
                          vacuum=not args.no_vacuum, limit=args.limit)
         except ArchiveBusyError as exc:

@@ -206,6 +206,7 @@ class Runtime:
         assert self.broker is not None
         schedule = ArchiveSchedule(policy, self.settings.store_url, engine=self.broker.store.engine,
                                    write=store_writer(self.broker.store),
+                                   purge_write=store_writer(self.broker.store, durable=False),
                                    root=archive_root(policy, self.settings.etl),
                                    wait_for_warehouse=etl_enabled(self.settings))
         schedule.start()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import logging
+import concurrent.futures
 import os
 import threading
 import time
@@ -158,39 +159,39 @@ def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, i
     """The Arrow table of *rows* and the SHA-256 of each one's request and reply, from the ledger's bytes."""
     import pyarrow as pa
 
-    expected: dict[str, tuple[str, str | None]] = {}
-    requests: list[bytes] = []
-    replies: list[bytes | None] = []
-    for row in rows:
-        request = unpack_xml(row["document"]) or b""
-        reply = unpack_xml(row["reply"])
-        requests.append(request)
-        replies.append(reply)
-        expected[row["message_id"]] = (_sha(request), _sha(reply))
-    cols: dict[str, Any] = {}
-    for name in ("message_id", "partner", "doc_type", "doc_namespace", "doc_id", "idempotency_key",
-                 "correlation_id", "route", "destination", "status", "digest", "reply_type", "receipt", "error"):
-        cols[name] = [row[name] for row in rows]
+    ts = pa.timestamp("ms", tz="UTC")
+    requests = [unpack_xml(row["document"]) or b"" for row in rows]
+    replies = [unpack_xml(row["reply"]) for row in rows]
+    request_sha = [_sha(x) for x in requests]
+    reply_sha = [_sha(x) for x in replies]
+    ids = [row["message_id"] for row in rows]
+    expected = dict(zip(ids, zip(request_sha, reply_sha)))
+    offsets, seqs, statuses, ats = [0], [], [], []
+    for mid in ids:
+        for seq, status, at in history.get(mid, ()):
+            seqs.append(seq)
+            statuses.append(status)
+            ats.append(at)
+        offsets.append(len(seqs))
+    events = pa.StructArray.from_arrays(
+        [pa.array(seqs, pa.int64()), pa.array(statuses, pa.string()), pa.array(ats, pa.int64()).cast(ts)],
+        names=["seq", "status", "at"])
+    cols: dict[str, Any] = {name: pa.array([row[name] for row in rows], pa.string()) for name in (
+        "partner", "doc_type", "doc_namespace", "doc_id", "idempotency_key", "correlation_id", "route",
+        "destination", "status", "digest", "reply_type", "receipt", "error")}
+    cols["message_id"] = pa.array(ids, pa.string())
     for name in ("received_at", "updated_at"):
-        cols[name] = pa.array([row[name] for row in rows], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-    cols["archived_at"] = pa.array([archived_at] * len(rows), pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-    cols["request_sha256"] = [expected[row["message_id"]][0] for row in rows]
-    cols["reply_sha256"] = [expected[row["message_id"]][1] for row in rows]
+        cols[name] = pa.array([row[name] for row in rows], pa.int64()).cast(ts)
+    cols["archived_at"] = pa.array([archived_at] * len(rows), pa.int64()).cast(ts)
+    cols["request_sha256"] = pa.array(request_sha, pa.string())
+    cols["reply_sha256"] = pa.array(reply_sha, pa.string())
     # the ledger's XML is UTF-8: the cast checks it, in C++
     cols["request_xml"] = pa.array(requests, pa.binary()).cast(pa.string())
     cols["reply_xml"] = pa.array(replies, pa.binary()).cast(pa.string())
-    cols["history"] = [[{"seq": seq, "status": status, "at": at} for seq, status, at in history.get(row["message_id"], [])]
-                       for row in rows]
-    cols["batch_id"] = [batch_id] * len(rows)
+    cols["history"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), events)
+    cols["batch_id"] = pa.array([batch_id] * len(rows), pa.int64())
     schema = _schema()
-    arrays = []
-    for f in schema:
-        value = cols[f.name]
-        if f.name == "history":
-            value = pa.array(value, pa.list_(pa.struct([("seq", pa.int64()), ("status", pa.string()),
-                                                        ("at", pa.int64())]))).cast(f.type)
-        arrays.append(value if isinstance(value, pa.Array) else pa.array(value, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema), expected
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema), expected
 
 
 def _write_file(table: Any, path: str) -> int:
@@ -299,8 +300,9 @@ def _hook(name: str, batch_id: int) -> None:
 class _Job:
     def __init__(self, engine: sa.Engine, write: Write, policy: RetentionPolicy, root: str, *,
                  wait_for_warehouse: bool, now: int | None, lease: state.Lease | None, vacuum: bool,
-                 limit: int | None, pacer: lifecycle.Pacer | None = None) -> None:
+                 limit: int | None, pacer: lifecycle.Pacer | None = None, purge_write: Write | None = None) -> None:
         self.engine, self.write, self.policy, self.root = engine, write, policy, root
+        self.purge_write = purge_write or write
         self.wait_for_warehouse = wait_for_warehouse
         self.now = now
         self.lease = lease
@@ -308,6 +310,11 @@ class _Job:
         self.limit = limit
         self.pacer = pacer or lifecycle.Pacer()
         self.should_stop: Callable[[], bool] = lambda: False
+        # one batch's purge runs in this thread while the next batch is read, written and verified (the
+        # purge mostly waits for the store's writer, and pauses between its transactions)
+        self._purger = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="b2bgw-archive-purge")
+        self._purging: concurrent.futures.Future[int] | None = None
+        self.handled = 0  # documents handed to a purge
         self.result: ArchiveResult | None = None
 
     def clock(self) -> int:
@@ -338,21 +345,41 @@ class _Job:
             result.stats["watermark"] = watermark
             for cls in self.policy.classes():
                 for status in FINAL_STATUSES:
-                    if self.limit is not None and result.purged >= self.limit:
+                    if self.limit is not None and self.handled >= self.limit:
                         break
                     self._class(run_id, cls, status, now - cls.rule.online_ms, watermark)
+            self._drain()
             result.tombstones_expired = self._expire(now)
             if self.do_vacuum:
-                result.vacuumed_pages = lifecycle.vacuum(self.engine, self.write, stop=self._stop)
+                result.vacuumed_pages = lifecycle.vacuum(self.engine, self.purge_write, stop=self._stop)
             result.status = "succeeded"
         except BaseException as exc:
+            try:
+                self._drain()  # a purge under way ends (or fails) before the run is recorded
+            except BaseException:  # noqa: BLE001 - the first error is the one to report
+                pass
             result.status = "interrupted" if isinstance(exc, ArchiveStopped) else "failed"
             result.seconds = time.perf_counter() - t0
             self._record(run_id, f"{type(exc).__name__}: {exc}"[:4000])
             raise
+        finally:
+            self._purger.shutdown(wait=True)
         result.seconds = time.perf_counter() - t0
         self._record(run_id, None)
         return result
+
+    def _drain(self) -> None:
+        """Wait for the purge under way; its error is raised here."""
+        pending, self._purging = self._purging, None
+        if pending is not None:
+            assert self.result is not None
+            self.result.purged += pending.result()
+
+    def _purge_later(self, batch_id: int, items: list[tuple[str, int]], archived: bool) -> None:
+        """Purge a verified batch in the purge thread, after the one before it."""
+        self._drain()
+        self.handled += len(items)
+        self._purging = self._purger.submit(self._purge, batch_id, items, archived)
 
     def _record(self, run_id: int, error: str | None) -> None:
         r = self.result
@@ -374,7 +401,7 @@ class _Job:
         while True:
             self._check_lease()
             if self.limit is not None:
-                size = min(size, self.limit - result.purged)
+                size = min(size, self.limit - self.handled)
                 if size <= 0:
                     return
             rows = lifecycle.scan_due(self.engine, cls, status, cutoff, cursor, size)
@@ -435,17 +462,16 @@ class _Job:
             raise ArchiveError(f"batch {batch_id} did not read back as written: {'; '.join(problems[:5])}")
         lifecycle.set_batch(self.write, batch_id, status="verified")
         _hook("verified", batch_id)
-        purged = self._purge(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
+        self._purge_later(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
         result.archived += len(rows)
         result.bytes += written
         result.batches += 1
-        result.purged += purged
 
     def _purge_only(self, run_id: int, rows: list[dict[str, Any]]) -> None:
         result = self.result
         assert result is not None
         batch_id = lifecycle.new_batch(self.write, run_id, "purge", len(rows), None, "verified")
-        result.purged += self._purge(batch_id, [(r["message_id"], r["updated_at"]) for r in rows], False)
+        self._purge_later(batch_id, [(r["message_id"], r["updated_at"]) for r in rows], False)
         result.batches += 1
 
     def _purge(self, batch_id: int, items: list[tuple[str, int]], archived: bool) -> int:
@@ -462,7 +488,7 @@ class _Job:
             return self._stop()
 
         items.sort(key=lambda item: (item[1], item[0]))
-        counts = self.pacer.run(self.write, chunk, items, stop)
+        counts = self.pacer.run(self.purge_write, chunk, items, stop)
         self._check_lease()
         purged = self._purged(batch_id)
         lifecycle.set_batch(self.write, batch_id, status="purged", purged=purged, updated_at=at)
@@ -494,7 +520,7 @@ class _Job:
                 lifecycle.set_batch(self.write, batch_id, status="abandoned")
             else:
                 read = _read_back(self.root, files)
-                self._purge(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
+                self.result.purged += self._purge(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
             done += 1
         return done
 
@@ -524,7 +550,7 @@ class _Job:
             lifecycle.set_batch(self.write, batch_id, status="abandoned")
             return
         lifecycle.set_batch(self.write, batch_id, status="verified")
-        self._purge(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
+        self.result.purged += self._purge(batch_id, [(mid, v[2]) for mid, v in read.items()], True)
 
     def _expire(self, now: int) -> int:
         if self.policy.tombstones is None:
@@ -543,11 +569,14 @@ class _Job:
 def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, db_url: str | None = None,
         wait_for_warehouse: bool = True, now: int | None = None, lease: state.Lease | None = None,
         vacuum: bool = True, limit: int | None = None, pacer: lifecycle.Pacer | None = None,
-        stop: Callable[[], bool] | None = None, lease_ttl: float = 600.0) -> ArchiveResult:
+        stop: Callable[[], bool] | None = None, lease_ttl: float = 600.0,
+        purge_write: Write | None = None) -> ArchiveResult:
     """Run the archive job once (see the module docstring) and return what it did.
 
     *engine* reads the store; *write* runs a function of a connection in a store transaction and returns
-    its result (the store's writer, as :func:`gateway.ledger.write` uses it, which
+    its result; *purge_write* (default: *write*) the same for the purge's and the vacuum's transactions, which
+    need not wait for the disk (``store_writer(store, durable=False)``): a purge lost to a power cut is
+    redone by the next run, whose recovery finds its batch still ``verified`` (the store's writer, as :func:`gateway.ledger.write` uses it, which
     returns nothing: :func:`store_writer` makes one that returns the function's result). *root*: the archive root
     (:func:`archive_root`). *wait_for_warehouse*: only documents the warehouse load has read are due (set it
     when the load is enabled). *now* (epoch ms): the time the policy is applied at. Without *lease* the
@@ -569,7 +598,7 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
             raise ArchiveBusyError("another process is running the archive job (the archive lease is held)")
     try:
         job = _Job(engine, write, policy, root, wait_for_warehouse=wait_for_warehouse, now=now, lease=lease,
-                   vacuum=vacuum, limit=limit, pacer=pacer)
+                   vacuum=vacuum, limit=limit, pacer=pacer, purge_write=purge_write)
         if stop is not None:
             job.should_stop = stop
         return job.run(lease.owner)
@@ -580,15 +609,16 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
                 etl_engine.dispose()
 
 
-def store_writer(store: Any) -> Write:
-    """A :data:`Write` through a broker store's writer (one store transaction per call; its result)."""
+def store_writer(store: Any, *, durable: bool = True) -> Write:
+    """A :data:`Write` through a broker store's writer (one store transaction per call; its result).
+    ``durable=False``: its commits need not wait for the disk (see ``broker_core`` ``Store.commit``)."""
     def write(fn: Callable[[sa.Connection], Any]) -> Any:
         box: list[Any] = [None]
 
         def op(conn: sa.Connection) -> None:
             box[0] = fn(conn)
 
-        store.commit((), (), [op])
+        store.commit((), (), [op], durable=durable)
         return box[0]
 
     return write
@@ -725,11 +755,12 @@ class ArchiveSchedule:
     JOB_ID = "b2bgw-archive"
 
     def __init__(self, policy: RetentionPolicy, db_url: str, *, engine: sa.Engine, write: Write, root: str,
-                 wait_for_warehouse: bool, misfire_grace_time: int = 3600) -> None:
+                 wait_for_warehouse: bool, misfire_grace_time: int = 3600, purge_write: Write | None = None) -> None:
         from apscheduler.triggers.cron import CronTrigger
 
         self.policy, self.db_url, self.engine, self.write, self.root = policy, db_url, engine, write, root
         self.wait_for_warehouse = wait_for_warehouse
+        self.purge_write = purge_write
         self.misfire = misfire_grace_time
         self.trigger = CronTrigger.from_crontab(policy.schedule, timezone=policy.timezone)
         self.scheduler: Any = None
@@ -772,7 +803,7 @@ class ArchiveSchedule:
             try:
                 self.last_result = run(self.policy, engine=self.engine, write=self.write, root=self.root,
                                        wait_for_warehouse=self.wait_for_warehouse, lease=lease,
-                                       stop=self._stopping.is_set)
+                                       stop=self._stopping.is_set, purge_write=self.purge_write)
                 r = self.last_result
                 log.info("ledger archive run %s: %d archived, %d purged, %d waiting for the warehouse load, "
                          "%d tombstones expired in %.1f s", r.run_id, r.archived, r.purged, r.waiting,

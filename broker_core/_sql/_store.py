@@ -1003,7 +1003,7 @@ class SQLStore(Store):
         self._write(lambda batch: self._insert(batch, (envelope,)))
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None) -> None:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
         if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
             durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
         else:
@@ -1032,8 +1032,9 @@ class SQLStore(Store):
                 for fn in extra:
                     fn(batch.conn)
 
+        durable = durable or bool(sends or acks)  # messages are stored as they ask
         if callback is None:
-            self._write(op)
+            self._write(op, durable=durable)
             memory_part()
             return
 
@@ -1042,7 +1043,7 @@ class SQLStore(Store):
                 memory_part()
             callback(error)
 
-        self._write(op, callback=done)
+        self._write(op, callback=done, durable=durable)
 
     def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)

@@ -44,6 +44,7 @@ def store(tmp_path):
 def run(broker, root, **kw):
     kw.setdefault("now", int(time.time() * 1000))
     kw.setdefault("wait_for_warehouse", False)
+    kw.setdefault("purge_write", archive.store_writer(broker.store, durable=False))
     return archive.run(kw.pop("pol", policy()), engine=broker.store.engine, write=archive.store_writer(broker.store),
                        root=str(root), **kw)
 
@@ -169,13 +170,14 @@ def test_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, step):
         # the crash left the second batch unfinished; nothing unverified is purged
         with broker.store.engine.connect() as conn:
             statuses = dict(conn.execute(sa.select(archive_batches.c.batch_id, archive_batches.c.status)).all())
-        assert statuses[1] == "purged" and statuses[2] in ("writing", "written", "verified")
+        # (a batch's purge runs while the next batch is written: the first may still be purging)
+        assert statuses[1] in ("verified", "purged") and statuses[2] in ("writing", "written", "verified")
         tombstoned = tombstoned_ids(broker)
         assert tombstoned <= set(archived_ids(root))
         assert online_ids(broker) | tombstoned == due | kept and not online_ids(broker) & tombstoned
 
         result = run(broker, root, pacer=Pacer(first=7, most=7, least=7, rest=0))
-        assert result.recovered == 1
+        assert result.recovered == sum(1 for status in statuses.values() if status != "purged")
         assert online_ids(broker) == kept
         assert tombstoned_ids(broker) == due
         ids = archived_ids(root)
