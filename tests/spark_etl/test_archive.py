@@ -264,3 +264,48 @@ def test_archive_on_postgresql(postgres_schema, tmp_path):
         assert archive.get(ids[3], root=str(root), engine=broker.store.engine).request == order(3)
     finally:
         broker.close()
+
+
+def test_scheduled_runs_take_the_lease_once_per_slot(store, tmp_path):
+    """Every gateway process's scheduler fires; the first to take the lease for a slot runs the job, a
+    late one for the same slot does nothing."""
+    fill(store, 8, days_ago=100)
+    url = str(store.store.engine.url)
+    make = lambda: archive.ArchiveSchedule(  # noqa: E731
+        policy(), url, engine=store.store.engine, write=archive.store_writer(store.store), root=str(tmp_path / "wh"),
+        wait_for_warehouse=False)
+    first, second = make(), make()
+    slot = int(time.time() * 1000)
+    assert first.run_scheduled(slot) is True and first.last_result.purged == 8
+    assert second.run_scheduled(slot) is False and second.last_result is None
+    assert second.run_scheduled(slot + 1) is True and second.last_result.purged == 0  # the next night
+
+
+def test_serve_schedules_the_archive_when_a_policy_is_configured(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+    from gwtest import SAMPLE_CONFIG, sample_data
+
+    from gateway.assemble import assemble
+    from gateway.config import settings_from_mapping
+    from gateway.runtime import Runtime
+
+    data = sample_data(tmp_path)
+    settings = settings_from_mapping(data, config_path=SAMPLE_CONFIG, base_dir=tmp_path)
+    assert settings.retention is not None
+    runtime = Runtime(assemble(settings), workers=False, etl=True, reconcile=False)
+    runtime.start()
+    try:
+        assert isinstance(runtime.archive, archive.ArchiveSchedule)
+        job = runtime.archive.scheduler.get_job(archive.ArchiveSchedule.JOB_ID)
+        assert job.next_run_time.hour == 3 and job.next_run_time.minute == 30
+    finally:
+        runtime.stop()
+    assert runtime.archive is None
+    runtime = Runtime(assemble(settings), workers=False, etl=False, reconcile=False)  # --no-etl: neither
+    runtime.start()
+    try:
+        assert runtime.archive is None
+    finally:
+        runtime.stop()
