@@ -8,7 +8,8 @@ Writes are functions of a store transaction's connection, run by the store's wri
 like every other ledger write: on SQLite they take the processes' write turn, on PostgreSQL the store's
 commit-order lock, the very lock the ledger's inserts take, so a purge and a replay of what it purges
 never interleave. Each is bounded: a purge transaction holds at most a few hundred documents
-(:class:`Pacer` sizes them to a few milliseconds and pauses between them), a vacuum step a few hundred pages.
+(:class:`Pacer` sizes them to about ten milliseconds and pauses between them, long enough for the intake
+to keep nine tenths of the write turn while it is busy), a vacuum step a few hundred pages.
 Reads are short transactions on the store's engine: nothing of ours keeps a PostgreSQL snapshot open
 across a batch (which would hold back autovacuum).
 """
@@ -182,12 +183,17 @@ def expire_tombstones(conn: sa.Connection, batch_id: int) -> int:
 
 
 class Pacer:
-    """Sizes the purge's store transactions so each holds the write turn about ``target`` seconds, and
-    pauses after each for ``rest`` times as long, so that the intake's own commits keep their turn."""
+    """Sizes the purge's store transactions so each runs about ``target`` seconds, and pauses after each so
+    that the intake keeps the write turn: ``rest`` times as long as the transaction ran while the store is
+    otherwise quiet, ``busy_rest`` times as long once it is not (the transaction waited for the turn, or
+    for other work committed with it, longer than it ran itself: with the default the purge then takes a
+    tenth of the turn at most)."""
 
-    def __init__(self, target: float = 0.01, rest: float = 1.0, first: int = 100, most: int = 2000,
-                 least: int = 20) -> None:
-        self.target, self.rest, self.size, self.most, self.least = target, rest, first, most, least
+    def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 100,
+                 most: int = 2000, least: int = 20) -> None:
+        self.target, self.rest, self.busy_rest = target, rest, busy_rest
+        self.size, self.most, self.least = first, most, least
+        self.busy = 0  # transactions that found the store busy
 
     def run(self, write: Write, fn: Callable[[sa.Connection, Sequence[Any]], Any], items: Sequence[Any],
             stop: Callable[[], bool] = lambda: False) -> list[Any]:
@@ -198,15 +204,25 @@ class Pacer:
             if stop():
                 break
             chunk = items[i:i + self.size]
+            ran = [0.0]
+
+            def timed(conn: sa.Connection, chunk: Sequence[Any] = chunk) -> Any:
+                t = time.perf_counter()
+                try:
+                    return fn(conn, chunk)
+                finally:
+                    ran[0] = time.perf_counter() - t
+
             t = time.perf_counter()
-            results.append(write(lambda conn, chunk=chunk: fn(conn, chunk)))
+            results.append(write(timed))
             took = time.perf_counter() - t
             i += len(chunk)
-            per = took / len(chunk)
-            if per > 0:
-                self.size = max(self.least, min(self.most, int(self.target / per)))
-            if i < len(items) and self.rest > 0:
-                time.sleep(took * self.rest)
+            own = max(ran[0], 1e-6)
+            self.size = max(self.least, min(self.most, int(self.target / (own / len(chunk)))))
+            busy = took - own > max(own, 0.002)
+            self.busy += busy
+            if i < len(items):
+                time.sleep(own * (self.busy_rest if busy else self.rest))
         return results
 
 

@@ -150,8 +150,16 @@ def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
+_DAYS: dict[int, str] = {}
+
+
 def _day(ms: int) -> str:
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d")
+    """The UTC date of epoch milliseconds, ``YYYY-MM-DD``."""
+    day = ms // 86_400_000
+    text = _DAYS.get(day)
+    if text is None:
+        text = _DAYS[day] = _dt.datetime.fromtimestamp(day * 86400, _dt.timezone.utc).strftime("%Y-%m-%d")
+    return text
 
 
 def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, int]]], batch_id: int,
