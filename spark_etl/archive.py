@@ -58,7 +58,7 @@ from gateway.retention import PolicyClass, RetentionPolicy
 from . import state
 
 __all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStopped", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
-           "archive_root", "get", "run", "verify"]
+           "archive_root", "get", "run", "store_writer", "verify"]
 
 log = logging.getLogger("spark_etl.archive")
 

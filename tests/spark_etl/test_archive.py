@@ -262,6 +262,12 @@ def test_archive_on_postgresql(postgres_schema, tmp_path):
         assert result.purged == 25 and tombstoned_ids(broker) == set(ids) and not online_ids(broker)
         assert archive.verify(broker.store.engine, str(root))["ok"]
         assert archive.get(ids[3], root=str(root), engine=broker.store.engine).request == order(3)
+        from gateway.lifecycle import db_stats, format_stats
+
+        stats = db_stats(broker.store.engine, policy())
+        assert stats["documents"]["replied"] == 0 and stats["retention"]["last_run"]["purged"] == 25
+        assert {t["table"] for t in stats["tables"]} >= {"b2b_ledger", "b2b_ledger_tombstones"}
+        assert "retention: enabled" in format_stats(stats)
     finally:
         broker.close()
 
@@ -336,3 +342,16 @@ def test_pacer_yields_the_write_turn_to_a_busy_store():
             assert took >= own + 10 * 0.02 + 9 * 9 * 0.004  # nine pauses of nine times its own time
         else:
             assert took < own + 9 * 0.004 * 2 + 0.05
+
+
+def test_a_full_warehouse_rebuild_refuses_once_documents_were_purged(store, tmp_path):
+    """A full rebuild reads the ledger alone: it would drop the purged documents' facts."""
+    from spark_etl.config import resolve
+    from spark_etl.job import EtlError
+    from spark_etl.job import run as etl_run
+
+    fill(store, 5, days_ago=100)
+    run(store, tmp_path / "wh")
+    settings = resolve({"warehouse": str(tmp_path / "wh"), "enabled": False})
+    with pytest.raises(EtlError, match="purged 5 documents"):
+        etl_run(settings, str(store.store.engine.url), full=True)
