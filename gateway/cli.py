@@ -752,7 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
     p.add_argument("--port", type=_port, help="listen port (default: server.port, 8080; 0: any free port)")
     p.add_argument("--no-workers", action="store_true", help="do not run the configured handler workers")
-    p.add_argument("--no-etl", action="store_true", help="do not schedule the nightly warehouse load")
+    p.add_argument("--no-etl", action="store_true",
+                   help="do not schedule the nightly warehouse load, nor the ledger's archive job")
     p.add_argument("--no-access-log", action="store_true", help="do not log each request")
     p.add_argument("--no-stomp", action="store_true", help="do not start the STOMP listener (stomp: section)")
     p.add_argument("--processes", type=_int_at_least(0, "0: one per CPU"), metavar="N",
