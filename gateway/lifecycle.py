@@ -201,7 +201,7 @@ class Pacer:
     for other work committed with it, longer than it ran itself: with the default the purge then takes a
     tenth of the turn at most)."""
 
-    def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 100,
+    def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 50,
                  most: int = 2000, least: int = 20) -> None:
         self.target, self.rest, self.busy_rest = target, rest, busy_rest
         self.size, self.most, self.least = first, most, least
