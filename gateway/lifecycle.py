@@ -167,23 +167,28 @@ def _describe(cls: PolicyClass) -> str:
 
 
 def purge(conn: sa.Connection, items: Sequence[tuple[str, int]], batch_id: int, archived: bool, at: int) -> int:
-    """Remove the ledger rows *items* (``(message_id, updated_at)``: a row that changed since is left alone)
-    and their events, leaving a tombstone of each, in the caller's (the store writer's) transaction; the
-    number purged. Repeating it is harmless: a row already purged matches nothing."""
+    """Remove the ledger rows *items* (``(message_id, updated_at)`` as archived) and their events, leaving a
+    tombstone of each, in the caller's (the store writer's) transaction; the number purged. A row changed
+    since it was archived is left alone: a change stamps it with its own time, later than any *items*
+    holds. Repeating it is harmless: a row already purged matches nothing."""
     if not items:
         return 0
-    keys = [{"m": mid, "u": updated} for mid, updated in items]
+    ids = [mid for mid, _ in items]
+    params = {"ids": ids, "newest": max(updated for _, updated in items), "at": at, "batch": batch_id,
+              "archived": archived}
+    # set-based, by explicit id lists (index lookups on both databases)
     conn.execute(sa.text(
         f"INSERT INTO {tombstones.name} (message_id, partner, idempotency_key, digest, received_at, purged_at, "
-        f"batch_id, archived) SELECT message_id, partner, idempotency_key, digest, received_at, :at, :batch, :archived "
-        f"FROM {documents.name} WHERE message_id = :m AND updated_at = :u"),
-        [{**k, "at": at, "batch": batch_id, "archived": archived} for k in keys])
-    conn.execute(sa.text(f"DELETE FROM {documents.name} WHERE message_id = :m AND updated_at = :u"), keys)
-    ids = [mid for mid, _ in items]
-    gone = sa.select(tombstones.c.message_id).where(tombstones.c.batch_id == batch_id,
-                                                    tombstones.c.message_id.in_(ids))
-    conn.execute(events.delete().where(events.c.message_id.in_(gone)))
-    return int(conn.execute(sa.select(sa.func.count()).select_from(gone.subquery())).scalar_one())
+        f"batch_id, archived) SELECT message_id, partner, idempotency_key, digest, received_at, :at, :batch, "
+        f":archived FROM {documents.name} WHERE message_id IN :ids AND updated_at <= :newest"
+    ).bindparams(sa.bindparam("ids", expanding=True)), params)
+    conn.execute(documents.delete().where(documents.c.message_id.in_(sa.bindparam("ids", expanding=True)),
+                                          documents.c.updated_at <= sa.bindparam("newest")), params)
+    gone = list(conn.execute(sa.select(tombstones.c.message_id).where(
+        tombstones.c.message_id.in_(ids), tombstones.c.batch_id == batch_id)).scalars())
+    if gone:
+        conn.execute(events.delete().where(events.c.message_id.in_(gone)))
+    return len(gone)
 
 
 def expire_tombstones(conn: sa.Connection, batch_id: int) -> int:

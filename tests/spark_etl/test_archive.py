@@ -139,7 +139,8 @@ def test_a_row_changed_after_archiving_stays_online(store, tmp_path):
 
     def change(batch_id: int) -> None:
         with store.store.engine.begin() as conn:
-            conn.execute(documents.update().where(documents.c.message_id == ids[0]).values(updated_at=1))
+            conn.execute(documents.update().where(documents.c.message_id == ids[0])
+                         .values(status="failed", updated_at=int(time.time() * 1000)))
 
     archive.hooks["verified"] = change
     try:
