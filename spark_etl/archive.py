@@ -23,6 +23,10 @@ One batch at a time, each step recorded in the journal (``b2b_archive_batches``)
    the store's writer, paced: :class:`gateway.lifecycle.Pacer`), each leaving a tombstone;
 4. ``purged``.
 
+A batch's purge runs in a thread of its own while the next batch is read, written and verified (the
+purge mostly waits for the store's writer and pauses between its transactions). Its transactions need not
+wait for the disk: one lost to a power cut is redone, its batch being still ``verified``.
+
 A run that dies anywhere is finished by the next run before it does anything else: ``writing`` -> its
 files are removed (the documents are still in the ledger, archived again later); ``written`` -> verified
 against the ledger (still there) and purged, or removed if it does not match; ``verified`` -> purged
