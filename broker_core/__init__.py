@@ -7,7 +7,7 @@ store (``memory://``; ``sqlite:///`` and ``postgresql+psycopg://`` with the
 SQL store). It imports nothing from the gateway, the routes or the ETL.
 """
 
-from ._broker import Broker, Connection
+from ._broker import Broker, BrowsedMessage, BrowsePage, Connection
 from ._constants import AckMode, DeliveryMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic, parse_destination
 from ._envelope import Byte, Float, Int, Short
@@ -49,6 +49,8 @@ from ._store import DestinationStats, RedeliveryPolicy
 __all__ = [
     "AckMode",
     "Broker",
+    "BrowsePage",
+    "BrowsedMessage",
     "Byte",
     "BytesMessage",
     "Char",

@@ -15,9 +15,97 @@ from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, p
 from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDError, InvalidDestinationError
 from ._message import Message, message_from_envelope
 from ._options import check_options, store_kind
-from ._store import DestinationStats, RedeliveryPolicy, Store, now_ms, queue_box
+from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, now_ms, queue_box
 
-__all__ = ["Broker", "Connection"]
+__all__ = ["BrowsePage", "BrowsedMessage", "Broker", "Connection"]
+
+#: At most this many message ids name the messages of one operator action.
+MAX_MESSAGE_IDS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class BrowsedMessage:
+    """A message in a queue or subscription, as an operator sees it (:meth:`Broker.browse_page`,
+    :meth:`Broker.find_message`). ``kind``: ``text``, ``xml``, ``bytes``, ``map``, ``stream`` or
+    ``object``; ``body`` is ``None`` in browse pages (:meth:`Broker.find_message` has it); ``size``: the
+    body's bytes as sent; ``state``: ``"pending"`` or ``"in_flight"``; ``cursor``: where a page that
+    ends with it continues."""
+
+    box: str
+    message_id: str
+    destination: str
+    priority: int
+    timestamp: int
+    expiration: int
+    delivery_mode: int
+    correlation_id: str | None
+    reply_to: str | None
+    type: str | None
+    properties: dict[str, Any]
+    kind: str
+    body: Any
+    size: int
+    state: str
+    delivery_count: int
+    cursor: str
+
+    @classmethod
+    def _of(cls, stored: StoredMessage, body: bool = True) -> "BrowsedMessage":
+        env = stored.envelope
+        return cls(stored.box, env.message_id, str(env.destination), env.priority, env.timestamp, env.expiration,
+                   env.delivery_mode, env.correlation_id, None if env.reply_to is None else str(env.reply_to),
+                   env.type, dict(env.properties), env.kind, env.body if body else None, stored.size, stored.state,
+                   stored.delivery_count, _cursor(stored.position))
+
+
+@dataclasses.dataclass(frozen=True)
+class BrowsePage:
+    """One page of :meth:`Broker.browse_page`: the ``messages``, and the ``cursor`` to pass for the next
+    page (``None``: nothing more). A page may hold fewer messages than asked, even none, and still have a
+    cursor: it stopped after looking at its ``scan_limit`` of messages that did not match."""
+
+    messages: list[BrowsedMessage]
+    cursor: str | None
+
+
+def _cursor(position: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in position)
+
+
+def _position(cursor: str | None) -> tuple[int, ...] | None:
+    if cursor is None or cursor == "":
+        return None
+    try:
+        parts = tuple(int(part) for part in cursor.split("."))
+    except ValueError:
+        parts = ()
+    if not parts or len(parts) > 6 or len(cursor) > 200:
+        raise InvalidArgumentError(f"cursor {cursor[:40]!r} is not one a browse page gave; start again without it")
+    return parts
+
+
+def _queue(name: Queue | str) -> Queue:
+    """A queue given as itself, as ``queue://NAME`` or as a bare name."""
+    if isinstance(name, Queue):
+        return name
+    text = str(name)
+    if "://" in text:
+        found = parse_destination(text)
+        if not isinstance(found, Queue) or found.is_temporary:
+            raise InvalidDestinationError(f"{text} is not a queue")
+        return found
+    return Queue(text)
+
+
+def _checked_ids(message_ids: Any) -> list[str] | None:
+    if message_ids is None:
+        return None
+    ids = list(message_ids)
+    if not ids or len(ids) > MAX_MESSAGE_IDS or not all(isinstance(i, str) and 0 < len(i) <= 128 for i in ids):
+        raise InvalidArgumentError(f"message_ids must be 1 to {MAX_MESSAGE_IDS} message ids (strings of at most 128 "
+                                   f"characters)")
+    return list(dict.fromkeys(ids))
+
 
 log = logging.getLogger("broker_core")
 
@@ -62,6 +150,7 @@ class Broker:
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
         store.attach(policy, self._wake, self.xpath_namespaces or None)
+        store.consumer_counts(self._consumer_counts)
         if sweep_interval > 0:
             self._sweeper = threading.Thread(
                 target=self._sweep_loop, args=(sweep_interval,), name="broker-sweeper", daemon=True
@@ -126,6 +215,10 @@ class Broker:
 
     # ------------------------------------------------------------ internals
 
+    def _consumer_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._consumers)
+
     def _new_message_id(self) -> str:
         return f"ID:{self.instance_id}-{next(self._ids)}"
 
@@ -167,11 +260,12 @@ class Broker:
         return self.store.sweep_expired(now_ms())
 
     def destinations(self) -> list[DestinationStats]:
-        """Counters of every queue and subscription, sorted by name."""
+        """Counters of every queue and subscription, sorted by name. On a shared (SQL) store the counts
+        and consumers are those of every process (see :class:`DestinationStats`)."""
         stats = self.store.stats()
         counts = self._consumers
         out = [
-            DestinationStats(**{**s.__dict__, "consumers": counts.get(s.name, 0)})
+            dataclasses.replace(s, consumers=s.consumers + counts.get(s.name, 0))
             for s in stats
         ]
         return sorted(out, key=lambda s: s.name)
@@ -183,6 +277,113 @@ class Broker:
             if s.name == key:
                 return s
         return DestinationStats(key, 0, 0, self._consumers.get(key, 0), 0, 0, 0, 0)
+
+    def browse_page(self, destination: Destination | str, selector: str | None = None, *,
+                    cursor: str | None = None, limit: int = 50, scan_limit: int = 10_000) -> BrowsePage:
+        """One page of the messages waiting in a queue (or subscription box), in delivery order, without
+        consuming them: at most *limit* that match *selector*, after *cursor* (a previous page's), looking
+        at no more than *scan_limit* messages. Memory and time are bounded by those, however deep the
+        queue: each page continues from a position (keyset), it never skips through the ones before.
+        Raises :class:`InvalidSelectorError` for a bad selector, :class:`InvalidArgumentError` for a cursor
+        no page gave or limits out of range (1-1000, 1-100000)."""
+        if not 1 <= limit <= 1000 or not 1 <= scan_limit <= 100_000:
+            raise InvalidArgumentError("limit must be 1 to 1000 and scan_limit 1 to 100000")
+        key = destination if isinstance(destination, str) else queue_box(destination)
+        found, after = self.store.browse_page(key, selector, _position(cursor), limit, scan_limit)
+        return BrowsePage([BrowsedMessage._of(m, body=False) for m in found], None if after is None else _cursor(after))
+
+    def find_message(self, destination: Destination | str, message_id: str) -> BrowsedMessage | None:
+        """Message *message_id* in a queue (or subscription box), waiting or in flight, with its body."""
+        key = destination if isinstance(destination, str) else queue_box(destination)
+        found = self.store.find(key, message_id)
+        return None if found is None else BrowsedMessage._of(found)
+
+    def purge(self, destination: Destination | str) -> int:
+        """Delete every message waiting in a queue (or subscription box); returns how many. Messages in
+        flight stay with their consumers."""
+        key = destination if isinstance(destination, str) else queue_box(destination)
+        return self.store.purge(key)
+
+    def remove_messages(self, destination: Destination | str, *, message_ids: Any = None,
+                        selector: str | None = None, limit: int | None = None) -> list[str]:
+        """Delete waiting messages of a queue (or subscription box): those named by *message_ids* (at most
+        1000) and/or matching *selector*, at most *limit*; returns the ids of those deleted."""
+        return self._take(destination, message_ids, selector, limit, None)
+
+    def move_messages(self, destination: Destination | str, target: Queue | str, *, message_ids: Any = None,
+                      selector: str | None = None, limit: int | None = None) -> list[str]:
+        """Move waiting messages of a queue (or subscription box) to queue *target*, as they are (same id,
+        headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
+        *selector*, at most *limit*; returns the ids of those moved."""
+        queue = _queue(target)
+        return self._take(destination, message_ids, selector, limit, lambda env: queue)
+
+    def _take(self, destination: Destination | str, message_ids: Any, selector: str | None, limit: int | None,
+              target: Callable[[Any], Destination | None] | None, strip: bool = False) -> list[str]:
+        """Claim the messages named by *message_ids* (each found by its id) or matching *selector* (found
+        page by page, as :meth:`browse_page` finds them: memory bounded however deep the box) and, in
+        batches of up to 200 per store transaction, acknowledge them, sending each to
+        ``target(envelope)`` if given (None there: leave that one where it is)."""
+        if limit is not None and limit < 1:
+            raise InvalidArgumentError(f"limit must be at least 1, not {limit}")
+        key = destination if isinstance(destination, str) else queue_box(destination)
+        ids = _checked_ids(message_ids)
+        compiled = None
+        if selector is not None:
+            from ._selector import compile_selector
+
+            compiled = compile_selector(selector, xpath_namespaces=self.xpath_namespaces or None)
+        done: list[str] = []
+        skipped: list[Any] = []
+
+        def settle(deliveries: list[Any]) -> None:
+            sends, acks = [], []
+            for delivery in deliveries:
+                env = delivery.envelope
+                if target is not None:
+                    where = target(env)
+                    if where is None:
+                        skipped.append(delivery)
+                        continue
+                    properties = env.properties
+                    if strip:
+                        properties = {k: v for k, v in properties.items() if not k.startswith("JMS_DLQ_")}
+                    sends.append(env.replace(destination=where, properties=properties))
+                acks.append(delivery)
+            if acks:
+                self.store.commit(sends, acks)
+                done.extend(d.envelope.message_id for d in acks)
+
+        def room() -> int:
+            return 200 if limit is None else min(200, limit - len(done) - len(skipped))
+
+        try:
+            if ids is not None:
+                for start in range(0, len(ids), 200):
+                    if room() <= 0:
+                        break
+                    found = [self.store.find(key, i) for i in ids[start:start + 200]]
+                    positions = [m.position for m in found if m is not None and m.state == "pending"
+                                 and (compiled is None or compiled.matches(m.envelope))][:room()]
+                    settle(self.store.claim_positions(key, positions))
+            else:
+                cursor = None
+                while room() > 0:
+                    found, cursor = self.store.browse_page(key, selector, cursor, room(), 10_000)
+                    if found:
+                        settle(self.store.claim_positions(key, [m.position for m in found]))
+                    if cursor is None:
+                        break
+        finally:
+            if skipped:
+                self.store.release(skipped, "not replayable: original destination unknown")
+        return done
+
+    def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
+        """Call ``observer(seconds, operations)`` after each transaction of the store (the SQL store's
+        group commits: how long it took from the first operation's arrival, how many it carried); None
+        stops. The observer runs in the store's writer thread: it must be quick and must not raise."""
+        self.store.observe_commits(observer)
 
     def browse(self, destination: Destination | str, selector: str | None = None,
                limit: int | None = None) -> Iterator[Message]:
@@ -217,37 +418,30 @@ class Broker:
                 out[message_id] = where[1]
         return out
 
-    def replay_dead_letters(self, dead_letter_queue: Queue | str, limit: int | None = None) -> int:
+    def replay_dead_letters(self, dead_letter_queue: Queue | str, limit: int | None = None, *,
+                            message_ids: Any = None, selector: str | None = None) -> int:
         """Move messages from a dead-letter queue back to their original
         destination (``JMS_DLQ_OriginalDestination``) with a fresh delivery
-        count; returns how many moved. Messages whose original destination is
-        unknown stay where they are."""
-        queue = dead_letter_queue if isinstance(dead_letter_queue, Queue) else Queue(str(dead_letter_queue))
-        reader = self.store.reader(queue_box(queue), None)
-        moved = 0
-        skipped = []
-        try:
-            while limit is None or moved < limit:
-                delivery = reader.claim(now_ms(), False)
-                if delivery is None:
-                    break
-                env = delivery.envelope
-                origin = env.properties.get("JMS_DLQ_OriginalDestination")
-                try:
-                    target = parse_destination(origin) if isinstance(origin, str) else None
-                except InvalidDestinationError:
-                    target = None
-                if target is None or target.is_temporary:
-                    skipped.append(delivery)
-                    continue
-                properties = {k: v for k, v in env.properties.items() if not k.startswith("JMS_DLQ_")}
-                self.store.commit([env.replace(destination=target, properties=properties)], [delivery])
-                moved += 1
-        finally:
-            if skipped:
-                self.store.release(skipped, "not replayable: original destination unknown")
-            reader.close()
-        return moved
+        count; returns how many moved. Only those named by *message_ids* (at
+        most 1000) and/or matching *selector*, when given; at most *limit*.
+        Messages whose original destination is unknown stay where they are."""
+        return len(self.replay_dead_letter_ids(dead_letter_queue, limit, message_ids=message_ids,
+                                               selector=selector))
+
+    def replay_dead_letter_ids(self, dead_letter_queue: Queue | str, limit: int | None = None, *,
+                               message_ids: Any = None, selector: str | None = None) -> list[str]:
+        """:meth:`replay_dead_letters`, returning the ids of the messages moved."""
+        queue = _queue(dead_letter_queue)
+
+        def origin(env: Any) -> Destination | None:
+            text = env.properties.get("JMS_DLQ_OriginalDestination")
+            try:
+                found = parse_destination(text) if isinstance(text, str) else None
+            except InvalidDestinationError:
+                return None
+            return None if found is None or found.is_temporary else found
+
+        return self._take(queue, message_ids, selector, limit, origin, strip=True)
 
 
 class Connection:

@@ -23,7 +23,9 @@ from ._store import (
     DestinationStats,
     Reader,
     Store,
+    StoredMessage,
     Subscription,
+    body_size,
     dead_letter_envelope,
     expired_envelope,
     now_ms,
@@ -48,7 +50,8 @@ class _Entry:
 
 class _Box:
     __slots__ = ("key", "destination", "subscription", "selector", "levels", "delayed", "selective",
-                 "available", "in_flight", "enqueued", "dequeued", "expired", "dead_lettered", "deleted")
+                 "available", "in_flight", "enqueued", "dequeued", "expired", "dead_lettered", "redelivered",
+                 "deleted")
 
     def __init__(self, key: str, destination: Destination, subscription: Subscription | None = None,
                  selector: Any = None) -> None:
@@ -65,6 +68,7 @@ class _Box:
         self.dequeued = 0
         self.expired = 0
         self.dead_lettered = 0
+        self.redelivered = 0
         self.deleted = False
 
 
@@ -372,6 +376,7 @@ class MemoryStore(Store):
                     self._route(dead_letter_envelope(entry.env, policy, why, box.key), touched)
                     continue
                 again = _Entry(entry.env, entry.seq, entry.count)
+                box.redelivered += 1
                 delay = policy.delay_ms(entry.count)
                 if delay:
                     again.state = DELAYED
@@ -403,10 +408,99 @@ class MemoryStore(Store):
             if not (e.env.expiration and e.env.expiration <= now) and (compiled is None or compiled.matches(e.env))
         )
 
+    def _waiting(self, box: _Box) -> Iterator[_Entry]:
+        """The waiting entries of a box (lock held), in no particular order."""
+        for level in box.levels:
+            for entry in level:
+                if entry.state is AVAILABLE:
+                    yield entry
+        for item in box.delayed:
+            if item[2].state is DELAYED:
+                yield item[2]
+
+    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
+                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+        from ._selector import compile_selector
+
+        compiled = compile_selector(selector, xpath_namespaces=self._xpath_namespaces)
+        now = now_ms()
+        # positions: (9 - priority, seq), so that delivery order is ascending
+        with self._lock:
+            found = self._boxes.get(box)
+            if found is None:
+                return [], None
+            keyed = ((9 - e.env.priority, e.seq, e) for e in self._waiting(found))
+            if after is not None:
+                keyed = (k for k in keyed if (k[0], k[1]) > after)
+            window = heapq.nsmallest(scan_limit + 1, keyed, key=lambda k: (k[0], k[1]))
+        out: list[StoredMessage] = []
+        position: tuple[int, ...] | None = None
+        examined = 0
+        for rank, seq, entry in window[:scan_limit]:
+            examined += 1
+            position = (rank, seq)
+            env = entry.env
+            if env.expiration and env.expiration <= now:
+                continue
+            if compiled is None or compiled.matches(env):
+                out.append(StoredMessage(box, env, "pending", entry.count, body_size(env), position))
+                if len(out) >= limit:
+                    break
+        return out, position if examined < len(window) else None
+
+    def find(self, box: str, message_id: str) -> StoredMessage | None:
+        with self._lock:
+            found = self._boxes.get(box)
+            if found is None:
+                return None
+            for entry in self._waiting(found):
+                if entry.env.message_id == message_id:
+                    return StoredMessage(box, entry.env, "pending", entry.count, body_size(entry.env),
+                                         (9 - entry.env.priority, entry.seq))
+            for entry, key in self._flying.items():
+                if key == box and entry.env.message_id == message_id:
+                    return StoredMessage(box, entry.env, "in_flight", entry.count, body_size(entry.env),
+                                         (9 - entry.env.priority, entry.seq))
+        return None
+
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        wanted = set(positions)
+        out: list[Delivery] = []
+        touched: list[str] = []
+        now = now_ms()
+        with self._lock:
+            found = self._boxes.get(box)
+            if found is None or not wanted:
+                return out
+            for entry in [e for e in self._waiting(found) if (9 - e.env.priority, e.seq) in wanted]:
+                delivery = self._take(found, entry, now, False, touched)
+                if delivery is not None:
+                    out.append(delivery)
+        self._notify(touched)
+        out.sort(key=lambda d: (-d.envelope.priority, d.ref.seq))
+        return out
+
+    def purge(self, box: str) -> int:
+        with self._lock:
+            found = self._boxes.get(box)
+            if found is None:
+                return 0
+            entries = list(self._waiting(found))
+            for entry in entries:
+                entry.state = GONE
+            found.available -= len(entries)
+            found.delayed = []
+            self._compact(found)
+        return len(entries)
+
     def stats(self) -> list[DestinationStats]:
         with self._lock:
-            return [
-                DestinationStats(
+            out = []
+            for box in self._boxes.values():
+                oldest = None
+                if box.available:
+                    oldest = min((e.env.timestamp for e in self._waiting(box)), default=None)
+                out.append(DestinationStats(
                     name=box.key,
                     depth=box.available,
                     in_flight=box.in_flight,
@@ -416,9 +510,10 @@ class MemoryStore(Store):
                     expired=box.expired,
                     dead_lettered=box.dead_lettered,
                     topic=str(box.subscription.topic) if box.subscription else None,
-                )
-                for box in self._boxes.values()
-            ]
+                    oldest=oldest,
+                    redelivered=box.redelivered,
+                ))
+            return out
 
     def sweep_expired(self, now: int) -> int:
         touched: list[str] = []

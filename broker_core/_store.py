@@ -36,6 +36,7 @@ __all__ = [
     "Subscription",
     "RedeliveryPolicy",
     "DestinationStats",
+    "StoredMessage",
     "queue_box",
     "subscription_box",
     "now_ms",
@@ -128,6 +129,13 @@ class DestinationStats:
     consumers; ``enqueued`` / ``dequeued`` (acknowledged) / ``expired`` /
     ``dead_lettered``: counts since the store was opened.
     ``topic``: for a subscription, the topic it subscribes to.
+    ``oldest``: epoch ms at which the longest-waiting message entered the
+    box (the memory store: when it was sent), ``None`` when none waits.
+    ``redelivered``: deliveries given back to be delivered again (a
+    consumer's rollback, recover or failure), counted like ``enqueued``.
+    A SQL store counts what every process sharing it did (the counters of
+    the last second or so of each other process may not be in yet), and its
+    ``consumers`` are every process's.
     """
 
     name: str
@@ -139,6 +147,38 @@ class DestinationStats:
     expired: int
     dead_lettered: int
     topic: str | None = None
+    oldest: int | None = None
+    redelivered: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredMessage:
+    """A message in a box as an operator sees it: its envelope, ``state``
+    (``"pending"``: waiting, or ``"in_flight"``), how many times it was
+    delivered, the ``size`` of its body in bytes as sent, and its
+    ``position`` in the box's delivery order (what browse pages continue
+    after; a tuple of ints)."""
+
+    box: str
+    envelope: Envelope
+    state: str
+    delivery_count: int
+    size: int
+    position: tuple[int, ...]
+
+
+def body_size(envelope: Envelope) -> int:
+    """The size in bytes of a message body as sent (UTF-8 for text)."""
+    if envelope.encoded is not None:
+        return len(envelope.encoded)
+    body = envelope.body
+    if body is None:
+        return 0
+    if isinstance(body, str):
+        return len(body.encode("utf-8"))
+    if isinstance(body, (bytes, bytearray)):
+        return len(body)
+    return len(repr(body).encode("utf-8"))
 
 
 class Delivery:
@@ -272,6 +312,59 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
         """Available entries in delivery order, without consuming them."""
+
+    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
+                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+        """Up to ``limit`` waiting entries of ``box`` that match ``selector``, in
+        delivery order, strictly after position ``after`` (``None``: from the
+        start), looking at no more than ``scan_limit`` entries; and the
+        position to continue from (``None`` when the box has no more). Bounded
+        memory, however deep the box. This default walks :meth:`browse`;
+        stores override it with a keyset query."""
+        start = after[0] if after else 0
+        out: list[StoredMessage] = []
+        for n, env in enumerate(self.browse(box, selector)):
+            if n < start:
+                continue
+            out.append(StoredMessage(box, env, "pending", 0, body_size(env), (n + 1,)))
+            if len(out) >= limit:
+                return out, (n + 1,)
+        return out, None
+
+    def find(self, box: str, message_id: str) -> StoredMessage | None:
+        """The entry of message ``message_id`` in ``box``, waiting or in flight."""
+        for env in self.browse(box, None):
+            if env.message_id == message_id:
+                return StoredMessage(box, env, "pending", 0, body_size(env), ())
+        return None
+
+    def purge(self, box: str) -> int:
+        """Remove every waiting entry of ``box`` (in-flight ones stay with
+        their consumers); returns how many."""
+        reader = self.reader(box, None)
+        count = 0
+        try:
+            while True:
+                delivery = reader.claim(now_ms(), True)
+                if delivery is None:
+                    return count
+                count += 1
+        finally:
+            reader.close()
+
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        """Claim (make in flight) the entries of ``box`` at these positions (from :meth:`browse_page` or
+        :meth:`find`) that are still waiting and ready; the others are skipped. What an operator's action
+        takes (``Broker.remove_messages``, ``move_messages``, ``replay_dead_letters``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot claim messages by position")
+
+    def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
+        """Call ``observer(seconds, operations)`` after each store transaction
+        (stores that have none ignore it)."""
+
+    def consumer_counts(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Where the broker's open consumers per box can be read (a shared
+        store publishes them for other processes)."""
 
     @abc.abstractmethod
     def stats(self) -> list[DestinationStats]:

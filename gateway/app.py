@@ -7,6 +7,9 @@
 ``GET  /healthz``                           the process is up
 ``GET  /readyz``                            the store is reachable (503 otherwise)
 ``GET  /openapi.json``                      the OpenAPI 3.1 description
+``/console``, ``/admin/api/v1/...``         the operators' console and admin API (:mod:`gateway.admin`,
+                                            when operators are configured; or on ``admin.port``)
+``GET  /metrics``                           Prometheus metrics (:mod:`gateway.metrics`)
 ==========================================  ==========================================================
 
 Checks on ``POST``, in order: the API key (401), the media type (415), the
@@ -45,6 +48,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .ledger import LedgerRecord
+from .logs import set_partner
 from .openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from .problems import problem_response
 from .runtime import Runtime, start_stomp
@@ -129,6 +133,7 @@ def _outcome_response(outcome: Outcome) -> Response:
 
 
 def _status_body(record: LedgerRecord) -> dict[str, Any]:
+    warnings = json.loads(record.receipt).get("warnings") if record.receipt and '"warnings"' in record.receipt else None
     reply = None
     if record.reply is not None:
         reply = record.reply.decode("utf-8", errors="replace")
@@ -146,6 +151,7 @@ def _status_body(record: LedgerRecord) -> dict[str, Any]:
         "reply_type": record.reply_type,
         "reply_url": f"/v1/documents/{record.message_id}/reply" if record.reply is not None else None,
         "error": record.error,
+        **({"warnings": warnings} if warnings else {}),  # business rule warnings the receipt listed
     }
 
 
@@ -230,8 +236,17 @@ class _GatewayApp(Starlette):
     these paths too once middleware is added or under a ``root_path``, goes through Starlette."""
 
     fast_posts: dict[str, Callable[[Any, Any, Any], Awaitable[None]]] = {}
+    #: Counts every HTTP request around the dispatch (gateway.admin.Operations: metrics, log context).
+    observer: Callable[[Any, Any, Any, Any], Awaitable[None]] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        observer = self.observer
+        if observer is not None and scope["type"] == "http":
+            await observer(scope, receive, send, self._dispatch)
+            return
+        await self._dispatch(scope, receive, send)
+
+    async def _dispatch(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path") \
                 and not self.user_middleware:
             endpoint = self.fast_posts.get(scope["path"])
@@ -253,6 +268,7 @@ def create_app(
     stomp: bool = False,
     freeze_gc: bool = False,
     on_started: Callable[[], None] | None = None,
+    admin_listener: bool = True,
 ) -> Starlette:
     """The gateway's ASGI app for *settings* (or an already assembled configuration).
 
@@ -271,7 +287,10 @@ def create_app(
     does with the configuration before: every full collection would otherwise
     walk them again, a pause of tens of milliseconds in the middle of some
     requests. *on_started* is called once everything has started (``b2bgw
-    serve --processes`` tells its supervisor so).
+    serve --processes`` tells its supervisor so). The console, the admin API
+    and ``/metrics`` come from :class:`gateway.admin.Operations`; with
+    *admin_listener* (process 0's) the admin side's own listener starts when
+    ``admin.port`` is set.
     """
     assembly = settings if isinstance(settings, Assembly) else assemble_or_raise(settings)
     limits = assembly.settings.limits
@@ -287,6 +306,7 @@ def create_app(
     async def accept(headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
         partner = await partners.authenticate_async(headers.get("authorization"))
+        set_partner(partner.id)
         charset = check_media_type(headers.get("content-type"))
         correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
         key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
@@ -300,6 +320,7 @@ def create_app(
 
     async def get_document(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
+        set_partner(partner.id)
         gw = gateway()
         rt: Runtime = state["runtime"]
         refresh = rt.reconciler.refresh if rt.reconciler is not None else None
@@ -310,6 +331,7 @@ def create_app(
 
     async def get_reply(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
+        set_partner(partner.id)
         record = await gateway().document(partner, request.path_params["message_id"])
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
@@ -329,7 +351,10 @@ def create_app(
             raise StoreUnavailableError("The store does not answer.") from None
         return JSONResponse({"status": "ready"})
 
-    document = openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint)
+    from .admin import Operations
+
+    ops = Operations(assembly, lambda: state["runtime"], listener=admin_listener)
+    document = ops.openapi(openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint))
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -358,6 +383,7 @@ def create_app(
     ]
     if noop_endpoint:
         routes.append(Route("/v1/noop", _problems(noop), methods=["POST"]))
+    routes += ops.routes()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -386,11 +412,13 @@ def create_app(
         if freeze_gc:
             gc.collect()
             gc.freeze()
+        await ops.started(state["runtime"])
         if on_started is not None:
             on_started()
         try:
             yield
         finally:
+            await ops.stopping()
             if listener is not None:
                 await listener.stop()
             if own:
@@ -403,6 +431,8 @@ def create_app(
         fast["/v1/noop"] = _fast_endpoint(fast_noop)
     app = _GatewayApp(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.fast_posts = fast
+    app.observer = ops.http
+    app.state.ops = ops
     app.state.assembly = assembly
     app.state.runtime_holder = state
     return app

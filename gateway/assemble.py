@@ -1,5 +1,6 @@
 """Turn :class:`~gateway.config.Settings` into the working parts: the schema
-registry (compiled), the partner registry and the route table.
+registry (compiled), the partner registry, the route table and the business
+rule sets (compiled).
 
 :func:`assemble` collects every problem as a
 :class:`~gateway.errors.ConfigError` with file and line instead of stopping
@@ -18,6 +19,7 @@ from .config import Settings
 from .errors import ConfigError
 from .partners import PartnerRegistry
 from .routes import RouteTable
+from .rules import RuleBook, build_rule_book
 from .schemas import SchemaRegistry
 
 __all__ = ["Assembly", "assemble", "assemble_or_raise", "build_registry"]
@@ -32,6 +34,8 @@ class Assembly:
     partners: PartnerRegistry
     routes: RouteTable
     errors: list[ConfigError] = field(default_factory=list)
+    #: the business rule sets (``rules.sets``), compiled
+    rules: RuleBook = field(default_factory=RuleBook)
 
 
 def build_registry(settings: Settings, errors: list[ConfigError]) -> SchemaRegistry:
@@ -76,7 +80,8 @@ def assemble(settings: Settings, *, registry: SchemaRegistry | None = None) -> A
         partners = PartnerRegistry({}, {})
     routes, route_errors = RouteTable.compile(settings, registry, partners)
     errors.extend(route_errors)
-    return Assembly(settings, registry, partners, routes, errors)
+    rules = build_rule_book(settings, errors)
+    return Assembly(settings, registry, partners, routes, errors, rules)
 
 
 def assemble_or_raise(settings: Settings, *, registry: SchemaRegistry | None = None) -> Assembly:

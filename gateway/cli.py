@@ -15,7 +15,9 @@
     b2bgw db stats | db vacuum [--full]                 table sizes, the next purge; give freed space back
     b2bgw archive run|status|get ID|verify              the ledger's retention: archive and purge (gateway.lifecycle_cli)
     b2bgw routes check                                  check partners, schemas and routes (file:line errors)
+    b2bgw rules check RULES.sch DOC.xml... [--json]     run a Schematron rule set on documents (no schema)
     b2bgw key new --id KEY_ID                           make an API key and the hash to configure
+    b2bgw operator new --name N [--role operator]       make a console operator's secret and its hash
     b2bgw etl run|status ...                            the warehouse load (when spark_etl is installed)
     b2bgw --version
 
@@ -169,9 +171,19 @@ def demo_keys_configured(settings: Settings) -> list[str]:
     return found
 
 
-def _check_can_serve(settings: Settings, host: str, port: int) -> None:
+def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = True) -> None:
     """Refuse, before anything starts, what would make ``serve`` fail or be unsafe at start-up."""
     import importlib
+
+    from .runtime import stomp_options
+
+    listener = stomp_options(settings) if stomp else None
+    if listener is not None and not listener.get("users") and not is_loopback(listener["host"]):
+        raise CommandError(
+            f"refusing to start the STOMP listener on {listener['host']}: without stomp.users in "
+            f"{_config_shown(settings)} it accepts any login, and anyone who reaches it could read every partner's "
+            "documents; add users: {LOGIN: PASSCODE} to the stomp section, listen on 127.0.0.1, or serve with "
+            "--no-stomp")
 
     if not is_loopback(host):
         demo = demo_keys_configured(settings)
@@ -209,13 +221,16 @@ def _config_shown(settings: Settings) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .logs import configure
+
     settings = _settings(args)
+    configure(settings.log_format, getattr(logging, args.log_level, logging.INFO), args.process_index)
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
     if args.listen_fd is None:
         from .processes import process_count
 
-        _check_can_serve(settings, host, port)
+        _check_can_serve(settings, host, port, stomp=not args.no_stomp)
         count = process_count(settings, args.processes)
         if count > 1:
             return _supervise(args, settings, count, host, port)
@@ -230,6 +245,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     import uvicorn
 
     from .app import create_app
+    from .logs import uvicorn_log_config
 
     index = args.process_index
     if args.cpu is not None:
@@ -240,14 +256,14 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     app = create_app(settings, workers=not args.no_workers, etl=first and not args.no_etl,
                      stomp=first and not args.no_stomp,
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
-                     freeze_gc=True, on_started=_ready_writer(args.ready_fd))
+                     freeze_gc=True, on_started=_ready_writer(args.ready_fd), admin_listener=first)
     if index is None:
         log.info("serving %d routes for %d partners on http://%s:%d (configuration %s, store %s)",
                  len(app.state.assembly.routes), len(app.state.assembly.partners.partners), host, port,
                  _config_shown(settings), _shown_url(settings.store_url))
     _freeze_startup_objects()
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10)
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config())
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
@@ -492,7 +508,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
-        print("(consumers are counted per process: those of a running `b2bgw serve` are not visible here)")
+        print("(consumers of every process sharing the store, as of their last heartbeat, about a second ago)")
     finally:
         broker.close()
     return 0
@@ -626,7 +642,64 @@ def cmd_routes_check(args: argparse.Namespace) -> int:
     for route in assembly.routes:
         who = "every partner" if route.partners is None else ", ".join(sorted(route.partners))
         print(f"  {route.id}: {route.doc_type} from {who} -> {route.destination} ({route.exchange})")
+    for name, rule_set in assembly.rules.sets.items():
+        compiled = rule_set.compiled
+        print(f"  rule set {name}: {len(compiled.assertions)} assertions from {compiled.path}"
+              f"{' (phase ' + compiled.phase + ')' if compiled.phase else ''}")
     return 0
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    """Run one Schematron rule set on documents: exit 0 when none fails a rule of flag fatal, error or none,
+    1 when one does (or cannot be read), 2 when the rule file cannot be used."""
+    from .schematron import SaxonRules, SchematronError, default_cache_dir, document_text, load_schematron
+    from .xmlintake import parse_document_text
+
+    rules = SaxonRules()
+    cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+    try:
+        compiled = load_schematron(args.rules, args.phase, cache_dir=cache, check=rules)
+        rules.add(compiled)
+    except SchematronError as exc:
+        for err in exc.errors:
+            _err(str(err))
+        return 2
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
+    rules.lock()
+    status = 0
+    for name in args.documents:
+        try:
+            root, decoded = parse_document_text(Path(name).read_bytes())
+            findings = rules.run(document_text(root, decoded))
+        except OSError as exc:
+            _err(f"{name}: {exc.strerror or exc}")
+            status = 1
+            continue
+        except GatewayError as exc:  # not well-formed, a DOCTYPE, too large...
+            _err(f"{name}: {exc}")
+            status = 1
+            continue
+        except rules._saxon.PySaxonApiError as exc:
+            _err(f"{name}: the rules failed on this document: {' '.join(str(exc).split())[:300]}")
+            status = 1
+            continue
+        failed = [f for f in findings if f.failed_assert]
+        reports = [f for f in findings if not f.failed_assert]
+        if any(f.is_error for f in findings):
+            status = 1
+        if args.json:
+            print(json.dumps({"document": name, "failed": [f.to_dict() for f in failed],
+                              "reports": [f.to_dict() for f in reports]}, ensure_ascii=False))
+            continue
+        errors = sum(1 for f in findings if f.is_error)
+        print(f"{name}: {'FAILED' if errors else 'ok'} ({errors} error{'s' if errors != 1 else ''}, "
+              f"{len(findings) - errors} warning{'s' if len(findings) - errors != 1 else ''} or reports)")
+        for f in findings:
+            kind = "failed" if f.failed_assert else "report"
+            print(f"  {kind} {f.assertion.id or '-'} [{f.assertion.flag or 'no flag'}] {f.location}: {f.text}")
+    return status
 
 
 def cmd_key_new(args: argparse.Namespace) -> int:
@@ -640,6 +713,24 @@ def cmd_key_new(args: argparse.Namespace) -> int:
     print("Add under the partner's 'keys:' in partners.yaml:")
     print(f"      - id: {args.id}")
     print(f"        hash: \"{hash_key(key)}\"")
+    return 0
+
+
+def cmd_operator_new(args: argparse.Namespace) -> int:
+    import re
+    import secrets
+
+    from .partners import hash_key
+
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$", args.name):
+        _err(f"operator name {args.name!r} must be 1-64 letters, digits, '.', '@', '-' or '_'")
+        return 2
+    secret = secrets.token_urlsafe(24)
+    print(f"Secret for {args.name} (give it to the operator; it is not stored anywhere): {secret}")
+    print("Add under 'operators:' in the configuration:")
+    print(f"  {args.name}:")
+    print(f"    role: {args.role}")
+    print(f"    hash: \"{hash_key(secret)}\"")
     return 0
 
 
@@ -818,10 +909,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(routes.add_parser("check", help="check partners, schemas and routes"))
     p.set_defaults(func=cmd_routes_check)
 
+    rules = needs_action(sub.add_parser("rules", help="business rules"), "rules")
+    p = with_log_level(rules.add_parser("check", help="run a Schematron rule set on documents (no schema validation)"))
+    p.add_argument("rules", metavar="RULES.sch", help="the ISO Schematron rule file")
+    p.add_argument("documents", metavar="DOC.xml", nargs="+", help="documents to check")
+    p.add_argument("--phase", help="the phase to run (default: the schema's defaultPhase, else every pattern)")
+    p.add_argument("--json", action="store_true", help="one JSON object per document per line")
+    p.add_argument("--cache-dir", help="where compiled rule sets are kept (default: ~/.cache/b2bgw/rules)")
+    p.add_argument("--no-cache", action="store_true", help="compile the rule set without the cache")
+    p.set_defaults(func=cmd_rules_check)
+
     key = needs_action(sub.add_parser("key", help="API keys"), "key")
     p = with_log_level(key.add_parser("new", help="make a new API key and print the hash to configure"))
     p.add_argument("--id", required=True, help="the key id (e.g. acme-2025): the part before the dot")
     p.set_defaults(func=cmd_key_new)
+
+    operator = sub.add_parser("operator", help="console operators").add_subparsers(dest="operator_command",
+                                                                                 metavar="ACTION")
+    p = operator.add_parser("new", help="make an operator's secret and print the hash to configure")
+    p.add_argument("--name", required=True, help="the operator's login name")
+    p.add_argument("--role", choices=["viewer", "operator"], default="viewer",
+                   help="viewer reads; operator also replays, deletes, moves and purges (default: viewer)")
+    p.set_defaults(func=cmd_operator_new)
 
     try:  # the warehouse load adds `etl run` / `etl status` (pyspark is an optional extra)
         from spark_etl.cli import register  # type: ignore[import-not-found]

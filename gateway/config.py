@@ -14,16 +14,20 @@ The sections, all optional::
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
     server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
                  pin_processes: true}
-    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
+    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, rules_seconds: 2}
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
     partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
-    routes:     routes.yaml | [{id, partners, root, when, schema, ...}]
+    routes:     routes.yaml | [{id, partners, root, when, schema, rules, ...}]
+    rules:      {sets: {name: {file, phase}}, cache_dir, workers, worker_memory_mb}   # business rules (gateway.rules)
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size}   # the STOMP listener
     ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention
+    operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
+    admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
+    logging:    {format: text|json}
 
 Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
 ``etl:`` values whole (by ``Broker.check_options`` and
@@ -56,6 +60,7 @@ __all__ = [
     "DEFAULT_CONFIG_NAME",
     "MarkedDict",
     "MarkedList",
+    "RuleSetFile",
     "Settings",
     "Where",
     "default_config_path",
@@ -73,6 +78,8 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
     "ledger",  # gateway.retention
+    "rules",
+    "operators", "admin", "logging",  # gateway.opsconfig
 }
 
 
@@ -312,6 +319,16 @@ class SchemaFile:
 
 
 @dataclass
+class RuleSetFile:
+    """A Schematron rule set named by ``rules.sets`` (compiled by gateway.rules)."""
+
+    name: str
+    path: Path
+    phase: str | None
+    where: Where
+
+
+@dataclass
 class Settings:
     """Everything the gateway reads from its configuration (shapes checked, meaning not yet)."""
 
@@ -346,6 +363,19 @@ class Settings:
     stomp: dict[str, Any] | None = None
     #: ``ledger.retention`` (gateway.retention.RetentionPolicy); None: documents stay online for ever
     retention: Any = None
+    #: ``rules.sets``: the Schematron rule sets routes may apply
+    rule_sets: list[RuleSetFile] = field(default_factory=list)
+    #: ``rules.cache_dir`` (None: beside a SQLite store, else the user's cache folder)
+    rules_cache_dir: Path | None = None
+    #: ``rules.workers``: processes running the rules (SaxonC cannot be stopped in a thread)
+    rules_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    #: ``rules.worker_memory_mb``: the memory of one rules worker process (it stops beyond)
+    rules_worker_memory_mb: int = 1024
+    #: ``limits.rules_seconds``: the most one document's business rules may take
+    rules_seconds: float = 2.0
+    #: ``admin:`` and ``operators:`` (gateway.opsconfig.AdminSettings), ``logging.format``
+    admin: Any = None
+    log_format: str = "text"
     where: Where = NOWHERE
 
     @property
@@ -446,7 +476,11 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
 
     limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
-    check_keys(limits, {"max_body_bytes", "max_depth", "max_elements"}, "limits")
+    check_keys(limits, {"max_body_bytes", "max_depth", "max_elements", "rules_seconds"}, "limits")
+    if "rules_seconds" in limits:
+        s.rules_seconds = parse_duration(limits["rules_seconds"], limits.at("rules_seconds"), "limits.rules_seconds")
+        if not 0 < s.rules_seconds <= 600:
+            raise limits.at("rules_seconds").error("limits.rules_seconds must be more than 0 and at most 600 s")
     values = {
         "max_bytes": limits.get("max_body_bytes", DEFAULT_LIMITS.max_bytes),
         "max_depth": limits.get("max_depth", DEFAULT_LIMITS.max_depth),
@@ -498,6 +532,9 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                 hint="a dotted Python module name")
         s.workers.append(module)
 
+    if root.get("rules") is not None:
+        _rules(s, expect_mapping(root.get("rules"), root.at("rules"), "rules"))
+
     etl = expect_mapping(root.get("etl"), root.at("etl"), "etl")
     try:  # the warehouse load's own rules (spark_etl.config), now rather than when it is scheduled
         check_etl_section(etl)
@@ -508,6 +545,9 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
     if root.get("ledger") is not None:
         _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
+    from .opsconfig import apply_sections  # operators:, admin:, logging:
+
+    apply_sections(s, root)
     return s
 
 
@@ -520,6 +560,40 @@ def _ledger(s: Settings, ledger: MarkedDict) -> None:
         route_ids = {item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)}
         s.retention = parse_retention(ledger["retention"], ledger.at("retention"),
                                       late_reply_window=s.late_reply_window, route_ids=route_ids)
+
+
+_RULE_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _rules(s: Settings, rules: MarkedDict) -> None:
+    """The ``rules:`` section: Schematron rule sets (``sets``), their cache folder and worker processes."""
+    check_keys(rules, {"sets", "cache_dir", "workers", "worker_memory_mb"}, "rules")
+    sets = expect_mapping(rules.get("sets"), rules.at("sets"), "rules.sets")
+    for name, body in sets.items():
+        where = sets.at(name)
+        set_name = expect_str(name, where, "a rule set name", pattern=_RULE_SET_NAME,
+                              hint="1-100 letters, digits, '.', '-' or '_'")
+        if isinstance(body, str):
+            entry = MarkedDict(file=body)
+            entry.where, entry.key_where = where, {}
+        else:
+            entry = expect_mapping(body, where, f"rule set {set_name!r}")
+        check_keys(entry, {"file", "phase"}, f"rule set {set_name!r}")
+        file = expect_str(entry.get("file"), entry.at("file") if "file" in entry else entry.where,
+                          f"rule set {set_name!r} file")
+        phase = None
+        if entry.get("phase") is not None:
+            phase = expect_str(entry["phase"], entry.at("phase"), f"rule set {set_name!r} phase")
+        s.rule_sets.append(RuleSetFile(set_name, (s.base_dir / file).resolve(), phase,
+                                       entry.at("file") if "file" in entry else where))
+    if rules.get("cache_dir") is not None:
+        s.rules_cache_dir = (s.base_dir / expect_str(rules["cache_dir"], rules.at("cache_dir"),
+                                                     "rules.cache_dir")).resolve()
+    if "workers" in rules:
+        s.rules_workers = expect_int(rules["workers"], rules.at("workers"), "rules.workers", minimum=1, maximum=64)
+    if "worker_memory_mb" in rules:
+        s.rules_worker_memory_mb = expect_int(rules["worker_memory_mb"], rules.at("worker_memory_mb"),
+                                              "rules.worker_memory_mb", minimum=128)
 
 
 STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size"}

@@ -11,7 +11,8 @@ that says what to do about it::
     ├── InvalidDocumentError            400 (base: carries ``errors``)
     │   ├── NotWellFormedError          400 not-well-formed
     │   ├── XMLSecurityError            400 forbidden-xml
-    │   └── SchemaValidationError       400 schema-invalid
+    │   ├── SchemaValidationError       400 schema-invalid
+    │   └── BusinessRuleViolationError  400 business-rule-violation
     ├── InvalidHeaderError              400 invalid-header
     ├── AuthenticationError             401 unauthenticated
     ├── ForbiddenRouteError             403 forbidden-route
@@ -21,6 +22,8 @@ that says what to do about it::
     ├── ArchivedReplayError             409 archived-replay
     ├── DocumentArchivedError           410 document-archived
     ├── NoRouteError                    422 no-route
+    ├── RulesTimeoutError               422 rules-timeout
+    ├── RulesEvaluationError            422 rules-error
     ├── BackendError                    502 backend-error
     ├── StoreUnavailableError           503 store-unavailable
     ├── ReplyTimeoutError               504 reply-timeout    (also TimeoutError)
@@ -54,6 +57,10 @@ __all__ = [
     "NotWellFormedError",
     "XMLSecurityError",
     "SchemaValidationError",
+    "RuleFailureDetail",
+    "BusinessRuleViolationError",
+    "RulesTimeoutError",
+    "RulesEvaluationError",
     "InvalidHeaderError",
     "AuthenticationError",
     "ForbiddenRouteError",
@@ -137,6 +144,8 @@ class GatewayError(Exception):
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal-error"
+    #: False for the errors only the operators' side answers: the partner API's OpenAPI document leaves them out
+    partner_facing: ClassVar[bool] = True
     default_detail: ClassVar[str] = "The gateway failed to process the request; retry later or contact the operator."
 
     def __init__(self, detail: str | None = None) -> None:
@@ -277,6 +286,48 @@ class SchemaValidationError(InvalidDocumentError):
         super().__init__(detail, errors, omitted=omitted)
 
 
+@dataclass(frozen=True, slots=True)
+class RuleFailureDetail:
+    """One business rule a document breaks: the rule's ``id`` and ``flag`` as its rule set gives them, the
+    ``location`` (XPath) of the node it was checked on, the rule's ``text``, and the ``line`` and
+    ``column`` of that node in the document as received when it can be located. Text and location are
+    clipped on construction."""
+
+    id: str | None
+    flag: str | None
+    location: str
+    text: str
+    line: int | None = None
+    column: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", clip(str(self.text), MAX_MESSAGE_CHARS))
+        object.__setattr__(self, "location", _clip_head(str(self.location), MAX_PATH_CHARS))
+        if self.id is not None:
+            object.__setattr__(self, "id", clip(str(self.id), 100))
+        if self.flag is not None:
+            object.__setattr__(self, "flag", clip(str(self.flag), 40))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict: id, flag, location, text, line, column."""
+        return {"id": self.id, "flag": self.flag, "location": self.location, "text": self.text,
+                "line": self.line, "column": self.column}
+
+    def __str__(self) -> str:
+        where = f"line {self.line}, " if self.line is not None else ""
+        return f"{where}{self.location}: {self.id + ' ' if self.id else ''}{self.text}"
+
+
+class BusinessRuleViolationError(InvalidDocumentError):
+    """Raised when a schema-valid document breaks a business rule its route applies (a Schematron
+    assertion of flag ``fatal``, ``error`` or none): ``errors`` lists every such failure as a
+    :class:`RuleFailureDetail` (at most ``max_errors``; ``omitted`` counts the rest)."""
+
+    code = "business-rule-violation"
+    default_detail = "The document breaks business rules agreed for this route; fix the errors listed and resend it."
+    max_errors = 50
+
+
 class InvalidHeaderError(GatewayError):
     """Raised when a request header the gateway reads is malformed (an
     ``Idempotency-Key`` or ``X-Correlation-ID`` that is too long or holds
@@ -411,6 +462,32 @@ class NoRouteError(GatewayError):
     status = 422
     code = "no-route"
     default_detail = "No route accepts this document; check the document type and its routing fields."
+
+
+class RulesTimeoutError(GatewayError):
+    """Raised when a document's business rules did not finish within the gateway's time budget
+    (``limits.rules_seconds``, the ``seconds`` here): the work was stopped and nothing was accepted."""
+
+    status = 422
+    code = "rules-timeout"
+    default_detail = "The business rules took too long on this document; send a smaller document."
+
+    def __init__(self, detail: str | None = None, *, seconds: float | None = None) -> None:
+        self.seconds = seconds
+        if detail is None and seconds is not None:
+            detail = (f"The business rules did not finish within {seconds:g} s on this document, the most this "
+                      "gateway spends on one; nothing was accepted. Send a smaller document (fewer lines).")
+        super().__init__(detail)
+
+
+class RulesEvaluationError(GatewayError):
+    """Raised when a document's business rules could not be evaluated on it: a rule raised an XPath
+    error on the document's values (a cast of a value that is not a number, say), or the process running
+    the rules failed. Nothing was accepted."""
+
+    status = 422
+    code = "rules-error"
+    default_detail = "The business rules could not be evaluated on this document; check its values."
 
 
 class _AcceptedDocumentError(GatewayError):

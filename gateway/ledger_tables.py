@@ -110,6 +110,10 @@ documents = sa.Table(
     # the rows written before the digest (none are written since): the gateway's start-up finds the recent ones
     sa.Index("ix_b2b_ledger_undigested", "received_at", sqlite_where=sa.text("digest IS NULL"),
              postgresql_where=sa.text("digest IS NULL")),
+    # operators' searches (migration g0005): by time, and by a correlation id or a document id alone
+    sa.Index("ix_b2b_ledger_received", "received_at", "message_id"),
+    sa.Index("ix_b2b_ledger_correlation", "correlation_id"),
+    sa.Index("ix_b2b_ledger_doc_id", "doc_id"),
 )
 
 events = sa.Table(

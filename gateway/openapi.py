@@ -37,8 +37,10 @@ _XML_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
 _DESCRIPTIONS = {
     400: "The document is not well-formed XML, uses a construct the gateway refuses (a DOCTYPE, an entity, too "
-         "deep or too many elements), or is not valid against its schema (`errors` lists each problem with line, "
-         "column, element path and message); or a request header is malformed (`header` names it).",
+         "deep or too many elements), is not valid against its schema (`errors` lists each problem with line, "
+         "column, element path and message), or breaks a business rule of its route (`business-rule-violation`: "
+         "`errors` lists each failed rule with its id, flag, location and text); or a request header is malformed "
+         "(`header` names it).",
     401: "No API key, or one the gateway does not know (`WWW-Authenticate: Bearer`).",
     403: "The partner may not use the route the document matched.",
     404: "No such document for your partner account (another partner's documents are not found either).",
@@ -51,7 +53,8 @@ _DESCRIPTIONS = {
          "online. `archived_at` says when; the operator can retrieve it from the archive.",
     413: "The body is larger than the gateway accepts.",
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
-    422: "The document is valid, but no route takes it (the detail names its root element and the partner).",
+    422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
+         "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
     429: "Too many requests from this partner; retry after the time given.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
@@ -122,8 +125,8 @@ def _error_classes() -> list[type[errors.GatewayError]]:
 
 
 def problem_codes(status: int) -> list[str]:
-    """The problem ``code`` values the gateway's errors carry with *status*, sorted."""
-    return sorted({cls.code for cls in _error_classes() if cls.status == status})
+    """The problem ``code`` values the gateway's partner-facing errors carry with *status*, sorted."""
+    return sorted({cls.code for cls in _error_classes() if cls.status == status and cls.partner_facing})
 
 
 def _problem_response(status: int, *, headers: dict[str, Any] | None = None, required: Iterable[str] = (),
@@ -216,7 +219,7 @@ def _components() -> dict[str, Any]:
                     "status": {"type": "integer"},
                     "detail": {"type": "string", "maxLength": errors.MAX_DETAIL_CHARS},
                     "instance": _STRING,
-                    "code": {"type": "string", "enum": sorted({c.code for c in _error_classes()})},
+                    "code": {"type": "string", "enum": sorted({c.code for c in _error_classes() if c.partner_facing})},
                     "errors": {"type": "array", "items": {"$ref": "#/components/schemas/DocumentError"}},
                     "omitted_errors": {"type": "integer", "minimum": 1},
                     "header": _STRING,
@@ -235,6 +238,21 @@ def _components() -> dict[str, Any]:
                     "column": {"type": ["integer", "null"]},
                     "path": {"type": ["string", "null"], "example": "/Order/cac:OrderLine[2]/cbc:Quantity"},
                     "message": _STRING,
+                    "id": {"type": ["string", "null"], "description": "business-rule-violation: the rule's id"},
+                    "flag": {"type": ["string", "null"], "description": "business-rule-violation: its flag"},
+                    "location": {"type": "string", "description": "business-rule-violation: XPath of the node"},
+                    "text": {"type": "string", "description": "business-rule-violation: the rule's text"},
+                },
+            },
+            "RuleWarning": {
+                "type": "object",
+                "description": "A business rule finding that does not refuse the document (flag warning, information).",
+                "properties": {
+                    "id": {"type": ["string", "null"]},
+                    "flag": {"type": ["string", "null"]},
+                    "location": _STRING,
+                    "text": _STRING,
+                    "diagnostics": {"type": "array", "items": _STRING},
                 },
             },
             "Receipt": {
@@ -250,6 +268,8 @@ def _components() -> dict[str, Any]:
                     "status": {"type": "string", "enum": ["accepted"]},
                     "received_at": {"type": "string", "format": "date-time"},
                     "status_url": {"type": "string", "example": "/v1/documents/ID:3f2a9c1b7d4e5f60-42"},
+                    "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"},
+                                 "description": "Business rule warnings (flags warning, information), when any."},
                 },
             },
             "DocumentStatus": {
@@ -274,6 +294,7 @@ def _components() -> dict[str, Any]:
                     "reply_type": {"type": ["string", "null"]},
                     "reply_url": {"type": ["string", "null"]},
                     "error": {"type": ["string", "null"]},
+                    "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"}},
                 },
             },
             "Health": {"type": "object", "required": ["status"], "properties": {"status": _STRING}},

@@ -42,6 +42,7 @@ from .errors import (
     GatewayError,
     MethodNotAllowedError,
 )
+from .logs import set_problem
 
 __all__ = ["MAX_BODY_BYTES", "PROBLEM_MEDIA_TYPE", "problem_body", "problem_response", "TITLES"]
 
@@ -57,6 +58,9 @@ TITLES = {
     "not-well-formed": "Not well-formed XML",
     "forbidden-xml": "Forbidden XML construct",
     "schema-invalid": "Schema invalid",
+    "business-rule-violation": "Business rule violation",
+    "rules-timeout": "Business rules timeout",
+    "rules-error": "Business rules error",
     "invalid-header": "Invalid header",
     "unauthenticated": "Unauthenticated",
     "forbidden-route": "Route not allowed",
@@ -105,6 +109,7 @@ def problem_body(error: GatewayError, instance: str | None = None) -> dict[str, 
 def problem_response(error: GatewayError, instance: str | None = None,
                      headers: dict[str, str] | None = None) -> Response:
     """The HTTP response for *error*."""
+    set_problem(error.code)  # the log line and the refusal metric of this request name it
     body = json.dumps(problem_body(error, instance), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     out = {"Cache-Control": "no-store"}
     if isinstance(error, AuthenticationError):

@@ -50,10 +50,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -70,6 +72,8 @@ STOP_GRACE = 20.0
 _BACKOFF_MAX = 30.0
 #: Environment variable naming the CPUs the supervisor had (for Spark's JVM).
 CPUS_ENV = "B2BGW_CPUS"
+#: prometheus_client's multiprocess directory: the supervisor makes one (unless set) and removes it at the end.
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def usable_cpus() -> list[int]:
@@ -127,6 +131,8 @@ class Supervisor:
         self.family = socket.AF_INET
         self._bound = False
         self._stop = threading.Event()
+        self.metrics_dir: str | None = os.environ.get(METRICS_ENV)
+        self._own_metrics_dir = False
 
     # ------------------------------------------------------------------ start
 
@@ -181,6 +187,8 @@ class Supervisor:
         if cpu is not None:
             args += ["--cpu", str(cpu)]
         env = dict(os.environ, **{CPUS_ENV: ",".join(map(str, self.all_cpus))})
+        if self.metrics_dir is not None:  # prometheus_client's multiprocess mode: /metrics sums the processes
+            env[METRICS_ENV] = self.metrics_dir
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         args += ["--ready-fd", str(write_end)]
@@ -203,6 +211,9 @@ class Supervisor:
         if not self._bound:
             self.bind()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if self.metrics_dir is None:
+            self.metrics_dir = tempfile.mkdtemp(prefix="b2bgw-metrics-")
+            self._own_metrics_dir = True
         code = 0
         try:
             for child in self.children:
@@ -220,6 +231,8 @@ class Supervisor:
             for child in self.children:
                 self._close_ready(child)
                 self._unlisten(child)
+            if self._own_metrics_dir and self.metrics_dir is not None:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return code
 
     def _on_signal(self, _signum: int, _frame: object) -> None:

@@ -20,6 +20,7 @@ A route (one entry of the list)::
       exchange: request-reply            # or one-way (the default)
       timeout: 10s                       # request-reply: how long to wait for the reply
       transform: transforms/x.xsl        # optional XSLT 1.0 applied to the message body
+      rules: [ubl-order]                 # Schematron rule sets (``rules.sets``) checked after the schema
 
 Matching (:meth:`RouteTable.select`): the routes whose root element is the
 document's and whose ``when`` holds, in file order; the first of them the
@@ -88,7 +89,7 @@ _SIMPLE_PATH = re.compile(
     r"(?:/(?:(?:@?(?:[A-Za-z_][\w.\-]*:)?[A-Za-z_][\w.\-]*)|text\(\))(?:\[[^\]]*\])?)*$"
 )
 _TYPES = ("string", "double", "long", "int", "boolean")
-_RESERVED_PROPERTIES = {"B2BRoute", "B2BDocumentID", "B2BPartner"}
+_RESERVED_PROPERTIES = {"B2BRoute", "B2BDocumentID", "B2BPartner", "B2BRuleWarnings"}
 _DEFAULT_TIMEOUT = 10.0
 _MAX_TIMEOUT = 300.0
 #: The most XPaths a route's ``idempotency_key`` lists.
@@ -214,6 +215,8 @@ class Route:
     transform_path: Path | None = None
     transform: etree.XSLT | None = field(default=None, repr=False)
     namespaces: dict[str, str] = field(default_factory=dict)
+    #: the business rule sets (``rules.sets`` names) applied after schema validation, in order
+    rules: tuple[str, ...] = ()
     where: Where = field(default_factory=lambda: Where(None, None))
     #: the route's own idempotency key XPaths (None: the default key, see the module docstring)
     key_xpath_texts: tuple[str, ...] | None = None
@@ -478,7 +481,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     spec = expect_mapping(item, where, "a route")
     check_keys(spec, {"id", "partners", "root", "when", "schema", "document_id", "namespaces", "properties",
                       "destination", "delivery_mode", "priority", "time_to_live", "exchange", "timeout",
-                      "transform", "idempotency_key"}, "a route")
+                      "transform", "idempotency_key", "rules"}, "a route")
     route_id = expect_str(spec.get("id"), spec.at("id") if "id" in spec else spec.where, "route id",
                           pattern=_ROUTE_ID, hint="1-100 letters, digits, '.', '-' or '_'")
     what = f"route {route_id!r}"
@@ -628,6 +631,18 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
                                                          f"{what} transform")).resolve()
         transform = _compile_xslt(transform_path, spec.at("transform"))
 
+    rule_names: list[str] = []
+    rules = expect_list(spec.get("rules"), spec.at("rules"), f"{what} rules")
+    configured = [r.name for r in settings.rule_sets]
+    for i, item in enumerate(rules):
+        name = expect_str(item, rules.at(i), f"{what}: a rule set name")
+        if name not in configured:
+            raise rules.at(i).error(f"{what} names rule set {name!r}, which is not configured under rules.sets "
+                                    f"(rule sets: {', '.join(configured) or 'none'})")
+        if name in rule_names:
+            raise rules.at(i).error(f"{what} lists rule set {name!r} twice")
+        rule_names.append(name)
+
     return Route(
         id=route_id,
         partners=allowed,
@@ -647,6 +662,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         transform_path=transform_path,
         transform=transform,
         namespaces=namespaces,
+        rules=tuple(rule_names),
         where=where,
         key_xpath_texts=key_texts,
         key_xpaths=key_xpaths,

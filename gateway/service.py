@@ -117,7 +117,9 @@ from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, Tombstone, now_ms
 from .partners import Partner
 from .routes import Route
-from .xmlintake import parse_document_text
+from .rules import RulesRunner, violation, warnings_of
+from .schematron import document_utf8
+from .xmlintake import parse_document, parse_document_text
 
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest",
            "iso_ms"]
@@ -236,6 +238,7 @@ class _Intake:
     facts: str | None = None
     text_is_document: bool = False  # text is the document's own (UTF-8) text: document is its encoding
     facts_deferred: bool = False  # facts left to the nightly load (the intake was saturated)
+    rules: Any = None  # the business rules running (a future of the findings), or the document for them (bytes)
 
 
 @dataclass(slots=True)
@@ -253,6 +256,7 @@ class _Work:
     decoded: str | None = None
     route: Route | None = None
     result: _Intake | None = None
+    rules: Any = None  # the business rules' future, or the document for them (see _validate_stage)
 
 
 class _Invalid(Exception):
@@ -324,6 +328,11 @@ class Gateway:
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
         self.facts_deferred = 0
+        # business rules (gateway.rules): worker processes, when a route applies a rule set
+        self.rules = (RulesRunner(assembly.rules, workers=self.settings.rules_workers,
+                                  seconds=self.settings.rules_seconds,
+                                  memory_mb=self.settings.rules_worker_memory_mb)
+                      if any(route.rules for route in self.routes) else None)
         self._started = False
         self._closed = False
 
@@ -334,6 +343,8 @@ class Gateway:
         if self._started:
             return
         self._load_legacy_keys()
+        if self.rules is not None:
+            self.rules.start()
         self._connection = self.broker.connect()
         self._connection.start()
         for route in self.routes:
@@ -357,6 +368,8 @@ class Gateway:
             self._connection.close()
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
+        if self.rules is not None:
+            self.rules.close()
 
     def _load_legacy_keys(self) -> None:
         """Read the keys of the rows accepted without a digest within :data:`LEGACY_KEY_WINDOW` (none once
@@ -424,6 +437,18 @@ class Gateway:
             if answer is not None:
                 return answer
         route, doc_id, key, digest = intake.route, intake.doc_id, intake.key, intake.digest
+        warnings: list[dict[str, Any]] | None = None
+        warning_count = 0
+        if intake.rules is not None:  # the business rules ran meanwhile: failures refuse the document
+            pending = intake.rules
+            if isinstance(pending, bytes):  # an intake thread made the text: the event loop drives the workers
+                pending = self.rules.submit(route.rules, pending)
+            findings = await pending
+            if any(f.is_error for f in findings):
+                raise await asyncio.to_thread(violation, findings, body, lambda data: parse_document(
+                    data, self.limits, declared_charset=charset))
+            warning_count = len(findings)
+            warnings = warnings_of(findings)
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
         if intake.facts_deferred:
             self.facts_deferred += 1
@@ -437,13 +462,15 @@ class Gateway:
         if doc_id is not None:
             message.set_string_property("B2BDocumentID", doc_id)
         route.set_properties(message, properties)
+        if route.rules:
+            message.set_int_property("B2BRuleWarnings", warning_count)
 
         try:
             if route.request_reply:
                 return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
-                                                 received_at, digest, facts)
+                                                 received_at, digest, facts, warnings)
             return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
-                                       digest, facts)
+                                       digest, facts, warnings)
         except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # purged by retention since: its tombstone holds the key
@@ -517,6 +544,9 @@ class Gateway:
             if work.on_loop:  # the rich errors (xmlschema) take milliseconds: not on the event loop
                 raise _Invalid(work)
             self._explain_invalid(work)
+        if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
+            data = document_utf8(work.root, work.body, work.decoded is not None)
+            work.rules = self.rules.submit(work.route.rules, data) if work.on_loop else data
 
     def _explain_invalid(self, work: _Work) -> None:
         """Raise the SchemaValidationError of an invalid document, with every error's details."""
@@ -547,7 +577,7 @@ class Gateway:
         properties = route.extract(root)
         text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
         work.result = _Intake(route, doc_id, key, digest, None, party, legacy, properties, text, document,
-                              text_is_document=own)
+                              text_is_document=own, rules=work.rules)
 
     def _facts_stage(self, work: _Work) -> None:
         if work.result.known is not None or self.intake_facts == "never":
@@ -686,8 +716,8 @@ class Gateway:
         return text, document, False
 
     def _receipt(self, route: Route, message_id: str, correlation: str, doc_id: str | None,
-                 received_at: int) -> dict[str, Any]:
-        return {
+                 received_at: int, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        receipt = {
             "message_id": message_id,
             "correlation_id": correlation,
             "route": route.id,
@@ -697,6 +727,9 @@ class Gateway:
             "received_at": iso_ms(received_at),
             "status_url": DOCUMENTS_PATH + message_id,
         }
+        if warnings:  # business rule warnings (flag warning / information): accepted, but told
+            receipt["warnings"] = warnings
+        return receipt
 
     def _record(self, route: Route, partner: Partner, message_id: str, correlation: str, key: str,
                 doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any], digest: str,
@@ -711,14 +744,14 @@ class Gateway:
 
     async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                        key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
-                       facts: str | None = None) -> Outcome:
+                       facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
         try:
             await producer.send_async(route.destination, message, delivery_mode=route.delivery_mode,
                                       priority=route.priority, time_to_live=route.time_to_live_ms)
             message_id = message.jms_message_id
-            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at, warnings)
             record = self._record(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
                                   digest, facts)
             ledger = self.ledger
@@ -737,7 +770,7 @@ class Gateway:
 
     async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                              key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
-                             facts: str | None = None) -> Outcome:
+                             facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
             self._expire_late(exchange)
@@ -750,7 +783,7 @@ class Gateway:
 
         def record(conn: Any) -> None:
             message_id = message.jms_message_id
-            receipt = self._receipt(route, message_id, correlation, doc_id, received_at)
+            receipt = self._receipt(route, message_id, correlation, doc_id, received_at, warnings)
             holder["receipt"] = receipt
             ledger.insert(conn, self._record(route, partner, message_id, correlation, key, doc_id, document,
                                              received_at, receipt, digest, facts))

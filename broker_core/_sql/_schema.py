@@ -114,3 +114,36 @@ leases = sa.Table(
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("expires", sa.BigInteger, nullable=False),
 )
+
+#: Per box, what every process counted since the store was created (migration 0005): each process adds
+#: its own counts about once a second, with its heartbeat.
+box_counters = sa.Table(
+    "b2b_box_counters",
+    metadata,
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("enqueued", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("dequeued", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("expired", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("dead_lettered", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("redelivered", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+#: How many entries each box holds (waiting and in flight), as deltas per broker instance written in the
+#: transactions that insert and delete entries (instance ``''``: the deltas of instances gone, folded), so
+#: that counting a box's messages never scans its entries. A box's rows go when the box is deleted.
+box_depth = sa.Table(
+    "b2b_box_depth",
+    metadata,
+    sa.Column("instance", sa.String(64), primary_key=True),
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("entries", sa.BigInteger, nullable=False),
+)
+
+#: The open consumers of each live broker instance, per box (so every process counts every process's).
+consumers = sa.Table(
+    "b2b_consumers",
+    metadata,
+    sa.Column("instance", sa.String(64), primary_key=True),
+    sa.Column("box", sa.String(512), primary_key=True),
+    sa.Column("consumers", sa.Integer, nullable=False),
+)

@@ -49,8 +49,8 @@ class _Statements:
             "entries_of": "SELECT m.message_id, e.box, e.state FROM b2b_messages m "
                           "JOIN b2b_entries e ON e.message = m.id WHERE m.message_id {ids}",
             "expired_of": "SELECT message_id, box FROM b2b_expired WHERE message_id {ids}",
-            "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message",
-            "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message",
+            "delete_owned": "DELETE FROM b2b_entries WHERE id {ids} AND owner = {p} RETURNING message, box",
+            "delete_any": "DELETE FROM b2b_entries WHERE id {ids} RETURNING message, box",
             "collect": "DELETE FROM b2b_messages WHERE id {ids} "
                        "AND NOT EXISTS (SELECT 1 FROM b2b_entries e WHERE e.message = b2b_messages.id)",
         }

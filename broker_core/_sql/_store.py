@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import lz4.frame
 import sqlalchemy as sa
 
 from .._destinations import Destination
@@ -51,13 +52,24 @@ from .._store import (
     Reader,
     RedeliveryPolicy,
     Store,
+    StoredMessage,
     Subscription,
     dead_letter_envelope,
     expired_envelope,
     now_ms,
 )
 from . import _codec
-from ._schema import entries, instances, leases, messages, subscriptions, temporaries
+from ._schema import (
+    box_counters,
+    box_depth,
+    consumers,
+    entries,
+    instances,
+    leases,
+    messages,
+    subscriptions,
+    temporaries,
+)
 from ._schema import expired as expired_table
 from ._engine import (
     _PG_WRITE_LOCK,
@@ -115,26 +127,58 @@ COMMIT_DELAY = 0.0005
 
 
 class _Counters:
-    """In-process counters per box: enqueued, dequeued, expired, dead-lettered."""
+    """In-process counters per box: enqueued, dequeued, expired, dead-lettered, redelivered; and how much
+    of them was added to the shared ``b2b_box_counters`` already (:meth:`unshared`, :meth:`shared`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_box: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+        self._by_box: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0])
+        self._shared: dict[str, list[int]] = {}
 
     def add(self, box: str, index: int, n: int = 1) -> None:
         with self._lock:
             self._by_box[box][index] += n
 
     def get(self, box: str) -> list[int]:
+        """What this process counted and has not added to the shared table yet."""
         with self._lock:
-            return list(self._by_box.get(box, (0, 0, 0, 0)))
+            counted = self._by_box.get(box, (0, 0, 0, 0, 0))
+            shared = self._shared.get(box, (0, 0, 0, 0, 0))
+            return [a - b for a, b in zip(counted, shared)]
 
     def boxes(self) -> list[str]:
         with self._lock:
             return list(self._by_box)
 
+    def unshared(self) -> dict[str, list[int]]:
+        """``{box: [count, ...]}``: the counts of shared boxes not yet in the shared table."""
+        with self._lock:
+            out = {}
+            for box, counted in self._by_box.items():
+                if not _shared_box(box):
+                    continue
+                shared = self._shared.get(box, (0, 0, 0, 0, 0))
+                delta = [a - b for a, b in zip(counted, shared)]
+                if any(delta):
+                    out[box] = delta
+            return out
 
-ENQ, DEQ, EXP, DLQ = range(4)
+    def shared(self, deltas: dict[str, list[int]]) -> None:
+        """Note that *deltas* (from :meth:`unshared`) are in the shared table now."""
+        with self._lock:
+            for box, delta in deltas.items():
+                shared = self._shared.setdefault(box, [0, 0, 0, 0, 0])
+                for i, n in enumerate(delta):
+                    shared[i] += n
+
+
+def _shared_box(box: str) -> bool:
+    """Whether a box's counters go to the shared table: not those of temporary destinations and
+    non-durable subscriptions, which come and go with their connections (their counts stay in-process)."""
+    return not box.startswith(("temp-", "subscriber://"))
+
+
+ENQ, DEQ, EXP, DLQ, RED = range(5)
 
 
 class SQLStore(Store):
@@ -206,7 +250,8 @@ class SQLStore(Store):
                     )
         except sa.exc.OperationalError as exc:
             self.engine.dispose()
-            raise StoreUnavailableError(f"cannot open the store at {url}: {str(exc).splitlines()[0]}") from exc
+            shown = self.engine.url.render_as_string(hide_password=True)  # the message reaches logs and terminals
+            raise StoreUnavailableError(f"cannot open the store at {shown}: {str(exc).splitlines()[0]}") from exc
         self.instance_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(4).hex()}"
         self._mem = MemoryStore()
         self._counters = _Counters()
@@ -236,6 +281,9 @@ class SQLStore(Store):
         self._recent: collections.OrderedDict[int, Envelope] = collections.OrderedDict()
         self._recent_bytes = 0
         self._wakeups: LocalWakeups | None = None  # SQLite: datagrams to the other processes of the host
+        self._consumer_counts: Callable[[], dict[str, int]] | None = None  # the broker's, per box
+        self._published_consumers: dict[str, int] = {}  # what b2b_consumers holds of this instance
+        self._commit_observer: Callable[[float, int], None] | None = None
 
     def _upgrade_in_turn(self, url: str) -> None:
         """Migrate at open; on SQLite holding the processes' write turn (a file lock), so processes that
@@ -272,6 +320,7 @@ class SQLStore(Store):
             on_touched=self._touched,
             retry_for=self._retry_for,
         )
+        self._writer.on_commit = self._commit_observer
         now = now_ms()
         self._write(lambda b: b.conn.execute(instances.insert(), {
             "id": self.instance_id, "host": socket.gethostname()[:200], "pid": os.getpid(),
@@ -438,7 +487,7 @@ class SQLStore(Store):
                 if self._pg:
                     self._heartbeat(engine)
                 else:  # SQLite has one write lock: queue behind the writer rather than starve waiting for it
-                    self._write(lambda batch: self._heartbeat_in(batch.conn), wait=False, durable=False)
+                    self._write(self._op_heartbeat, wait=False, durable=False)
                 if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
                     last_reap = time.monotonic()
                     self._write(self._op_reap, wait=False, durable=False)
@@ -450,12 +499,20 @@ class SQLStore(Store):
 
     def _heartbeat(self, engine: sa.Engine) -> None:
         with engine.begin() as conn:
-            self._heartbeat_in(conn)
+            done = self._heartbeat_in(conn)
+        if done is not None:
+            done()
 
-    def _heartbeat_in(self, conn: sa.Connection) -> None:
-        """Refresh our heartbeat; re-register if another process reaped us."""
+    def _op_heartbeat(self, batch: Batch) -> None:
+        done = self._heartbeat_in(batch.conn)
+        if done is not None:
+            batch.after_commit.append(done)
+
+    def _heartbeat_in(self, conn: sa.Connection) -> Callable[[], None] | None:
+        """Refresh our heartbeat; re-register if another process reaped us. Returns what to note once
+        the transaction committed (the counts and consumers it shared), if anything."""
         if self._stop.is_set():  # closing: goodbye removes the row, nothing may re-add it
-            return
+            return None
         now = now_ms()
         updated = conn.execute(
             instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
@@ -465,6 +522,53 @@ class SQLStore(Store):
                         "are being redelivered", self.instance_id)
             conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
                                               "pid": os.getpid(), "started": now, "heartbeat": now})
+            self._published_consumers = {}  # the reaper deleted them
+        return self._share_stats(conn)
+
+    def _share_stats(self, conn: sa.Connection) -> Callable[[], None] | None:
+        """Add this process's new counts to ``b2b_box_counters`` and publish its consumers (if they changed)
+        in ``b2b_consumers``, in the heartbeat's transaction; returns what to note once it committed."""
+        deltas = self._share_counts(conn)
+        counts = self._consumer_counts
+        current = {box: n for box, n in (counts() if counts is not None else {}).items() if n > 0}
+        changed = current != self._published_consumers
+        if changed:
+            conn.execute(consumers.delete().where(consumers.c.instance == self.instance_id))
+            if current:
+                conn.execute(consumers.insert(), [{"instance": self.instance_id, "box": box, "consumers": n}
+                                                  for box, n in sorted(current.items())])
+        if not (deltas or changed):
+            return None
+
+        def done() -> None:
+            if deltas:
+                self._counters.shared(deltas)
+            if changed:
+                self._published_consumers = current
+
+        return done
+
+    def _share_counts(self, conn: sa.Connection) -> dict[str, list[int]]:
+        """Add the counts not yet shared to ``b2b_box_counters`` (in the caller's transaction); returns
+        them, for :meth:`_Counters.shared` once it committed."""
+        deltas = self._counters.unshared()
+        if deltas:
+            mark = self._sql._mark
+            self._sql.run(conn, (
+                "INSERT INTO b2b_box_counters (box, enqueued, dequeued, expired, dead_lettered, redelivered) "
+                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}) ON CONFLICT (box) DO UPDATE SET "
+                "enqueued = b2b_box_counters.enqueued + excluded.enqueued, "
+                "dequeued = b2b_box_counters.dequeued + excluded.dequeued, "
+                "expired = b2b_box_counters.expired + excluded.expired, "
+                "dead_lettered = b2b_box_counters.dead_lettered + excluded.dead_lettered, "
+                "redelivered = b2b_box_counters.redelivered + excluded.redelivered"),
+                [(box, *delta) for box, delta in sorted(deltas.items())], many=True)
+        return deltas
+
+    def _share_stats_at_goodbye(self, batch: Batch) -> None:
+        deltas = self._share_counts(batch.conn)
+        if deltas:
+            batch.after_commit.append(lambda: self._counters.shared(deltas))
 
     def _listen_loop(self) -> None:
         import psycopg
@@ -550,6 +654,7 @@ class SQLStore(Store):
         conn = batch.conn
         self._reclaim(batch, self.instance_id)
         conn.execute(instances.delete().where(instances.c.id == self.instance_id))
+        self._share_stats_at_goodbye(batch)
 
     def _op_reap(self, batch: Batch) -> None:
         """Reclaim what dead broker instances held."""
@@ -562,6 +667,11 @@ class SQLStore(Store):
             log.warning("broker instance %s stopped sending heartbeats; reclaiming its messages", owner)
             self._reclaim(batch, owner)
             conn.execute(instances.delete().where(instances.c.id == owner))
+        # depth deltas of instances that are gone (written in the very transaction that said goodbye)
+        for owner in conn.execute(sa.select(box_depth.c.instance).where(
+                box_depth.c.instance != "", box_depth.c.instance != self.instance_id,
+                ~box_depth.c.instance.in_(sa.select(instances.c.id))).distinct()).scalars().all():
+            self._fold_depth(batch, owner)
         # in-flight rows whose owner is unknown (instance row lost) come back too
         orphans = conn.execute(
             sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id)))
@@ -580,6 +690,8 @@ class SQLStore(Store):
             self._delete_box_entries(batch, box)
         conn.execute(subscriptions.delete().where(subscriptions.c.owner == owner))
         conn.execute(temporaries.delete().where(temporaries.c.owner == owner))
+        conn.execute(consumers.delete().where(consumers.c.instance == owner))
+        self._fold_depth(batch, owner)
 
     def _insert(self, batch: Batch, envs: Sequence[Envelope]) -> None:
         """Store ``envs`` in this transaction (written by :meth:`_flush_inserts`
@@ -593,14 +705,31 @@ class SQLStore(Store):
             for box in batch.touched:
                 self._sql.run(batch.conn, "SELECT pg_notify(%s, %s)", (_CHANNEL, box))
             self._mark_commit(batch)
+        elif batch.depth:
+            self._record_depth(batch)
+
+    _MARK = "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id"
+    #: The mark with the transaction's depth deltas (``_record_depth``) in the same statement: no round
+    #: trip of their own (a data-modifying WITH runs whether or not the query reads it).
+    _MARK_WITH_DEPTH = (
+        "WITH depth AS (INSERT INTO b2b_box_depth (instance, box, entries) "
+        "SELECT %s, t.box, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(box, n) "
+        "ON CONFLICT (instance, box) DO UPDATE SET entries = b2b_box_depth.entries + excluded.entries) "
+        + _MARK)
 
     def _mark_commit(self, batch: Batch) -> None:
         """Record this transaction's number in our instance row (PostgreSQL):
         if the answer to COMMIT is lost, :meth:`_was_committed` tells whether
-        it happened, so the writer neither loses nor repeats it."""
+        it happened, so the writer neither loses nor repeats it. The same
+        statement records the transaction's depth deltas."""
         conn = batch.conn
-        marked = self._sql.run(conn, "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id",
-                               (batch.number, self.instance_id))
+        changed = [(box, n) for box, n in sorted(batch.depth.items()) if n]
+        if changed:
+            marked = self._sql.run(conn, self._MARK_WITH_DEPTH, (self.instance_id, [b for b, _ in changed],
+                                                                 [n for _, n in changed], batch.number,
+                                                                 self.instance_id))
+        else:
+            marked = self._sql.run(conn, self._MARK, (batch.number, self.instance_id))
         if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
             now = now_ms()
             conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
@@ -696,6 +825,32 @@ class SQLStore(Store):
         # consumers (and other processes) are not woken to find it empty, only the readers that got them
         batch.touched.update(counts if not handed else {p[0] for i, p in enumerate(pending) if i not in handed})
         batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
+        depth = batch.depth
+        for box, n in counts.items():
+            depth[box] = depth.get(box, 0) + n
+
+    def _record_depth(self, batch: Batch) -> None:
+        """Add this transaction's entries per box to ``b2b_box_depth`` (this instance's rows): counting a
+        box then reads a few rows, never its entries. One statement per transaction, carrying every box
+        the transaction touched (one or two, mostly)."""
+        changed = [(self.instance_id, box, n) for box, n in sorted(batch.depth.items()) if n]
+        if changed:
+            mark = self._sql._mark
+            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
+
+    def _fold_depth(self, batch: Batch, owner: str) -> None:
+        """Fold the depth deltas of a broker instance that is gone into the base rows (instance ``''``).
+        DELETE ... RETURNING takes them, so two processes folding the same instance cannot both count it."""
+        rows = batch.conn.execute(box_depth.delete().where(box_depth.c.instance == owner)
+                                  .returning(box_depth.c.box, box_depth.c.entries)).all()
+        changed = [("", box, n) for box, n in rows if n]
+        if changed:
+            mark = self._sql._mark
+            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
 
     _RECENT_COUNT = 4096
     _RECENT_BYTES = 32 << 20
@@ -798,9 +953,13 @@ class SQLStore(Store):
         """Delete entries (only ``owner``'s, when given) and their orphaned
         messages; returns how many entries were deleted."""
         if owner is not None:
-            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_owned", ids, owner)]
+            deleted = self._sql.by_ids(batch.conn, "delete_owned", ids, owner)
         else:
-            refs = [row[0] for row in self._sql.by_ids(batch.conn, "delete_any", ids)]
+            deleted = self._sql.by_ids(batch.conn, "delete_any", ids)
+        refs = [row[0] for row in deleted]
+        depth = batch.depth
+        for _, box in deleted:
+            depth[box] = depth.get(box, 0) - 1
         self._collect(batch, refs)
         self._forget(refs)
         return len(refs)
@@ -810,6 +969,9 @@ class SQLStore(Store):
         for state in (_WAITING, _IN_FLIGHT):  # each through its partial index
             refs += batch.conn.execute(
                 entries.delete().where(entries.c.box == box, state).returning(entries.c.message)).scalars().all()
+        # the box is gone: so are its counts (every instance's), and this transaction's
+        batch.depth.pop(box, None)
+        batch.conn.execute(box_depth.delete().where(box_depth.c.box == box))
         self._collect(batch, refs)
 
     def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
@@ -843,6 +1005,8 @@ class SQLStore(Store):
                 continue
             delay = policy.delay_ms(row.delivery_count) if counted else 0
             count = row.delivery_count if counted else max(0, row.delivery_count - 1)
+            if counted:
+                batch.after_commit.append(lambda box=row.box: self._counters.add(box, RED))
             # a new id, so that selective readers that scanned past it see it again
             conn.execute(entries.insert().from_select(
                 [*(c.name for c in _COPY_COLS), "state", "ready_at", "owner", "delivery_count"],
@@ -1199,36 +1363,201 @@ class SQLStore(Store):
         return iter(found)
 
     def stats(self) -> list[DestinationStats]:
+        """Counters of every box without scanning what waits: the entries of each box from
+        ``b2b_box_depth`` (a few rows per box), those in flight (few: consumers' prefetch) and the head of
+        each box (one index seek each)."""
         with self.engine.connect() as conn:
-            counts = [
-                (box, state, n)
-                for state, condition in ((0, _WAITING), (1, _IN_FLIGHT))  # each through its partial index
-                for box, n in conn.execute(
-                    sa.select(entries.c.box, sa.func.count()).where(condition).group_by(entries.c.box)).all()
-            ]
+            totals = dict(conn.execute(sa.select(box_depth.c.box, sa.func.sum(box_depth.c.entries))
+                                       .group_by(box_depth.c.box)).all())
+            flying = dict(conn.execute(
+                sa.select(entries.c.box, sa.func.count()).where(_IN_FLIGHT).group_by(entries.c.box)).all())
+            heads = dict(conn.execute(self._heads_query).all()) if totals else {}
             subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
-        depth: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-        for box, state, n in counts:
-            depth[box][1 if state == 1 else 0] += n
+            shared = {row[0]: row[1:] for row in conn.execute(sa.select(
+                box_counters.c.box, box_counters.c.enqueued, box_counters.c.dequeued, box_counters.c.expired,
+                box_counters.c.dead_lettered, box_counters.c.redelivered)).all()}
+            others = dict(conn.execute(
+                sa.select(consumers.c.box, sa.func.sum(consumers.c.consumers))
+                .where(consumers.c.instance != self.instance_id).group_by(consumers.c.box)).all())
+            conn.rollback()
+        waiting = [(box, max(0, int(total) - flying.get(box, 0)), heads.get(box))
+                   for box, total in totals.items() if total]
+        depth = {box: (n, oldest) for box, n, oldest in waiting}
         memory = {s.name: s for s in self._mem.stats()}
-        names = set(depth) | set(subs) | set(memory) | set(self._counters.boxes())
+        names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared)
         out = []
         for name in sorted(names):
-            db_depth, db_flight = depth.get(name, (0, 0))
+            db_depth, oldest_seq = depth.get(name, (0, None))
             mem = memory.get(name)
-            enq, deq, exp, dlq = self._counters.get(name)
+            counts = [a + b for a, b in zip(self._counters.get(name), shared.get(name, (0, 0, 0, 0, 0)))]
+            oldest = oldest_seq // 1000 if oldest_seq is not None else None  # seqs are microseconds
+            if mem is not None and mem.oldest is not None:
+                oldest = mem.oldest if oldest is None else min(oldest, mem.oldest)
             out.append(DestinationStats(
                 name=name,
                 depth=db_depth + (mem.depth if mem else 0),
-                in_flight=db_flight + (mem.in_flight if mem else 0),
-                consumers=0,
-                enqueued=enq + (mem.enqueued if mem else 0),
-                dequeued=deq + (mem.dequeued if mem else 0),
-                expired=exp + (mem.expired if mem else 0),
-                dead_lettered=dlq + (mem.dead_lettered if mem else 0),
+                in_flight=flying.get(name, 0) + (mem.in_flight if mem else 0),
+                consumers=int(others.get(name) or 0),
+                enqueued=counts[ENQ] + (mem.enqueued if mem else 0),
+                dequeued=counts[DEQ] + (mem.dequeued if mem else 0),
+                expired=counts[EXP] + (mem.expired if mem else 0),
+                dead_lettered=counts[DLQ] + (mem.dead_lettered if mem else 0),
                 topic=subs.get(name) or (mem.topic if mem else None),
+                oldest=oldest,
+                redelivered=counts[RED] + (mem.redelivered if mem else 0),
             ))
         return out
+
+    #: The seq of the first waiting entry of each counted box in delivery order (one seek of the claim
+    #: index per box): when the message the box's consumers get next came in.
+    _heads_query = sa.text(
+        "SELECT d.box, (SELECT e.seq FROM b2b_entries e WHERE e.box = d.box AND e.state = 0 "
+        "ORDER BY e.priority DESC, e.seq LIMIT 1) FROM (SELECT DISTINCT box FROM b2b_box_depth) d")
+
+    # ------------------------------------------------------------ operators' reads and actions
+
+    def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
+        self._commit_observer = observer
+        if self._writer is not None:
+            self._writer.on_commit = observer
+
+    def consumer_counts(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._consumer_counts = counts
+
+    #: The listing columns of a browse page: the entry, the message's headers and properties, the body's
+    #: stored length and first bytes (an LZ4 frame's header says the original size), not the body itself.
+    _PAGE_COLUMNS = (entries.c.id, entries.c.priority, entries.c.seq, entries.c.expiration, entries.c.delivery_count,
+                     messages.c.message_id, messages.c.destination, messages.c.delivery_mode, messages.c.timestamp,
+                     messages.c.correlation_id, messages.c.reply_to, messages.c.type, messages.c.properties,
+                     messages.c.kind, sa.func.length(messages.c.body), sa.func.substr(messages.c.body, 1, 32),
+                     messages.c.origin)
+
+    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
+                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+        """Keyset pages: positions are ``(0, 9 - priority, seq, id)`` for the database's entries, then
+        ``(1, ...)`` for this process's non-persistent ones. Each query is a range of the claim index
+        (box, priority DESC, seq) from the position on, never an OFFSET: a page deep in a queue of
+        millions costs what the first one does. XPATH selectors read bodies, in small chunks."""
+        compiled = self._selector(selector)
+        if after is not None and after[0] == 1:
+            page, more = self._mem.browse_page(box, selector, after[1:] or None, limit, scan_limit)
+            return page, None if more is None else (1, *more)
+        needs_body = compiled is not None and "XPATH" in compiled.text.upper()
+        chunk = 20 if needs_body else 200
+        now = now_ms()
+        out: list[StoredMessage] = []
+        scanned = 0
+        position = after
+        exhausted = False
+        with self.engine.connect() as conn:
+            while len(out) < limit and scanned < scan_limit:
+                rows = self._page_rows(conn, box, position, min(chunk, scan_limit - scanned), needs_body)
+                if not rows:
+                    exhausted = True
+                    break
+                for row in rows:
+                    scanned += 1
+                    position = (0, 9 - row[1], row[2], row[0])
+                    if 0 < row[3] <= now:
+                        continue
+                    env, size = self._page_envelope(row, needs_body)
+                    if compiled is None or compiled.matches(env):
+                        if needs_body:
+                            env = env.replace(body=None)
+                        out.append(StoredMessage(box, env, "pending", row[4], size, position))
+                        if len(out) >= limit:
+                            break
+            conn.rollback()
+        if len(out) >= limit or scanned >= scan_limit:
+            return out, position
+        if exhausted:  # on to this process's non-persistent messages
+            rest, more = self._mem.browse_page(box, selector, None, limit - len(out), scan_limit - scanned)
+            out.extend(StoredMessage(m.box, m.envelope, m.state, m.delivery_count, m.size, (1, *m.position))
+                       for m in rest)
+            return out, None if more is None else (1, *more)
+        return out, position
+
+    def _page_rows(self, conn: sa.Connection, box: str, after: tuple[int, ...] | None, n: int,
+                   with_body: bool) -> list[Any]:
+        columns = list(self._PAGE_COLUMNS) + ([messages.c.body] if with_body else [])
+        base = sa.select(*columns).select_from(_JOINED).where(entries.c.box == box, _WAITING)
+        rows: list[Any] = []
+        if after is not None:
+            _, rank, seq, entry_id = after
+            priority = 9 - rank
+            rows = conn.execute(base.where(
+                entries.c.priority == priority, sa.tuple_(entries.c.seq, entries.c.id) > sa.tuple_(seq, entry_id))
+                .order_by(entries.c.seq, entries.c.id).limit(n)).all()
+            if len(rows) >= n:
+                return rows
+            base = base.where(entries.c.priority < priority)
+        rows += conn.execute(base.order_by(entries.c.priority.desc(), entries.c.seq, entries.c.id)
+                             .limit(n - len(rows))).all()
+        return rows
+
+    @staticmethod
+    def _page_envelope(row: Any, with_body: bool) -> tuple[Envelope, int]:
+        """The envelope of a browse row (no body unless *with_body*) and the body's size as sent."""
+        kind, stored_length, head = row[13], row[14] or 0, row[15]
+        size = stored_length
+        if kind.endswith(_codec.COMPRESSED) and head is not None:
+            try:
+                size = lz4.frame.get_frame_info(bytes(head))["content_size"] or stored_length
+            except RuntimeError:
+                pass
+        body = None
+        plain_kind = kind[:-len(_codec.COMPRESSED)] if kind.endswith(_codec.COMPRESSED) else kind
+        if with_body:
+            plain_kind, body = _codec.read_body(kind, row[17])
+        env = Envelope(row[5], _codec.destination(row[6]), row[7], row[1], row[3], row[8], row[9],
+                       _codec.destination(row[10]), row[11], _codec.decode_properties(row[12]), plain_kind, body,
+                       row[16])
+        return env, size
+
+    def find(self, box: str, message_id: str) -> StoredMessage | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(entries.c.state, entries.c.delivery_count, entries.c.priority, entries.c.seq,
+                          entries.c.id, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
+                .where(messages.c.message_id == message_id, entries.c.box == box).limit(1)).first()
+            conn.rollback()
+        if row is None:
+            return self._mem.find(box, message_id)
+        env = _codec.row_envelope(row, row.priority, row.expiration, 6)
+        from .._store import body_size
+
+        return StoredMessage(box, env, "in_flight" if row.state == 1 else "pending", row.delivery_count,
+                             body_size(env), (0, 9 - row.priority, row.seq, row.id))
+
+    def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
+        """Positions ``(0, ...)`` name entries by id (claimed if still waiting); ``(1, ...)`` this process's
+        non-persistent messages."""
+        ids = [p[3] for p in positions if len(p) == 4 and p[0] == 0]
+        memory = [p[1:] for p in positions if p and p[0] == 1]
+        out = self._claim_rows(box, len(ids), ids, now_ms()) if ids else []
+        if memory:
+            out += self._mem.claim_positions(box, memory)
+        return out
+
+    def purge(self, box: str) -> int:
+        """Delete the waiting entries of *box*, 5,000 per transaction so that other writers get turns."""
+        total = self._mem.purge(box)
+
+        def op(batch: Batch) -> int:
+            refs = batch.conn.execute(entries.delete().where(entries.c.id.in_(
+                sa.select(entries.c.id).where(entries.c.box == box, _WAITING).limit(5000).scalar_subquery()))
+                .returning(entries.c.message)).scalars().all()
+            if refs:
+                batch.depth[box] = batch.depth.get(box, 0) - len(refs)
+            self._collect(batch, refs)
+            self._forget(refs)
+            return len(refs)
+
+        while True:
+            n = self._write(op)
+            total += n
+            if n < 5000:
+                return total
 
     def sweep_expired(self, now: int) -> int:
         def op(batch: Batch) -> int:

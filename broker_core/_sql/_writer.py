@@ -42,7 +42,7 @@ class Batch:
     """What an operation sees: the connection of the current transaction, and
     where to record boxes that got messages (woken after the commit)."""
 
-    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered", "number")
+    __slots__ = ("conn", "touched", "after_commit", "inserts", "ordered", "number", "depth")
 
     def __init__(self, conn: sa.Connection, number: int = 0) -> None:
         self.conn = conn
@@ -51,6 +51,7 @@ class Batch:
         self.touched: set[str] = set()
         self.after_commit: list[Callable[[], None]] = []
         self.inserts: list[Any] = []  # messages to store, written together just before the commit
+        self.depth: dict[str, int] = {}  # entries added (removed: negative) per box, recorded at the commit
 
 
 class _Op:
@@ -152,6 +153,8 @@ class GroupCommitter:
         self.commits = 0
         self.operations = 0
         self.slow_commit = slow_commit
+        #: called with (seconds, operations) after each committed transaction (operators' metrics)
+        self.on_commit: Callable[[float, int], None] | None = None
         #: transactions that took longer than ``slow_commit``, and the longest of them (s)
         self.slow_commits = 0
         self.slowest_commit = 0.0
@@ -290,6 +293,12 @@ class GroupCommitter:
 
     def _timed(self, count: int, asked: float, turn: float, ran: float, committed: float) -> None:
         took = committed - asked
+        observer = self.on_commit
+        if observer is not None:
+            try:
+                observer(took, count)
+            except Exception:  # an observer's failure is not the commit's
+                log.exception("commit observer failed")
         if took <= self.slow_commit or self.slow_commit <= 0:
             return
         self.slow_commits += 1

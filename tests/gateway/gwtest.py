@@ -49,11 +49,21 @@ def with_id(document: bytes, new_id: str) -> bytes:
     return document[:start] + new_id.encode() + document[end:]
 
 
-def sample_data(tmp_path: Path, **changes: Any) -> Any:
-    """The sample configuration as a marked mapping, partners and routes inlined, store in tmp_path."""
+def sample_data(tmp_path: Path, *, business_rules: bool = False, **changes: Any) -> Any:
+    """The sample configuration as a marked mapping, partners and routes inlined, store in tmp_path.
+
+    Without *business_rules* the routes apply no rule set (each gateway would otherwise start its rules
+    worker processes); with it, the sample rule sets are used from the repository."""
     data = load_yaml(SAMPLE_CONFIG)
     data["partners"] = load_yaml(REPO / "config" / "partners.yaml")["partners"]
     data["routes"] = load_yaml(REPO / "routes" / "ubl-2.1.yaml")["routes"]
+    if business_rules:
+        for entry in data["rules"]["sets"].values():
+            entry["file"] = str((SAMPLE_CONFIG.parent / entry["file"]).resolve())
+    else:
+        del data["rules"]
+        for route in data["routes"]:
+            route.pop("rules", None)
     data["store"]["url"] = f"sqlite:///{tmp_path / 'gw.db'}"
     data["store"]["options"] = {"max_deliveries": 2, "sweep_interval": 0}
     data["workers"] = []

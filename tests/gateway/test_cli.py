@@ -65,7 +65,8 @@ def test_routes_check_on_the_sample(capsys, store):
 def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, shared_schemas):
     (tmp_path / "b2bgw.yaml").write_text((SAMPLE_CONFIG.read_text()
                                           .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                                          .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")))
+                                          .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")
+                                          .replace("file: ../rules/", f"file: {REPO}/rules/")))
     routes = (REPO / "routes" / "ubl-2.1.yaml").read_text()
     routes = routes.replace("destination: queue://despatch.inbound", "destination: despatch")
     routes = routes.replace("TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:PayableAmount, type: double}",
@@ -426,3 +427,31 @@ def test_an_unexpected_failure_keeps_its_traceback(capsys, monkeypatch):
     monkeypatch.setattr(cli, "cmd_queues", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["queues"])
+
+
+def _config_with_stomp(tmp_path, stomp: str) -> str:
+    from gateway.partners import generate_key, hash_key
+
+    config = tmp_path / "b2bgw.yaml"
+    config.write_text(
+        "store: {url: 'sqlite:///" + str(tmp_path / "s.db") + "'}\n"
+        "partners:\n  acme:\n    keys:\n      - {id: acme-own, hash: '" + hash_key(generate_key("acme-own")) + "'}\n"
+        "etl: {enabled: false}\nstomp: " + stomp + "\n")
+    return str(config)
+
+
+def test_serve_refuses_a_public_stomp_listener_that_accepts_any_login(capsys, tmp_path, no_uvicorn):
+    config = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
+    line = user_error(run(capsys, "serve", "-c", config, "--port", "0"))
+    assert "refusing to start the STOMP listener on 0.0.0.0" in line and "users" in line and "--no-stomp" in line
+    assert not no_uvicorn
+
+
+def test_serve_starts_a_public_stomp_listener_with_users_or_without_stomp(capsys, tmp_path, no_uvicorn):
+    public = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
+    code, _, err = run(capsys, "serve", "-c", public, "--port", "0", "--no-stomp")
+    assert code == 0, err
+    checked = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0, users: {backend: s3cret}}")
+    code, _, err = run(capsys, "serve", "-c", checked, "--port", "0")
+    assert code == 0, err
+    assert no_uvicorn

@@ -225,7 +225,8 @@ def test_a_process_failing_at_start_up_stops_the_supervisor(tmp_path):
     config = tmp_path / "b2bgw.yaml"
     config.write_text(SAMPLE_CONFIG.read_text()
                       .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {routes}"))
+                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {routes}")
+                      .replace("file: ../rules/", f"file: {REPO}/rules/"))
     proc, _, log = _serve(tmp_path, "--processes", "2", config=config)
     try:
         code = proc.wait(90)

@@ -3,6 +3,7 @@ upgraded at open (SQLite) and keeps its messages."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 
@@ -33,3 +34,14 @@ def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_pa
     assert _current_revision(engine) == _head_revision()
     assert "last_commit" in {c["name"] for c in sa.inspect(engine).get_columns("b2b_instances")}
     engine.dispose()
+
+
+def test_an_unreachable_store_is_named_without_its_password():
+    """The error reaches logs and terminals: it names the store, never its password."""
+    from broker_core import StoreUnavailableError
+
+    with pytest.raises(StoreUnavailableError) as info:
+        Broker.open("postgresql+psycopg://app:s3cret-pw@127.0.0.1:1/nowhere")
+    message = str(info.value)
+    assert "s3cret-pw" not in message
+    assert "127.0.0.1:1/nowhere" in message

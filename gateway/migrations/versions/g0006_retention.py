@@ -9,14 +9,14 @@ archive job's journal (crash recovery), ``b2b_archive_runs`` what ``b2bgw archiv
 Four new tables; nothing existing is rewritten.
 
 Revision ID: g0006
-Revises: g0004
+Revises: g0005
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "g0006"
-down_revision = "g0004"
+down_revision = "g0005"
 branch_labels = None
 depends_on = None
 
