@@ -223,7 +223,12 @@ def test_sqlite_file_shrinks_after_purge_and_vacuum(tmp_path):
         assert result.purged == 400 and result.vacuumed_pages > 0
         after = _checkpointed_size(engine)
         assert sqlite_space(engine)["free_pages"] == 0
-        assert after < full * 0.3, (full, after)
+        import sqlite3
+
+        fresh = tmp_path / "fresh.db"  # the same content written afresh: the least it can take
+        with sqlite3.connect(engine.url.database) as conn:
+            conn.execute("VACUUM INTO ?", (str(fresh),))
+        assert after <= fresh.stat().st_size * 1.1 and after < full / 2, (full, after, fresh.stat().st_size)
     finally:
         broker.close()
 
