@@ -293,6 +293,8 @@ def bench_store(kind: str, url: str, folder: Path, args: argparse.Namespace) -> 
     data["workers"] = []
     data["stomp"] = {"enabled": False}
     data["ledger"] = {"retention": {"online": "90d", "enabled": False}}  # the bench runs the job itself
+    for entry in (data.get("rules") or {}).get("sets", {}).values():  # relative to config/, which is not here
+        entry["file"] = str((REPO / "config" / entry["file"]).resolve())
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     port = free_port()
     server = ServerProcess(config, port, folder / f"server-{kind}.log")
