@@ -1168,6 +1168,7 @@ class SQLStore(Store):
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
                callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
+        sync = durable or bool(sends or acks)  # messages and acknowledgements are stored as they ask
         if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
             durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
         else:
@@ -1196,9 +1197,8 @@ class SQLStore(Store):
                 for fn in extra:
                     fn(batch.conn)
 
-        durable = durable or bool(sends or acks)  # messages are stored as they ask
         if callback is None:
-            self._write(op, durable=durable)
+            self._write(op, durable=sync)
             memory_part()
             return
 
@@ -1207,7 +1207,7 @@ class SQLStore(Store):
                 memory_part()
             callback(error)
 
-        self._write(op, callback=done, durable=durable)
+        self._write(op, callback=done, durable=sync)
 
     def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         found = self._mem.locate(message_ids)
