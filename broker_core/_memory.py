@@ -191,7 +191,7 @@ class MemoryStore(Store):
         self._notify(touched)
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None) -> None:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
         try:
             for fn in extra:
                 fn(None)

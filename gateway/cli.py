@@ -12,6 +12,8 @@
     b2bgw browse DEST [--selector S] [--limit N]        the messages waiting in a queue
     b2bgw dlq replay DEST                               move a dead-letter queue's messages back
     b2bgw db upgrade [--url URL]                        run the broker's and the ledger's migrations
+    b2bgw db stats | db vacuum [--full]                 table sizes, the next purge; give freed space back
+    b2bgw archive run|status|get ID|verify              the ledger's retention: archive and purge (gateway.lifecycle_cli)
     b2bgw routes check                                  check partners, schemas and routes (file:line errors)
     b2bgw rules check RULES.sch DOC.xml... [--json]     run a Schematron rule set on documents (no schema)
     b2bgw key new --id KEY_ID                           make an API key and the hash to configure
@@ -841,7 +843,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
     p.add_argument("--port", type=_port, help="listen port (default: server.port, 8080; 0: any free port)")
     p.add_argument("--no-workers", action="store_true", help="do not run the configured handler workers")
-    p.add_argument("--no-etl", action="store_true", help="do not schedule the nightly warehouse load")
+    p.add_argument("--no-etl", action="store_true",
+                   help="do not schedule the nightly warehouse load, nor the ledger's archive job")
     p.add_argument("--no-access-log", action="store_true", help="do not log each request")
     p.add_argument("--no-stomp", action="store_true", help="do not start the STOMP listener (stomp: section)")
     p.add_argument("--processes", type=_int_at_least(0, "0: one per CPU"), metavar="N",
@@ -897,6 +900,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(db.add_parser("upgrade", help="run the broker store's and the ledger's migrations"))
     p.add_argument("--url", help="the store URL (default: the configured store.url)")
     p.set_defaults(func=cmd_db_upgrade)
+
+    from .lifecycle_cli import register as register_lifecycle  # db stats, db vacuum, archive ...
+
+    register_lifecycle(sub, db, with_config, needs_action)
 
     routes = needs_action(sub.add_parser("routes", help="routes"), "routes")
     p = with_config(routes.add_parser("check", help="check partners, schemas and routes"))

@@ -25,6 +25,7 @@ The sections, all optional::
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size,
                  selector_string_numbers}   # the STOMP listener
+    ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention
     operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
     admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
     logging:    {format: text|json}
@@ -77,6 +78,7 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
+    "ledger",  # gateway.retention
     "rules",
     "operators", "admin", "logging",  # gateway.opsconfig
 }
@@ -360,6 +362,8 @@ class Settings:
     reconcile_interval: float = 2.0
     etl: dict[str, Any] = field(default_factory=dict)
     stomp: dict[str, Any] | None = None
+    #: ``ledger.retention`` (gateway.retention.RetentionPolicy); None: documents stay online for ever
+    retention: Any = None
     #: ``rules.sets``: the Schematron rule sets routes may apply
     rule_sets: list[RuleSetFile] = field(default_factory=list)
     #: ``rules.cache_dir`` (None: beside a SQLite store, else the user's cache folder)
@@ -540,10 +544,23 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     s.etl = dict(etl)
     if root.get("stomp") is not None:
         s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+    if root.get("ledger") is not None:
+        _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
     from .opsconfig import apply_sections  # operators:, admin:, logging:
 
     apply_sections(s, root)
     return s
+
+
+def _ledger(s: Settings, ledger: MarkedDict) -> None:
+    """The ``ledger:`` section: its ``retention`` policy (gateway.retention)."""
+    from .retention import parse_retention
+
+    check_keys(ledger, {"retention"}, "ledger")
+    if ledger.get("retention") is not None:
+        route_ids = {item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)}
+        s.retention = parse_retention(ledger["retention"], ledger.at("retention"),
+                                      late_reply_window=s.late_reply_window, route_ids=route_ids)
 
 
 _RULE_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

@@ -19,6 +19,8 @@ that says what to do about it::
     ├── NotFoundError                   404 not-found
     ├── MethodNotAllowedError           405 method-not-allowed
     ├── IdempotencyConflictError        409 idempotency-conflict
+    ├── ArchivedReplayError             409 archived-replay
+    ├── DocumentArchivedError           410 document-archived
     ├── NoRouteError                    422 no-route
     ├── RulesTimeoutError               422 rules-timeout
     ├── RulesEvaluationError            422 rules-error
@@ -65,6 +67,8 @@ __all__ = [
     "NotFoundError",
     "MethodNotAllowedError",
     "IdempotencyConflictError",
+    "ArchivedReplayError",
+    "DocumentArchivedError",
     "NoRouteError",
     "BackendError",
     "StoreUnavailableError",
@@ -410,6 +414,45 @@ class IdempotencyConflictError(GatewayError):
         if self.first_status_url is not None:
             body["status_url"] = self.first_status_url
         return body
+
+
+class _PurgedDocumentError(GatewayError):
+    """An error about a document retention took out of the ledger: ``message_id``, ``status_url``,
+    ``received_at`` and ``archived_at`` (ISO 8601 UTC; when it left the ledger) are problem members."""
+
+    def __init__(self, detail: str | None = None, *, message_id: str, status_url: str, received_at: str,
+                 archived_at: str) -> None:
+        self.message_id = message_id
+        self.status_url = status_url
+        self.received_at = received_at
+        self.archived_at = archived_at
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body.update(message_id=self.message_id, status_url=self.status_url, received_at=self.received_at,
+                    archived_at=self.archived_at)
+        return body
+
+
+class ArchivedReplayError(_PurgedDocumentError):
+    """Raised when a document is posted under an idempotency key that the tombstone of a document retention
+    already archived (or purged) holds: this one is not accepted, whether it is the same document again or
+    another one (no original answer is online to replay; ``message_id`` names the first document)."""
+
+    status = 409
+    code = "archived-replay"
+    default_detail = ("A document was accepted before under the same idempotency key and has been archived since; "
+                      "this one was not accepted.")
+
+
+class DocumentArchivedError(_PurgedDocumentError):
+    """Raised for ``GET`` of one of the partner's own documents that retention has archived (or purged) from
+    the ledger: it is not lost, it is no longer online (another partner gets :class:`NotFoundError`)."""
+
+    status = 410
+    code = "document-archived"
+    default_detail = "This document was archived and is no longer online."
 
 
 class NoRouteError(GatewayError):

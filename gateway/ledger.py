@@ -11,7 +11,12 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
   therefore enqueue once: the database's unique constraint decides, and the
   loser reads the winner's row. The row keeps the document's ``digest``, by
   which the loser tells a retry of the winner (replayed) from another
-  document under the same key (refused).
+  document under the same key (refused). A key that a tombstone holds (its
+  document was purged by retention, :mod:`gateway.retention`) is refused the
+  same way: the insert checks ``b2b_ledger_tombstones`` in the same
+  statement (PostgreSQL) or just before it in the same transaction (SQLite),
+  and the retention purge runs through the same writer (on PostgreSQL under
+  the same lock), so a purge never lets a replay in between.
 * Status changes (:meth:`Ledger.transition`) go through the store's writer
   too (:func:`write`), so SQLite sees one writer. A
   change applies only from the statuses it lists, and appends a
@@ -36,13 +41,14 @@ import sqlalchemy as sa
 
 from broker_core import StoreError
 
-from .ledger_tables import documents, events, pack_xml, unpack_xml
+from .ledger_tables import documents, events, pack_xml, tombstones, unpack_xml
 
 __all__ = [
     "DuplicateDocument",
     "Ledger",
     "LedgerRecord",
     "NewDocument",
+    "Tombstone",
     "current_revision",
     "head_revision",
     "now_ms",
@@ -114,6 +120,27 @@ class LedgerRecord:
     digest: str | None = None  # None in rows written before the ledger kept one
 
 
+@dataclass(slots=True)
+class Tombstone:
+    """What the ledger keeps of a document retention purged (a ``b2b_ledger_tombstones`` row)."""
+
+    message_id: str
+    partner: str
+    idempotency_key: str
+    digest: str | None
+    received_at: int
+    purged_at: int
+    batch_id: int
+    archived: bool
+
+
+def _tombstone(row: Any) -> Tombstone:
+    m = row._mapping
+    return Tombstone(message_id=m["message_id"], partner=m["partner"], idempotency_key=m["idempotency_key"],
+                     digest=m["digest"], received_at=m["received_at"], purged_at=m["purged_at"],
+                     batch_id=m["batch_id"], archived=bool(m["archived"]))
+
+
 _SUMMARY_COLUMNS = [c for c in documents.c if c.name not in ("document", "facts", "facts_version")]
 
 
@@ -142,6 +169,17 @@ class Ledger:
         self._doc_columns = cols
         self._insert_doc_sql = (f"INSERT INTO {documents.name} ({', '.join(cols)}) "
                                 f"VALUES ({', '.join(style(c) for c in cols)})")
+        # a key a tombstone holds is taken: PostgreSQL checks it in the insert itself (no second round trip);
+        # SQLite with a probe just before (an INSERT ... SELECT, or a trigger, copies the row's values once more
+        # and costs several times the probe)
+        self._tombstone_probe = (f"SELECT 1 FROM {tombstones.name} "
+                                 f"WHERE idempotency_key = {style('idempotency_key')}")
+        if engine.dialect.name == "postgresql":
+            # typed: in a SELECT list a NULL parameter would be text, which no bytea column takes
+            typed = ", ".join(f"CAST({style(c)} AS {documents.c[c].type.compile(dialect=engine.dialect)})"
+                              for c in cols)
+            self._insert_doc_sql = (f"INSERT INTO {documents.name} ({', '.join(cols)}) SELECT {typed} "
+                                    f"WHERE NOT EXISTS ({self._tombstone_probe})")
         self._insert_event_sql = (f"INSERT INTO {events.name} (message_id, status, at) "
                                   f"VALUES ({style('message_id')}, {style('status')}, {style('at')})")
         self._style = style
@@ -155,9 +193,12 @@ class Ledger:
     def insert(self, conn: sa.Connection, doc: NewDocument) -> None:
         """Record an accepted document (status ``accepted``) in the caller's transaction.
 
-        Raises :class:`DuplicateDocument` when its idempotency key is taken."""
+        Raises :class:`DuplicateDocument` when its idempotency key is taken, by a document in the ledger or
+        by the tombstone of one retention purged."""
+        if self._raw and self._probe(conn, doc.idempotency_key):
+            raise DuplicateDocument(doc.idempotency_key)
         try:
-            self._execute(conn, self._insert_doc_sql, {
+            inserted = self._execute(conn, self._insert_doc_sql, {
                 "message_id": doc.message_id, "partner": doc.partner, "doc_type": doc.doc_type,
                 "doc_namespace": doc.doc_namespace, "doc_id": doc.doc_id, "idempotency_key": doc.idempotency_key,
                 "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
@@ -171,8 +212,20 @@ class Ledger:
             if self._is_duplicate(exc):
                 raise DuplicateDocument(doc.idempotency_key) from None
             raise
+        if inserted == 0:  # PostgreSQL: a tombstone holds the key
+            raise DuplicateDocument(doc.idempotency_key)
         self._execute(conn, self._insert_event_sql,
                       {"message_id": doc.message_id, "status": "accepted", "at": doc.received_at})
+
+    def _probe(self, conn: sa.Connection, key: str) -> bool:
+        """SQLite, in the writer's open transaction: does a tombstone hold *key*?"""
+        if not conn.in_transaction():
+            return conn.exec_driver_sql(self._tombstone_probe, {"idempotency_key": key}).first() is not None
+        cursor = conn.connection.dbapi_connection.cursor()
+        try:
+            return cursor.execute(self._tombstone_probe, {"idempotency_key": key}).fetchone() is not None
+        finally:
+            cursor.close()
 
     def _execute(self, conn: sa.Connection, sql: str, params: dict[str, Any]) -> int:
         """Run one write in the caller's transaction; its row count.
@@ -267,6 +320,20 @@ class Ledger:
             row = conn.execute(sa.select(*cols).where(documents.c.idempotency_key == idempotency_key)).first()
             conn.rollback()
         return None if row is None else _record(row)
+
+    def tombstone(self, message_id: str) -> Tombstone | None:
+        """The tombstone of a purged document, by its message id."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(tombstones).where(tombstones.c.message_id == message_id)).first()
+            conn.rollback()
+        return None if row is None else _tombstone(row)
+
+    def tombstone_for_key(self, idempotency_key: str) -> Tombstone | None:
+        """The tombstone that holds an idempotency key, if a purged document had it."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(tombstones).where(tombstones.c.idempotency_key == idempotency_key)).first()
+            conn.rollback()
+        return None if row is None else _tombstone(row)
 
     def undigested_keys(self, since: int, limit: int) -> list[tuple[str, int]]:
         """``(idempotency_key, received_at)`` of the rows without a digest received at *since* (epoch ms)

@@ -6,6 +6,15 @@ store transaction that enqueues its message, so a document is recorded if and
 only if it was enqueued. Each status change appends a ``b2b_ledger_events``
 row; ``seq`` grows with every event, which is what incremental readers follow.
 
+Documents past their retention (``ledger.retention``, :mod:`gateway.retention`)
+leave both tables: archived to the warehouse and purged by
+:mod:`spark_etl.archive`, each leaving a small ``b2b_ledger_tombstones`` row
+(its message id, partner, idempotency key and digest), so that a partner's
+``GET`` answers ``410 Gone`` and a replay of it is never accepted as a new
+document. ``b2b_archive_batches`` is the archive job's journal (what was
+written where, and how far each batch got), ``b2b_archive_runs`` its runs,
+``b2b_archive_cursors`` where its scans of the ledger stopped.
+
 ``facts`` holds what the warehouse keeps of the document, extracted by the
 gateway at intake from the tree it had just validated (:mod:`gateway.facts`,
 JSON), for the types the warehouse loads; ``facts_version`` is the version of
@@ -115,4 +124,69 @@ events = sa.Table(
     sa.Column("status", sa.String(20), nullable=False),
     sa.Column("at", sa.BigInteger, nullable=False),  # epoch ms
     sqlite_autoincrement=True,
+)
+
+#: Statuses after which a document no longer changes (once the late-reply window is over): the only ones whose
+#: documents retention archives and purges. ``accepted`` and ``dead_lettered`` documents stay online.
+FINAL_STATUSES = ("delivered", "replied", "failed")
+
+tombstones = sa.Table(
+    "b2b_ledger_tombstones",
+    metadata,
+    sa.Column("message_id", sa.String(128), primary_key=True),
+    sa.Column("partner", sa.String(100), nullable=False),
+    # unique: a key a tombstone holds is refused at intake (Ledger.insert), so no second one can take it
+    sa.Column("idempotency_key", sa.String(500), nullable=False, unique=True),
+    sa.Column("digest", sa.String(80)),  # the ledger row's, NULL where it had none
+    sa.Column("received_at", sa.BigInteger, nullable=False),  # epoch ms
+    sa.Column("purged_at", sa.BigInteger, nullable=False),  # epoch ms: when it left the ledger
+    sa.Column("batch_id", sa.BigInteger, nullable=False),  # b2b_archive_batches: where its archive copy is
+    sa.Column("archived", sa.Boolean, nullable=False),  # false: purged without an archive copy (after: purge)
+    sa.Index("ix_b2b_ledger_tombstones_batch", "batch_id"),
+    sqlite_with_rowid=False,
+)
+
+archive_batches = sa.Table(
+    "b2b_archive_batches",
+    metadata,
+    sa.Column("batch_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("run_id", sa.BigInteger, nullable=False),
+    sa.Column("kind", sa.String(10), nullable=False),  # archive | purge
+    # writing -> written -> verified -> purged (-> expired: its tombstones are gone too) | abandoned
+    sa.Column("status", sa.String(12), nullable=False),
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+    sa.Column("documents", sa.Integer, nullable=False),
+    sa.Column("purged", sa.Integer, nullable=False, default=0),
+    sa.Column("files", sa.Text),  # JSON: [{"path", "rows"}] under the archive root
+    sa.Column("bytes", sa.BigInteger),
+    sa.Index("ix_b2b_archive_batches_status", "status", "batch_id"),
+    sqlite_autoincrement=True,
+)
+
+archive_runs = sa.Table(
+    "b2b_archive_runs",
+    metadata,
+    sa.Column("run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("owner", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(12), nullable=False),  # running -> succeeded | failed | interrupted
+    sa.Column("started_at", sa.BigInteger, nullable=False),
+    sa.Column("finished_at", sa.BigInteger),
+    sa.Column("archived", sa.BigInteger, nullable=False, default=0),  # documents written and verified
+    sa.Column("purged", sa.BigInteger, nullable=False, default=0),  # documents removed from the ledger
+    sa.Column("waiting", sa.BigInteger, nullable=False, default=0),  # due, but the warehouse load has not read them
+    sa.Column("tombstones_expired", sa.BigInteger, nullable=False, default=0),
+    sa.Column("bytes", sa.BigInteger, nullable=False, default=0),  # archive bytes written
+    sa.Column("error", sa.Text),
+    sa.Column("stats", sa.Text),  # JSON
+    sqlite_autoincrement=True,
+)
+
+archive_cursors = sa.Table(
+    "b2b_archive_cursors",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),  # "<status>:<policy class>"
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+    sa.Column("message_id", sa.String(128), nullable=False),
 )

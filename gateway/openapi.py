@@ -31,7 +31,7 @@ CORRELATION_ID_PATTERN = r"^[!-~]{1,128}$"
 #: The statuses ``POST /v1/documents`` can answer with a problem (the 429 once an error class has it).
 _POST_STATUSES = (400, 401, 403, 409, 413, 415, 422, 429, 502, 503, 504)
 #: ... and the reads of a partner's documents.
-_READ_STATUSES = (401, 404, 429, 503)
+_READ_STATUSES = (401, 404, 410, 429, 503)
 
 _XML_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
@@ -46,7 +46,11 @@ _DESCRIPTIONS = {
     404: "No such document for your partner account (another partner's documents are not found either).",
     409: "Another document was accepted before under the same idempotency key (the `Idempotency-Key`, or by "
          "default the document type, sender party and document id) and differs from this one: this one was not "
-         "accepted. `message_id` and `status_url` name the first document.",
+         "accepted. `message_id` and `status_url` name the first document. `archived-replay`: the document "
+         "accepted under that key has been archived by the retention policy since (`archived_at`); this one was "
+         "not accepted again.",
+    410: "The document was yours, and the retention policy has archived it (or purged it) since: it is no longer "
+         "online. `archived_at` says when; the operator can retrieve it from the archive.",
     413: "The body is larger than the gateway accepts.",
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
     422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
@@ -165,6 +169,8 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
         elif status in (502, 504):
             kwargs["required"] = ("message_id", "correlation_id", "status_url")
             kwargs["headers"] = _ACCEPTED_HEADERS
+        elif status == 410:
+            kwargs["required"] = ("message_id", "status_url", "received_at", "archived_at")
         elif status == 404 and read:
             kwargs["description"] = ("No such document for your partner account (another partner's documents are "
                                      "not found either), or no reply yet.")
@@ -220,6 +226,8 @@ def _components() -> dict[str, Any]:
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "status_url": _STRING,
+                    "received_at": {"type": "string", "format": "date-time"},
+                    "archived_at": {"type": "string", "format": "date-time"},
                 },
             },
             "DocumentError": {

@@ -20,7 +20,9 @@ members: ``errors`` (400 document errors: line, column, element path,
 validator message; ``omitted_errors`` counts those left out), ``header``
 (400 invalid-header), ``message_id`` / ``correlation_id`` / ``status_url``
 (504 and 502: the document was accepted, follow it up instead of resending;
-409 idempotency-conflict: the document accepted first under the same key).
+409 idempotency-conflict: the document accepted first under the same key), with
+``received_at`` / ``archived_at`` (410 document-archived, 409 archived-replay:
+the document retention archived).
 
 Bodies are bounded: the errors are clipped where they are made (see
 :mod:`gateway.errors`) and :func:`problem_body` drops trailing ``errors``
@@ -65,6 +67,8 @@ TITLES = {
     "not-found": "Not found",
     "method-not-allowed": "Method not allowed",
     "idempotency-conflict": "Idempotency conflict",
+    "archived-replay": "Document archived",
+    "document-archived": "Document archived",
     "no-route": "No route",
     "backend-error": "Back-end error",
     "store-unavailable": "Store unavailable",

@@ -1,6 +1,7 @@
 """What runs while the gateway serves: the broker on its store, the ledger,
 the :class:`~gateway.service.Gateway`, the status reconciler, the in-process
-handler workers and the nightly warehouse load.
+handler workers, the nightly warehouse load and the ledger's archive job
+(``ledger.retention``).
 
 :class:`Runtime` starts them in that order and stops them in reverse; the
 HTTP app (:mod:`gateway.app`) runs one in its lifespan, ``b2bgw worker`` runs
@@ -150,6 +151,7 @@ class Runtime:
         self.reconciler: Reconciler | None = None
         self.worker: Any = None
         self.etl: Any = None
+        self.archive: Any = None
         self._want_workers = workers
         self._want_etl = etl
         self._want_reconcile = reconcile
@@ -173,6 +175,8 @@ class Runtime:
                 self.worker = start_workers(self.settings, self.broker)
             if self._want_etl and etl_enabled(self.settings):
                 self.etl = self._start_etl()
+            if self._want_etl and self.settings.retention is not None and self.settings.retention.enabled:
+                self.archive = self._start_archive()
             self.started = True
         except BaseException:
             self.stop()
@@ -192,8 +196,32 @@ class Runtime:
         log.info("nightly warehouse load scheduled")
         return load
 
+    def _start_archive(self) -> Any:
+        """The ledger's archive job on its schedule (spark_etl.archive), sharing this process's store."""
+        policy = self.settings.retention
+        if policy.needs_archive and importlib.util.find_spec("pyarrow") is None:
+            raise ConfigError("ledger.retention archives documents (after: archive), which needs pyarrow: install "
+                              "the etl extra (pip install 'b2bgw[etl]'), or set after: purge",
+                              file=self.settings.where.file)
+        from spark_etl.archive import ArchiveSchedule, archive_root, store_writer
+
+        assert self.broker is not None
+        schedule = ArchiveSchedule(policy, self.settings.store_url, engine=self.broker.store.engine,
+                                   write=store_writer(self.broker.store),
+                                   purge_write=store_writer(self.broker.store, durable=False),
+                                   root=archive_root(policy, self.settings.etl),
+                                   wait_for_warehouse=etl_enabled(self.settings))
+        schedule.start()
+        return schedule
+
     def stop(self) -> None:
         """Stop everything that started, in reverse order."""
+        if self.archive is not None:
+            try:
+                self.archive.shutdown()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("stopping the ledger archive failed")
+            self.archive = None
         if self.etl is not None:
             try:
                 self.etl.shutdown()

@@ -29,7 +29,11 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
    and for :data:`LEGACY_KEY_WINDOW` after the newest of them, a document
    whose key now has its sender party is also checked against the key it had
    before (the recent ones are read once, at start), so that a retry across
-   the upgrade is still a replay;
+   the upgrade is still a replay. Once retention has purged a document
+   (``ledger.retention``), its tombstone keeps holding its key: the ledger
+   insert refuses it, and the document is answered with
+   :class:`~gateway.errors.ArchivedReplayError` (409, the same document) or
+   the conflict (another one), never accepted as new;
 3. one-way: the message is sent in a transacted session and committed with
    the ledger insert (``in_transaction``): the receipt is returned only once
    both are durable. Request-reply: the route's long-lived
@@ -99,7 +103,9 @@ from broker_core import (
 from .assemble import Assembly
 from .config import INTAKE_FACTS
 from .errors import (
+    ArchivedReplayError,
     BackendError,
+    DocumentArchivedError,
     GatewayError,
     IdempotencyConflictError,
     NotFoundError,
@@ -108,7 +114,7 @@ from .errors import (
     clip,
 )
 from . import facts as warehouse_facts
-from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
+from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, Tombstone, now_ms
 from .partners import Partner
 from .routes import Route
 from .rules import RulesRunner, violation, warnings_of
@@ -467,8 +473,11 @@ class Gateway:
                                        digest, facts, warnings)
         except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
-            if existing is None:  # pragma: no cover - the winner's row is committed before we fail
-                raise StoreUnavailableError() from None
+            if existing is None:  # purged by retention since: its tombstone holds the key
+                tombstone = await asyncio.to_thread(self.ledger.tombstone_for_key, key)
+                if tombstone is None:  # pragma: no cover - the winner's row is committed before we fail
+                    raise StoreUnavailableError() from None
+                raise self._archived_duplicate(tombstone, intake, idempotency_key) from None
             return await self._duplicate(existing, intake, idempotency_key, body)
         except BrokerStoreUnavailable as exc:
             log.warning("store unavailable while accepting a document: %s", exc)
@@ -633,6 +642,23 @@ class Gateway:
             "Idempotency-Key); a correction of the first is sent as a change or cancellation document.",
             first_message_id=first, first_status_url=url,
         )
+
+    def _archived_duplicate(self, tombstone: Tombstone, intake: _Intake, header: str | None) -> GatewayError:
+        """The answer to a document whose key the tombstone of an archived (purged) document holds: never
+        accepted again. Another document under that key is the conflict it would have been while the first
+        was online; the same one (or one the first cannot be compared with: no digest) is told the first
+        was archived. Its key is not remembered: nothing online answers it any more."""
+        if tombstone.digest is not None and tombstone.digest != intake.digest:
+            return self._conflict(intake.route, intake.doc_id, intake.party, header, tombstone.message_id)
+        url = DOCUMENTS_PATH + tombstone.message_id
+        archived = iso_ms(tombstone.purged_at)
+        how = "archived" if tombstone.archived else "purged"
+        return ArchivedReplayError(
+            f"This document was accepted on {iso_ms(tombstone.received_at)} as {tombstone.message_id} and {how} on "
+            f"{archived} under the ledger's retention policy; it was not accepted again. Do not resend it; ask "
+            "the gateway's operator for the archived copy if you need it.",
+            message_id=tombstone.message_id, status_url=url, received_at=iso_ms(tombstone.received_at) or "",
+            archived_at=archived or "")
 
     async def _duplicate(self, existing: LedgerRecord, intake: _Intake, header: str | None,
                          body: bytes) -> Outcome:
@@ -910,12 +936,28 @@ class Gateway:
 
     # ----------------------------------------------------------------- status
 
+    @staticmethod
+    def _gone(tombstone: Tombstone) -> DocumentArchivedError:
+        received, archived = iso_ms(tombstone.received_at) or "", iso_ms(tombstone.purged_at) or ""
+        where = ("It is kept in the archive: ask the gateway's operator for it (`b2bgw archive get`)."
+                 if tombstone.archived else "It was purged without an archive copy, as the policy says.")
+        return DocumentArchivedError(
+            f"Document {tombstone.message_id} (accepted on {received}) was {'archived' if tombstone.archived else 'purged'}"
+            f" on {archived} under the ledger's retention policy and is no longer online. {where}",
+            message_id=tombstone.message_id, status_url=DOCUMENTS_PATH + tombstone.message_id,
+            received_at=received, archived_at=archived)
+
     async def document(self, partner: Partner, message_id: str, refresh: Any = None) -> LedgerRecord:
-        """The partner's own document with its history; NotFoundError for any other (or none)."""
+        """The partner's own document with its history; DocumentArchivedError when retention has taken it
+        out of the ledger; NotFoundError for any other (or none)."""
         if not message_id or len(message_id) > 128:
             raise NotFoundError()
         before = self._unrecorded.get(message_id)
         record = await asyncio.to_thread(self.ledger.get, message_id, history=True)
+        if record is None and message_id not in self._unrecorded:
+            tombstone = await asyncio.to_thread(self.ledger.tombstone, message_id)
+            if tombstone is not None and tombstone.partner == partner.id:
+                raise self._gone(tombstone)
         if record is None or record.partner != partner.id:
             raise NotFoundError(f"No document {message_id[:128]!r} was accepted from your partner account.")
         record = self._with_unrecorded(record, before)

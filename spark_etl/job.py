@@ -170,6 +170,13 @@ def run(
                 raise EtlError(f"the store {engine.url.render_as_string()} has no gateway ledger "
                                f"({ledger_events.name}): name the gateway's store (store.url, --db-url), "
                                f"or create the ledger there with `b2bgw db upgrade`")
+        if full:
+            purged = _purged_documents(engine)
+            if purged:
+                raise EtlError(
+                    f"the ledger's retention has purged {purged} documents (their facts are in the warehouse, "
+                    "their XML in archive_document): a full rebuild reads the ledger alone and would drop them from "
+                    "the warehouse; reload what is online with `etl run --since DATE` instead")
         if not full:
             with engine.connect() as conn:
                 unfinished = state.unfinished_runs(conn)
@@ -189,6 +196,19 @@ def run(
         if own_lease:
             lease.release()
         engine.dispose()
+
+
+def _purged_documents(engine: sa.Engine) -> int:
+    """How many documents the ledger's retention has purged (0 without retention)."""
+    from gateway.ledger_tables import archive_batches
+
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(archive_batches.name):
+            return 0
+        n = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(archive_batches.c.purged), 0))
+                         .where(archive_batches.c.status.in_(("purged", "expired")))).scalar_one()
+        conn.rollback()
+    return int(n)
 
 
 def plan_window(conn: sa.Connection, *, full: bool, since: _dt.datetime | None) -> tuple[source.Window, int]:

@@ -45,6 +45,10 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
             # 10-15 KB then fits in one page instead of a chain of overflow pages, which cost the
             # gateway's writer about three times the CPU per stored document
             cur.execute("PRAGMA page_size=16384")
+            # likewise for a new database only: pages freed by deletes can be given back to the file system a
+            # few at a time (PRAGMA incremental_vacuum, in short write transactions) instead of only by a
+            # VACUUM, which rewrites the whole file holding the write lock throughout
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             # checkpoint at ~4 MB of WAL, as with 4 KB pages (the store's writer checkpoints after its
             # transactions instead, outside the write turn: SQLStore._checkpoint)

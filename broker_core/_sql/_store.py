@@ -1193,7 +1193,8 @@ class SQLStore(Store):
         self._write(lambda batch: self._insert(batch, (envelope,)))
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None) -> None:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
+        sync = durable or bool(sends or acks)  # messages and acknowledgements are stored as they ask
         if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
             durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
         else:
@@ -1223,7 +1224,7 @@ class SQLStore(Store):
                     fn(batch.conn)
 
         if callback is None:
-            self._write(op)
+            self._write(op, durable=sync)
             memory_part()
             return
 
@@ -1245,7 +1246,7 @@ class SQLStore(Store):
             else:  # the memory-tier part wakes consumers: not in the writer's thread, which has commits to run
                 self._completions().submit(finish)
 
-        self._write(op, callback=done)
+        self._write(op, callback=done, durable=sync)
 
     def _completions(self) -> concurrent.futures.ThreadPoolExecutor:
         """One thread that finishes asynchronous commits' memory-tier parts, in commit order."""

@@ -190,7 +190,7 @@ def test_every_problem_code_a_post_can_carry_is_listed_under_its_status() -> Non
             "code"]["enum"]
 
     assert {"not-well-formed", "forbidden-xml", "schema-invalid", "invalid-header"} <= set(listed(400))
-    assert listed(409) == ["idempotency-conflict"] and listed(415) == ["unsupported-media-type"]
+    assert listed(409) == ["archived-replay", "idempotency-conflict"] and listed(415) == ["unsupported-media-type"]
     assert listed(413) == ["document-too-large"] and listed(422) == ["no-route", "rules-error", "rules-timeout"]
     assert listed(502) == ["backend-error"] and listed(504) == ["reply-timeout"]
     assert "500" not in responses and "404" not in responses
