@@ -14,7 +14,9 @@ The sections, all optional::
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
     server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
                  pin_processes: true}
-    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000}
+    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, max_attributes: 200,
+                 max_namespaces_per_element: 100, max_namespaces_per_document: 10000, max_name_length: 1000,
+                 max_text_length: 4194304}   # see docs/limits.md
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
     partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
@@ -45,7 +47,10 @@ from broker_core import Broker, InvalidArgumentError
 from spark_etl.config import EtlSettingError, check_section as check_etl_section
 
 from .errors import ConfigError, clip
-from .xmlintake import DEFAULT_LIMITS, IntakeLimits
+from .xmlintake import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
+
+#: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
+LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
 
 #: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.service).
 INTAKE_FACTS = ("always", "when_idle", "never")
@@ -427,14 +432,11 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
 
     limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
-    check_keys(limits, {"max_body_bytes", "max_depth", "max_elements"}, "limits")
-    values = {
-        "max_bytes": limits.get("max_body_bytes", DEFAULT_LIMITS.max_bytes),
-        "max_depth": limits.get("max_depth", DEFAULT_LIMITS.max_depth),
-        "max_elements": limits.get("max_elements", DEFAULT_LIMITS.max_elements),
-    }
-    for key, name in (("max_body_bytes", "max_bytes"), ("max_depth", "max_depth"), ("max_elements", "max_elements")):
-        expect_int(values[name], limits.at(key), f"limits.{key}", minimum=1)
+    check_keys(limits, set(LIMIT_KEYS), "limits")
+    values = {}
+    for key, name in LIMIT_KEYS.items():
+        value = limits.get(key, getattr(DEFAULT_LIMITS, name))
+        values[name] = expect_int(value, limits.at(key), f"limits.{key}", minimum=1)
     try:
         s.limits = IntakeLimits(**values)
     except ValueError as exc:

@@ -54,13 +54,19 @@ import codecs
 import re
 import threading
 from collections.abc import AsyncIterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lxml import etree
 
 from .errors import (
     DocumentTooLargeError,
+    IntakeLimitError,
+    NameTooLongError,
     NotWellFormedError,
+    TextTooLongError,
+    TooManyAttributesError,
+    TooManyDocumentNamespacesError,
+    TooManyNamespacesError,
     UnsupportedMediaTypeError,
     XMLErrorDetail,
     XMLSecurityError,
@@ -72,6 +78,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "IntakeLimits",
     "LIBXML2_MAX_DEPTH",
+    "LIMIT_FIELDS",
     "SUPPORTED_ENCODINGS",
     "check_media_type",
     "parse_document",
@@ -102,14 +109,46 @@ class IntakeLimits:
     one value), so even one at the 10 MiB size limit has ~250,000-350,000
     elements and passes, while a 10 MiB flood of ``<a/>`` (2.6 million
     elements, ~300 MB as a tree) is refused before any tree is built.
+
+    The others follow the JDK's XML processing limits, so that what this
+    gateway accepts a Java back end will parse too:
+
+    ``max_attributes`` (200): attributes of one element, namespace declarations
+    not counted (the JDK's ``jdk.xml.elementAttributeLimit``, 200 since JDK 24).
+    A UBL element carries at most a handful.
+
+    ``max_namespaces_per_element`` (100) and ``max_namespaces_per_document``
+    (10,000): ``xmlns`` declarations on one element, and in the whole document
+    (the JDK counts them as attributes). Each declaration costs libxml2 about
+    ten times its size in memory and widens the in-scope namespaces of every
+    element below it; UBL declares its few namespaces once, on the root.
+
+    ``max_name_length`` (1,000): characters of an element or attribute name
+    (prefix included) and of a namespace URI (the JDK's
+    ``jdk.xml.maxXMLNameLimit``).
+
+    ``max_text_length`` (4 MiB of characters): one text node (CDATA sections
+    included) or attribute value; room for an embedded attachment of about
+    3 MB (``cbc:EmbeddedDocumentBinaryObject``, base64), not for a document
+    that is one huge value.
+
+    DTDs, and so entities (the JDK's entity expansion and size limits), are
+    refused outright (see the module docstring).
     """
 
     max_bytes: int = 10 * 1024 * 1024
     max_depth: int = LIBXML2_MAX_DEPTH
     max_elements: int = 500_000
+    max_attributes: int = 200
+    max_namespaces_per_element: int = 100
+    max_namespaces_per_document: int = 10_000
+    max_name_length: int = 1_000
+    max_text_length: int = 4 * 1024 * 1024
+    #: the shortest stretch from a start tag's "<" to the next "<" that can hold a tag over a limit
+    tag_gap: int = field(init=False, repr=False, compare=False, hash=False, default=0)
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_depth", "max_elements"):
+        for name in LIMIT_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"IntakeLimits.{name} must be a positive integer, not {value!r}")
@@ -117,6 +156,19 @@ class IntakeLimits:
             raise ValueError(
                 f"IntakeLimits.max_depth may not exceed {LIBXML2_MAX_DEPTH} (libxml2's limit without huge_tree)"
             )
+        object.__setattr__(self, "tag_gap", min(
+            self.max_name_length + 2,  # "<" and a longer name
+            5 * self.max_attributes + 7,  # "<a" and one attribute more, ' b=""' each at least
+            11 * self.max_namespaces_per_element + 11,  # ' xmlns=""' once, ' xmlns:p=""' for the others
+            self.max_text_length + 1,  # "<" ... ">" and a longer text
+        ))
+
+
+#: The fields of :class:`IntakeLimits`, in order.
+LIMIT_FIELDS = (
+    "max_bytes", "max_depth", "max_elements", "max_attributes", "max_namespaces_per_element",
+    "max_namespaces_per_document", "max_name_length", "max_text_length",
+)
 
 
 DEFAULT_LIMITS = IntakeLimits()
@@ -453,6 +505,236 @@ def _check_element_count(text: str, max_elements: int) -> None:
                 )
 
 
+# The per-element limits (names, attributes, namespace declarations) and the text limit are checked on the
+# text, before libxml2 builds anything, without looking at every tag: a start tag that passes one of them is
+# long (a 1,001-character name, 201 attributes of at least 5 characters each...), so the distance from its "<"
+# to the next "<" is at least limits.tag_gap. A scan that jumps from "<" to the last "<" within that distance
+# (a backwards memchr, ~15 jumps for a 14 KB UBL order) finds every such gap, and only the tags at the start of
+# one are read in full. The other limits of the list are checked the same way: an O(1) bound first, an exact
+# count (on the tree, at C speed) only when the bound does not settle it.
+
+_S = "[ \t\r\n]"  # XML's whitespace; not \s, which also ends a name at characters XML allows in names
+_TAG_NAME = re.compile(r"<([^ \t\r\n/>]+)")
+_TAG_CLOSE = re.compile(rf"{_S}*/?>")
+_START_TAG = re.compile(rf"""<[^ \t\r\n/>]+(?:{_S}+[^ \t\r\n=/>]+{_S}*={_S}*(?:"[^"]*"|'[^']*'))*{_S}*/?>""")
+_ATTRIBUTE_NAMES = re.compile(rf"""{_S}+([^ \t\r\n=/>]+){_S}*={_S}*(?:"[^"]*"|'[^']*')""")
+_ATTRIBUTE = re.compile(rf"""{_S}+([^ \t\r\n=/>]+){_S}*={_S}*(?:"([^"]*)"|'([^']*)')""")
+
+_TREE_TEXT = 1  # a text node may pass max_text_length but the text alone cannot tell (CDATA, references)
+_TREE_URIS = 2  # a namespace URI written with references may be longer than max_name_length
+_TREE_NAMESPACES = 4  # the document may declare more than max_namespaces_per_document namespaces
+
+
+class _Opaque:
+    """Whether a "<" lies inside a comment, CDATA section or processing instruction (where it is
+    no markup), for positions asked in increasing order: one forward pass over the text in all."""
+
+    _KINDS = (("<!--", "-->"), ("<![CDATA[", "]]>"), ("<?", "?>"))
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0  # every construct that starts before this has been passed
+        self.next = [text.find(opener) for opener, _ in self._KINDS]
+
+    def inside(self, p: int) -> bool:
+        text, nxt = self.text, self.next
+        while True:
+            for i, (opener, _) in enumerate(self._KINDS):
+                if 0 <= nxt[i] < self.pos:
+                    nxt[i] = text.find(opener, self.pos)
+            starts = [(n, i) for i, n in enumerate(nxt) if n >= 0]
+            if not starts:
+                return False
+            start, kind = min(starts)
+            if start >= p:
+                return False
+            opener, closer = self._KINDS[kind]
+            close = text.find(closer, start + len(opener))
+            if close < 0 or close + len(closer) > p:
+                return True  # p lies in it (an unterminated one runs to the end)
+            self.pos = close + len(closer)
+
+
+def _over(cls: type[IntakeLimitError], what: str, key: str, value: int, advice: str, text: str,
+          offset: int | None) -> IntakeLimitError:
+    message = f"{what} (limits.{key} is {value}); {advice}"
+    line = column = None
+    if offset is not None:
+        line, column = _position(text, offset)
+    return cls(message, [XMLErrorDetail(line, column, None, message)], limit=key, limit_value=value)
+
+
+def _name_too_long(kind: str, limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
+    n = limits.max_name_length
+    return _over(NameTooLongError, f"The document has {kind} longer than {n} characters, the longest this gateway "
+                 "accepts", "max_name_length", n, "use shorter names.", text, offset)
+
+
+def _text_too_long(limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
+    n = limits.max_text_length
+    return _over(TextTooLongError, f"The document has a text or attribute value longer than {n} characters, the "
+                 "longest this gateway accepts", "max_text_length", n,
+                 "send large content (an attachment) separately or split the document.", text, offset)
+
+
+def _check_start_tag(text: str, p: int, nxt: int, limits: IntakeLimits) -> tuple[int, int]:
+    """Check the start tag at *p* (the next "<" is at *nxt*) against the per-element limits; returns
+    where the tag ends (*p* when it is not a well-formed tag: libxml2 will say why; *nxt* when the
+    stretch is settled whole) and the tree checks it calls for.
+
+    Bounds first, at C speed: no more "=" than attributes allowed and no "xmlns" settle both counts,
+    and no longer run without whitespace settles every name ("\u1680", which str.split takes for
+    whitespace, is a name character in XML). Only a tag they leave open is read attribute by attribute.
+    """
+    m = _TAG_NAME.match(text, p)
+    if m is None:
+        return p, 0
+    if len(m.group(1)) > limits.max_name_length:
+        raise _name_too_long("an element name", limits, text, p)
+    equals = text.count("=", p, nxt)  # one per attribute or declaration, and any in values or the text after
+    if equals <= limits.max_attributes and nxt - p <= limits.max_text_length and text.find("xmlns", p, nxt) < 0:
+        stretch = text[p:nxt]
+        if "\u1680" not in stretch and max(map(len, stretch.split())) <= limits.max_name_length:
+            return nxt, 0  # few enough attributes, no declaration, no long name: nothing to check after it
+    if equals > limits.max_attributes + limits.max_namespaces_per_element:
+        return _check_attributes_one_by_one(text, p, m.end(), limits)  # over a count, or '=' in values
+    tag = _START_TAG.match(text, p)
+    if tag is None:
+        return p, 0
+    names = _ATTRIBUTE_NAMES.findall(text, m.end(), tag.end())
+    flags = 0
+    if names:
+        if max(map(len, names)) > limits.max_name_length:
+            raise _name_too_long("an attribute name", limits, text, p)
+        declarations = sum(1 for name in names if name == "xmlns" or name.startswith("xmlns:"))
+        _check_counts(len(names) - declarations, declarations, limits, text, p)
+        if declarations or tag.end() - m.end() > limits.max_text_length:
+            for a in _ATTRIBUTE.finditer(text, m.end(), tag.end()):
+                flags |= _check_value(a, limits, text, p)
+    return tag.end(), flags
+
+
+def _check_attributes_one_by_one(text: str, p: int, pos: int, limits: IntakeLimits) -> tuple[int, int]:
+    """The attributes from *pos*, stopping at the first limit passed (a tag with thousands of them)."""
+    attributes = declarations = flags = 0
+    for a in _ATTRIBUTE.finditer(text, pos):
+        if a.start() != pos:
+            break  # not the next attribute of this tag
+        pos = a.end()
+        name = a.group(1)
+        if name == "xmlns" or name.startswith("xmlns:"):
+            declarations += 1
+        else:
+            attributes += 1
+        _check_counts(attributes, declarations, limits, text, p)
+        if len(name) > limits.max_name_length:
+            raise _name_too_long("an attribute name", limits, text, p)
+        flags |= _check_value(a, limits, text, p)
+    close = _TAG_CLOSE.match(text, pos)
+    return (close.end() if close is not None else p), flags
+
+
+def _check_counts(attributes: int, declarations: int, limits: IntakeLimits, text: str, p: int) -> None:
+    if declarations > limits.max_namespaces_per_element:
+        n = limits.max_namespaces_per_element
+        raise _over(TooManyNamespacesError, f"The document has an element that declares more than {n} namespaces, "
+                    "the most this gateway accepts", "max_namespaces_per_element", n,
+                    "declare each namespace once, on the root element.", text, p)
+    if attributes > limits.max_attributes:
+        n = limits.max_attributes
+        raise _over(TooManyAttributesError, f"The document has an element with more than {n} attributes, the most "
+                    "this gateway accepts", "max_attributes", n,
+                    "carry the data in child elements or split the document.", text, p)
+
+
+def _check_value(a: re.Match[str], limits: IntakeLimits, text: str, p: int) -> int:
+    """Check one attribute's value: a namespace URI against max_name_length, any other value against
+    max_text_length; returns the tree checks needed when references make it shorter than written."""
+    name = a.group(1)
+    value = a.group(2) if a.group(2) is not None else a.group(3)
+    if name == "xmlns" or name.startswith("xmlns:"):
+        if len(value) > limits.max_name_length:
+            if "&" in value:
+                return _TREE_URIS
+            raise _name_too_long("a namespace URI", limits, text, p)
+    elif len(value) > limits.max_text_length:
+        if "&" in value:
+            return _TREE_TEXT
+        raise _text_too_long(limits, text, p)
+    return 0
+
+
+def _check_markup(text: str, limits: IntakeLimits) -> int:
+    """The checks of the per-element, name and text limits that the text settles (raising the
+    IntakeLimitError of the first limit passed), and the flags of those only the tree can settle."""
+    n = len(text)
+    flags = 0
+    if n > limits.max_text_length and "<![CDATA[" in text:
+        flags |= _TREE_TEXT  # text and CDATA sections make one text node: only the tree has its length
+    if n > 9 * limits.max_namespaces_per_document and text.count("xmlns") > limits.max_namespaces_per_document:
+        flags |= _TREE_NAMESPACES  # a declaration is at least 9 characters (' xmlns=""')
+    gap = limits.tag_gap
+    pos = text.find("<")
+    if pos < 0:
+        return flags
+    rfind = text.rfind
+    opaque: _Opaque | None = None
+    while pos + gap <= n:
+        last = rfind("<", pos + 1, pos + gap)
+        if last >= 0:
+            pos = last
+            continue
+        nxt = text.find("<", pos + gap)  # the gap from pos to nxt is at least `gap` long: read its tag
+        if nxt < 0:
+            nxt = n
+        if opaque is None:
+            opaque = _Opaque(text)
+        if not opaque.inside(pos):
+            if text.startswith("</", pos):
+                end = text.find(">", pos) + 1 or pos
+            elif text.startswith(("<!", "<?"), pos):
+                end = pos  # a comment, CDATA section or PI: no tag, and its text is the tree's to count
+            else:
+                end, more = _check_start_tag(text, pos, nxt, limits)
+                flags |= more
+            if end > pos and nxt < n and nxt - end > limits.max_text_length:  # character data up to nxt
+                if text.find("&", end, nxt) < 0:
+                    raise _text_too_long(limits, text, end)
+                flags |= _TREE_TEXT  # references make it shorter than written
+        if nxt >= n:
+            break
+        pos = nxt
+    return flags
+
+
+_XPATH_LONG_TEXT = etree.XPath("(//text() | //@*)[string-length(.) > $n][1]")
+_XPATH_LONG_URI = etree.XPath("(//namespace::*)[name() != 'xml' and string-length(.) > $n][1]")
+
+
+def _check_tree(root: etree._Element, text: str, limits: IntakeLimits, flags: int) -> None:
+    """The exact checks the text could not settle (rare: see :func:`_check_markup`), at C speed."""
+    if flags & _TREE_TEXT:
+        hit = _XPATH_LONG_TEXT(root, n=limits.max_text_length)
+        if hit:
+            parent = getattr(hit[0], "getparent", lambda: None)()
+            err = _text_too_long(limits, text, None)
+            line = parent.sourceline if parent is not None else None
+            raise type(err)(err.detail, [XMLErrorDetail(line, None, None, err.detail)], limit=err.limit,
+                            limit_value=err.limit_value)
+    if flags & _TREE_URIS and _XPATH_LONG_URI(root, n=limits.max_name_length):
+        raise _name_too_long("a namespace URI", limits, text, None)
+    if flags & _TREE_NAMESPACES:
+        count = 0
+        for _ in etree.iterwalk(root, events=("start-ns",)):
+            count += 1
+            if count > limits.max_namespaces_per_document:
+                n = limits.max_namespaces_per_document
+                raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces in "
+                            "all, the most this gateway accepts", "max_namespaces_per_document", n,
+                            "declare each namespace once, on the root element, rather than on every element.",
+                            text, None)
+
+
 # --------------------------------------------------------------------------- parsing
 
 _local = threading.local()
@@ -575,6 +857,7 @@ def parse_document_text(
     decoded = _decode(data, declared_charset)
     _check_prolog(decoded.text)
     _check_element_count(decoded.text, limits.max_elements)
+    tree_checks = _check_markup(decoded.text, limits)
 
     parser = _parser(decoded.override)
     try:
@@ -594,4 +877,6 @@ def parse_document_text(
                 f"Elements are nested deeper than {limits.max_depth} levels, the most this gateway accepts.",
                 too_deep[0].sourceline,
             )
+    if tree_checks:
+        _check_tree(root, decoded.text, limits, tree_checks)
     return root, (decoded.text if decoded.utf8 else None)
