@@ -13,7 +13,7 @@ The sections, all optional::
 
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
     server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
-                 pin_processes: true}
+                 pin_processes: true, explain_workers: 1, explain_timeout: 1s}
     limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, max_attributes: 200,
                  max_namespaces_per_element: 100, max_namespaces_per_document: 10000, max_name_length: 1000,
                  max_text_length: 4194304}   # see docs/limits.md
@@ -329,6 +329,10 @@ class Settings:
     processes: int = 1
     #: with several processes, bind each to one CPU (round robin over the usable ones)
     pin_processes: bool = True
+    #: processes working out the error reports of invalid documents at once (0: libxml2's errors only)
+    explain_workers: int = 1
+    #: how long an invalid document's full report may take before libxml2's errors are answered (s)
+    explain_timeout: float = 1.0
     limits: IntakeLimits = DEFAULT_LIMITS
     namespaces: dict[str, str] = field(default_factory=dict)
     ubl_documents: list[str] = field(default_factory=list)
@@ -414,7 +418,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         raise place.error(f"store.options: {error}") from None
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
-    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes"}, "server")
+    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
+                        "explain_workers", "explain_timeout"}, "server")
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
@@ -430,6 +435,14 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                  minimum=0, maximum=256)
     if "pin_processes" in server:
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
+    if "explain_workers" in server:
+        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"), "server.explain_workers",
+                                       minimum=0, maximum=16)
+    if "explain_timeout" in server:
+        s.explain_timeout = parse_duration(server["explain_timeout"], server.at("explain_timeout"),
+                                           "server.explain_timeout")
+        if not 0 < s.explain_timeout <= 10:
+            raise server.at("explain_timeout").error("server.explain_timeout must be more than 0 and at most 10s")
 
     limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
     check_keys(limits, set(LIMIT_KEYS), "limits")

@@ -53,8 +53,9 @@ from __future__ import annotations
 import codecs
 import re
 import threading
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from lxml import etree
 
@@ -80,7 +81,10 @@ __all__ = [
     "LIBXML2_MAX_DEPTH",
     "LIMIT_FIELDS",
     "SUPPORTED_ENCODINGS",
+    "FEED_OVER_BYTES",
+    "Validated",
     "check_media_type",
+    "parse_and_validate",
     "parse_document",
     "parse_document_text",
     "read_body",
@@ -752,14 +756,15 @@ class _RefuseExternal(etree.Resolver):
         raise ExternalLoadRefused("external resources are never loaded")
 
 
-def _parser(encoding: str | None) -> etree.XMLParser:
-    """A hardened parser for this thread (lxml parsers must not be shared)."""
+def _parser(encoding: str | None, schema: etree.XMLSchema | None = None) -> etree.XMLParser:
+    """A hardened parser for this thread (lxml parsers must not be shared), validating against *schema*."""
     parsers = getattr(_local, "parsers", None)
     if parsers is None:
         parsers = _local.parsers = {}
-    parser = parsers.get(encoding)
+    parser = parsers.get((encoding, schema))
     if parser is None:
         parser = etree.XMLParser(
+            schema=schema,
             encoding=encoding,
             resolve_entities=False,
             no_network=True,
@@ -771,7 +776,7 @@ def _parser(encoding: str | None) -> etree.XMLParser:
             # not collect_ids=False: it makes libxml2 load external DTD subsets (see the module doc)
         )
         parser.resolvers.add(_RefuseExternal())
-        parsers[encoding] = parser
+        parsers[(encoding, schema)] = parser
     return parser
 
 
@@ -845,6 +850,20 @@ def parse_document_text(
 ) -> tuple[etree._Element, str | None]:
     """:func:`parse_document`, and the document's text as checked on the way (without a byte order
     mark) when it is UTF-8, else None: the caller that needs the text too need not decode it again."""
+    decoded, tree_checks = _prepare(data, limits, declared_charset)
+    parser = _parser(decoded.override)
+    try:
+        root = etree.fromstring(data, parser)
+    except etree.XMLSyntaxError:
+        raise _syntax_error(parser.error_log, limits) from None
+    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+        raise _security(_DOCTYPE_MESSAGE) from None
+    _finish(root, decoded, limits, tree_checks)
+    return root, (decoded.text if decoded.utf8 else None)
+
+
+def _prepare(data: bytes, limits: IntakeLimits, declared_charset: str | None) -> tuple[_Decoded, int]:
+    """Everything checked before libxml2 sees the bytes; returns the decoded text and the tree checks to run."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
     if not isinstance(data, bytes):
@@ -853,20 +872,14 @@ def parse_document_text(
         raise DocumentTooLargeError(limit=limits.max_bytes)
     if not data:
         raise _not_well_formed("The body is empty; send an XML document.")
-
     decoded = _decode(data, declared_charset)
     _check_prolog(decoded.text)
     _check_element_count(decoded.text, limits.max_elements)
-    tree_checks = _check_markup(decoded.text, limits)
+    return decoded, _check_markup(decoded.text, limits)
 
-    parser = _parser(decoded.override)
-    try:
-        root = etree.fromstring(data, parser)
-    except etree.XMLSyntaxError:
-        raise _syntax_error(parser.error_log, limits) from None
-    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
-        raise _security(_DOCTYPE_MESSAGE) from None
 
+def _finish(root: etree._Element, decoded: _Decoded, limits: IntakeLimits, tree_checks: int) -> None:
+    """The checks made on the parsed tree."""
     docinfo = root.getroottree().docinfo
     if docinfo.internalDTD is not None or docinfo.externalDTD is not None or docinfo.system_url:
         raise _security(_DOCTYPE_MESSAGE)  # unreachable unless the prolog scan was fooled
@@ -879,4 +892,138 @@ def parse_document_text(
             )
     if tree_checks:
         _check_tree(root, decoded.text, limits, tree_checks)
-    return root, (decoded.text if decoded.utf8 else None)
+
+
+# --------------------------------------------------------------------------- validating while parsing
+
+#: Bodies larger than this are validated while being fed to the parser a chunk at a time, so that
+#: the validation can stop once ``max_errors`` errors are in; smaller ones in one call (a push
+#: parse costs about half as much again as a parse from memory).
+FEED_OVER_BYTES = 1024 * 1024
+_FEED_CHUNK = 256 * 1024
+
+
+@dataclass(slots=True)
+class Validated:
+    """What :func:`parse_and_validate` made of a body.
+
+    ``root`` is the tree (None when the document is invalid: the validating parse keeps none);
+    ``schema`` what :func:`parse_and_validate`'s *schema_for* chose (None: not validated);
+    ``errors`` libxml2's validation errors (empty when valid), at most ``max_errors`` of them,
+    ``complete`` False when the validation stopped there.
+    """
+
+    root: etree._Element | None
+    text: str | None
+    schema: Any = None
+    errors: list[Any] = field(default_factory=list)
+    complete: bool = True
+
+
+def parse_and_validate(
+    data: bytes,
+    schema_for: Callable[[str], tuple[Any, etree.XMLSchema] | None],
+    limits: IntakeLimits = DEFAULT_LIMITS,
+    *,
+    declared_charset: str | None = None,
+    max_errors: int = 1000,
+) -> Validated:
+    """:func:`parse_document_text` and XSD validation in one pass (libxml2's streaming validator).
+
+    *schema_for* gets the root element's Clark name, read from the root's start tag, and returns a
+    key and the schema to validate against, or None to parse without validating. Each error costs
+    the same whatever the document's shape (a validation of the tree walks the preceding siblings
+    of every element in error), and at most about *max_errors* are collected: bodies over
+    :data:`FEED_OVER_BYTES` are fed a chunk at a time and the validation stops once that many are in.
+    Raises what :func:`parse_document` raises for a document that is not well-formed or over a limit.
+    """
+    decoded, tree_checks = _prepare(data, limits, declared_charset)
+    root_name = _root_name(decoded.text)
+    chosen = schema_for(root_name) if root_name is not None else None
+    if chosen is None:
+        root, _ = parse_document_text(data, limits, declared_charset=declared_charset)
+        return Validated(root, decoded.text if decoded.utf8 else None)
+    key, schema = chosen
+    parser = _parser(decoded.override, schema)
+    text = decoded.text if decoded.utf8 else None
+
+    def redo() -> object:
+        return parse_document_text(data, limits, declared_charset=declared_charset)
+    try:
+        if len(data) <= FEED_OVER_BYTES:
+            try:
+                root = etree.fromstring(data, parser)
+            except etree.XMLSyntaxError:
+                log = list(parser.error_log)
+                return _invalid_or_raise(log, key, text, redo, complete=True)
+        else:
+            stopped = False
+            try:
+                for start in range(0, len(data), _FEED_CHUNK):
+                    parser.feed(data[start:start + _FEED_CHUNK])
+                    if len(parser.feed_error_log) >= max_errors:
+                        stopped = True
+                        break
+                log = list(parser.feed_error_log)
+            except etree.XMLSyntaxError:
+                log = list(parser.feed_error_log)
+                _close_quietly(parser)
+                return _invalid_or_raise(log, key, text, redo, complete=True)
+            if stopped:
+                _close_quietly(parser)
+                return _invalid_or_raise(log, key, text, redo, complete=False)
+            try:
+                root = parser.close()
+            except etree.XMLSyntaxError:
+                return _invalid_or_raise(list(parser.feed_error_log), key, text, redo, complete=True)
+    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+        raise _security(_DOCTYPE_MESSAGE) from None
+    _finish(root, decoded, limits, tree_checks)
+    return Validated(root, text, key)
+
+
+def _close_quietly(parser: etree.XMLParser) -> None:
+    try:
+        parser.close()  # ends the unfinished document, so the parser starts afresh next time
+    except etree.XMLSyntaxError:
+        pass
+
+
+def _invalid_or_raise(log: list[Any], key: Any, text: str | None, redo: Callable[[], object], *,
+                      complete: bool) -> Validated:
+    """A document the validating parse refused: invalid (returns its validation errors, at most the
+    first max_errors) or not well-formed, when *redo* (the plain parse, which libxml2's well-formedness
+    errors come from intact) raises what :func:`parse_document` raises."""
+    schema_errors = [e for e in log if e.domain == _SCHEMA_DOMAIN]
+    if not schema_errors or (complete and any(e.domain != _SCHEMA_DOMAIN and e.level >= etree.ErrorLevels.ERROR
+                                              for e in log)):
+        redo()
+    if not schema_errors:  # pragma: no cover - the plain parse raised
+        raise _not_well_formed("The document is not well-formed XML.")
+    return Validated(None, text, key, schema_errors, complete)
+
+
+_SCHEMA_DOMAIN = etree.ErrorDomains.SCHEMASV
+
+
+def _root_name(text: str) -> str | None:
+    """The Clark name of the root element as its start tag writes it (None when it cannot tell: a
+    reference in a namespace URI, a prefix declared nowhere on the root)."""
+    start = _PROLOG.match(text).end()  # type: ignore[union-attr]  # always matches
+    m = _TAG_NAME.match(text, start)
+    if m is None:
+        return None
+    qname = m.group(1)
+    prefix, _, local = qname.rpartition(":")
+    wanted = f"xmlns:{prefix}" if prefix else "xmlns"
+    pos = m.end()
+    for a in _ATTRIBUTE.finditer(text, pos):
+        if a.start() != pos:
+            break
+        pos = a.end()
+        if a.group(1) == wanted:
+            uri = a.group(2) if a.group(2) is not None else a.group(3)
+            if "&" in uri:
+                return None
+            return f"{{{uri}}}{local}" if uri else local
+    return None if prefix else local
