@@ -19,7 +19,7 @@ The sections, all optional::
                  max_text_length: 4194304}   # see docs/limits.md
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
-    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
+    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}], limits}}   # the file may add defaults:
     routes:     routes.yaml | [{id, partners, root, when, schema, ...}]
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
     workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
@@ -339,6 +339,8 @@ class Settings:
     schema_files: list[SchemaFile] = field(default_factory=list)
     schema_dirs: list[Path] = field(default_factory=list)
     partners: MarkedDict = field(default_factory=MarkedDict)
+    #: the partners file's ``defaults:`` section (what every partner gets unless its entry says otherwise)
+    partner_defaults: MarkedDict = field(default_factory=MarkedDict)
     routes: MarkedList = field(default_factory=MarkedList)
     workers: list[str] = field(default_factory=list)
     #: module -> concurrency override for its handlers (``- {module: m, concurrency: 4}``)
@@ -463,6 +465,10 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     _schemas(s, expect_mapping(root.get("schemas"), root.at("schemas"), "schemas"))
 
     partners = _section_file(root.get("partners"), root.at("partners"), base_dir, "partners")
+    if isinstance(partners, dict) and "partners" in partners and set(partners) <= {"partners", "defaults"}:
+        # a partners file with a defaults: section beside its partners: (the partners' request limits)
+        s.partner_defaults = expect_mapping(partners.get("defaults"), partners.at("defaults"), "defaults")
+        partners = partners["partners"]
     s.partners = expect_mapping(partners, getattr(partners, "where", root.at("partners")), "partners")
     routes = _section_file(root.get("routes"), root.at("routes"), base_dir, "routes")
     s.routes = expect_list(routes, getattr(routes, "where", root.at("routes")), "routes")

@@ -13,10 +13,24 @@ def _problem(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/problem+json": {"schema": _PROBLEM}}}
 
 
+#: The codes of the intake limits (400) and of the partner request limits (429); see docs/limits.md.
+LIMIT_CODES = ["too-many-attributes", "too-many-namespaces", "too-many-document-namespaces", "name-too-long",
+               "text-too-long", "rate-limited", "too-many-concurrent-requests"]
+
+
+def _too_many_requests() -> dict[str, Any]:
+    response = _problem("The partner is over its concurrent requests or its rate (`code` says which); nothing of "
+                        "the request was read or done: retry after `Retry-After` seconds.")
+    response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 1},
+                                           "description": "Seconds to wait before retrying."}}
+    return response
+
+
 def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     """The OpenAPI document (a fresh dict)."""
     auth_errors = {
         "401": _problem("Missing or unknown API key (`WWW-Authenticate: Bearer`)."),
+        "429": _too_many_requests(),
     }
     return {
         "openapi": "3.1.0",
@@ -51,11 +65,15 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                 "unauthenticated", "forbidden-route", "not-found", "method-not-allowed",
                                 "document-too-large", "unsupported-media-type", "no-route", "internal-error",
                                 "backend-error", "store-unavailable", "reply-timeout",
+                                *LIMIT_CODES,
                             ],
                         },
                         "errors": {"type": "array", "items": {"$ref": "#/components/schemas/DocumentError"}},
                         "omitted_errors": {"type": "integer"},
                         "header": {"type": "string"},
+                        "limit": {"type": "string", "description": "The intake limit passed (its limits: key)."},
+                        "limit_value": {"type": "integer", "description": "That limit's configured value."},
+                        "retry_after": {"type": "integer", "description": "429: seconds to wait (Retry-After)."},
                         "message_id": {"type": "string"},
                         "correlation_id": {"type": "string"},
                         "status_url": {"type": "string"},
@@ -136,8 +154,10 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                 "content": {"application/xml": {"schema": {"type": "string"}}}},
                         "202": {"description": "One-way route: accepted and durably stored.",
                                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Receipt"}}}},
-                        "400": _problem("Not well-formed, forbidden XML construct, schema-invalid (every error with "
-                                        "line, column, path, message) or a malformed header."),
+                        "400": _problem("Not well-formed, forbidden XML construct, over an intake limit (too-many-"
+                                        "attributes, too-many-namespaces, too-many-document-namespaces, name-too-long, "
+                                        "text-too-long: `limit` and `limit_value` say which), schema-invalid (every "
+                                        "error with line, column, path, message) or a malformed header."),
                         **auth_errors,
                         "403": _problem("The partner may not use the route the document matched."),
                         "413": _problem("The body is over the size limit."),

@@ -17,9 +17,12 @@ Every error response, whatever the client accepts (an XML client too), is
 software switches on; both are given); ``title`` is the same for every
 problem of a type; ``detail`` says what happened and what to do. Extension
 members: ``errors`` (400 document errors: line, column, element path,
-validator message; ``omitted_errors`` counts those left out), ``header``
-(400 invalid-header), ``message_id`` / ``correlation_id`` / ``status_url``
-(504 and 502: the document was accepted, follow it up instead of resending).
+validator message; ``omitted_errors`` counts those left out), ``limit`` and
+``limit_value`` (400 for a document over an intake limit: the key and its
+configured value), ``retry_after`` (429, also the ``Retry-After`` header),
+``header`` (400 invalid-header), ``message_id`` / ``correlation_id`` /
+``status_url`` (504 and 502: the document was accepted, follow it up instead
+of resending).
 
 Bodies are bounded: the errors are clipped where they are made (see
 :mod:`gateway.errors`) and :func:`problem_body` drops trailing ``errors``
@@ -38,6 +41,7 @@ from .errors import (
     DocumentTooLargeError,
     GatewayError,
     MethodNotAllowedError,
+    TooManyRequestsError,
 )
 
 __all__ = ["MAX_BODY_BYTES", "PROBLEM_MEDIA_TYPE", "problem_body", "problem_response", "TITLES"]
@@ -53,6 +57,15 @@ TITLES = {
     "invalid-document": "Invalid document",
     "not-well-formed": "Not well-formed XML",
     "forbidden-xml": "Forbidden XML construct",
+    "limit-exceeded": "Document over a limit",
+    "too-many-attributes": "Too many attributes",
+    "too-many-namespaces": "Too many namespace declarations",
+    "too-many-document-namespaces": "Too many namespace declarations",
+    "name-too-long": "Name too long",
+    "text-too-long": "Text too long",
+    "too-many-requests": "Too many requests",
+    "rate-limited": "Rate limited",
+    "too-many-concurrent-requests": "Too many concurrent requests",
     "schema-invalid": "Schema invalid",
     "invalid-header": "Invalid header",
     "unauthenticated": "Unauthenticated",
@@ -107,6 +120,9 @@ def problem_response(error: GatewayError, instance: str | None = None,
         out["Allow"] = ", ".join(error.allowed)
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
+    if isinstance(error, TooManyRequestsError):
+        out["Retry-After"] = str(error.retry_after)
+        out["Connection"] = "close"  # answered before the body is read; the client is to back off anyway
     message_id = getattr(error, "message_id", None)
     if message_id:
         out["X-Message-ID"] = message_id
