@@ -15,7 +15,7 @@ The sections, all optional::
     server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
                  pin_processes: true, explain_workers: 1, explain_timeout: 1s}
     limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, max_attributes: 200,
-                 max_namespaces_per_element: 100, max_namespaces_per_document: 10000, max_name_length: 1000,
+                 max_namespaces_per_element: 100, max_namespaces_per_document: 100000, max_name_length: 1000,
                  max_text_length: 4194304}   # see docs/limits.md
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}

@@ -121,8 +121,10 @@ def problem_response(error: GatewayError, instance: str | None = None,
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
     if isinstance(error, TooManyRequestsError):
+        # answered before the body is read, and the connection stays open: the server discards the rest of
+        # the body as it comes. Closing it with the body unread would make the kernel reset the connection,
+        # which can destroy this answer before the client reads it.
         out["Retry-After"] = str(error.retry_after)
-        out["Connection"] = "close"  # answered before the body is read; the client is to back off anyway
     message_id = getattr(error, "message_id", None)
     if message_id:
         out["X-Message-ID"] = message_id

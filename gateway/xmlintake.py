@@ -122,10 +122,14 @@ class IntakeLimits:
     A UBL element carries at most a handful.
 
     ``max_namespaces_per_element`` (100) and ``max_namespaces_per_document``
-    (10,000): ``xmlns`` declarations on one element, and in the whole document
-    (the JDK counts them as attributes). Each declaration costs libxml2 about
-    ten times its size in memory and widens the in-scope namespaces of every
-    element below it; UBL declares its few namespaces once, on the root.
+    (100,000): ``xmlns`` declarations on one element, and in the whole
+    document (the JDK counts them as attributes). Each declaration costs
+    libxml2 about ten times its size in memory (~110 bytes: the document limit
+    caps them at ~11 MB, next to the element limit's ~60 MB) and widens the
+    in-scope namespaces of every element below it. UBL declares its few
+    namespaces on the root, but generators copying the official examples
+    declare one again in every invoice line (``cac:ClassifiedTaxCategory``):
+    tens of thousands in a large invoice.
 
     ``max_name_length`` (1,000): characters of an element or attribute name
     (prefix included) and of a namespace URI (the JDK's
@@ -145,7 +149,7 @@ class IntakeLimits:
     max_elements: int = 500_000
     max_attributes: int = 200
     max_namespaces_per_element: int = 100
-    max_namespaces_per_document: int = 10_000
+    max_namespaces_per_document: int = 100_000
     max_name_length: int = 1_000
     max_text_length: int = 4 * 1024 * 1024
     #: the shortest stretch from a start tag's "<" to the next "<" that can hold a tag over a limit
@@ -492,7 +496,7 @@ def _check_prolog(text: str) -> None:
 def _check_element_count(text: str, max_elements: int) -> None:
     if len(text) <= 4 * max_elements:  # "<a/>" is the smallest element
         return
-    upper = text.count("<") - text.count("</") - text.count("<!") - text.count("<?")
+    upper = _count(text, "<") - _count(text, "</") - _count(text, "<!") - _count(text, "<?")
     if upper <= max_elements:
         return
     count = 0
@@ -673,10 +677,6 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
     IntakeLimitError of the first limit passed), and the flags of those only the tree can settle."""
     n = len(text)
     flags = 0
-    if n > limits.max_text_length and "<![CDATA[" in text:
-        flags |= _TREE_TEXT  # text and CDATA sections make one text node: only the tree has its length
-    if n > 9 * limits.max_namespaces_per_document and text.count("xmlns") > limits.max_namespaces_per_document:
-        flags |= _TREE_NAMESPACES  # a declaration is at least 9 characters (' xmlns=""')
     gap = limits.tag_gap
     pos = text.find("<")
     if pos < 0:
@@ -708,7 +708,36 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
         if nxt >= n:
             break
         pos = nxt
+    if n > limits.max_text_length and _find(text, "<![CDATA[") >= 0:
+        flags |= _TREE_TEXT  # text and CDATA sections make one text node: only the tree has its length
+    if n > 9 * limits.max_namespaces_per_document and _count(text, "xmlns") > limits.max_namespaces_per_document:
+        flags |= _TREE_NAMESPACES  # a declaration is at least 9 characters (' xmlns=""')
     return flags
+
+
+#: Passes over a long text go a slice at a time: a str method holds the interpreter lock for its whole call,
+#: and the store's writer thread, its heartbeats and the event loop must never wait for long.
+_SLICE = 1 << 20
+
+
+def _count(text: str, sub: str) -> int:
+    """``text.count(sub)``, a slice at a time."""
+    n = len(text)
+    if n <= _SLICE:
+        return text.count(sub)
+    overlap = len(sub) - 1  # an occurrence across a boundary is counted in the slice it starts in
+    return sum(text.count(sub, start, min(n, start + _SLICE + overlap)) for start in range(0, n, _SLICE))
+
+
+def _find(text: str, sub: str) -> int:
+    """``text.find(sub)``, a slice at a time."""
+    n = len(text)
+    overlap = len(sub) - 1
+    for start in range(0, n, _SLICE):
+        found = text.find(sub, start, min(n, start + _SLICE + overlap))
+        if found >= 0:
+            return found
+    return -1
 
 
 _XPATH_LONG_TEXT = etree.XPath("(//text() | //@*)[string-length(.) > $n][1]")
@@ -874,8 +903,9 @@ def _prepare(data: bytes, limits: IntakeLimits, declared_charset: str | None) ->
         raise _not_well_formed("The body is empty; send an XML document.")
     decoded = _decode(data, declared_charset)
     _check_prolog(decoded.text)
+    tree_checks = _check_markup(decoded.text, limits)  # first: it refuses most hostile bodies in a few jumps
     _check_element_count(decoded.text, limits.max_elements)
-    return decoded, _check_markup(decoded.text, limits)
+    return decoded, tree_checks
 
 
 def _finish(root: etree._Element, decoded: _Decoded, limits: IntakeLimits, tree_checks: int) -> None:
