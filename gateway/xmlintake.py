@@ -442,7 +442,7 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
     # 5. The bytes must decode in it.
     body = data[bom_len:] if bom_len else data
     try:
-        text = body.decode(effective)
+        text = _decode_slices(body, effective)
     except UnicodeDecodeError as exc:
         good = body[: exc.start].decode(effective, errors="replace")
         line = good.count("\n") + 1
@@ -486,6 +486,21 @@ _DOCTYPE_MESSAGE = (
 )
 
 
+def _decode_slices(body: bytes, encoding: str) -> str:
+    """``body.decode(encoding)``, a slice at a time for a long body (see _SLICE); the exact error of
+    undecodable bytes comes from decoding the whole at once."""
+    if len(body) <= _SLICE:
+        return body.decode(encoding)
+    decoder = codecs.getincrementaldecoder(encoding)()
+    view = memoryview(body)
+    try:
+        parts = [decoder.decode(view[start:start + _SLICE]) for start in range(0, len(body), _SLICE)]
+        parts.append(decoder.decode(b"", final=True))
+    except UnicodeDecodeError:
+        return body.decode(encoding)  # raises, with the offset in the whole body
+    return "".join(parts)
+
+
 def _check_prolog(text: str) -> None:
     end = _PROLOG.match(text).end()  # type: ignore[union-attr]  # always matches
     if text[end : end + 9].upper() == "<!DOCTYPE":
@@ -522,6 +537,17 @@ def _check_element_count(text: str, max_elements: int) -> None:
 # count (on the tree, at C speed) only when the bound does not settle it.
 
 _S = "[ \t\r\n]"  # XML's whitespace; not \s, which also ends a name at characters XML allows in names
+_TAG_NAMES: dict[int, re.Pattern[str]] = {}
+
+
+def _tag_name(longest: int) -> re.Pattern[str]:
+    """A start tag's name, read no further than one character past *longest* (enough to refuse it)."""
+    pattern = _TAG_NAMES.get(longest)
+    if pattern is None:
+        pattern = _TAG_NAMES[longest] = re.compile(r"<([^ \t\r\n/>]{1,%d})" % (longest + 1))
+    return pattern
+
+
 _TAG_NAME = re.compile(r"<([^ \t\r\n/>]+)")
 _TAG_CLOSE = re.compile(rf"{_S}*/?>")
 _START_TAG = re.compile(rf"""<[^ \t\r\n/>]+(?:{_S}+[^ \t\r\n=/>]+{_S}*={_S}*(?:"[^"]*"|'[^']*'))*{_S}*/?>""")
@@ -530,37 +556,50 @@ _ATTRIBUTE = re.compile(rf"""{_S}+([^ \t\r\n=/>]+){_S}*={_S}*(?:"([^"]*)"|'([^']
 
 _TREE_TEXT = 1  # a text node may pass max_text_length but the text alone cannot tell (CDATA, references)
 _TREE_URIS = 2  # a namespace URI written with references may be longer than max_name_length
-_TREE_NAMESPACES = 4  # the document may declare more than max_namespaces_per_document namespaces
 
 
 class _Opaque:
     """Whether a "<" lies inside a comment, CDATA section or processing instruction (where it is
-    no markup), for positions asked in increasing order: one forward pass over the text in all."""
+    no markup), for positions asked in increasing order: each stretch of the text is searched once,
+    and never further than the position asked (or, for the construct it lies in, that one's end)."""
 
     _KINDS = (("<!--", "-->"), ("<![CDATA[", "]]>"), ("<?", "?>"))
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0  # every construct that starts before this has been passed
-        self.next = [text.find(opener) for opener, _ in self._KINDS]
+        self.next: list[int | None] = [None, None, None]  # each kind's next opener found at or after pos
+        self.seen = [0, 0, 0]  # how far each kind has been searched for
+        self.span: tuple[int, int] | None = None  # the last construct found: [start, end)
 
     def inside(self, p: int) -> bool:
-        text, nxt = self.text, self.next
+        """Whether the "<" at *p* lies inside a construct (one that starts at *p* does not count)."""
+        text = self.text
         while True:
+            if self.span is not None:
+                start, end = self.span
+                if p < end:
+                    return start < p
+                self.pos, self.span = end, None
+            best: tuple[int, int] | None = None
             for i, (opener, _) in enumerate(self._KINDS):
-                if 0 <= nxt[i] < self.pos:
-                    nxt[i] = text.find(opener, self.pos)
-            starts = [(n, i) for i, n in enumerate(nxt) if n >= 0]
-            if not starts:
+                n = self.next[i]
+                if n is not None and n < self.pos:  # it lay inside another construct: search on from pos
+                    n = self.next[i] = None
+                    self.seen[i] = max(self.seen[i], self.pos)
+                if n is None and self.seen[i] < p:
+                    found = _find(text, opener, max(self.pos, self.seen[i]), p)
+                    self.seen[i] = p
+                    if found >= 0:
+                        n = self.next[i] = found
+                if n is not None and n < p and (best is None or n < best[0]):
+                    best = (n, i)
+            if best is None:
                 return False
-            start, kind = min(starts)
-            if start >= p:
-                return False
+            start, kind = best
             opener, closer = self._KINDS[kind]
-            close = text.find(closer, start + len(opener))
-            if close < 0 or close + len(closer) > p:
-                return True  # p lies in it (an unterminated one runs to the end)
-            self.pos = close + len(closer)
+            close = _find(text, closer, start + len(opener), len(text))
+            self.span = (start, len(text) if close < 0 else close + len(closer))  # unterminated: to the end
 
 
 def _over(cls: type[IntakeLimitError], what: str, key: str, value: int, advice: str, text: str,
@@ -594,18 +633,18 @@ def _check_start_tag(text: str, p: int, nxt: int, limits: IntakeLimits) -> tuple
     and no longer run without whitespace settles every name ("\u1680", which str.split takes for
     whitespace, is a name character in XML). Only a tag they leave open is read attribute by attribute.
     """
-    m = _TAG_NAME.match(text, p)
+    m = _tag_name(limits.max_name_length).match(text, p)
     if m is None:
         return p, 0
     if len(m.group(1)) > limits.max_name_length:
         raise _name_too_long("an element name", limits, text, p)
-    equals = text.count("=", p, nxt)  # one per attribute or declaration, and any in values or the text after
-    if equals <= limits.max_attributes and nxt - p <= limits.max_text_length and text.find("xmlns", p, nxt) < 0:
+    equals = _count(text, "=", p, nxt)  # one per attribute or declaration, and any in values or the text after
+    if equals <= limits.max_attributes and nxt - p <= _SLICE and text.find("xmlns", p, nxt) < 0:
         stretch = text[p:nxt]
         if "\u1680" not in stretch and max(map(len, stretch.split())) <= limits.max_name_length:
             return nxt, 0  # few enough attributes, no declaration, no long name: nothing to check after it
-    if equals > limits.max_attributes + limits.max_namespaces_per_element:
-        return _check_attributes_one_by_one(text, p, m.end(), limits)  # over a count, or '=' in values
+    if equals > limits.max_attributes + limits.max_namespaces_per_element or nxt - p > _SLICE:
+        return _check_attributes_one_by_one(text, p, m.end(), limits)  # over a count, '=' in values, or long
     tag = _START_TAG.match(text, p)
     if tag is None:
         return p, 0
@@ -625,9 +664,8 @@ def _check_start_tag(text: str, p: int, nxt: int, limits: IntakeLimits) -> tuple
 def _check_attributes_one_by_one(text: str, p: int, pos: int, limits: IntakeLimits) -> tuple[int, int]:
     """The attributes from *pos*, stopping at the first limit passed (a tag with thousands of them)."""
     attributes = declarations = flags = 0
-    for a in _ATTRIBUTE.finditer(text, pos):
-        if a.start() != pos:
-            break  # not the next attribute of this tag
+    match = _ATTRIBUTE.match
+    while (a := match(text, pos)) is not None:  # anchored: never a search through what follows the tag
         pos = a.end()
         name = a.group(1)
         if name == "xmlns" or name.startswith("xmlns:"):
@@ -702,7 +740,7 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
                 end, more = _check_start_tag(text, pos, nxt, limits)
                 flags |= more
             if end > pos and nxt < n and nxt - end > limits.max_text_length:  # character data up to nxt
-                if text.find("&", end, nxt) < 0:
+                if _find(text, "&", end, nxt) < 0:
                     raise _text_too_long(limits, text, end)
                 flags |= _TREE_TEXT  # references make it shorter than written
         if nxt >= n:
@@ -711,8 +749,32 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
     if n > limits.max_text_length and _find(text, "<![CDATA[") >= 0:
         flags |= _TREE_TEXT  # text and CDATA sections make one text node: only the tree has its length
     if n > 9 * limits.max_namespaces_per_document and _count(text, "xmlns") > limits.max_namespaces_per_document:
-        flags |= _TREE_NAMESPACES  # a declaration is at least 9 characters (' xmlns=""')
+        _count_declarations(text, limits)  # a declaration is at least 9 characters (' xmlns=""')
     return flags
+
+
+# Start tags and the constructs whose "<" is no markup, for counting namespace declarations.
+_TAGS_FOR_DECLARATIONS = re.compile(
+    rf"""<!--.*?(?:-->|\Z)|<!\[CDATA\[.*?(?:\]\]>|\Z)|<\?.*?(?:\?>|\Z)"""
+    rf"""|<[^!?/ \t\r\n>][^ \t\r\n/>]*((?:{_S}+[^ \t\r\n=/>]+{_S}*={_S}*(?:"[^"]*"|'[^']*'))*)""",
+    re.S,
+)
+
+
+def _count_declarations(text: str, limits: IntakeLimits) -> None:
+    """Count the namespace declarations of every start tag (when the word "xmlns" alone could pass the
+    limit), refusing the document once they do: before libxml2 builds the tree."""
+    n = limits.max_namespaces_per_document
+    count = 0
+    for m in _TAGS_FOR_DECLARATIONS.finditer(text):
+        block = m.group(1)
+        if block and "xmlns" in block:
+            count += sum(1 for name in _ATTRIBUTE_NAMES.findall(block) if name == "xmlns" or name.startswith("xmlns:"))
+            if count > n:
+                raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces in all, "
+                            "the most this gateway accepts", "max_namespaces_per_document", n,
+                            "declare each namespace once, on the root element, rather than on every element.",
+                            text, m.start())
 
 
 #: Passes over a long text go a slice at a time: a str method holds the interpreter lock for its whole call,
@@ -720,21 +782,21 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
 _SLICE = 1 << 20
 
 
-def _count(text: str, sub: str) -> int:
-    """``text.count(sub)``, a slice at a time."""
-    n = len(text)
-    if n <= _SLICE:
-        return text.count(sub)
+def _count(text: str, sub: str, lo: int = 0, hi: int | None = None) -> int:
+    """``text.count(sub, lo, hi)``, a slice at a time."""
+    hi = len(text) if hi is None else min(hi, len(text))
+    if hi - lo <= _SLICE:
+        return text.count(sub, lo, hi)
     overlap = len(sub) - 1  # an occurrence across a boundary is counted in the slice it starts in
-    return sum(text.count(sub, start, min(n, start + _SLICE + overlap)) for start in range(0, n, _SLICE))
+    return sum(text.count(sub, start, min(hi, start + _SLICE + overlap)) for start in range(lo, hi, _SLICE))
 
 
-def _find(text: str, sub: str) -> int:
-    """``text.find(sub)``, a slice at a time."""
-    n = len(text)
+def _find(text: str, sub: str, lo: int = 0, hi: int | None = None) -> int:
+    """``text.find(sub, lo, hi)``, a slice at a time."""
+    hi = len(text) if hi is None else min(hi, len(text))
     overlap = len(sub) - 1
-    for start in range(0, n, _SLICE):
-        found = text.find(sub, start, min(n, start + _SLICE + overlap))
+    for start in range(lo, hi, _SLICE):
+        found = text.find(sub, start, min(hi, start + _SLICE + overlap))
         if found >= 0:
             return found
     return -1
@@ -756,16 +818,6 @@ def _check_tree(root: etree._Element, text: str, limits: IntakeLimits, flags: in
                             limit_value=err.limit_value)
     if flags & _TREE_URIS and _XPATH_LONG_URI(root, n=limits.max_name_length):
         raise _name_too_long("a namespace URI", limits, text, None)
-    if flags & _TREE_NAMESPACES:
-        count = 0
-        for _ in etree.iterwalk(root, events=("start-ns",)):
-            count += 1
-            if count > limits.max_namespaces_per_document:
-                n = limits.max_namespaces_per_document
-                raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces in "
-                            "all, the most this gateway accepts", "max_namespaces_per_document", n,
-                            "declare each namespace once, on the root element, rather than on every element.",
-                            text, None)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -1047,9 +1099,7 @@ def _root_name(text: str) -> str | None:
     prefix, _, local = qname.rpartition(":")
     wanted = f"xmlns:{prefix}" if prefix else "xmlns"
     pos = m.end()
-    for a in _ATTRIBUTE.finditer(text, pos):
-        if a.start() != pos:
-            break
+    while (a := _ATTRIBUTE.match(text, pos)) is not None:
         pos = a.end()
         if a.group(1) == wanted:
             uri = a.group(2) if a.group(2) is not None else a.group(3)
