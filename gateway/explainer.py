@@ -5,8 +5,9 @@ runs, and its cost grows faster than the document (an element with 1,000 attribu
 with 100,000 minutes). Run in the serving process it would starve the event loop, the store's writer
 thread and its heartbeats; a thread cannot be stopped. So it runs here:
 
-* a helper process (``python -m gateway.explainer``), started with the gateway, builds the schemas once
-  (lxml and xmlschema, about a second) and then only waits for jobs: it never reads a document itself;
+* a helper process (``python -m gateway.explainer``), started when the first invalid document comes (a
+  gateway that never gets one never pays for it), builds the schemas once (lxml and xmlschema, one to three
+  seconds of CPU, niced) and then only waits for jobs: it never reads a document itself;
 * for each job it forks a child (copy-on-write, milliseconds) that parses the body with the same
   hardened intake, validates its tree with lxml and sends libxml2's report (lines, columns, paths), then
   works out xmlschema's and sends that: it runs niced, under a memory limit, and is killed (SIGKILL)
@@ -135,8 +136,8 @@ class _Job:
 class Explainer:
     """Works out the reports of invalid documents in a helper process (see the module docstring).
 
-    :meth:`start` launches the helper in the background (the gateway serves meanwhile: until it is
-    ready, :meth:`explain` returns None at once). :meth:`explain` blocks its calling thread (an intake
+    :meth:`start` launches the helper in the background; :meth:`explain` does so when the helper is not
+    running, and returns None at once until it is ready. :meth:`explain` blocks its calling thread (an intake
     or executor thread, never the event loop) for at most ``timeout`` seconds. A helper that dies is
     started again on the next job, at most once every ``restart_interval`` seconds.
     """

@@ -33,6 +33,15 @@ Each error gets a line, a column (computed from the received bytes when the
 caller passes them as ``source``), the element path with the document's
 prefixes and positions (``/Order/cac:OrderLine[2]/cbc:Quantity``) and a
 bounded message; at most ``max_errors`` are listed.
+
+The gateway does not run xmlschema on a request in its own process: its cost
+grows faster than the document, and it holds the interpreter lock while it
+runs. :meth:`SchemaRegistry.explain` (the full report, libxml2's first) runs in
+a helper process under a time budget (:mod:`gateway.explainer`); the serving
+process falls back to :meth:`SchemaRegistry.libxml2_error` (small documents:
+libxml2's errors of the tree, located) or :meth:`SchemaRegistry.streamed_error`
+(the errors of a validation made while parsing: messages without positions,
+which the streaming validator does not know).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
 :class:`~gateway.errors.GatewayError`:
 
 1. parse (hardened intake) -> :meth:`RouteTable.select` (422 / 403) ->
-   validate against the route's schema (lxml; xmlschema details only when
-   invalid, in a worker thread) -> extract the document id and properties ->
+   validate against the route's schema (lxml; the full report of an invalid
+   document in a helper process, within a time budget: see below) -> extract the document id and properties ->
    transform (XSLT) if the route says so;
 2. idempotency: a document whose key (``Idempotency-Key``, else partner +
    document type + document id) was accepted before gets the first answer
@@ -44,6 +44,21 @@ machine, the threads win when other work keeps the cores busy and lose on a
 machine the gateway has to itself (every hand-over then wakes a sleeping core),
 hence 0 by default. Bodies over :data:`INLINE_MAX_BYTES` always go to the
 default executor, so one 10 MB document does not hold up the small ones.
+
+Validation and its error report are bounded whatever a document holds. Bodies up to
+:data:`TREE_VALIDATION_MAX_BYTES` are validated on their tree (the report of its errors costs, per error, a
+walk of the siblings before it: small at this size); larger ones are validated while they are parsed
+(:func:`gateway.xmlintake.parse_and_validate`: a constant cost per error, their number capped) and never
+on the event loop. The full report of an invalid document is worked out in a helper process and waited for
+``server.explain_timeout`` at most (:class:`gateway.explainer.Explainer`); then libxml2's errors answer.
+
+Document work holds up the other threads (the store's writer, its heartbeats and housekeeping, the event
+loop) only briefly: lxml parses and validates without the interpreter lock, passes over a long text go a
+megabyte at a time, xmlschema runs in another process. The bound: a thread that needs the lock waits for
+document work at most the interpreter's switch interval (5 ms) plus one such slice (a few milliseconds), or
+the release of a large parsed tree, which libxml2 does under the lock (about 1 ms per 10,000 nodes, tens of
+milliseconds at ``max_elements``). tests/gateway/test_bounded_slices.py measures a commit's latency and the
+longest gap of a 1 ms ticker while hostile documents go through.
 
 The warehouse facts are the one stage the intake can leave out: the nightly
 load extracts them from the stored XML, with the same extractor and the same
@@ -306,8 +321,6 @@ class Gateway:
         """Connect to the broker and open one requestor per request-reply route."""
         if self._started:
             return
-        if self.explainer is not None:
-            self.explainer.start()  # in the background; until it is ready, invalid documents get libxml2's errors
         self._connection = self.broker.connect()
         self._connection.start()
         for route in self.routes:

@@ -37,11 +37,28 @@ A partner's document goes through, in order:
      ``n / 4`` elements (``<a/>``), so only a document longer than
      ``4 * max_elements`` is counted at all (a C-speed upper bound first,
      then, if that is over, an exact count skipping comments, CDATA and PIs).
+     The limits after the JDK's (attributes and namespace declarations per
+     element, namespace declarations per document, name length, text length:
+     see :class:`IntakeLimits`) are checked on the text before libxml2 sees
+     the bytes, each refused with its own
+     :class:`~gateway.errors.IntakeLimitError`: a tag over one of them is long,
+     so a scan that jumps from "<" to the last "<" within the shortest such
+     stretch finds it without reading the tags in between (:func:`_check_markup`);
+     what only the tree can tell (a text joined across CDATA sections, a value
+     shortened by references) is counted on it with XPath.
 
-   The hot path for an ordinary UTF-8 document is therefore: one ``decode``
-   (validity check, ~1 us for 14 KB), one regex over the prolog, the lxml parse
-   (thread-local parser, ~100 us for the 14 KB UBL Order example) and a docinfo
-   check (~0.3 us).
+4. :func:`parse_and_validate` (the gateway's intake for larger bodies): the
+   same, and validation against the schema of the root element while libxml2
+   parses, so that every error costs the same and their number is capped.
+
+The hot path for an ordinary UTF-8 document is therefore: one ``decode``
+(validity check, ~1 us for 14 KB), one regex over the prolog, the limit scan
+(~15 backwards memchr jumps for the 14 KB UBL Order example, a few us), the
+lxml parse (thread-local parser, ~100 us) and a docinfo check (~0.3 us).
+
+A pass over a long text (decoding, counting, searching) goes a megabyte at a
+time, and lxml parses without the interpreter lock: no call here holds the
+lock for long, whatever the body (see :mod:`gateway.service`).
 
 Everything these functions put in an error is bounded (see
 :mod:`gateway.errors`) and never contains entity expansions or the content of

@@ -106,7 +106,10 @@ def server(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "the server did not become ready"
             time.sleep(0.2)
-        time.sleep(2)  # the error-report helper builds its schemas
+        # the first invalid document starts the error-report helper, which builds its schemas meanwhile
+        bad = INVOICE.replace(b"<cbc:IssueDate>2009-12-15", b"<cbc:IssueDate>warm-up")
+        assert httpx.post(f"{base}/v1/documents", content=bad, headers=GLOBEX, timeout=30).status_code == 400
+        time.sleep(4)
         yield base, tmp, log
     finally:
         if proc.poll() is None:
