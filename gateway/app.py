@@ -13,7 +13,8 @@ Checks on ``POST``, in order: the API key (401), the partner's request limits
 (429, with ``Retry-After``: :class:`gateway.partners.PartnerLimiter`), the media
 type (415), the declared length then the streamed size (413), the
 ``X-Correlation-ID`` / ``Idempotency-Key`` headers (400), then
-:meth:`gateway.service.Gateway.submit` (400 / 422 / 403 / 502 / 503 / 504). Every error goes through
+:meth:`gateway.service.Gateway.submit` (400 / 422 / 403 / 502 / 503 / 504).
+Every error goes through
 :func:`gateway.problems.problem_response` (RFC 9457 ``application/problem+json``);
 an unexpected exception is logged and answered with a bare 500 problem that
 says nothing about it.

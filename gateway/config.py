@@ -438,8 +438,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     if "pin_processes" in server:
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
     if "explain_workers" in server:
-        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"), "server.explain_workers",
-                                       minimum=0, maximum=16)
+        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"),
+                                       "server.explain_workers", minimum=0, maximum=16)
     if "explain_timeout" in server:
         s.explain_timeout = parse_duration(server["explain_timeout"], server.at("explain_timeout"),
                                            "server.explain_timeout")

@@ -301,9 +301,9 @@ class Explainer:
             job = self._jobs[job_id] = _Job()
         try:
             try:
+                header = {"id": job_id, "charset": charset, "schema": schema, "timeout": self.timeout}
                 with self._lock:  # one writer at a time on the pipe
-                    _write_frame(process.stdin, {"id": job_id, "charset": charset, "schema": schema,  # type: ignore[arg-type]
-                                                 "timeout": self.timeout}, body)
+                    _write_frame(process.stdin, header, body)  # type: ignore[arg-type]
             except (OSError, ValueError):
                 return None, "fallback"
             job.done.wait(self.timeout + 0.05)

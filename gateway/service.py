@@ -6,8 +6,9 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
 
 1. parse (hardened intake) -> :meth:`RouteTable.select` (422 / 403) ->
    validate against the route's schema (lxml; the full report of an invalid
-   document in a helper process, within a time budget: see below) -> extract the document id and properties ->
-   transform (XSLT) if the route says so;
+   document in a helper process, within a time budget: see below) ->
+   extract the document id and properties -> transform (XSLT) if the route
+   says so;
 2. idempotency: a document whose key (``Idempotency-Key``, else partner +
    document type + document id) was accepted before gets the first answer
    again, and nothing is enqueued. The ledger's unique key decides: the
@@ -108,10 +109,10 @@ from .errors import (
     ReplyTimeoutError,
     StoreUnavailableError,
 )
+from .explainer import Explainer
 from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, now_ms
 from .partners import Partner
-from .explainer import Explainer
 from .routes import Route
 from .xmlintake import Validated, parse_and_validate, parse_document_text
 
@@ -123,8 +124,8 @@ log = logging.getLogger(__name__)
 INLINE_MAX_BYTES = 256 * 1024
 #: Bodies up to this size are validated on their tree, and may be taken in on the event loop. The report of a
 #: tree's validation errors walks, for each error, the siblings before its element: a cost that grows with the
-#: square of the document in the worst case (about 5 ms at this size, a second at 256 KB). Larger bodies are
-#: validated while they are parsed (each error a constant cost, their number capped), off the event loop.
+#: square of the document in the worst case (milliseconds at this size, seconds at ten times it). Larger bodies
+#: are validated while they are parsed (each error a constant cost, their number capped), off the event loop.
 TREE_VALIDATION_MAX_BYTES = 24 * 1024
 #: Threads that parse, validate and extract (0: on the event loop).
 INTAKE_THREADS = 0

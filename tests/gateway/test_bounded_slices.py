@@ -6,9 +6,6 @@ while two probes run in threads of the same process: a transacted producer commi
 every 10 ms (the store's writer thread does each commit: its latency is what every caller of the store
 waits), and a ticker sleeping 1 ms at a time (the longest gap between its ticks is the longest the
 interpreter lock was held from it, plus the machine's scheduling).
-
-Before the error reports moved out of the process (gateway.explainer) and the passes over long texts
-were cut into slices, one such document held the lock for minutes and commits took 150 s.
 """
 
 from __future__ import annotations
@@ -27,8 +24,8 @@ pytestmark = pytest.mark.anyio
 
 #: What the probes may see at worst. The gateway's own bound (gateway.service) is a few milliseconds per
 #: slice, tens for freeing a tree at max_elements; these leave room for a commit carrying a 9 MB document
-#: and for the operating system's scheduling of a two-CPU machine shared with other work, and are still a
-#: thousand times below what one document used to cause.
+#: and for the operating system's scheduling of a two-CPU machine shared with other work (a document whose
+#: report ran in the serving process held the lock for minutes).
 MAX_COMMIT_SECONDS = 1.0
 MAX_TICK_GAP_SECONDS = 0.5
 

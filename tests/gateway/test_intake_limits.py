@@ -27,7 +27,6 @@ from gateway.errors import (
     TextTooLongError,
     TooManyAttributesError,
     TooManyDocumentNamespacesError,
-    TooManyNamespacesError,
     XMLSecurityError,
 )
 from gateway.xmlintake import DEFAULT_LIMITS, IntakeLimits, parse_document
@@ -341,3 +340,24 @@ def test_a_document_under_every_limit_is_read_at_c_speed() -> None:
     parse_document(doc)
     assert time.perf_counter() - start < 3.0
 
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_every_limit_is_a_key_under_limits_checked_at_its_line() -> None:
+    from gateway.config import LIMIT_KEYS, load_settings, load_yaml, settings_from_mapping
+    from gateway.errors import ConfigError
+    from gwtest import SAMPLE_CONFIG
+
+    assert load_settings(SAMPLE_CONFIG).limits == DEFAULT_LIMITS  # the sample states the defaults
+    assert set(LIMIT_KEYS) == {"max_body_bytes", "max_depth", "max_elements", *CODES}
+    text = "limits:\n  max_attributes: 20\n  max_name_length: 64\n  max_text_length: 1000\n"
+    limits = settings_from_mapping(load_yaml(text=text, name="b.yaml")).limits
+    assert (limits.max_attributes, limits.max_name_length, limits.max_text_length) == (20, 64, 1000)
+    for bad, line in (("limits:\n  max_attributes: 0\n", 2), ("limits:\n  max_depth: 5\n  max_name_length: many\n", 3),
+                      ("limits:\n  max_attribute: 5\n", 2), ("server:\n  explain_timeout: 20s\n", 2),
+                      ("server:\n  explain_workers: -1\n", 2)):
+        with pytest.raises(ConfigError) as info:
+            settings_from_mapping(load_yaml(text=bad, name="b.yaml"))
+        assert (info.value.file, info.value.line) == ("b.yaml", line), bad
