@@ -12,10 +12,12 @@
 ``GET  /metrics``                           Prometheus metrics (:mod:`gateway.metrics`)
 ==========================================  ==========================================================
 
-Checks on ``POST``, in order: the API key (401), the media type (415), the
-declared length then the streamed size (413), the ``X-Correlation-ID`` /
-``Idempotency-Key`` headers (400), then :meth:`gateway.service.Gateway.submit`
-(400 / 422 / 403 / 502 / 503 / 504). Every error goes through
+Checks on ``POST``, in order: the API key (401), the partner's request limits
+(429, with ``Retry-After``: :class:`gateway.partners.PartnerLimiter`), the media
+type (415), the declared length then the streamed size (413), the
+``X-Correlation-ID`` / ``Idempotency-Key`` headers (400), then
+:meth:`gateway.service.Gateway.submit` (400 / 422 / 403 / 502 / 503 / 504).
+Every error goes through
 :func:`gateway.problems.problem_response` (RFC 9457 ``application/problem+json``);
 an unexpected exception is logged and answered with a bare 500 problem that
 says nothing about it.
@@ -50,6 +52,7 @@ from .errors import (
 from .ledger import LedgerRecord
 from .logs import set_partner
 from .openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
+from .partners import PartnerLimiter
 from .problems import problem_response
 from .runtime import Runtime, start_stomp
 from .service import Gateway, Outcome, iso_ms
@@ -303,17 +306,24 @@ def create_app(
             raise StoreUnavailableError("The gateway is starting or stopping; retry in a moment.")
         return rt.gateway
 
+    limiter = PartnerLimiter()  # each partner's requests in progress and rate (429 over them)
+
     async def accept(headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
         partner = await partners.authenticate_async(headers.get("authorization"))
         set_partner(partner.id)
-        charset = check_media_type(headers.get("content-type"))
-        correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
-        key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
-        declared = _length(headers.get("content-length"))
-        body = await read_body(chunks, limits.max_bytes, declared_length=declared)
-        return await gateway().submit(partner, body, charset=charset, correlation_id=correlation,
-                                      idempotency_key=key)
+        limiter.acquire(partner)
+        try:
+            charset = check_media_type(headers.get("content-type"))
+            correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION,
+                                   _CORRELATION_RULE)
+            key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
+            declared = _length(headers.get("content-length"))
+            body = await read_body(chunks, limits.max_bytes, declared_length=declared)
+            return await gateway().submit(partner, body, charset=charset, correlation_id=correlation,
+                                          idempotency_key=key)
+        finally:
+            limiter.release(partner)
 
     async def post_document(request: Request) -> Response:
         return _outcome_response(await accept(request.headers, request.stream()))
@@ -321,10 +331,14 @@ def create_app(
     async def get_document(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
         set_partner(partner.id)
-        gw = gateway()
-        rt: Runtime = state["runtime"]
-        refresh = rt.reconciler.refresh if rt.reconciler is not None else None
-        record = await gw.document(partner, request.path_params["message_id"], refresh)
+        limiter.acquire(partner)
+        try:
+            gw = gateway()
+            rt: Runtime = state["runtime"]
+            refresh = rt.reconciler.refresh if rt.reconciler is not None else None
+            record = await gw.document(partner, request.path_params["message_id"], refresh)
+        finally:
+            limiter.release(partner)
         body = json.dumps(_status_body(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return Response(body, media_type=_JSON, headers={"Cache-Control": "no-store",
                                                          "X-Correlation-ID": record.correlation_id})
@@ -332,7 +346,11 @@ def create_app(
     async def get_reply(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
         set_partner(partner.id)
-        record = await gateway().document(partner, request.path_params["message_id"])
+        limiter.acquire(partner)
+        try:
+            record = await gateway().document(partner, request.path_params["message_id"])
+        finally:
+            limiter.release(partner)
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
         return Response(record.reply, media_type=_XML, headers={"Cache-Control": "no-store",

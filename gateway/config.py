@@ -13,11 +13,13 @@ The sections, all optional::
 
     store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
     server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
-                 pin_processes: true}
-    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, rules_seconds: 2}
+                 pin_processes: true, explain_workers: 1, explain_timeout: 1s}
+    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, max_attributes: 200,
+                 max_namespaces_per_element: 100, max_namespaces_per_document: 100000, max_name_length: 1000,
+                 max_text_length: 4194304, rules_seconds: 2}   # see docs/limits.md
     namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
     schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
-    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}]}}
+    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}], limits}}   # the file may add defaults:
     routes:     routes.yaml | [{id, partners, root, when, schema, rules, ...}]
     rules:      {sets: {name: {file, phase}}, cache_dir, workers, worker_memory_mb}   # business rules (gateway.rules)
     exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
@@ -51,7 +53,10 @@ from broker_core import Broker, InvalidArgumentError
 from spark_etl.config import EtlSettingError, check_section as check_etl_section
 
 from .errors import ConfigError, clip
-from .xmlintake import DEFAULT_LIMITS, IntakeLimits
+from .xmlintake import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
+
+#: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
+LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
 
 #: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.service).
 INTAKE_FACTS = ("always", "when_idle", "never")
@@ -347,12 +352,18 @@ class Settings:
     processes: int = 1
     #: with several processes, bind each to one CPU (round robin over the usable ones)
     pin_processes: bool = True
+    #: processes working out the error reports of invalid documents at once (0: libxml2's errors only)
+    explain_workers: int = 1
+    #: how long an invalid document's full report may take before libxml2's errors are answered (s)
+    explain_timeout: float = 1.0
     limits: IntakeLimits = DEFAULT_LIMITS
     namespaces: dict[str, str] = field(default_factory=dict)
     ubl_documents: list[str] = field(default_factory=list)
     schema_files: list[SchemaFile] = field(default_factory=list)
     schema_dirs: list[Path] = field(default_factory=list)
     partners: MarkedDict = field(default_factory=MarkedDict)
+    #: the partners file's ``defaults:`` section (what every partner gets unless its entry says otherwise)
+    partner_defaults: MarkedDict = field(default_factory=MarkedDict)
     routes: MarkedList = field(default_factory=MarkedList)
     workers: list[str] = field(default_factory=list)
     #: module -> concurrency override for its handlers (``- {module: m, concurrency: 4}``)
@@ -459,7 +470,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         raise place.error(f"store.options: {error}") from None
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
-    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes"}, "server")
+    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
+                        "explain_workers", "explain_timeout"}, "server")
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
@@ -475,20 +487,25 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                  minimum=0, maximum=256)
     if "pin_processes" in server:
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
+    if "explain_workers" in server:
+        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"),
+                                       "server.explain_workers", minimum=0, maximum=16)
+    if "explain_timeout" in server:
+        s.explain_timeout = parse_duration(server["explain_timeout"], server.at("explain_timeout"),
+                                           "server.explain_timeout")
+        if not 0 < s.explain_timeout <= 10:
+            raise server.at("explain_timeout").error("server.explain_timeout must be more than 0 and at most 10s")
 
     limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
-    check_keys(limits, {"max_body_bytes", "max_depth", "max_elements", "rules_seconds"}, "limits")
+    check_keys(limits, set(LIMIT_KEYS) | {"rules_seconds"}, "limits")
     if "rules_seconds" in limits:
         s.rules_seconds = parse_duration(limits["rules_seconds"], limits.at("rules_seconds"), "limits.rules_seconds")
         if not 0 < s.rules_seconds <= 600:
             raise limits.at("rules_seconds").error("limits.rules_seconds must be more than 0 and at most 600 s")
-    values = {
-        "max_bytes": limits.get("max_body_bytes", DEFAULT_LIMITS.max_bytes),
-        "max_depth": limits.get("max_depth", DEFAULT_LIMITS.max_depth),
-        "max_elements": limits.get("max_elements", DEFAULT_LIMITS.max_elements),
-    }
-    for key, name in (("max_body_bytes", "max_bytes"), ("max_depth", "max_depth"), ("max_elements", "max_elements")):
-        expect_int(values[name], limits.at(key), f"limits.{key}", minimum=1)
+    values = {}
+    for key, name in LIMIT_KEYS.items():
+        value = limits.get(key, getattr(DEFAULT_LIMITS, name))
+        values[name] = expect_int(value, limits.at(key), f"limits.{key}", minimum=1)
     try:
         s.limits = IntakeLimits(**values)
     except ValueError as exc:
@@ -502,6 +519,10 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     _schemas(s, expect_mapping(root.get("schemas"), root.at("schemas"), "schemas"))
 
     partners = _section_file(root.get("partners"), root.at("partners"), base_dir, "partners")
+    if isinstance(partners, dict) and "partners" in partners and set(partners) <= {"partners", "defaults"}:
+        # a partners file with a defaults: section beside its partners: (the partners' request limits)
+        s.partner_defaults = expect_mapping(partners.get("defaults"), partners.at("defaults"), "defaults")
+        partners = partners["partners"]
     s.partners = expect_mapping(partners, getattr(partners, "where", root.at("partners")), "partners")
     routes = _section_file(root.get("routes"), root.at("routes"), base_dir, "routes")
     s.routes = expect_list(routes, getattr(routes, "where", root.at("routes")), "routes")

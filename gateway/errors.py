@@ -11,6 +11,12 @@ that says what to do about it::
     ├── InvalidDocumentError            400 (base: carries ``errors``)
     │   ├── NotWellFormedError          400 not-well-formed
     │   ├── XMLSecurityError            400 forbidden-xml
+    │   │   └── IntakeLimitError        400 (base: ``limit``, ``limit_value``)
+    │   │       ├── TooManyAttributesError          400 too-many-attributes
+    │   │       ├── TooManyNamespacesError          400 too-many-namespaces
+    │   │       ├── TooManyDocumentNamespacesError  400 too-many-document-namespaces
+    │   │       ├── NameTooLongError                400 name-too-long
+    │   │       └── TextTooLongError                400 text-too-long
     │   ├── SchemaValidationError       400 schema-invalid
     │   └── BusinessRuleViolationError  400 business-rule-violation
     ├── InvalidHeaderError              400 invalid-header
@@ -24,6 +30,9 @@ that says what to do about it::
     ├── NoRouteError                    422 no-route
     ├── RulesTimeoutError               422 rules-timeout
     ├── RulesEvaluationError            422 rules-error
+    ├── TooManyRequestsError            429 (base: ``retry_after``)
+    │   ├── RateLimitedError            429 rate-limited
+    │   └── ConcurrencyLimitedError     429 too-many-concurrent-requests
     ├── BackendError                    502 backend-error
     ├── StoreUnavailableError           503 store-unavailable
     ├── ReplyTimeoutError               504 reply-timeout    (also TimeoutError)
@@ -56,6 +65,12 @@ __all__ = [
     "InvalidDocumentError",
     "NotWellFormedError",
     "XMLSecurityError",
+    "IntakeLimitError",
+    "TooManyAttributesError",
+    "TooManyNamespacesError",
+    "TooManyDocumentNamespacesError",
+    "NameTooLongError",
+    "TextTooLongError",
     "SchemaValidationError",
     "RuleFailureDetail",
     "BusinessRuleViolationError",
@@ -70,6 +85,9 @@ __all__ = [
     "ArchivedReplayError",
     "DocumentArchivedError",
     "NoRouteError",
+    "TooManyRequestsError",
+    "RateLimitedError",
+    "ConcurrencyLimitedError",
     "BackendError",
     "StoreUnavailableError",
     "ReplyTimeoutError",
@@ -263,6 +281,74 @@ class XMLSecurityError(InvalidDocumentError):
     code = "forbidden-xml"
     default_detail = "The document uses an XML construct this gateway refuses for safety."
     max_errors = 20
+
+
+class IntakeLimitError(XMLSecurityError):
+    """Base of the errors raised when a document passes one of the configured intake limits (the
+    ``limits:`` section): ``limit`` is the key (``max_attributes``...), ``limit_value`` its configured
+    value. The detail names both and never quotes the document."""
+
+    code = "limit-exceeded"
+    default_detail = "The document passes one of this gateway's intake limits."
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        errors: Iterable[XMLErrorDetail] = (),
+        *,
+        limit: str | None = None,
+        limit_value: int | None = None,
+    ) -> None:
+        self.limit = limit
+        self.limit_value = limit_value
+        super().__init__(detail, errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if self.limit is not None:
+            body["limit"] = self.limit
+            body["limit_value"] = self.limit_value
+        return body
+
+
+class TooManyAttributesError(IntakeLimitError):
+    """Raised when an element carries more attributes (namespace declarations not counted) than
+    ``limits.max_attributes`` allows (the JDK's ``jdk.xml.elementAttributeLimit``)."""
+
+    code = "too-many-attributes"
+    default_detail = "An element has more attributes than this gateway accepts."
+
+
+class TooManyNamespacesError(IntakeLimitError):
+    """Raised when one element declares more namespaces (``xmlns`` / ``xmlns:p`` attributes) than
+    ``limits.max_namespaces_per_element`` allows."""
+
+    code = "too-many-namespaces"
+    default_detail = "An element declares more namespaces than this gateway accepts."
+
+
+class TooManyDocumentNamespacesError(IntakeLimitError):
+    """Raised when the document as a whole declares more namespaces (counting every ``xmlns``
+    attribute of every element) than ``limits.max_namespaces_per_document`` allows."""
+
+    code = "too-many-document-namespaces"
+    default_detail = "The document declares more namespaces than this gateway accepts."
+
+
+class NameTooLongError(IntakeLimitError):
+    """Raised when an element or attribute name (prefix included) or a namespace URI is longer than
+    ``limits.max_name_length`` characters (the JDK's ``jdk.xml.maxXMLNameLimit``)."""
+
+    code = "name-too-long"
+    default_detail = "A name in the document is longer than this gateway accepts."
+
+
+class TextTooLongError(IntakeLimitError):
+    """Raised when a text node (CDATA sections included) or an attribute value is longer than
+    ``limits.max_text_length`` characters."""
+
+    code = "text-too-long"
+    default_detail = "A text or attribute value in the document is longer than this gateway accepts."
 
 
 class SchemaValidationError(InvalidDocumentError):
@@ -488,6 +574,41 @@ class RulesEvaluationError(GatewayError):
     status = 422
     code = "rules-error"
     default_detail = "The business rules could not be evaluated on this document; check its values."
+
+
+class TooManyRequestsError(GatewayError):
+    """Base of the 429 answers: the partner is over one of its request limits; ``retry_after`` is
+    the number of seconds after which a retry may succeed (the ``Retry-After`` header)."""
+
+    status = 429
+    code = "too-many-requests"
+    default_detail = "Too many requests from your partner account; retry later."
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
+        self.retry_after = max(1, int(retry_after))
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["retry_after"] = self.retry_after
+        return body
+
+
+class RateLimitedError(TooManyRequestsError):
+    """Raised when a partner sends requests faster than its configured rate
+    (``limits.requests_per_second`` with ``limits.burst`` in partners.yaml); nothing of the request
+    was read or done."""
+
+    code = "rate-limited"
+    default_detail = "Your partner account sends requests faster than agreed; slow down and retry later."
+
+
+class ConcurrencyLimitedError(TooManyRequestsError):
+    """Raised when a partner already has as many requests in progress as its configured
+    ``limits.concurrent_requests`` allows; nothing of the request was read or done."""
+
+    code = "too-many-concurrent-requests"
+    default_detail = "Your partner account has too many requests in progress; wait for their answers and retry."
 
 
 class _AcceptedDocumentError(GatewayError):

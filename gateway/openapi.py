@@ -37,7 +37,9 @@ _XML_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
 _DESCRIPTIONS = {
     400: "The document is not well-formed XML, uses a construct the gateway refuses (a DOCTYPE, an entity, too "
-         "deep or too many elements), is not valid against its schema (`errors` lists each problem with line, "
+         "deep or too many elements), is over an intake limit (`too-many-attributes`, `too-many-namespaces`, "
+         "`too-many-document-namespaces`, `name-too-long`, `text-too-long`: `limit` and `limit_value` name it), "
+         "is not valid against its schema (`errors` lists each problem with line, "
          "column, element path and message), or breaks a business rule of its route (`business-rule-violation`: "
          "`errors` lists each failed rule with its id, flag, location and text); or a request header is malformed "
          "(`header` names it).",
@@ -55,7 +57,8 @@ _DESCRIPTIONS = {
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
     422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
          "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
-    429: "Too many requests from this partner; retry after the time given.",
+    429: "The partner is over its concurrent requests or its rate (`code` says which); nothing of the request "
+         "was read or done: retry after `Retry-After` seconds.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
     503: "The gateway's store is unavailable, or the gateway is starting or stopping: nothing was accepted, retry.",
@@ -156,6 +159,7 @@ _ACCEPTED_HEADERS = {
     "X-Correlation-ID": _header("The correlation id: yours, or the one the gateway made."),
 }
 _WWW_AUTHENTICATE = {"WWW-Authenticate": _header("`Bearer realm=\"b2bgw\"`.")}
+_RETRY_AFTER = {"Retry-After": _header("Seconds to wait before retrying.", schema={"type": "integer", "minimum": 1})}
 
 
 def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str, Any]:
@@ -164,6 +168,9 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
         kwargs: dict[str, Any] = {}
         if status == 401:
             kwargs["headers"] = _WWW_AUTHENTICATE
+        elif status == 429:
+            kwargs["headers"] = _RETRY_AFTER
+            kwargs["required"] = ("retry_after",)
         elif status == 409:
             kwargs["required"] = ("message_id", "status_url")
         elif status in (502, 504):
@@ -223,6 +230,10 @@ def _components() -> dict[str, Any]:
                     "errors": {"type": "array", "items": {"$ref": "#/components/schemas/DocumentError"}},
                     "omitted_errors": {"type": "integer", "minimum": 1},
                     "header": _STRING,
+                    "limit": {"type": "string", "description": "400, an intake limit passed: its `limits:` key."},
+                    "limit_value": {"type": "integer", "description": "That limit's configured value."},
+                    "retry_after": {"type": "integer", "minimum": 1,
+                                    "description": "429: seconds to wait before retrying (also `Retry-After`)."},
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "status_url": _STRING,

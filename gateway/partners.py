@@ -25,20 +25,35 @@ import base64
 import collections
 import hashlib
 import hmac
+import math
 import os
 import re
 import secrets
 import threading
+import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .config import MarkedDict, Settings, check_keys, expect_bool, expect_list, expect_mapping, expect_str
-from .errors import AuthenticationError, ConfigError, clip
+from .config import (
+    MarkedDict,
+    Settings,
+    Where,
+    check_keys,
+    expect_bool,
+    expect_int,
+    expect_list,
+    expect_mapping,
+    expect_str,
+)
+from .errors import AuthenticationError, ConcurrencyLimitedError, ConfigError, RateLimitedError, clip
 
 __all__ = [
     "ApiKey",
+    "DEFAULT_PARTNER_LIMITS",
     "Partner",
+    "PartnerLimiter",
+    "PartnerLimits",
     "PartnerRegistry",
     "generate_key",
     "hash_key",
@@ -110,12 +125,54 @@ def generate_key(key_id: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PartnerLimits:
+    """How much one partner may ask of one serving process (``limits:`` of a partner in partners.yaml,
+    else of its ``defaults:``, else these values, generous enough never to slow an honest client).
+
+    ``concurrent_requests``: requests in progress at once (from the headers read to the answer);
+    ``requests_per_second`` and ``burst``: a token bucket of ``burst`` requests refilled at that rate.
+    Over either, the request is answered 429 with ``Retry-After`` before its body is read.
+    """
+
+    concurrent_requests: int = 256
+    requests_per_second: float = 10_000.0
+    burst: int = 10_000
+
+
+DEFAULT_PARTNER_LIMITS = PartnerLimits()
+_LIMIT_KEYS = {"concurrent_requests", "requests_per_second", "burst"}
+
+
+def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) -> PartnerLimits:
+    """A ``limits:`` mapping over *base*, each value checked at its line."""
+    limits = expect_mapping(value, where, f"{what} limits")
+    check_keys(limits, _LIMIT_KEYS, f"{what} limits")
+    concurrent, rate, burst = base.concurrent_requests, base.requests_per_second, base.burst
+    if "concurrent_requests" in limits:
+        concurrent = expect_int(limits["concurrent_requests"], limits.at("concurrent_requests"),
+                                f"{what} limits.concurrent_requests", minimum=1, maximum=100_000)
+    if "requests_per_second" in limits:
+        rate = limits["requests_per_second"]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1_000_000:
+            raise limits.at("requests_per_second").error(
+                f"{what} limits.requests_per_second must be a number above 0 and at most 1000000; got {clip(repr(rate), 40)}")
+        rate = float(rate)
+        if "burst" not in limits:
+            burst = max(1, math.ceil(rate))  # one second's worth
+    if "burst" in limits:
+        burst = expect_int(limits["burst"], limits.at("burst"), f"{what} limits.burst", minimum=1, maximum=10_000_000)
+    return PartnerLimits(concurrent, rate, burst)
+
+
+@dataclass(frozen=True, slots=True)
 class Partner:
-    """A trading partner: ``id`` (what routes, the ledger and ``JMSXUserID`` name), a display ``name``."""
+    """A trading partner: ``id`` (what routes, the ledger and ``JMSXUserID`` name), a display ``name``,
+    and its request ``limits``."""
 
     id: str
     name: str
     enabled: bool = True
+    limits: PartnerLimits = field(default=DEFAULT_PARTNER_LIMITS, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +206,16 @@ class PartnerRegistry:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PartnerRegistry:
-        """Build the registry from the ``partners:`` section; ConfigError with file and line."""
-        return cls.from_mapping(settings.partners)
+        """Build the registry from the ``partners:`` section (and the partners file's ``defaults:``);
+        ConfigError with file and line."""
+        return cls.from_mapping(settings.partners, getattr(settings, "partner_defaults", None))
 
     @classmethod
-    def from_mapping(cls, section: MarkedDict) -> PartnerRegistry:
+    def from_mapping(cls, section: MarkedDict, defaults: MarkedDict | None = None) -> PartnerRegistry:
+        base = DEFAULT_PARTNER_LIMITS
+        if defaults:
+            check_keys(defaults, {"limits"}, "defaults")
+            base = _partner_limits(defaults.get("limits"), defaults.at("limits"), "defaults", base)
         partners: dict[str, Partner] = {}
         keys: dict[str, ApiKey] = {}
         for partner_id, body in section.items():
@@ -163,10 +225,12 @@ class PartnerRegistry:
                     f"partner id {clip(str(partner_id), 60)!r} must be 1-100 letters, digits, '.', '-' or '_'"
                 )
             entry = expect_mapping(body, where, f"partner {partner_id!r}")
-            check_keys(entry, {"name", "enabled", "keys"}, f"partner {partner_id!r}")
+            check_keys(entry, {"name", "enabled", "keys", "limits"}, f"partner {partner_id!r}")
             name = expect_str(entry.get("name", partner_id), entry.at("name"), f"partner {partner_id!r} name")
             enabled = expect_bool(entry.get("enabled", True), entry.at("enabled"), f"partner {partner_id!r} enabled")
-            partners[partner_id] = Partner(partner_id, name, enabled)
+            limits = (_partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
+                      if "limits" in entry else base)
+            partners[partner_id] = Partner(partner_id, name, enabled, limits)
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)
@@ -276,6 +340,57 @@ class PartnerRegistry:
                 pending.pop(digest, None)
             return result
         return await asyncio.shield(future)
+
+
+class PartnerLimiter:
+    """Each partner's requests in progress and its token bucket, for one serving process.
+
+    Used from the event loop only (no lock): :meth:`acquire` before a request's body is read, raising
+    :class:`~gateway.errors.ConcurrencyLimitedError` or :class:`~gateway.errors.RateLimitedError`
+    (nothing counted then), and :meth:`release` once it is answered. A refused request costs a dict
+    look-up and a few additions, so a partner's flood is turned away without crowding out the others.
+    """
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._in_progress: dict[str, int] = {}
+        self._buckets: dict[str, list[float]] = {}  # partner id -> [tokens, when last refilled]
+
+    def acquire(self, partner: Partner) -> None:
+        limits = partner.limits
+        pid = partner.id
+        running = self._in_progress.get(pid, 0)
+        if running >= limits.concurrent_requests:
+            raise ConcurrencyLimitedError(
+                f"Your partner account already has {running} requests in progress, the most this gateway takes "
+                f"at once (limits.concurrent_requests is {limits.concurrent_requests}); wait for their answers "
+                "before sending more.", retry_after=1)
+        now = self._clock()
+        bucket = self._buckets.get(pid)
+        if bucket is None:
+            bucket = self._buckets[pid] = [float(limits.burst), now]
+        tokens = min(float(limits.burst), bucket[0] + (now - bucket[1]) * limits.requests_per_second)
+        bucket[1] = now
+        if tokens < 1.0 - 1e-9:  # (a client exactly at the rate: float sums fall short by a hair)
+            bucket[0] = tokens
+            wait = math.ceil((1.0 - tokens) / limits.requests_per_second)
+            raise RateLimitedError(
+                f"Your partner account sends more than {limits.requests_per_second:g} requests per second (bursts "
+                f"of {limits.burst}), the rate agreed (limits.requests_per_second); retry after {wait} s and "
+                "spread your requests out.", retry_after=wait)
+        bucket[0] = max(0.0, tokens - 1.0)
+        self._in_progress[pid] = running + 1
+
+    def release(self, partner: Partner) -> None:
+        pid = partner.id
+        running = self._in_progress.get(pid, 0) - 1
+        if running > 0:
+            self._in_progress[pid] = running
+        else:
+            self._in_progress.pop(pid, None)
+
+    def in_progress(self, partner_id: str) -> int:
+        return self._in_progress.get(partner_id, 0)
 
 
 def key_entry_yaml(key_id: str, key: str) -> str:

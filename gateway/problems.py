@@ -17,12 +17,14 @@ Every error response, whatever the client accepts (an XML client too), is
 software switches on; both are given); ``title`` is the same for every
 problem of a type; ``detail`` says what happened and what to do. Extension
 members: ``errors`` (400 document errors: line, column, element path,
-validator message; ``omitted_errors`` counts those left out), ``header``
-(400 invalid-header), ``message_id`` / ``correlation_id`` / ``status_url``
-(504 and 502: the document was accepted, follow it up instead of resending;
-409 idempotency-conflict: the document accepted first under the same key), with
-``received_at`` / ``archived_at`` (410 document-archived, 409 archived-replay:
-the document retention archived).
+validator message; ``omitted_errors`` counts those left out), ``limit`` and
+``limit_value`` (400 for a document over an intake limit: the key and its
+configured value), ``retry_after`` (429, also the ``Retry-After`` header),
+``header`` (400 invalid-header), ``message_id`` / ``correlation_id`` /
+``status_url`` (504 and 502: the document was accepted, follow it up instead
+of resending; 409 idempotency-conflict: the document accepted first under the
+same key), with ``received_at`` / ``archived_at`` (410 document-archived, 409
+archived-replay: the document retention archived).
 
 Bodies are bounded: the errors are clipped where they are made (see
 :mod:`gateway.errors`) and :func:`problem_body` drops trailing ``errors``
@@ -41,6 +43,7 @@ from .errors import (
     DocumentTooLargeError,
     GatewayError,
     MethodNotAllowedError,
+    TooManyRequestsError,
 )
 from .logs import set_problem
 
@@ -57,6 +60,15 @@ TITLES = {
     "invalid-document": "Invalid document",
     "not-well-formed": "Not well-formed XML",
     "forbidden-xml": "Forbidden XML construct",
+    "limit-exceeded": "Document over a limit",
+    "too-many-attributes": "Too many attributes",
+    "too-many-namespaces": "Too many namespace declarations",
+    "too-many-document-namespaces": "Too many namespace declarations",
+    "name-too-long": "Name too long",
+    "text-too-long": "Text too long",
+    "too-many-requests": "Too many requests",
+    "rate-limited": "Rate limited",
+    "too-many-concurrent-requests": "Too many concurrent requests",
     "schema-invalid": "Schema invalid",
     "business-rule-violation": "Business rule violation",
     "rules-timeout": "Business rules timeout",
@@ -118,6 +130,11 @@ def problem_response(error: GatewayError, instance: str | None = None,
         out["Allow"] = ", ".join(error.allowed)
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
+    if isinstance(error, TooManyRequestsError):
+        # answered before the body is read, and the connection stays open: the server discards the rest of
+        # the body as it comes. Closing it with the body unread would make the kernel reset the connection,
+        # which can destroy this answer before the client reads it.
+        out["Retry-After"] = str(error.retry_after)
     message_id = getattr(error, "message_id", None)
     if message_id:
         out["X-Message-ID"] = message_id

@@ -33,6 +33,15 @@ Each error gets a line, a column (computed from the received bytes when the
 caller passes them as ``source``), the element path with the document's
 prefixes and positions (``/Order/cac:OrderLine[2]/cbc:Quantity``) and a
 bounded message; at most ``max_errors`` are listed.
+
+The gateway does not run xmlschema on a request in its own process: its cost
+grows faster than the document, and it holds the interpreter lock while it
+runs. :meth:`SchemaRegistry.explain` (the full report, libxml2's first) runs in
+a helper process under a time budget (:mod:`gateway.explainer`); the serving
+process falls back to :meth:`SchemaRegistry.libxml2_error` (small documents:
+libxml2's errors of the tree, located) or :meth:`SchemaRegistry.streamed_error`
+(the errors of a validation made while parsing: messages without positions,
+which the streaming validator does not know).
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -605,8 +614,23 @@ class SchemaRegistry:
         source: bytes | None,
         lxml_log: list[tuple[int, str | None, str]],
     ) -> None:
-        details: list[XMLErrorDetail] = []
-        total = 0
+        raise self._explained(entry, root, source, lxml_log)
+
+    def _explained(
+        self,
+        entry: _Entry,
+        root: etree._Element,
+        source: bytes | None,
+        lxml_log: list[tuple[int, str | None, str]],
+        on_libxml2: Callable[[SchemaValidationError], None] | None = None,
+    ) -> SchemaValidationError:
+        """The error report of an invalid document: xmlschema's (every error, with a reason) for
+        documents up to detail_max_elements elements, else libxml2's. *on_libxml2* gets libxml2's
+        report first, before xmlschema starts (the worker that explains documents sends it on, for
+        the case its time runs out: see gateway.explainer)."""
+        libxml2 = self._libxml2_error(entry, root, source, lxml_log)
+        if on_libxml2 is not None:
+            on_libxml2(libxml2)
         if int(root.xpath("count(//*)")) <= self.detail_max_elements:
             try:
                 found, total = self._xmlschema_errors(entry, root)
@@ -614,15 +638,102 @@ class SchemaRegistry:
             except Exception:  # noqa: BLE001 - the detail is best effort; libxml2's log remains
                 log.warning("xmlschema failed to detail the errors of a %s document", entry.name, exc_info=True)
                 details = []
-        if not details:  # large document, or xmlschema saw no error (it should not disagree)
-            details = self._details_from_lxml(root, source, lxml_log)
-            total = max(len(lxml_log), len(details))
+            if details:
+                return SchemaValidationError(
+                    _summary(details, entry.name, total), details, omitted=total - len(details), schema=entry.name
+                )
+        return libxml2  # large document, or xmlschema saw no error (it should not disagree)
+
+    def _libxml2_error(
+        self,
+        entry: _Entry,
+        root: etree._Element,
+        source: bytes | None,
+        lxml_log: list[tuple[int, str | None, str]],
+    ) -> SchemaValidationError:
+        details = self._details_from_lxml(root, source, lxml_log)
+        total = max(len(lxml_log), len(details))
         if not details:
             details = self._with_positions(root, source, [(root, "The document is not valid against its schema.")])
             total = 1
-        raise SchemaValidationError(
+        return SchemaValidationError(
             _summary(details, entry.name, total), details, omitted=total - len(details), schema=entry.name
         )
+
+    def libxml2_error(self, root: etree._Element, schema: str, *, source: bytes | None = None) -> SchemaValidationError:
+        """libxml2's report of the invalid document *root* (lines, columns, paths, messages), without
+        xmlschema: for documents small enough that validating their tree again costs little."""
+        entry = self._entry(schema)
+        xsd = self._lxml_schema(entry)
+        with entry.lock:
+            xsd.validate(root)
+            lxml_log = [(e.line, getattr(e, "path", None), e.message) for e in xsd.error_log]
+        return self._libxml2_error(entry, root, source, lxml_log)
+
+    def explain(
+        self,
+        root: etree._Element,
+        schema: str,
+        *,
+        source: bytes | None = None,
+        on_libxml2: Callable[[SchemaValidationError], None] | None = None,
+    ) -> SchemaValidationError | None:
+        """The full report of the invalid document *root* (None if it is valid): what :meth:`validate`
+        raises, and libxml2's report given to *on_libxml2* before xmlschema's work starts."""
+        entry = self._entry(schema)
+        if entry.version == "1.1":
+            try:
+                self._validate_xmlschema_only(entry, root, source)
+            except SchemaValidationError as exc:
+                return exc
+            return None
+        xsd = self._lxml_schema(entry)
+        with entry.lock:
+            if xsd.validate(root):
+                return None
+            lxml_log = [(e.line, getattr(e, "path", None), e.message) for e in xsd.error_log]
+        return self._explained(entry, root, source, lxml_log, on_libxml2)
+
+    def streamed_error(self, schema: str, entries: list[Any], *, complete: bool = True,
+                       nsmap: Mapping[str | None, str] | None = None) -> SchemaValidationError:
+        """The report made of the errors libxml2 gave while validating a document as it parsed it
+        (:func:`gateway.xmlintake.parse_and_validate`): messages without positions, which the
+        streaming validator does not know. *complete* False: the validation stopped after these."""
+        entry = self._entry(schema)
+        details = [XMLErrorDetail(e.line or None, e.column or None, None, _prefixed(e.message.strip(), nsmap or {}))
+                   for e in entries[: self.max_errors]]
+        if not details:
+            details = [XMLErrorDetail(None, None, None, "The document is not valid against its schema.")]
+        total = max(len(entries), len(details))
+        detail = _summary(details, entry.name, total)
+        if not complete:
+            detail = detail.replace(f"({total} errors;", f"(at least {total} errors;", 1)
+        return SchemaValidationError(detail, details, omitted=total - len(details), schema=entry.name)
+
+    def lxml_schema(self, schema: str) -> etree.XMLSchema | None:
+        """The compiled lxml schema of *schema* (a name or a root Clark name); None for XSD 1.1."""
+        entry = self._entry(schema)
+        return None if entry.version == "1.1" else self._lxml_schema(entry)
+
+    def registrations(self) -> dict[str, Any]:
+        """What rebuilds this registry elsewhere (:meth:`from_registrations`): plain data."""
+        return {
+            "allowed_dirs": [str(d) for d in self._allowed.dirs],
+            "max_errors": self.max_errors,
+            "detail_max_elements": self.detail_max_elements,
+            "schemas": [{"name": e.name, "path": str(e.path), "version": e.version, "group": e.group,
+                         "roots": sorted(e.roots)} for e in self._entries.values()],
+        }
+
+    @classmethod
+    def from_registrations(cls, data: Mapping[str, Any]) -> SchemaRegistry:
+        """A registry with the schemas of :meth:`registrations` registered (not compiled)."""
+        registry = cls(data["allowed_dirs"], max_errors=data["max_errors"],
+                       detail_max_elements=data["detail_max_elements"])
+        for item in data["schemas"]:
+            registry.register(item["name"], item["path"], version=item["version"], group=item["group"],
+                              roots=item["roots"])
+        return registry
 
     def _details_from_xmlschema(self, root: etree._Element, source: bytes | None, found: list[Any]) -> list[XMLErrorDetail]:
         located: list[tuple[etree._Element | None, str]] = []

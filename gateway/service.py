@@ -5,9 +5,10 @@ returns an :class:`Outcome` (a receipt, or a reply) or raises a typed
 :class:`~gateway.errors.GatewayError`:
 
 1. parse (hardened intake) -> :meth:`RouteTable.select` (422 / 403) ->
-   validate against the route's schema (lxml; xmlschema details only when
-   invalid, in a worker thread) -> extract the document id and properties ->
-   transform (XSLT) if the route says so;
+   validate against the route's schema (lxml; the full report of an invalid
+   document in a helper process, within a time budget: see below) ->
+   extract the document id and properties -> transform (XSLT) if the route
+   says so;
 2. idempotency: a document's key is, per partner, its ``Idempotency-Key``;
    else the values of the route's own key XPaths; else its document type and
    id, with its sender party when its type has one
@@ -61,6 +62,21 @@ machine the gateway has to itself (every hand-over then wakes a sleeping core),
 hence 0 by default. Bodies over :data:`INLINE_MAX_BYTES` always go to the
 default executor, so one 10 MB document does not hold up the small ones.
 
+Validation and its error report are bounded whatever a document holds. Bodies up to
+:data:`TREE_VALIDATION_MAX_BYTES` are validated on their tree (the report of its errors costs, per error, a
+walk of the siblings before it: small at this size); larger ones are validated while they are parsed
+(:func:`gateway.xmlintake.parse_and_validate`: a constant cost per error, their number capped) and never
+on the event loop. The full report of an invalid document is worked out in a helper process and waited for
+``server.explain_timeout`` at most (:class:`gateway.explainer.Explainer`); then libxml2's errors answer.
+
+Document work holds up the other threads (the store's writer, its heartbeats and housekeeping, the event
+loop) only briefly: lxml parses and validates without the interpreter lock, passes over a long text go a
+megabyte at a time, xmlschema runs in another process. The bound: a thread that needs the lock waits for
+document work at most the interpreter's switch interval (5 ms) plus one such slice (a few milliseconds), or
+the release of a large parsed tree, which libxml2 does under the lock (about 1 ms per 10,000 nodes, tens of
+milliseconds at ``max_elements``). tests/gateway/test_bounded_slices.py measures a commit's latency and the
+longest gap of a 1 ms ticker while hostile documents go through.
+
 The warehouse facts are the one stage the intake can leave out: the nightly
 load extracts them from the stored XML, with the same extractor and the same
 result, when a document has none. ``server.intake_facts`` says when they are
@@ -113,13 +129,14 @@ from .errors import (
     StoreUnavailableError,
     clip,
 )
+from .explainer import Explainer
 from . import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, Tombstone, now_ms
 from .partners import Partner
 from .routes import Route
 from .rules import RulesRunner, violation, warnings_of
 from .schematron import document_utf8
-from .xmlintake import parse_document, parse_document_text
+from .xmlintake import Validated, parse_and_validate, parse_document, parse_document_text
 
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest",
            "iso_ms"]
@@ -128,6 +145,11 @@ log = logging.getLogger(__name__)
 
 #: Bodies up to this size are parsed and validated by the intake threads; larger ones in the default executor.
 INLINE_MAX_BYTES = 256 * 1024
+#: Bodies up to this size are validated on their tree, and may be taken in on the event loop. The report of a
+#: tree's validation errors walks, for each error, the siblings before its element: a cost that grows with the
+#: square of the document in the worst case (milliseconds at this size, seconds at ten times it). Larger bodies
+#: are validated while they are parsed (each error a constant cost, their number capped), off the event loop.
+TREE_VALIDATION_MAX_BYTES = 24 * 1024
 #: Threads that parse, validate and extract (0: on the event loop).
 INTAKE_THREADS = 0
 #: The most documents the event loop takes through the intake's stages together...
@@ -257,6 +279,7 @@ class _Work:
     route: Route | None = None
     result: _Intake | None = None
     rules: Any = None  # the business rules' future, or the document for them (see _validate_stage)
+    validated: Validated | None = None  # a larger body's validation, made while parsing it
 
 
 class _Invalid(Exception):
@@ -325,6 +348,12 @@ class Gateway:
                              if intake_threads > 0 else None)
         self._intake_threads = intake_threads
         self._in_pool = 0  # documents running or queued on the intake threads
+        # the full error reports of invalid documents: worked out in a helper process, within a time budget
+        settings = assembly.settings
+        self.explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
+                                           workers=settings.explain_workers)
+                          if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
+        self._schemas_by_root: dict[str, tuple[str, Any]] = {}
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
         self.facts_deferred = 0
@@ -417,14 +446,14 @@ class Gateway:
                     self._intake_pool, self._intake, partner, body, charset, idempotency_key, True, busy)
             finally:
                 self._in_pool -= 1
-        elif len(body) <= self.inline_max_bytes:
+        elif len(body) <= min(self.inline_max_bytes, TREE_VALIDATION_MAX_BYTES):
             try:
                 intake = await self._intake_on_loop(_Work(partner, body, charset, idempotency_key,
                                                            check_recent=True, on_loop=True))
             except _Invalid as invalid:
                 await asyncio.to_thread(self._explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
-        else:  # a large document would hold an intake thread for long: the default executor takes it
+        else:  # a larger document would hold the event loop or an intake thread for long: the default executor
             intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, True)
         if intake.known is not None:  # accepted by this process lately, the same document: replay, no insert
             before = self._unrecorded.get(intake.known)
@@ -536,12 +565,41 @@ class Gateway:
             work.root = None  # the tree is not needed any more
 
     def _parse_stage(self, work: _Work) -> None:
-        work.root, work.decoded = parse_document_text(work.body, self.limits, declared_charset=work.charset)
+        if len(work.body) <= TREE_VALIDATION_MAX_BYTES:
+            work.root, work.decoded = parse_document_text(work.body, self.limits, declared_charset=work.charset)
+        else:  # validated against the schema of its root element as it is parsed (see TREE_VALIDATION_MAX_BYTES)
+            work.validated = parse_and_validate(work.body, self._schema_for_root, self.limits,
+                                                declared_charset=work.charset)
+            if work.validated.root is not None:
+                work.root, work.decoded = work.validated.root, work.validated.text
+            else:  # invalid: the validating parse keeps no tree, and the route is chosen on one
+                work.root, work.decoded = parse_document_text(work.body, self.limits, declared_charset=work.charset)
         work.route = self.routes.select(work.root, work.partner.id)
 
+    def _schema_for_root(self, root_name: str) -> tuple[str, Any] | None:
+        """The schema registered for a root element, as :func:`parse_and_validate` asks for it (XSD 1.0 only)."""
+        known = self._schemas_by_root.get(root_name)
+        if known is None:
+            name = self.registry.for_root(root_name)
+            xsd = self.registry.lxml_schema(name) if name is not None else None
+            if xsd is None:
+                return None
+            known = self._schemas_by_root[root_name] = (name, xsd)  # registered roots only: a bounded map
+        return known
+
     def _validate_stage(self, work: _Work) -> None:
-        if not self.registry.is_valid(work.root, work.route.schema):
-            if work.on_loop:  # the rich errors (xmlschema) take milliseconds: not on the event loop
+        schema = work.route.schema
+        if len(work.body) > TREE_VALIDATION_MAX_BYTES and (work.validated is None or work.validated.schema != schema):
+            xsd = self.registry.lxml_schema(schema)  # the route names another schema than its root's
+            if xsd is not None:
+                work.validated = parse_and_validate(work.body, lambda _: (schema, xsd), self.limits,
+                                                    declared_charset=work.charset)
+        validated = work.validated
+        if validated is not None and validated.schema == schema:
+            if validated.errors:
+                self._explain_invalid(work)
+        elif not self.registry.is_valid(work.root, schema):
+            if work.on_loop:  # the report takes milliseconds at least: not on the event loop
                 raise _Invalid(work)
             self._explain_invalid(work)
         if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
@@ -549,8 +607,21 @@ class Gateway:
             work.rules = self.rules.submit(work.route.rules, data) if work.on_loop else data
 
     def _explain_invalid(self, work: _Work) -> None:
-        """Raise the SchemaValidationError of an invalid document, with every error's details."""
-        self.registry.validate(work.root, work.route.schema, source=work.body)
+        """Raise the SchemaValidationError of an invalid document: the full report when the helper process
+        works it out in time (:class:`gateway.explainer.Explainer`), else libxml2's errors."""
+        schema = work.route.schema
+        report = None
+        if self.explainer is not None and self.registry.lxml_schema(schema) is not None:
+            report = self.explainer.explain(work.body, work.charset, schema)
+        if report is not None:
+            raise report
+        validated = work.validated
+        if validated is not None and validated.schema == schema and validated.errors:
+            raise self.registry.streamed_error(schema, validated.errors, complete=validated.complete,
+                                               nsmap=work.root.nsmap if work.root is not None else None)
+        if self.registry.lxml_schema(schema) is not None and len(work.body) <= TREE_VALIDATION_MAX_BYTES:
+            raise self.registry.libxml2_error(work.root, schema, source=work.body)
+        self.registry.validate(work.root, schema, source=work.body)  # XSD 1.1: xmlschema's, as it always was
         raise GatewayError("validation failed without errors")  # pragma: no cover - validate raised
 
     def _extract_stage(self, work: _Work) -> None:

@@ -37,11 +37,28 @@ A partner's document goes through, in order:
      ``n / 4`` elements (``<a/>``), so only a document longer than
      ``4 * max_elements`` is counted at all (a C-speed upper bound first,
      then, if that is over, an exact count skipping comments, CDATA and PIs).
+     The limits after the JDK's (attributes and namespace declarations per
+     element, namespace declarations per document, name length, text length:
+     see :class:`IntakeLimits`) are checked on the text before libxml2 sees
+     the bytes, each refused with its own
+     :class:`~gateway.errors.IntakeLimitError`: a tag over one of them is long,
+     so a scan that jumps from "<" to the last "<" within the shortest such
+     stretch finds it without reading the tags in between (:func:`_check_markup`);
+     what only the tree can tell (a text joined across CDATA sections, a value
+     shortened by references) is counted on it with XPath.
 
-   The hot path for an ordinary UTF-8 document is therefore: one ``decode``
-   (validity check, ~1 us for 14 KB), one regex over the prolog, the lxml parse
-   (thread-local parser, ~100 us for the 14 KB UBL Order example) and a docinfo
-   check (~0.3 us).
+4. :func:`parse_and_validate` (the gateway's intake for larger bodies): the
+   same, and validation against the schema of the root element while libxml2
+   parses, so that every error costs the same and their number is capped.
+
+The hot path for an ordinary UTF-8 document is therefore: one ``decode``
+(validity check, ~1 us for 14 KB), one regex over the prolog, the limit scan
+(~15 backwards memchr jumps for the 14 KB UBL Order example, a few us), the
+lxml parse (thread-local parser, ~100 us) and a docinfo check (~0.3 us).
+
+A pass over a long text (decoding, counting, searching) goes a megabyte at a
+time, and lxml parses without the interpreter lock: no call here holds the
+lock for long, whatever the body (see :mod:`gateway.service`).
 
 Everything these functions put in an error is bounded (see
 :mod:`gateway.errors`) and never contains entity expansions or the content of
@@ -53,14 +70,21 @@ from __future__ import annotations
 import codecs
 import re
 import threading
-from collections.abc import AsyncIterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from lxml import etree
 
 from .errors import (
     DocumentTooLargeError,
+    IntakeLimitError,
+    NameTooLongError,
     NotWellFormedError,
+    TextTooLongError,
+    TooManyAttributesError,
+    TooManyDocumentNamespacesError,
+    TooManyNamespacesError,
     UnsupportedMediaTypeError,
     XMLErrorDetail,
     XMLSecurityError,
@@ -72,8 +96,12 @@ __all__ = [
     "DEFAULT_LIMITS",
     "IntakeLimits",
     "LIBXML2_MAX_DEPTH",
+    "LIMIT_FIELDS",
     "SUPPORTED_ENCODINGS",
+    "FEED_OVER_BYTES",
+    "Validated",
     "check_media_type",
+    "parse_and_validate",
     "parse_document",
     "parse_document_text",
     "read_body",
@@ -102,14 +130,50 @@ class IntakeLimits:
     one value), so even one at the 10 MiB size limit has ~250,000-350,000
     elements and passes, while a 10 MiB flood of ``<a/>`` (2.6 million
     elements, ~300 MB as a tree) is refused before any tree is built.
+
+    The others follow the JDK's XML processing limits, so that what this
+    gateway accepts a Java back end will parse too:
+
+    ``max_attributes`` (200): attributes of one element, namespace declarations
+    not counted (the JDK's ``jdk.xml.elementAttributeLimit``, 200 since JDK 24).
+    A UBL element carries at most a handful.
+
+    ``max_namespaces_per_element`` (100) and ``max_namespaces_per_document``
+    (100,000): ``xmlns`` declarations on one element, and in the whole
+    document (the JDK counts them as attributes). Each declaration costs
+    libxml2 about ten times its size in memory (~110 bytes: the document limit
+    caps them at ~11 MB, next to the element limit's ~60 MB) and widens the
+    in-scope namespaces of every element below it. UBL declares its few
+    namespaces on the root, but generators copying the official examples
+    declare one again in every invoice line (``cac:ClassifiedTaxCategory``):
+    tens of thousands in a large invoice.
+
+    ``max_name_length`` (1,000): characters of an element or attribute name
+    (prefix included) and of a namespace URI (the JDK's
+    ``jdk.xml.maxXMLNameLimit``).
+
+    ``max_text_length`` (4 MiB of characters): one text node (CDATA sections
+    included) or attribute value; room for an embedded attachment of about
+    3 MB (``cbc:EmbeddedDocumentBinaryObject``, base64), not for a document
+    that is one huge value.
+
+    DTDs, and so entities (the JDK's entity expansion and size limits), are
+    refused outright (see the module docstring).
     """
 
     max_bytes: int = 10 * 1024 * 1024
     max_depth: int = LIBXML2_MAX_DEPTH
     max_elements: int = 500_000
+    max_attributes: int = 200
+    max_namespaces_per_element: int = 100
+    max_namespaces_per_document: int = 100_000
+    max_name_length: int = 1_000
+    max_text_length: int = 4 * 1024 * 1024
+    #: the shortest stretch from a start tag's "<" to the next "<" that can hold a tag over a limit
+    tag_gap: int = field(init=False, repr=False, compare=False, hash=False, default=0)
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_depth", "max_elements"):
+        for name in LIMIT_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"IntakeLimits.{name} must be a positive integer, not {value!r}")
@@ -117,6 +181,19 @@ class IntakeLimits:
             raise ValueError(
                 f"IntakeLimits.max_depth may not exceed {LIBXML2_MAX_DEPTH} (libxml2's limit without huge_tree)"
             )
+        object.__setattr__(self, "tag_gap", min(
+            self.max_name_length + 2,  # "<" and a longer name
+            5 * self.max_attributes + 7,  # "<a" and one attribute more, ' b=""' each at least
+            11 * self.max_namespaces_per_element + 11,  # ' xmlns=""' once, ' xmlns:p=""' for the others
+            self.max_text_length + 1,  # "<" ... ">" and a longer text
+        ))
+
+
+#: The fields of :class:`IntakeLimits`, in order.
+LIMIT_FIELDS = (
+    "max_bytes", "max_depth", "max_elements", "max_attributes", "max_namespaces_per_element",
+    "max_namespaces_per_document", "max_name_length", "max_text_length",
+)
 
 
 DEFAULT_LIMITS = IntakeLimits()
@@ -382,7 +459,7 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
     # 5. The bytes must decode in it.
     body = data[bom_len:] if bom_len else data
     try:
-        text = body.decode(effective)
+        text = _decode_slices(body, effective)
     except UnicodeDecodeError as exc:
         good = body[: exc.start].decode(effective, errors="replace")
         line = good.count("\n") + 1
@@ -426,6 +503,21 @@ _DOCTYPE_MESSAGE = (
 )
 
 
+def _decode_slices(body: bytes, encoding: str) -> str:
+    """``body.decode(encoding)``, a slice at a time for a long body (see _SLICE); the exact error of
+    undecodable bytes comes from decoding the whole at once."""
+    if len(body) <= _SLICE:
+        return body.decode(encoding)
+    decoder = codecs.getincrementaldecoder(encoding)()
+    view = memoryview(body)
+    try:
+        parts = [decoder.decode(view[start:start + _SLICE]) for start in range(0, len(body), _SLICE)]
+        parts.append(decoder.decode(b"", final=True))
+    except UnicodeDecodeError:
+        return body.decode(encoding)  # raises, with the offset in the whole body
+    return "".join(parts)
+
+
 def _check_prolog(text: str) -> None:
     end = _PROLOG.match(text).end()  # type: ignore[union-attr]  # always matches
     if text[end : end + 9].upper() == "<!DOCTYPE":
@@ -436,7 +528,7 @@ def _check_prolog(text: str) -> None:
 def _check_element_count(text: str, max_elements: int) -> None:
     if len(text) <= 4 * max_elements:  # "<a/>" is the smallest element
         return
-    upper = text.count("<") - text.count("</") - text.count("<!") - text.count("<?")
+    upper = _count(text, "<") - _count(text, "</") - _count(text, "<!") - _count(text, "<?")
     if upper <= max_elements:
         return
     count = 0
@@ -451,6 +543,298 @@ def _check_element_count(text: str, max_elements: int) -> None:
                     line,
                     column,
                 )
+
+
+# The per-element limits (names, attributes, namespace declarations) and the text limit are checked on the
+# text, before libxml2 builds anything, without looking at every tag: a start tag that passes one of them is
+# long (a 1,001-character name, 201 attributes of at least 5 characters each...), so the distance from its "<"
+# to the next "<" is at least limits.tag_gap. A scan that jumps from "<" to the last "<" within that distance
+# (a backwards memchr, ~15 jumps for a 14 KB UBL order) finds every such gap, and only the tags at the start of
+# one are read in full. The other limits of the list are checked the same way: an O(1) bound first, an exact
+# count (on the tree, at C speed) only when the bound does not settle it.
+
+_S = "[ \t\r\n]"  # XML's whitespace; not \s, which also ends a name at characters XML allows in names
+_TAG_NAMES: dict[int, re.Pattern[str]] = {}
+
+
+def _tag_name(longest: int) -> re.Pattern[str]:
+    """A start tag's name, read no further than one character past *longest* (enough to refuse it)."""
+    pattern = _TAG_NAMES.get(longest)
+    if pattern is None:
+        pattern = _TAG_NAMES[longest] = re.compile(r"<([^ \t\r\n/>]{1,%d})" % (longest + 1))
+    return pattern
+
+
+_TAG_NAME = re.compile(r"<([^ \t\r\n/>]+)")
+_TAG_CLOSE = re.compile(rf"{_S}*/?>")
+_START_TAG = re.compile(rf"""<[^ \t\r\n/>]+(?:{_S}+[^ \t\r\n=/>]+{_S}*={_S}*(?:"[^"]*"|'[^']*'))*{_S}*/?>""")
+_ATTRIBUTE_NAMES = re.compile(rf"""{_S}+([^ \t\r\n=/>]+){_S}*={_S}*(?:"[^"]*"|'[^']*')""")
+_ATTRIBUTE = re.compile(rf"""{_S}+([^ \t\r\n=/>]+){_S}*={_S}*(?:"([^"]*)"|'([^']*)')""")
+
+_TREE_TEXT = 1  # a text node may pass max_text_length but the text alone cannot tell (CDATA, references)
+_TREE_URIS = 2  # a namespace URI written with references may be longer than max_name_length
+
+
+class _Opaque:
+    """Whether a "<" lies inside a comment, CDATA section or processing instruction (where it is
+    no markup), for positions asked in increasing order: each stretch of the text is searched once,
+    and never further than the position asked (or, for the construct it lies in, that one's end)."""
+
+    _KINDS = (("<!--", "-->"), ("<![CDATA[", "]]>"), ("<?", "?>"))
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0  # every construct that starts before this has been passed
+        self.next: list[int | None] = [None, None, None]  # each kind's next opener found at or after pos
+        self.seen = [0, 0, 0]  # how far each kind has been searched for
+        self.span: tuple[int, int] | None = None  # the last construct found: [start, end)
+
+    def inside(self, p: int) -> bool:
+        """Whether the "<" at *p* lies inside a construct (one that starts at *p* does not count)."""
+        text = self.text
+        while True:
+            if self.span is not None:
+                start, end = self.span
+                if p < end:
+                    return start < p
+                self.pos, self.span = end, None
+            best: tuple[int, int] | None = None
+            for i, (opener, _) in enumerate(self._KINDS):
+                n = self.next[i]
+                if n is not None and n < self.pos:  # it lay inside another construct: search on from pos
+                    n = self.next[i] = None
+                    self.seen[i] = max(self.seen[i], self.pos)
+                if n is None and self.seen[i] < p:
+                    found = _find(text, opener, max(self.pos, self.seen[i]), p)
+                    self.seen[i] = p
+                    if found >= 0:
+                        n = self.next[i] = found
+                if n is not None and n < p and (best is None or n < best[0]):
+                    best = (n, i)
+            if best is None:
+                return False
+            start, kind = best
+            opener, closer = self._KINDS[kind]
+            close = _find(text, closer, start + len(opener), len(text))
+            self.span = (start, len(text) if close < 0 else close + len(closer))  # unterminated: to the end
+
+
+def _over(cls: type[IntakeLimitError], what: str, key: str, value: int, advice: str, text: str,
+          offset: int | None) -> IntakeLimitError:
+    message = f"{what} (limits.{key} is {value}); {advice}"
+    line = column = None
+    if offset is not None:
+        line, column = _position(text, offset)
+    return cls(message, [XMLErrorDetail(line, column, None, message)], limit=key, limit_value=value)
+
+
+def _name_too_long(kind: str, limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
+    n = limits.max_name_length
+    return _over(NameTooLongError, f"The document has {kind} longer than {n} characters, the longest this gateway "
+                 "accepts", "max_name_length", n, "use shorter names.", text, offset)
+
+
+def _text_too_long(limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
+    n = limits.max_text_length
+    return _over(TextTooLongError, f"The document has a text or attribute value longer than {n} characters, the "
+                 "longest this gateway accepts", "max_text_length", n,
+                 "send large content (an attachment) separately or split the document.", text, offset)
+
+
+def _check_start_tag(text: str, p: int, nxt: int, limits: IntakeLimits) -> tuple[int, int]:
+    """Check the start tag at *p* (the next "<" is at *nxt*) against the per-element limits; returns
+    where the tag ends (*p* when it is not a well-formed tag: libxml2 will say why; *nxt* when the
+    stretch is settled whole) and the tree checks it calls for.
+
+    Bounds first, at C speed: no more "=" than attributes allowed and no "xmlns" settle both counts,
+    and no longer run without whitespace settles every name ("\u1680", which str.split takes for
+    whitespace, is a name character in XML). Only a tag they leave open is read attribute by attribute.
+    """
+    m = _tag_name(limits.max_name_length).match(text, p)
+    if m is None:
+        return p, 0
+    if len(m.group(1)) > limits.max_name_length:
+        raise _name_too_long("an element name", limits, text, p)
+    equals = _count(text, "=", p, nxt)  # one per attribute or declaration, and any in values or the text after
+    if equals <= limits.max_attributes and nxt - p <= _SLICE and text.find("xmlns", p, nxt) < 0:
+        stretch = text[p:nxt]
+        if "\u1680" not in stretch and max(map(len, stretch.split())) <= limits.max_name_length:
+            return nxt, 0  # few enough attributes, no declaration, no long name: nothing to check after it
+    if equals > limits.max_attributes + limits.max_namespaces_per_element or nxt - p > _SLICE:
+        return _check_attributes_one_by_one(text, p, m.end(), limits)  # over a count, '=' in values, or long
+    tag = _START_TAG.match(text, p)
+    if tag is None:
+        return p, 0
+    names = _ATTRIBUTE_NAMES.findall(text, m.end(), tag.end())
+    flags = 0
+    if names:
+        if max(map(len, names)) > limits.max_name_length:
+            raise _name_too_long("an attribute name", limits, text, p)
+        declarations = sum(1 for name in names if name == "xmlns" or name.startswith("xmlns:"))
+        _check_counts(len(names) - declarations, declarations, limits, text, p)
+        if declarations or tag.end() - m.end() > limits.max_text_length:
+            for a in _ATTRIBUTE.finditer(text, m.end(), tag.end()):
+                flags |= _check_value(a, limits, text, p)
+    return tag.end(), flags
+
+
+def _check_attributes_one_by_one(text: str, p: int, pos: int, limits: IntakeLimits) -> tuple[int, int]:
+    """The attributes from *pos*, stopping at the first limit passed (a tag with thousands of them)."""
+    attributes = declarations = flags = 0
+    match = _ATTRIBUTE.match
+    while (a := match(text, pos)) is not None:  # anchored: never a search through what follows the tag
+        pos = a.end()
+        name = a.group(1)
+        if name == "xmlns" or name.startswith("xmlns:"):
+            declarations += 1
+        else:
+            attributes += 1
+        _check_counts(attributes, declarations, limits, text, p)
+        if len(name) > limits.max_name_length:
+            raise _name_too_long("an attribute name", limits, text, p)
+        flags |= _check_value(a, limits, text, p)
+    close = _TAG_CLOSE.match(text, pos)
+    return (close.end() if close is not None else p), flags
+
+
+def _check_counts(attributes: int, declarations: int, limits: IntakeLimits, text: str, p: int) -> None:
+    if declarations > limits.max_namespaces_per_element:
+        n = limits.max_namespaces_per_element
+        raise _over(TooManyNamespacesError, f"The document has an element that declares more than {n} namespaces, "
+                    "the most this gateway accepts", "max_namespaces_per_element", n,
+                    "declare each namespace once, on the root element.", text, p)
+    if attributes > limits.max_attributes:
+        n = limits.max_attributes
+        raise _over(TooManyAttributesError, f"The document has an element with more than {n} attributes, the most "
+                    "this gateway accepts", "max_attributes", n,
+                    "carry the data in child elements or split the document.", text, p)
+
+
+def _check_value(a: re.Match[str], limits: IntakeLimits, text: str, p: int) -> int:
+    """Check one attribute's value: a namespace URI against max_name_length, any other value against
+    max_text_length; returns the tree checks needed when references make it shorter than written."""
+    name = a.group(1)
+    value = a.group(2) if a.group(2) is not None else a.group(3)
+    if name == "xmlns" or name.startswith("xmlns:"):
+        if len(value) > limits.max_name_length:
+            if "&" in value:
+                return _TREE_URIS
+            raise _name_too_long("a namespace URI", limits, text, p)
+    elif len(value) > limits.max_text_length:
+        if "&" in value:
+            return _TREE_TEXT
+        raise _text_too_long(limits, text, p)
+    return 0
+
+
+def _check_markup(text: str, limits: IntakeLimits) -> int:
+    """The checks of the per-element, name and text limits that the text settles (raising the
+    IntakeLimitError of the first limit passed), and the flags of those only the tree can settle."""
+    n = len(text)
+    flags = 0
+    gap = limits.tag_gap
+    pos = text.find("<")
+    if pos < 0:
+        return flags
+    rfind = text.rfind
+    opaque: _Opaque | None = None
+    while pos + gap <= n:
+        last = rfind("<", pos + 1, pos + gap)
+        if last >= 0:
+            pos = last
+            continue
+        nxt = text.find("<", pos + gap)  # the gap from pos to nxt is at least `gap` long: read its tag
+        if nxt < 0:
+            nxt = n
+        if opaque is None:
+            opaque = _Opaque(text)
+        if not opaque.inside(pos):
+            if text.startswith("</", pos):
+                end = text.find(">", pos) + 1 or pos
+            elif text.startswith(("<!", "<?"), pos):
+                end = pos  # a comment, CDATA section or PI: no tag, and its text is the tree's to count
+            else:
+                end, more = _check_start_tag(text, pos, nxt, limits)
+                flags |= more
+            if end > pos and nxt < n and nxt - end > limits.max_text_length:  # character data up to nxt
+                if _find(text, "&", end, nxt) < 0:
+                    raise _text_too_long(limits, text, end)
+                flags |= _TREE_TEXT  # references make it shorter than written
+        if nxt >= n:
+            break
+        pos = nxt
+    if n > limits.max_text_length and _find(text, "<![CDATA[") >= 0:
+        flags |= _TREE_TEXT  # text and CDATA sections make one text node: only the tree has its length
+    if n > 9 * limits.max_namespaces_per_document and _count(text, "xmlns") > limits.max_namespaces_per_document:
+        _count_declarations(text, limits)  # a declaration is at least 9 characters (' xmlns=""')
+    return flags
+
+
+# Start tags and the constructs whose "<" is no markup, for counting namespace declarations.
+_TAGS_FOR_DECLARATIONS = re.compile(
+    rf"""<!--.*?(?:-->|\Z)|<!\[CDATA\[.*?(?:\]\]>|\Z)|<\?.*?(?:\?>|\Z)"""
+    rf"""|<[^!?/ \t\r\n>][^ \t\r\n/>]*((?:{_S}+[^ \t\r\n=/>]+{_S}*={_S}*(?:"[^"]*"|'[^']*'))*)""",
+    re.S,
+)
+
+
+def _count_declarations(text: str, limits: IntakeLimits) -> None:
+    """Count the namespace declarations of every start tag (when the word "xmlns" alone could pass the
+    limit), refusing the document once they do: before libxml2 builds the tree."""
+    n = limits.max_namespaces_per_document
+    count = 0
+    for m in _TAGS_FOR_DECLARATIONS.finditer(text):
+        block = m.group(1)
+        if block and "xmlns" in block:
+            count += sum(1 for name in _ATTRIBUTE_NAMES.findall(block) if name == "xmlns" or name.startswith("xmlns:"))
+            if count > n:
+                raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces in all, "
+                            "the most this gateway accepts", "max_namespaces_per_document", n,
+                            "declare each namespace once, on the root element, rather than on every element.",
+                            text, m.start())
+
+
+#: Passes over a long text go a slice at a time: a str method holds the interpreter lock for its whole call,
+#: and the store's writer thread, its heartbeats and the event loop must never wait for long.
+_SLICE = 1 << 20
+
+
+def _count(text: str, sub: str, lo: int = 0, hi: int | None = None) -> int:
+    """``text.count(sub, lo, hi)``, a slice at a time."""
+    hi = len(text) if hi is None else min(hi, len(text))
+    if hi - lo <= _SLICE:
+        return text.count(sub, lo, hi)
+    overlap = len(sub) - 1  # an occurrence across a boundary is counted in the slice it starts in
+    return sum(text.count(sub, start, min(hi, start + _SLICE + overlap)) for start in range(lo, hi, _SLICE))
+
+
+def _find(text: str, sub: str, lo: int = 0, hi: int | None = None) -> int:
+    """``text.find(sub, lo, hi)``, a slice at a time."""
+    hi = len(text) if hi is None else min(hi, len(text))
+    overlap = len(sub) - 1
+    for start in range(lo, hi, _SLICE):
+        found = text.find(sub, start, min(hi, start + _SLICE + overlap))
+        if found >= 0:
+            return found
+    return -1
+
+
+_XPATH_LONG_TEXT = etree.XPath("(//text() | //@*)[string-length(.) > $n][1]")
+_XPATH_LONG_URI = etree.XPath("(//namespace::*)[name() != 'xml' and string-length(.) > $n][1]")
+
+
+def _check_tree(root: etree._Element, text: str, limits: IntakeLimits, flags: int) -> None:
+    """The exact checks the text could not settle (rare: see :func:`_check_markup`), at C speed."""
+    if flags & _TREE_TEXT:
+        hit = _XPATH_LONG_TEXT(root, n=limits.max_text_length)
+        if hit:
+            parent = getattr(hit[0], "getparent", lambda: None)()
+            err = _text_too_long(limits, text, None)
+            line = parent.sourceline if parent is not None else None
+            raise type(err)(err.detail, [XMLErrorDetail(line, None, None, err.detail)], limit=err.limit,
+                            limit_value=err.limit_value)
+    if flags & _TREE_URIS and _XPATH_LONG_URI(root, n=limits.max_name_length):
+        raise _name_too_long("a namespace URI", limits, text, None)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -470,14 +854,15 @@ class _RefuseExternal(etree.Resolver):
         raise ExternalLoadRefused("external resources are never loaded")
 
 
-def _parser(encoding: str | None) -> etree.XMLParser:
-    """A hardened parser for this thread (lxml parsers must not be shared)."""
+def _parser(encoding: str | None, schema: etree.XMLSchema | None = None) -> etree.XMLParser:
+    """A hardened parser for this thread (lxml parsers must not be shared), validating against *schema*."""
     parsers = getattr(_local, "parsers", None)
     if parsers is None:
         parsers = _local.parsers = {}
-    parser = parsers.get(encoding)
+    parser = parsers.get((encoding, schema))
     if parser is None:
         parser = etree.XMLParser(
+            schema=schema,
             encoding=encoding,
             resolve_entities=False,
             no_network=True,
@@ -489,7 +874,7 @@ def _parser(encoding: str | None) -> etree.XMLParser:
             # not collect_ids=False: it makes libxml2 load external DTD subsets (see the module doc)
         )
         parser.resolvers.add(_RefuseExternal())
-        parsers[encoding] = parser
+        parsers[(encoding, schema)] = parser
     return parser
 
 
@@ -563,6 +948,20 @@ def parse_document_text(
 ) -> tuple[etree._Element, str | None]:
     """:func:`parse_document`, and the document's text as checked on the way (without a byte order
     mark) when it is UTF-8, else None: the caller that needs the text too need not decode it again."""
+    decoded, tree_checks = _prepare(data, limits, declared_charset)
+    parser = _parser(decoded.override)
+    try:
+        root = etree.fromstring(data, parser)
+    except etree.XMLSyntaxError:
+        raise _syntax_error(parser.error_log, limits) from None
+    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+        raise _security(_DOCTYPE_MESSAGE) from None
+    _finish(root, decoded, limits, tree_checks)
+    return root, (decoded.text if decoded.utf8 else None)
+
+
+def _prepare(data: bytes, limits: IntakeLimits, declared_charset: str | None) -> tuple[_Decoded, int]:
+    """Everything checked before libxml2 sees the bytes; returns the decoded text and the tree checks to run."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
     if not isinstance(data, bytes):
@@ -571,19 +970,15 @@ def parse_document_text(
         raise DocumentTooLargeError(limit=limits.max_bytes)
     if not data:
         raise _not_well_formed("The body is empty; send an XML document.")
-
     decoded = _decode(data, declared_charset)
     _check_prolog(decoded.text)
+    tree_checks = _check_markup(decoded.text, limits)  # first: it refuses most hostile bodies in a few jumps
     _check_element_count(decoded.text, limits.max_elements)
+    return decoded, tree_checks
 
-    parser = _parser(decoded.override)
-    try:
-        root = etree.fromstring(data, parser)
-    except etree.XMLSyntaxError:
-        raise _syntax_error(parser.error_log, limits) from None
-    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
-        raise _security(_DOCTYPE_MESSAGE) from None
 
+def _finish(root: etree._Element, decoded: _Decoded, limits: IntakeLimits, tree_checks: int) -> None:
+    """The checks made on the parsed tree."""
     docinfo = root.getroottree().docinfo
     if docinfo.internalDTD is not None or docinfo.externalDTD is not None or docinfo.system_url:
         raise _security(_DOCTYPE_MESSAGE)  # unreachable unless the prolog scan was fooled
@@ -594,4 +989,138 @@ def parse_document_text(
                 f"Elements are nested deeper than {limits.max_depth} levels, the most this gateway accepts.",
                 too_deep[0].sourceline,
             )
-    return root, (decoded.text if decoded.utf8 else None)
+    if tree_checks:
+        _check_tree(root, decoded.text, limits, tree_checks)
+
+
+# --------------------------------------------------------------------------- validating while parsing
+
+#: Bodies larger than this are validated while being fed to the parser a chunk at a time, so that
+#: the validation can stop once ``max_errors`` errors are in; smaller ones in one call (a push
+#: parse costs about half as much again as a parse from memory).
+FEED_OVER_BYTES = 1024 * 1024
+_FEED_CHUNK = 256 * 1024
+
+
+@dataclass(slots=True)
+class Validated:
+    """What :func:`parse_and_validate` made of a body.
+
+    ``root`` is the tree (None when the document is invalid: the validating parse keeps none);
+    ``schema`` what :func:`parse_and_validate`'s *schema_for* chose (None: not validated);
+    ``errors`` libxml2's validation errors (empty when valid), at most ``max_errors`` of them,
+    ``complete`` False when the validation stopped there.
+    """
+
+    root: etree._Element | None
+    text: str | None
+    schema: Any = None
+    errors: list[Any] = field(default_factory=list)
+    complete: bool = True
+
+
+def parse_and_validate(
+    data: bytes,
+    schema_for: Callable[[str], tuple[Any, etree.XMLSchema] | None],
+    limits: IntakeLimits = DEFAULT_LIMITS,
+    *,
+    declared_charset: str | None = None,
+    max_errors: int = 1000,
+) -> Validated:
+    """:func:`parse_document_text` and XSD validation in one pass (libxml2's streaming validator).
+
+    *schema_for* gets the root element's Clark name, read from the root's start tag, and returns a
+    key and the schema to validate against, or None to parse without validating. Each error costs
+    the same whatever the document's shape (a validation of the tree walks the preceding siblings
+    of every element in error), and at most about *max_errors* are collected: bodies over
+    :data:`FEED_OVER_BYTES` are fed a chunk at a time and the validation stops once that many are in.
+    Raises what :func:`parse_document` raises for a document that is not well-formed or over a limit.
+    """
+    decoded, tree_checks = _prepare(data, limits, declared_charset)
+    root_name = _root_name(decoded.text)
+    chosen = schema_for(root_name) if root_name is not None else None
+    if chosen is None:
+        root, _ = parse_document_text(data, limits, declared_charset=declared_charset)
+        return Validated(root, decoded.text if decoded.utf8 else None)
+    key, schema = chosen
+    parser = _parser(decoded.override, schema)
+    text = decoded.text if decoded.utf8 else None
+
+    def redo() -> object:
+        return parse_document_text(data, limits, declared_charset=declared_charset)
+    try:
+        if len(data) <= FEED_OVER_BYTES:
+            try:
+                root = etree.fromstring(data, parser)
+            except etree.XMLSyntaxError:
+                log = list(parser.error_log)
+                return _invalid_or_raise(log, key, text, redo, complete=True)
+        else:
+            stopped = False
+            try:
+                for start in range(0, len(data), _FEED_CHUNK):
+                    parser.feed(data[start:start + _FEED_CHUNK])
+                    if len(parser.feed_error_log) >= max_errors:
+                        stopped = True
+                        break
+                log = list(parser.feed_error_log)
+            except etree.XMLSyntaxError:
+                log = list(parser.feed_error_log)
+                _close_quietly(parser)
+                return _invalid_or_raise(log, key, text, redo, complete=True)
+            if stopped:
+                _close_quietly(parser)
+                return _invalid_or_raise(log, key, text, redo, complete=False)
+            try:
+                root = parser.close()
+            except etree.XMLSyntaxError:
+                return _invalid_or_raise(list(parser.feed_error_log), key, text, redo, complete=True)
+    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+        raise _security(_DOCTYPE_MESSAGE) from None
+    _finish(root, decoded, limits, tree_checks)
+    return Validated(root, text, key)
+
+
+def _close_quietly(parser: etree.XMLParser) -> None:
+    try:
+        parser.close()  # ends the unfinished document, so the parser starts afresh next time
+    except etree.XMLSyntaxError:
+        pass
+
+
+def _invalid_or_raise(log: list[Any], key: Any, text: str | None, redo: Callable[[], object], *,
+                      complete: bool) -> Validated:
+    """A document the validating parse refused: invalid (returns its validation errors, at most the
+    first max_errors) or not well-formed, when *redo* (the plain parse, which libxml2's well-formedness
+    errors come from intact) raises what :func:`parse_document` raises."""
+    schema_errors = [e for e in log if e.domain == _SCHEMA_DOMAIN]
+    if not schema_errors or (complete and any(e.domain != _SCHEMA_DOMAIN and e.level >= etree.ErrorLevels.ERROR
+                                              for e in log)):
+        redo()
+    if not schema_errors:  # pragma: no cover - the plain parse raised
+        raise _not_well_formed("The document is not well-formed XML.")
+    return Validated(None, text, key, schema_errors, complete)
+
+
+_SCHEMA_DOMAIN = etree.ErrorDomains.SCHEMASV
+
+
+def _root_name(text: str) -> str | None:
+    """The Clark name of the root element as its start tag writes it (None when it cannot tell: a
+    reference in a namespace URI, a prefix declared nowhere on the root)."""
+    start = _PROLOG.match(text).end()  # type: ignore[union-attr]  # always matches
+    m = _TAG_NAME.match(text, start)
+    if m is None:
+        return None
+    qname = m.group(1)
+    prefix, _, local = qname.rpartition(":")
+    wanted = f"xmlns:{prefix}" if prefix else "xmlns"
+    pos = m.end()
+    while (a := _ATTRIBUTE.match(text, pos)) is not None:
+        pos = a.end()
+        if a.group(1) == wanted:
+            uri = a.group(2) if a.group(2) is not None else a.group(3)
+            if "&" in uri:
+                return None
+            return f"{{{uri}}}{local}" if uri else local
+    return None if prefix else local

@@ -105,15 +105,15 @@ async def test_a_request_that_goes_away_before_its_turn_takes_nothing_with_it(gw
 
 async def test_an_invalid_documents_error_details_are_worked_out_off_the_event_loop(gw_env, monkeypatch):
     _, acme = _partners(gw_env)
-    registry = gw_env.gateway.registry
+    gateway = gw_env.gateway
     where: list[str] = []
-    validate = registry.validate
+    explain = gateway._explain_invalid
 
     def spy(*args, **kwargs):
         where.append(threading.current_thread().name)
-        return validate(*args, **kwargs)
+        return explain(*args, **kwargs)
 
-    monkeypatch.setattr(registry, "validate", spy)
+    monkeypatch.setattr(gateway, "_explain_invalid", spy)
     with pytest.raises(SchemaValidationError) as info:
         await gw_env.gateway.submit(acme, INVALID)
 

@@ -190,6 +190,20 @@ def test_an_order_breaking_the_rules_is_refused_with_every_failure(env):
     assert len(checked(env)) == before  # nothing accepted
 
 
+def test_a_large_order_is_checked_by_the_rules_too(env):
+    """Bodies over the size validated on their tree are validated while they are parsed: the rules still run."""
+    from gateway.service import TREE_VALIDATION_MAX_BYTES
+
+    padding = b"<!--" + b" " * TREE_VALIDATION_MAX_BYTES + b"-->"
+    small = with_id(ORDER, "rules-400-small").replace(b'currencyID="SEK">225<', b'currencyID="SEK">226<')
+    large = small.replace(b"<cbc:ID>rules-400-small</cbc:ID>", b"<cbc:ID>rules-400-large</cbc:ID>" + padding)
+    assert len(small) <= TREE_VALIDATION_MAX_BYTES < len(large)
+    found = problem(post(env, small), 400, "business-rule-violation")["errors"]
+    assert "TOT-01" in [e["id"] for e in found]
+    body = problem(post(env, large), 400, "business-rule-violation")
+    assert [(e["id"], e["location"]) for e in body["errors"]] == [(e["id"], e["location"]) for e in found]
+
+
 def test_at_most_50_failures_are_listed(env):
     body = problem(post(env, noted("many", "rules-many")), 400, "business-rule-violation")
     assert len(body["errors"]) == 50

@@ -1,0 +1,411 @@
+"""Benchmark of the gateway under hostile documents, driven over loopback. Prints, in one run:
+
+0. the cost of the intake limit checks on the UBL Order example (14 KB): its parse, in one process, with
+   and without the checks (``xmlintake._check_markup``), interleaved rounds, and the checks alone;
+1. honest clients alone: ``--honest`` clients (16) posting valid UBL Orders, each a fresh ``cbc:ID``, on the
+   request-reply route answered by the sample order responder, paced at ``--rate`` requests/s in all:
+   p50 / p99 latency and errors; ``/healthz`` polled every 100 ms meanwhile (its slowest answer);
+2. each hostile class alone: the answer time and problem code of one document per class (every one up to
+   the 10 MiB body limit): many attributes, many namespace declarations (on one element, in the document),
+   long names, a huge text node, thousands of validation errors (large, on siblings, small), a combination,
+   the billion laughs, and a large valid invoice;
+3. both at once: the same honest clients while ``--hostile`` clients (16) send the hostile classes back to
+   back: the honest p50 / p99 and errors again, every hostile answer's time (the slowest per class), the
+   slowest ``/healthz``, and the store commits the server logged as slow meanwhile.
+
+Goals: every hostile answer (2) and (3) within 2 s with its own problem code (in (3), or 429: the hostile
+partner is over its limits); in (3) the honest clients see no error and a p99 within 3x their p99 of (1);
+``/healthz`` within 100 ms. In (3) the hostile partner has the limits an operator gives a partner
+(``--hostile-limits``, 2 requests in progress by default); the honest one keeps the generous defaults.
+
+Usage::
+
+    .venv/bin/python bench/hostile_bench.py [--seconds 20] [--honest 16] [--hostile 16] [--rate 40]
+
+The server is ``b2bgw serve`` in a subprocess (one process, the sample configuration on a fresh SQLite store
+in a temporary folder, the sample order responder in-process). The honest and the hostile clients run in
+processes of their own, so that neither's client work shows in the other's figures. Everything talks to
+127.0.0.1 only and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import timeit
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gateway_bench import Connection, ServerProcess, free_port  # noqa: E402
+
+from gateway import xmlintake  # noqa: E402
+
+UBL = REPO.parent / "shared" / "ubl-2.1" / "xml"
+ORDER = (UBL / "UBL-Order-2.1-Example.xml").read_bytes()
+INVOICE = (UBL / "UBL-Invoice-2.1-Example.xml").read_bytes()
+ACME = {"Authorization": "Bearer acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA",
+        "Content-Type": "application/xml"}
+GLOBEX = {"Authorization": "Bearer globex-demo.gtQ0VQHxnHu2x3aBBqlE_TqHsM5svX9Dzw52xGagUfA",
+          "Content-Type": "application/xml"}
+BUDGET = 2.0
+
+
+def order_with_id(order_id: str) -> bytes:
+    head, tail = ORDER.split(b"<cbc:ID>34</cbc:ID>", 1)
+    return head + b"<cbc:ID>" + order_id.encode() + b"</cbc:ID>" + tail
+
+
+# --------------------------------------------------------------------------- the hostile documents
+
+
+def _invoice_lines(n: int, quantity: bytes, line: bytes | None = None) -> bytes:
+    text = INVOICE
+    start = text.index(b"<cac:InvoiceLine>")
+    end = text.rindex(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")
+    if line is None:
+        line = (b"<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:InvoicedQuantity unitCode=\"C62\">" + quantity
+                + b"</cbc:InvoicedQuantity><cbc:LineExtensionAmount currencyID=\"EUR\">1</cbc:LineExtensionAmount>"
+                b"<cac:Item><cbc:Name>n</cbc:Name></cac:Item><cac:Price><cbc:PriceAmount currencyID=\"EUR\">1"
+                b"</cbc:PriceAmount></cac:Price></cac:InvoiceLine>\n")
+    return text[:start] + line * n + text[end:]
+
+
+def _root_with(attributes: bytes) -> bytes:
+    return INVOICE.replace(b"<Invoice ", b"<Invoice " + attributes + b" ", 1)
+
+
+def _note(text: bytes) -> bytes:
+    return INVOICE.replace(b"<cbc:Note>", b"<cbc:Note>" + text, 1)
+
+
+def hostile_documents() -> dict[str, tuple[bytes, int, str]]:
+    """name -> (body, expected status, expected problem code or '')."""
+    attrs = b" ".join(b'a%d="v"' % i for i in range(100_000))
+    decls = b" ".join(b'xmlns:p%d="urn:x:%d"' % (i, i) for i in range(50_000))
+    spread = b"".join(b'<cbc:Note xmlns:q="urn:q">n</cbc:Note>' for _ in range(120_000))
+    first_line = INVOICE[INVOICE.index(b"<cac:InvoiceLine>"):INVOICE.index(b"</cac:InvoiceLine>") + 18]
+    big_valid = _invoice_lines(9 * 1024 * 1024 // len(first_line) - 4, b"", first_line)
+    siblings = INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 11_000 + b"<cbc:Note>", 1)
+    small = INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 200 + b"<cbc:Note>", 1)
+    return {
+        "100,000 attributes on one element (1.3 MB)": (_root_with(attrs), 400, "too-many-attributes"),
+        "50,000 namespace declarations on one element": (_root_with(decls), 400, "too-many-namespaces"),
+        "120,000 namespace declarations in all (4.6 MB)": (
+            INVOICE.replace(b"<cbc:Note>", spread + b"<cbc:Note>", 1), 400, "too-many-document-namespaces"),
+        "a 5 MB element name": (INVOICE.replace(b"<cbc:Note>", b"<cbc:" + b"N" * 5_000_000 + b"/><cbc:Note>", 1),
+                                400, "name-too-long"),
+        "a 9 MB text node": (_note(b"x" * 9_000_000), 400, "text-too-long"),
+        "20,000 validation errors (3.5 MB)": (_invoice_lines(20_000, b"abc"), 400, "schema-invalid"),
+        "11,000 errors on sibling elements (200 KB)": (siblings, 400, "schema-invalid"),
+        "200 validation errors (24 KB)": (small, 400, "schema-invalid"),
+        "100,000 attributes and a 9 MB text": (_root_with(attrs).replace(b"<cbc:Note>", b"<cbc:Note>" + b"x" * 8_000_000, 1),
+                                               400, "too-many-attributes"),
+        "billion laughs": ((REPO / "tests" / "gateway" / "fixtures" / "billion-laughs.xml").read_bytes(), 400,
+                           "forbidden-xml"),
+        "a valid 9 MB invoice": (big_valid, 202, ""),
+    }
+
+
+# --------------------------------------------------------------------------- 0. the checks' cost
+
+
+def checks_cost(rounds: int = 15, number: int = 1000) -> tuple[float, float, float]:
+    """Median microseconds per parse of the Order example without and with the intake limit checks
+    (interleaved rounds), and of the checks alone on its decoded text (steadier on a busy machine: the
+    difference of two parses drowns in their noise)."""
+    check = xmlintake._check_markup
+    text = ORDER.decode("utf-8")
+    with_, without, alone = [], [], []
+    for _ in range(rounds):
+        xmlintake._check_markup = lambda text, limits: 0  # type: ignore[assignment]
+        without.append(min(timeit.repeat(lambda: xmlintake.parse_document_text(ORDER), number=number, repeat=3)))
+        xmlintake._check_markup = check  # type: ignore[assignment]
+        with_.append(min(timeit.repeat(lambda: xmlintake.parse_document_text(ORDER), number=number, repeat=3)))
+        alone.append(min(timeit.repeat(lambda: check(text, xmlintake.DEFAULT_LIMITS), number=5 * number, repeat=3)) / 5)
+    return tuple(statistics.median(v) / number * 1e6 for v in (without, with_, alone))  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+async def _honest(port: int, seconds: float, clients: int, rate: float, tag: str) -> dict[str, object]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    think = clients / rate
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+
+    async def one(n: int) -> None:
+        conn = Connection("127.0.0.1", port)
+        await asyncio.sleep(n * think / clients)
+        try:
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                try:
+                    status, _ = await conn.post("/v1/documents", ACME, order_with_id(f"{tag}-{next(counter)}"))
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    errors.append(type(exc).__name__)
+                    await conn.close()
+                    continue
+                elapsed = time.perf_counter() - started
+                if status == 200:
+                    latencies.append(elapsed)
+                else:
+                    errors.append(str(status))
+                await asyncio.sleep(max(0.0, think - elapsed))
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*[one(n) for n in range(clients)])
+    return {"count": len(latencies), "errors": errors, "p50": _percentile(latencies, 50) * 1e3,
+            "p99": _percentile(latencies, 99) * 1e3}
+
+
+def honest_process(port: int, seconds: float, clients: int, rate: float, tag: str, out: multiprocessing.Queue) -> None:
+    out.put(asyncio.run(_honest(port, seconds, clients, rate, tag)))
+
+
+async def post_watching(port: int, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+    """POST on a fresh connection, watching for an early answer while the body goes out (RFC 9112, section
+    9.6: a client sending a body monitors the connection for an error response and stops sending); returns
+    the status and the problem code (0 and the exception's name when no answer could be read)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = f"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+        writer.write(head.encode("latin-1"))
+        for start in range(0, len(body), 65536):
+            if answer.done():
+                break  # answered early: stop sending
+            writer.write(body[start:start + 65536])
+            try:
+                await writer.drain()
+            except (ConnectionError, OSError):
+                break
+        raw = await answer
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next((int(v) for n, _, v in (line.partition(":") for line in lines[1:])
+                       if n.strip().lower() == "content-length"), 0)
+        data = await reader.readexactly(length) if length else b""
+        code = ""
+        if status >= 400:
+            match = re.search(rb'"code":"([a-z-]+)"', data)
+            code = match.group(1).decode() if match else ""
+        return status, code
+    except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+        return 0, type(exc).__name__
+    finally:
+        writer.close()
+
+
+#: the hostile documents, made before the client processes fork (they inherit them rather than rebuild them)
+_DOCUMENTS: dict[str, tuple[bytes, int, str]] = {}
+
+
+async def _hostile(port: int, seconds: float, clients: int) -> dict[str, list[tuple[float, int, str]]]:
+    documents = _DOCUMENTS
+    names = list(documents)
+    answers: dict[str, list[tuple[float, int, str]]] = {name: [] for name in names}
+    deadline = time.perf_counter() + seconds
+
+    async def one(n: int) -> None:
+        i = n
+        while time.perf_counter() < deadline:
+            name = names[i % len(names)]
+            i += 1
+            started = time.perf_counter()
+            status, code = await post_watching(port, GLOBEX, documents[name][0])
+            answers[name].append((time.perf_counter() - started, status, code))
+
+    await asyncio.gather(*[one(n) for n in range(clients)])
+    return answers
+
+
+def hostile_process(port: int, seconds: float, clients: int, out: multiprocessing.Queue) -> None:
+    out.put(asyncio.run(_hostile(port, seconds, clients)))
+
+
+class HealthProbe(threading.Thread):
+    """``GET /healthz`` every 100 ms; keeps the slowest answer (a failure counts as infinitely slow)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.stop = threading.Event()
+        self.times: list[float] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5) as client:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    ok = client.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.times.append(time.perf_counter() - started if ok else float("inf"))
+                self.stop.wait(0.1)
+
+    def slowest_ms(self) -> float:
+        return max(self.times) * 1e3 if self.times else float("nan")
+
+
+_SLOW = re.compile(r"slow commit: a transaction of \d+ operations took (\d+) ms")
+
+
+def slow_commits(log: Path, start: int) -> list[int]:
+    text = log.read_text(errors="replace")[start:]
+    return [int(m) for m in _SLOW.findall(text)]
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20, help="length of phases 1 and 3")
+    parser.add_argument("--honest", type=int, default=16, help="honest clients")
+    parser.add_argument("--hostile", type=int, default=16, help="hostile clients")
+    parser.add_argument("--rate", type=float, default=40, help="honest requests per second, all clients together")
+    parser.add_argument("--classes", default="", help="only the hostile classes whose names hold one of these words "
+                                                        "(comma-separated)")
+    parser.add_argument("--hostile-limits", default="concurrent_requests=2",
+                        help="the hostile partner's limits in partners.yaml (key=value,...), as an operator sets them "
+                             "for a partner; the honest partner keeps the defaults")
+    args = parser.parse_args()
+
+    without, with_, alone = checks_cost()
+    print(f"0. parse of the 14 KB Order example: {without:.1f} us without the limit checks, {with_:.1f} us with "
+          f"them ({with_ - without:+.1f} us, {100 * (with_ - without) / without:+.1f}%); the checks alone "
+          f"{alone:.2f} us ({100 * alone / without:.1f}% of the parse)", flush=True)
+
+    documents = hostile_documents()
+    if args.classes:
+        documents = {k: v for k, v in documents.items() if any(w in k for w in args.classes.split(","))}
+    _DOCUMENTS.update(documents)
+    with tempfile.TemporaryDirectory(prefix="hostile-bench-") as tmp:
+        folder = Path(tmp)
+        config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
+        config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
+        config["store"].setdefault("options", {})["slow_commit_warning"] = 0.1
+        partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())
+        limits = dict(item.split("=", 1) for item in args.hostile_limits.split(",") if item)
+        partners["partners"]["globex"]["limits"] = {k: float(v) if "." in v else int(v) for k, v in limits.items()}
+        (folder / "partners.yaml").write_text(yaml.safe_dump(partners, sort_keys=False))
+        config["partners"] = "partners.yaml"
+        config["routes"] = str(REPO / "routes" / "ubl-2.1.yaml")
+        config["etl"] = {"enabled": False}
+        path = folder / "bench.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        log = folder / "server.log"
+        server = ServerProcess(path, port, log)
+        try:
+            server.wait_ready()
+            # the first invalid document starts the error-report helper, which builds its schemas meanwhile
+            warm_up = INVOICE.replace(b"<cbc:IssueDate>2009-12-15", b"<cbc:IssueDate>warm-up")
+            httpx.post(f"http://127.0.0.1:{port}/v1/documents", content=warm_up, headers=GLOBEX, timeout=30)
+            time.sleep(5)
+            queue: multiprocessing.Queue = multiprocessing.Queue()
+
+            probe = HealthProbe(port)
+            probe.start()
+            worker = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
+                                                                           "quiet", queue))
+            worker.start()
+            quiet = queue.get()
+            worker.join()
+            probe.stop.set()
+            probe.join()
+            print(f"1. {args.honest} honest clients alone ({args.rate:g} orders/s): {quiet['count']} round trips, "
+                  f"p50 {quiet['p50']:.1f} ms, p99 {quiet['p99']:.1f} ms, errors {len(quiet['errors'])}; "
+                  f"slowest /healthz {probe.slowest_ms():.1f} ms", flush=True)
+
+            print("2. each hostile class alone:", flush=True)
+            alone_ok = True
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                for name, (body, status, code) in documents.items():
+                    started = time.perf_counter()
+                    response = client.post("/v1/documents", content=body, headers=GLOBEX)
+                    took = time.perf_counter() - started
+                    got = response.json().get("code", "") if response.status_code >= 400 else ""
+                    ok = response.status_code == status and got == code and took <= BUDGET
+                    alone_ok &= ok
+                    print(f"   {name:48s} {len(body) / 1e6:5.1f} MB  {took * 1e3:7.0f} ms  {response.status_code} "
+                          f"{got:30s} {'ok' if ok else 'MISSED'}", flush=True)
+
+            log_mark = len(log.read_text(errors="replace"))
+            cpu0, loop0, wall0 = server.cpu_seconds(), server.loop_cpu_seconds(), time.monotonic()
+            probe = HealthProbe(port)
+            probe.start()
+            honest = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
+                                                                          "loaded", queue))
+            hostile = multiprocessing.Process(target=hostile_process, args=(port, args.seconds, args.hostile, queue))
+            hostile.start()
+            time.sleep(1)  # the hostile load first, so that the honest clients meet it from their first request
+            honest.start()
+            results = [queue.get(), queue.get()]
+            honest.join()
+            hostile.join()
+            probe.stop.set()
+            probe.join()
+            loaded = next(r for r in results if "p99" in r)
+            answers = next(r for r in results if "p99" not in r)
+            print(f"3. {args.honest} honest clients with {args.hostile} hostile ones (their partner's limits: "
+                  f"{args.hostile_limits or 'the defaults'}): {loaded['count']} round trips, "
+                  f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x "
+                  f"quiet), errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}", flush=True)
+            hostile_ok = True
+            for name, got in answers.items():
+                if not got:
+                    continue
+                times = [t for t, _, _ in got]
+                status, code = documents[name][1], documents[name][2]
+                codes = sorted({f"{s} {c}".strip() for _, s, c in got})
+                ok = max(times) <= BUDGET and all(s == status and c == code or s == 429 for _, s, c in got)
+                hostile_ok &= ok
+                print(f"   {name:48s} {len(got):4d} sent, slowest {max(times) * 1e3:6.0f} ms, p50 "
+                      f"{statistics.median(times) * 1e3:6.0f} ms  {', '.join(codes)[:60]:60s} {'ok' if ok else 'MISSED'}",
+                      flush=True)
+            wall = time.monotonic() - wall0
+            print(f"   the server's CPU meanwhile: {(server.cpu_seconds() - cpu0) / wall:.0%} of one core "
+                  f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop); load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+            slow = slow_commits(log, log_mark)
+            print(f"   slowest /healthz {probe.slowest_ms():.1f} ms; store commits over 100 ms: {len(slow)}"
+                  f"{f' (slowest {max(slow)} ms)' if slow else ''}", flush=True)
+            goals = {
+                "every hostile answer within 2 s with its code": alone_ok and hostile_ok,
+                "honest clients: no error": not loaded["errors"],
+                "honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"],
+                "/healthz within 100 ms": probe.slowest_ms() <= 100,
+            }
+            print("goals: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals.items()), flush=True)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
