@@ -103,8 +103,12 @@ def slow_commits(log: Path, start: float, end: float) -> list[float]:
     return found
 
 
-def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None) -> Path:
+def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None,
+                 rules: bool = True) -> Path:
     config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
+    rule_sets = config.get("rules", {}).get("sets", {})
+    for entry in rule_sets.values():  # relative to the sample configuration's folder, which this copy is not in
+        entry["file"] = str((REPO / "config" / entry["file"]).resolve())
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
     routes = yaml.safe_load((REPO / "routes" / "ubl-2.1.yaml").read_text())["routes"]
     partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}]}
@@ -130,6 +134,10 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
         config["store"]["options"].update(json.loads(os.environ["BENCH_STORE_OPTIONS"]))
     if os.environ.get("BENCH_PREFETCH"):
         config["store"]["options"]["prefetch"] = int(os.environ["BENCH_PREFETCH"])
+    if not rules:  # the request-reply phase without the sample Order route's business rules
+        config.pop("rules", None)
+        for route in routes:
+            route.pop("rules", None)
     config["partners"] = partners
     config["routes"] = routes
     config["etl"] = {"enabled": False}
@@ -484,6 +492,9 @@ def main() -> int:
                         help="the store's SQLite synchronous mode (FULL: the default, fsync per commit)")
     parser.add_argument("--responders", type=int, help="sessions of the sample order responder (default: as configured)")
     parser.add_argument("--only-request-reply", action="store_true", help="run phase 4 only")
+    parser.add_argument("--no-rules", action="store_true",
+                        help="leave the sample Order route's business rules out (phase 4 then measures the exchange "
+                             "alone, as before routes had rules)")
     parser.add_argument("--no-wrk", action="store_true", help="use the asyncio client even if wrk is installed")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, logs)")
     parser.add_argument("--processes", type=int, default=1,
@@ -493,7 +504,7 @@ def main() -> int:
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
     folder = Path(tempfile.mkdtemp(prefix="b2bgw-bench-"))
     bench_key = generate_key("bench")
-    config = write_config(folder, bench_key, args.sqlite_synchronous, args.responders)
+    config = write_config(folder, bench_key, args.sqlite_synchronous, args.responders, rules=not args.no_rules)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     results: dict[str, dict[str, float] | float] = {}
@@ -501,7 +512,8 @@ def main() -> int:
     print(f"b2bgw gateway benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"load from {'wrk' if use_wrk else 'an asyncio client'} ({args.connections} connections), "
           f"{args.seconds:g} s per phase, "
-          f"SQLite synchronous={args.sqlite_synchronous}, {args.processes or os.cpu_count()} serving process(es); "
+          f"SQLite synchronous={args.sqlite_synchronous}, {args.processes or os.cpu_count()} serving process(es), "
+          f"Order route business rules {'off' if args.no_rules else 'on'}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     only_rr = args.only_request_reply
     if not only_rr:
