@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 
 from .config import Settings, default_config_path, load_settings
 from .errors import ConfigError, GatewayError
+from .logs import own as own_log_handler
 
 __all__ = ["main", "build_parser"]
 
@@ -967,9 +968,12 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(args, "log_level", None) or args.global_log_level or os.environ.get("B2BGW_LOG_LEVEL", "INFO")
     args.log_level = level.upper() if level.upper() in _LOG_LEVELS else "INFO"
     index = getattr(args, "process_index", None)
+    before = set(logging.getLogger().handlers)
     logging.basicConfig(level=getattr(logging, args.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s " + ("" if index is None else f"[process {index}] ")
                         + "%(name)s: %(message)s")
+    for handler in set(logging.getLogger().handlers) - before:  # serve's logging.format replaces it
+        own_log_handler(handler)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if args.command not in ("serve", "worker"):
         logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))

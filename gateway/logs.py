@@ -181,6 +181,12 @@ def _handler(fmt: str, process: int | None) -> logging.Handler:
     return handler
 
 
+def own(handler: logging.Handler) -> logging.Handler:
+    """Mark *handler* as the gateway's: :func:`configure` replaces it (an embedding program's handlers stay)."""
+    handler._b2bgw = True  # type: ignore[attr-defined]
+    return handler
+
+
 def configure(fmt: str = "text", level: int | str = logging.INFO, process: int | None = None) -> None:
     """Send every log record (the root logger's, uvicorn's included) to stderr in *fmt*."""
     if fmt not in FORMATS:
@@ -189,9 +195,7 @@ def configure(fmt: str = "text", level: int | str = logging.INFO, process: int |
     for old in list(root.handlers):  # a handler of an earlier call; others (an embedding program's) stay
         if getattr(old, "_b2bgw", False):
             root.removeHandler(old)
-    handler = _handler(fmt, process)
-    handler._b2bgw = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
+    root.addHandler(own(_handler(fmt, process)))
     root.setLevel(level)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)

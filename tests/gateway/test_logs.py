@@ -132,3 +132,20 @@ def test_uvicorn_access_lines_go_through_the_json_formatter_with_the_request_con
     bad = next(line for line in access if line.get("status") == 400)
     assert bad["partner"] == "globex" and bad["problem"] == "not-well-formed" and "message_id" not in bad
     assert any(line["logger"].startswith("uvicorn") and line["logger"] != "uvicorn.access" for line in lines)
+
+
+def test_configure_replaces_the_gateways_handlers_and_keeps_an_embedding_programs():
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    foreign = logging.StreamHandler(io.StringIO())
+    try:
+        root.addHandler(foreign)
+        root.addHandler(logs.own(logging.StreamHandler(io.StringIO())))  # the command line's first handler
+        logs.configure("json", logging.INFO)
+        logs.configure("json", logging.INFO)
+        ours = [h for h in root.handlers if getattr(h, "_b2bgw", False)]
+        assert foreign in root.handlers and len(ours) == 1  # one line per record, never two
+        assert isinstance(ours[0].formatter, logs.JsonFormatter)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
