@@ -1442,7 +1442,8 @@ class SQLStore(Store):
                    for box, total in totals.items() if total]
         depth = {box: (n, oldest) for box, n, oldest in waiting}
         memory = {s.name: s for s in self._mem.stats()}
-        names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared)
+        names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared) \
+            | set(others)  # a box only another process consumes from
         out = []
         for name in sorted(names):
             db_depth, oldest_seq = depth.get(name, (0, None))

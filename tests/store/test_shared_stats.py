@@ -137,3 +137,22 @@ def test_the_kept_counts_agree_with_the_entries_through_everything_that_adds_or_
         assert left == 0
     finally:
         broker.close()
+
+
+def test_a_queue_nothing_was_sent_to_is_listed_with_the_consumers_another_process_has_on_it(shared_url):
+    one = Broker.open(shared_url, heartbeat_interval=0.05, sweep_interval=0)
+    two = Broker.open(shared_url, heartbeat_interval=0.05, sweep_interval=0)
+    try:
+        conn = one.connect()
+        conn.start()
+        conn.create_session().create_consumer(Queue("quiet"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            listed = {s.name: s for s in two.destinations()}
+            if "queue://quiet" in listed:
+                break
+            time.sleep(0.05)
+        assert listed["queue://quiet"].consumers == 1 and listed["queue://quiet"].depth == 0
+    finally:
+        two.close()
+        one.close()
