@@ -50,16 +50,20 @@ from __future__ import annotations
 
 import bisect
 import collections
+import logging
 import os
 import threading
 import time
 from typing import Any, Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.registry import Collector
 
 from .logs import fresh, restore
 
 __all__ = ["HttpMetrics", "StoreMetrics", "observe_commit", "scrape", "store_exposition"]
+
+log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -325,9 +329,9 @@ class StoreMetrics:
         return rendered[1] + ("\n".join(age.lines) + "\n").encode("ascii")
 
 
-def scrape(store: StoreMetrics | None = None) -> tuple[bytes, str]:
+def scrape(store: StoreMetrics | None = None, shared: Collector | None = None) -> tuple[bytes, str]:
     """The exposition: this process's (or, in multiprocess mode, every serving process's) metrics, then the
-    store-derived ones."""
+    store-derived ones (*store*, and *shared*: a collector that reads the store, the same in every process)."""
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
@@ -336,4 +340,11 @@ def scrape(store: StoreMetrics | None = None) -> tuple[bytes, str]:
         own = generate_latest(registry)
     else:
         own = generate_latest(REGISTRY)
+    if shared is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(shared)
+        try:
+            own += generate_latest(registry)
+        except Exception:  # noqa: BLE001 - the store is away: the other metrics still go out
+            log.warning("the retention metrics could not be read from the store", exc_info=True)
     return own + (store.exposition() if store is not None else b""), CONTENT_TYPE_LATEST

@@ -46,6 +46,7 @@ class Operations:
         self._server: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._broker: Any = None
+        self._lifecycle: Any = None  # the retention metrics, read from the store (gateway.lifecycle_metrics)
 
     def _snapshot(self) -> Any:
         return self.service.sampler.current()
@@ -71,7 +72,7 @@ class Operations:
     async def metrics_endpoint(self, request: Request) -> Response:
         def exposition() -> tuple[bytes, str]:
             self.http.flush()  # this process's requests up to now
-            return scrape(self.store_metrics)
+            return scrape(self.store_metrics, self._lifecycle)
 
         body, media = await asyncio.to_thread(exposition)
         return Response(body, media_type=media, headers={"Cache-Control": "no-store"})
@@ -83,6 +84,11 @@ class Operations:
         if broker is not None:
             broker.observe_commits(observe_commit)
             self._broker = broker
+            engine = getattr(broker.store, "engine", None)
+            if engine is not None:
+                from ..lifecycle_metrics import LifecycleCollector
+
+                self._lifecycle = LifecycleCollector(engine)
         if self._listener_wanted:
             await self._start_listener()
 

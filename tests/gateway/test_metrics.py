@@ -157,6 +157,23 @@ async def test_the_last_warehouse_load_is_reported(env):
     assert value(metrics, "b2bgw_etl_last_run_timestamp_seconds") == pytest.approx((started + 2500) / 1000)
 
 
+async def test_the_retention_metrics_come_from_the_store(env):
+    from gateway.ledger_tables import archive_batches
+
+    env.app.state.ops._lifecycle.ttl = 0  # read the store at every scrape
+    metrics = await scraped(env)
+    assert metrics["b2bgw_ledger_tombstones"]["type"] == "gauge"
+    assert value(metrics, "b2bgw_ledger_tombstones") == 0
+    now = int(time.time() * 1000)
+    with env.broker.store.engine.begin() as conn:  # what an archive run leaves: a batch archived and purged
+        conn.execute(archive_batches.insert(), {"run_id": 1, "kind": "archive", "status": "purged", "created_at": now,
+                                                "updated_at": now, "documents": 3, "purged": 3, "bytes": 4096})
+    metrics = await scraped(env)
+    assert value(metrics, "b2bgw_ledger_tombstones") == 3
+    assert value(metrics, "b2bgw_archive_documents", "b2bgw_archive_documents_total", kind="archive") == 3
+    assert value(metrics, "b2bgw_archive_bytes", "b2bgw_archive_bytes_total") == 4096
+
+
 def test_multiprocess_mode_sums_what_every_serving_process_counted(tmp_path, monkeypatch):
     code = ("from gateway.metrics import HTTP_REQUESTS, INTAKE\n"
             "HTTP_REQUESTS.labels('/v1/documents', 'POST', '202', 'acme').inc(3)\n"
