@@ -83,6 +83,8 @@ def server(tmp_path_factory):
     (tmp / "partners.yaml").write_text(yaml.safe_dump(partners))
     config["partners"] = "partners.yaml"
     config["routes"] = str(REPO / "routes" / "ubl-2.1.yaml")
+    for rule_set in config["rules"]["sets"].values():  # the sample's paths are relative to config/
+        rule_set["file"] = str((REPO / "config" / rule_set["file"]).resolve())
     config["store"]["url"] = f"sqlite:///{tmp / 'gw.db'}"
     config["etl"] = {"enabled": False}
     (tmp / "b2bgw.yaml").write_text(yaml.safe_dump(config))
