@@ -49,13 +49,14 @@ from .errors import (
     NotFoundError,
     StoreUnavailableError,
 )
+from .ids import iso_ms
 from .ledger import LedgerRecord
 from .logs import set_partner
 from .openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from .partners import PartnerLimiter
 from .problems import problem_response
 from .runtime import Runtime, start_stomp
-from .service import Gateway, Outcome, iso_ms
+from .service import Gateway, Outcome
 from .xmlintake import check_media_type, read_body
 
 __all__ = ["create_app"]

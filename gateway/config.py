@@ -58,7 +58,7 @@ from .xmlintake import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
 #: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
 LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
 
-#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.service).
+#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.intake).
 INTAKE_FACTS = ("always", "when_idle", "never")
 
 __all__ = [

@@ -29,7 +29,7 @@ partner may use wins. If some match but none allows the partner, that is
 :class:`~gateway.errors.NoRouteError` (422) naming the root element and the
 partner.
 
-Idempotency (:mod:`gateway.service`): without an ``Idempotency-Key`` header
+Idempotency (:mod:`gateway.idempotency`): without an ``Idempotency-Key`` header
 a document's key is its partner, root element and document id, with the
 document's sender party (:data:`SENDER_PARTIES`, for the UBL 2.1 types whose
 issuing party is fixed: the buyer of an Order, the supplier of an Invoice...)

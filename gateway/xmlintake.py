@@ -58,7 +58,7 @@ lxml parse (thread-local parser, ~100 us) and a docinfo check (~0.3 us).
 
 A pass over a long text (decoding, counting, searching) goes a megabyte at a
 time, and lxml parses without the interpreter lock: no call here holds the
-lock for long, whatever the body (see :mod:`gateway.service`).
+lock for long, whatever the body (see :mod:`gateway.intake`).
 
 Everything these functions put in an error is bounded (see
 :mod:`gateway.errors`) and never contains entity expansions or the content of

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway import service
+from gateway import idempotency, service
 from gateway.app import create_app
 from gateway.assemble import assemble
 from gateway.config import load_yaml, settings_from_mapping
@@ -397,7 +397,7 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
                          .values(received_at=service.now_ms()))
         env = await holder.start()
         assert env.gateway._legacy_keys is not None
-        monkeypatch.setattr(service.time, "time", lambda: env.gateway._legacy_until + 1)
+        monkeypatch.setattr(idempotency.time, "time", lambda: env.gateway._legacy_until + 1)
         assert env.gateway._legacy_key("globex", env.assembly.routes.get("ubl-despatch-advice"), "DA-WIN") is None
         assert env.gateway._legacy_keys is None
     finally:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gateway import facts, service
+from gateway import facts, intake
 from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
 from gwtest import INVOICE, ORDER_CHANGE, with_id
 
@@ -30,7 +30,7 @@ async def test_a_burst_larger_than_a_batch_gets_every_answer_and_error_its_own(g
     gateway = gw_env.gateway
     gateway.intake_facts = "always"  # not left to the nightly load for the burst (test_intake_facts)
     bodies = []
-    for i in range(service.INTAKE_BATCH + 13):
+    for i in range(intake.INTAKE_BATCH + 13):
         if i % 10 == 3:
             bodies.append((acme, INVALID, SchemaValidationError))
         elif i % 10 == 6:
@@ -64,11 +64,11 @@ async def test_a_burst_larger_than_a_batch_gets_every_answer_and_error_its_own(g
 async def test_documents_arriving_together_go_through_each_stage_together(gw_env, monkeypatch, bound):
     globex, _ = _partners(gw_env)
     if bound == "count":
-        monkeypatch.setattr(service, "INTAKE_BATCH", 2)
+        monkeypatch.setattr(intake, "INTAKE_BATCH", 2)
     else:  # room for two of them
-        monkeypatch.setattr(service, "INTAKE_BATCH_BYTES", 2 * len(with_id(INVOICE, "TOGETHER-0")) + 10)
+        monkeypatch.setattr(intake, "INTAKE_BATCH_BYTES", 2 * len(with_id(INVOICE, "TOGETHER-0")) + 10)
     steps: list[tuple[str, str]] = []
-    parse, for_ledger = service.parse_document_text, facts.for_ledger
+    parse, for_ledger = intake.parse_document_text, facts.for_ledger
 
     def spy_parse(body, *args, **kwargs):
         steps.append(("parse", body.split(b"<cbc:ID>", 1)[1].split(b"<", 1)[0].decode()))
@@ -78,7 +78,7 @@ async def test_documents_arriving_together_go_through_each_stage_together(gw_env
         steps.append(("facts", root.findtext("{*}ID")))
         return for_ledger(root, doc_type)
 
-    monkeypatch.setattr(service, "parse_document_text", spy_parse)
+    monkeypatch.setattr(intake, "parse_document_text", spy_parse)
     monkeypatch.setattr(facts, "for_ledger", spy_facts)
     ids = [f"TOGETHER-{i}" for i in range(5)]
     outcomes = await asyncio.gather(*(gw_env.gateway.submit(globex, with_id(INVOICE, i)) for i in ids))

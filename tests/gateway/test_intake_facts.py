@@ -1,7 +1,7 @@
 """``server.intake_facts``: when the gateway extracts the warehouse facts at intake.
 
 ``always`` for every document of a loaded type; ``when_idle`` (the default) unless the intake is
-saturated (``service.INTAKE_BUSY`` documents or more waiting for it together), when they are left to
+saturated (``intake.INTAKE_BUSY`` documents or more waiting for it together), when they are left to
 the nightly load, which extracts them from the stored XML; ``never``. Whatever the policy, every
 document gets the same answer, message and ledger row but for the facts."""
 
@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway import facts, service
+from gateway import facts, intake
 from gateway.config import ConfigError, load_yaml, settings_from_mapping
 from gateway.ledger_tables import unpack_xml
 from gateway.runtime import Runtime
@@ -71,7 +71,7 @@ async def test_when_idle_documents_arriving_alone_get_their_facts(gw_env):
 
 
 async def test_when_idle_a_saturated_intake_leaves_the_facts_to_the_nightly_load(gw_env):
-    n = service.INTAKE_BUSY * 3
+    n = intake.INTAKE_BUSY * 3
     outcomes = await _burst(gw_env, "BURST", n)  # all waiting for the event loop's intake together
     assert [o.receipt["document_id"] for o in outcomes] == [f"BURST-{i}" for i in range(n)]
     rows = _rows(gw_env)
@@ -86,14 +86,14 @@ async def test_when_idle_a_saturated_intake_leaves_the_facts_to_the_nightly_load
 
 
 async def test_a_batch_under_the_threshold_is_not_saturated(gw_env):
-    await _burst(gw_env, "FEW", service.INTAKE_BUSY - 1)
+    await _burst(gw_env, "FEW", intake.INTAKE_BUSY - 1)
     assert all(stored is not None for stored, _, _ in _rows(gw_env).values())
     assert gw_env.gateway.facts_deferred == 0
 
 
 async def test_always_extracts_them_even_when_saturated(gw_env):
     gw_env.gateway.intake_facts = "always"
-    await _burst(gw_env, "BURST", service.INTAKE_BUSY * 3)
+    await _burst(gw_env, "BURST", intake.INTAKE_BUSY * 3)
     assert all(stored is not None for stored, _, _ in _rows(gw_env).values())
     assert gw_env.gateway.facts_deferred == 0
 
@@ -108,7 +108,7 @@ async def test_never_leaves_them_all_to_the_load(gw_env):
 async def test_a_document_type_the_warehouse_does_not_load_is_not_counted(gw_env):
     globex = gw_env.assembly.partners.get("globex")
     await asyncio.gather(*(gw_env.gateway.submit(globex, with_id(DESPATCH_ADVICE, f"DA-{i}"))
-                           for i in range(service.INTAKE_BUSY * 2)))
+                           for i in range(intake.INTAKE_BUSY * 2)))
     assert gw_env.gateway.facts_deferred == 0
 
 
@@ -120,14 +120,14 @@ async def test_on_intake_threads_a_queue_behind_them_is_saturation(make_assembly
         gateway = runtime.gateway
         globex = assembly.partners.get("globex")
         await gateway.submit(globex, with_id(INVOICE, "ALONE"))
-        n = service.INTAKE_BUSY * 4
+        n = intake.INTAKE_BUSY * 4
         await asyncio.gather(*(gateway.submit(globex, with_id(INVOICE, f"Q-{i}")) for i in range(n)))
         with runtime.broker.store.engine.connect() as conn:
             stored = dict(conn.execute(sa.text("SELECT doc_id, facts FROM b2b_ledger")).all())
         assert stored["ALONE"] is not None
         deferred = [doc_id for doc_id, value in stored.items() if value is None]
         # the first INTAKE_BUSY found the thread's queue short enough; those queued behind them did not
-        assert set(f"Q-{i}" for i in range(service.INTAKE_BUSY)).isdisjoint(deferred)
+        assert set(f"Q-{i}" for i in range(intake.INTAKE_BUSY)).isdisjoint(deferred)
         assert len(deferred) == gateway.facts_deferred > 0
     finally:
         runtime.stop()

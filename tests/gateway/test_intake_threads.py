@@ -135,7 +135,7 @@ def test_uuid4_str_is_a_random_version_4_uuid_in_every_thread():
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.service import uuid4_str
+    from gateway.ids import uuid4_str
 
     def many(_: int) -> list[str]:
         return [uuid4_str() for _ in range(700)]  # more than one 4 KiB pool of random bytes

@@ -192,7 +192,7 @@ def test_an_order_breaking_the_rules_is_refused_with_every_failure(env):
 
 def test_a_large_order_is_checked_by_the_rules_too(env):
     """Bodies over the size validated on their tree are validated while they are parsed: the rules still run."""
-    from gateway.service import TREE_VALIDATION_MAX_BYTES
+    from gateway.intake import TREE_VALIDATION_MAX_BYTES
 
     padding = b"<!--" + b" " * TREE_VALIDATION_MAX_BYTES + b"-->"
     small = with_id(ORDER, "rules-400-small").replace(b'currencyID="SEK">225<', b'currencyID="SEK">226<')

@@ -3,7 +3,7 @@
 A document posted again under an idempotency key already taken is replayed only when its digest (the
 SHA-256 of the body as received) is that of the first one; another document gets 409. Rows accepted
 before this revision have no digest: the gateway compares their stored document instead, and finds the
-recent ones (whose keys it checks against the new default keys for a while, see gateway/service.py)
+recent ones (whose keys it checks against the new default keys for a while, see gateway/idempotency.py)
 through ``ix_b2b_ledger_undigested``, which holds those rows alone: no row written from now on enters it.
 
 A nullable column (no table rewrite on PostgreSQL, ADD COLUMN on SQLite), and one index built from the
