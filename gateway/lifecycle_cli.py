@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any, Callable
 
+from .cli_support import CommandError, settings_for, shown_url
 from .config import Settings
 
 __all__ = ["register"]
@@ -48,12 +49,6 @@ def register(sub: Any, db: Any, with_config: Callable[[argparse.ArgumentParser],
     p.set_defaults(func=cmd_archive_verify)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    from .cli import _settings as load
-
-    return load(args)
-
-
 def _engine(settings: Settings) -> Any:
     """An engine on the configured store, which must exist (these commands only read it)."""
     import os
@@ -62,20 +57,16 @@ def _engine(settings: Settings) -> Any:
 
     from spark_etl.db import make_engine
 
-    from .cli import CommandError, _shown_url
-
     url = settings.store_url
     if url.startswith("sqlite"):
         path = sa.engine.make_url(url.split("?", 1)[0]).database
         if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
-            raise CommandError(f"{_shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
+            raise CommandError(f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
                                "check store.url and the current directory")
     return make_engine(url)
 
 
 def _policy(settings: Settings) -> Any:
-    from .cli import CommandError
-
     if settings.retention is None:
         raise CommandError(f"{settings.config_path}: no ledger.retention section: documents stay online for ever; "
                            "add one (docs/retention.md) to archive and purge them")
@@ -100,7 +91,7 @@ def _iso(ms: int | None) -> str:
 def cmd_db_stats(args: argparse.Namespace) -> int:
     from . import lifecycle
 
-    settings = _settings(args)
+    settings = settings_for(args)
     engine = _engine(settings)
     try:
         stats = lifecycle.db_stats(engine, settings.retention)
@@ -115,9 +106,8 @@ def cmd_db_stats(args: argparse.Namespace) -> int:
 
 def cmd_db_vacuum(args: argparse.Namespace) -> int:
     from . import lifecycle
-    from .cli import CommandError
 
-    settings = _settings(args)
+    settings = settings_for(args)
     engine = _engine(settings)
     try:
         pg = engine.dialect.name == "postgresql"
@@ -169,7 +159,7 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
 
     from .runtime import etl_enabled, open_broker
 
-    settings = _settings(args)
+    settings = settings_for(args)
     policy = _policy(settings)
     broker = open_broker(settings, sweep_interval=0)
     try:
@@ -197,7 +187,7 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
 def cmd_archive_status(args: argparse.Namespace) -> int:
     from . import lifecycle
 
-    settings = _settings(args)
+    settings = settings_for(args)
     engine = _engine(settings)
     try:
         runs = lifecycle.list_runs(engine, args.limit)
@@ -232,9 +222,7 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
 def cmd_archive_get(args: argparse.Namespace) -> int:
     from spark_etl.archive import get
 
-    from .cli import CommandError
-
-    settings = _settings(args)
+    settings = settings_for(args)
     engine = _engine(settings)
     try:
         found = get(args.message_id, root=_root(settings), engine=engine)
@@ -272,7 +260,7 @@ def cmd_archive_get(args: argparse.Namespace) -> int:
 def cmd_archive_verify(args: argparse.Namespace) -> int:
     from spark_etl.archive import verify
 
-    settings = _settings(args)
+    settings = settings_for(args)
     engine = _engine(settings)
     try:
         report = verify(engine, _root(settings))

@@ -570,12 +570,12 @@ async def test_noop_endpoint_uses_the_same_direct_path(make_assembly):
 def test_serve_freezes_the_startup_objects_out_of_the_collector(monkeypatch):
     import gc
 
-    from gateway import cli
+    from gateway import serve_cli
 
     calls = []
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
-    cli._freeze_startup_objects()
+    serve_cli._freeze_startup_objects()
     assert calls == ["collect", "freeze"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker_core import AckMode, Broker, Queue
-from gateway import cli
+from gateway import cli, queue_cli, serve_cli
 from gateway.ledger import Ledger
 from gateway.partners import verify_key
 from gwtest import FIXTURES, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
@@ -320,7 +320,7 @@ def _published_hash(key_id: str) -> str:
     ("0.0.0.0", False), ("::", False), ("", False), ("10.1.2.3", False), ("gateway.example.com", False),
 ])
 def test_which_addresses_are_loopback(host, loopback):
-    assert cli.is_loopback(host) is loopback
+    assert serve_cli.is_loopback(host) is loopback
 
 
 def _taken_port() -> tuple[socket.socket, int]:
@@ -424,7 +424,7 @@ def test_an_unexpected_failure_keeps_its_traceback(capsys, monkeypatch):
     def broken(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_queues", broken)
+    monkeypatch.setattr(queue_cli, "cmd_queues", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["queues"])
 
