@@ -74,6 +74,7 @@ from .errors import (
     clip,
 )
 from .schema_messages import plain_message
+from .xpaths import without_predicates
 
 __all__ = [
     "LocalSchemaResolver",
@@ -935,7 +936,7 @@ def _split_steps(path: str) -> tuple[list[str], str | None]:
     text = path.strip()
     if not text or text == "/":
         return [], "the path is empty"
-    bare = _without_predicates(text)
+    bare = without_predicates(text)
     if bare is None:
         return [], "its brackets or quotes are unbalanced"
     if "//" in bare:
@@ -947,28 +948,3 @@ def _split_steps(path: str) -> tuple[list[str], str | None]:
         if not _STEP.match(step):
             return [], f"step {clip(step, 60)!r} is not a name step this check understands"
     return steps, None
-
-
-def _without_predicates(text: str) -> str | None:
-    """*text* without its ``[...]`` predicates; None if brackets or quotes do not balance."""
-    out: list[str] = []
-    depth = 0
-    quote: str | None = None
-    for ch in text:
-        if quote:
-            if ch == quote:
-                quote = None
-            continue
-        if depth and ch in "'\"":
-            quote = ch
-        elif ch == "[":
-            depth += 1
-        elif ch == "]":
-            if not depth:
-                return None
-            depth -= 1
-        elif not depth:
-            out.append(ch)
-    if depth or quote:
-        return None
-    return "".join(out)

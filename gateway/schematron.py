@@ -67,6 +67,7 @@ from typing import Any
 from lxml import etree
 
 from .errors import ConfigError, clip
+from .xpaths import without_predicates
 
 __all__ = [
     "Assertion",
@@ -940,26 +941,6 @@ def _split_top(text: str, separator: str) -> list[str]:
     return parts
 
 
-def _without_predicates(step: str) -> str:
-    out = []
-    depth = 0
-    quote: str | None = None
-    for ch in step:
-        if quote:
-            if ch == quote:
-                quote = None
-            continue
-        if depth and ch in "'\"":
-            quote = ch
-        elif ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif not depth:
-            out.append(ch)
-    return "".join(out)
-
-
 def _alternatives(context: str) -> list[str]:
     return [a.strip() for part in _split_top(context, "|") for a in _split_top(part, " union ")]
 
@@ -997,9 +978,10 @@ def _shapes(context: str, namespaces: dict[str, str]) -> list[_Shape] | None:
             steps, anchored = steps[last + 1:], False
         tests: list[_Test | None] = []
         for step in steps:
-            m = _STEP_TEST.match(_without_predicates(step).strip())
+            bare = without_predicates(step) or ""  # unbalanced: a pattern Saxon refuses
+            m = _STEP_TEST.match(bare.strip())
             if not m:
-                if _without_predicates(step).strip() in ("node()", "*"):
+                if bare.strip() in ("node()", "*"):
                     tests.append(None)
                     continue
                 return None

@@ -410,19 +410,13 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
             f"Encodings conflict: the HTTP charset says {label(http)} but the XML declaration says "
             f"{label(decl)}; make them agree (or drop the charset parameter)."
         )
-    if bom:
+    found = bom or sniffed  # what the bytes themselves say
+    if found:
         for other, where in ((decl, "the XML declaration"), (http, "the HTTP charset")):
-            if other and not _agree(bom, other):
+            if other and not _agree(found, other):
+                says = "the byte order mark says" if bom else "the document is laid out as"
                 raise _not_well_formed(
-                    f"Encodings conflict: the byte order mark says {label(bom)} but {where} says "
-                    f"{label(other)}; make them agree."
-                )
-    elif sniffed:
-        for other, where in ((decl, "the XML declaration"), (http, "the HTTP charset")):
-            if other and not _agree(sniffed, other):
-                raise _not_well_formed(
-                    f"Encodings conflict: the document is laid out as {label(sniffed)} but {where} says "
-                    f"{label(other)}; make them agree."
+                    f"Encodings conflict: {says} {label(found)} but {where} says {label(other)}; make them agree."
                 )
     else:
         if _utf16(decl):
