@@ -65,7 +65,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, Union, cast, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar, Union, Unpack, cast, overload
 
 from lxml import etree
 
@@ -98,6 +98,7 @@ __all__ = [
     "HandlerStats",
     "Reject",
     "Reply",
+    "SendOptions",
     "Worker",
     "handler",
     "registry",
@@ -137,7 +138,8 @@ class BusinessError(Exception):
     (``unknown-customer``); ``detail``: a sentence for a person; ``reply``: an
     optional body (XML text, an lxml element or a Message) sent with it."""
 
-    def __init__(self, code: str, detail: str, reply: Any = None) -> None:
+    def __init__(self, code: str, detail: str,
+                 reply: str | etree._Element | etree._ElementTree | Message | None = None) -> None:
         if not isinstance(code, str) or not code.strip() or len(code) > MAX_CODE:
             raise ValueError(f"BusinessError needs a code: a non-empty string of at most {MAX_CODE} characters")
         if not isinstance(detail, str):
@@ -157,7 +159,15 @@ _R = TypeVar("_R")
 _ReplyT = TypeVar("_ReplyT", bound=Reply)
 
 #: What a handler function looks like: ``fn(message, context) -> reply`` (or a coroutine function).
-HandlerFunction = Callable[..., Any]
+HandlerFunction = Callable[..., Union[Reply, Awaitable[Reply]]]
+
+
+class SendOptions(TypedDict, total=False):
+    """The options of ``context.send(...)``, as a producer's ``send`` takes them."""
+
+    delivery_mode: int | None
+    priority: int | None
+    time_to_live: int | None
 
 
 # --------------------------------------------------------------------------- declaring handlers
@@ -356,7 +366,7 @@ class _Context:
     sent: list[tuple[Destination, Message]] | None = dataclasses.field(default=None, repr=False)
 
     def _send(self, destination: str | Destination, message: Message | str | etree._Element,
-              options: dict[str, Any]) -> Message:
+              options: SendOptions) -> Message:
         dest = _as_destination(destination) if isinstance(destination, str) else destination
         msg = _to_message(self.session, message)
         if msg is None:
@@ -379,7 +389,7 @@ class HandlerContext(_Context):
     """
 
     def send(self, destination: str | Destination, message: Message | str | etree._Element,
-             **options: Any) -> Message:
+             **options: Unpack[SendOptions]) -> Message:
         """Send ``message`` (a Message, XML text or an lxml element) to
         ``destination`` (a queue name or a Destination) in the current
         transaction. ``options``: ``delivery_mode``, ``priority``,
@@ -395,7 +405,7 @@ class AsyncHandlerContext(_Context):
     or roll it back."""
 
     async def send(self, destination: str | Destination, message: Message | str | etree._Element,
-                   **options: Any) -> Message:
+                   **options: Unpack[SendOptions]) -> Message:
         """Send ``message`` (a Message, XML text or an lxml element) to
         ``destination`` (a queue name or a Destination) in the current
         transaction (staged: it is stored at the commit, with the request).
@@ -879,7 +889,7 @@ class Worker:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, TypedDict, Union, Unpack
 
 from lxml import etree
 
@@ -63,7 +63,20 @@ from .handlers import (
     _Processor,
 )
 
-__all__ = ["HandlerHarness", "HarnessError", "Result"]
+__all__ = ["Document", "HandlerHarness", "HarnessError", "RequestOptions", "Result"]
+
+#: What a request may be made of: XML text or bytes, an lxml element or tree, or a Message (sent as it is).
+Document = Union[str, bytes, etree._Element, etree._ElementTree, Message]
+
+
+class RequestOptions(TypedDict, total=False):
+    """The options of :meth:`HandlerHarness.send` that :meth:`HandlerHarness.request` passes on."""
+
+    reply: bool
+    jms_type: str | None
+    correlation_id: str | None
+    properties: dict[str, bool | int | float | str] | None
+    priority: int | None
 
 
 class HarnessError(AssertionError):
@@ -178,13 +191,13 @@ class HandlerHarness:
     def __enter__(self) -> "HandlerHarness":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     async def __aenter__(self) -> "HandlerHarness":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.close()
 
     def stats(self) -> dict[str, HandlerStats]:
@@ -205,9 +218,9 @@ class HandlerHarness:
             raise HarnessError(f"the harness does not run a handler named {name!r} (it runs {list(self._stations)})")
         return station
 
-    def send(self, document: Any, *, handler: AnyHandler | str | None = None, reply: bool = True,
+    def send(self, document: Document, *, handler: AnyHandler | str | None = None, reply: bool = True,
              jms_type: str | None = None, correlation_id: str | None = None,
-             properties: dict[str, Any] | None = None, priority: int | None = None) -> Message:
+             properties: dict[str, bool | int | float | str] | None = None, priority: int | None = None) -> Message:
         """Send a request to the handler's destination (committed) and return
         it. ``document``: XML text or bytes, an lxml element or tree, or a
         Message (sent as it is). ``reply``: set ``JMSReplyTo`` to the
@@ -229,7 +242,7 @@ class HandlerHarness:
         return message
 
     @staticmethod
-    def _message(document: Any) -> Message:
+    def _message(document: Document) -> Message:
         if isinstance(document, Message):
             return document
         if isinstance(document, bytes):
@@ -242,14 +255,15 @@ class HandlerHarness:
             return XMLMessage(document)
         raise TypeError(f"a request is XML text or bytes, an lxml element or a Message, not {type(document).__name__}")
 
-    def request(self, document: Any, *, handler: AnyHandler | str | None = None, **options: Any) -> Result:
+    def request(self, document: Document, *, handler: AnyHandler | str | None = None,
+                **options: Unpack[RequestOptions]) -> Result:
         """:meth:`send` a request, then :meth:`deliver` it: the handler runs in
         this thread (an ``async def`` in an event loop of its own for the call)."""
         self.send(document, handler=handler, **options)
         return self.deliver(handler)
 
-    async def request_async(self, document: Any, *, handler: AnyHandler | str | None = None,
-                            **options: Any) -> Result:
+    async def request_async(self, document: Document, *, handler: AnyHandler | str | None = None,
+                            **options: Unpack[RequestOptions]) -> Result:
         """:meth:`send` a request, then :meth:`deliver_async` it in the running loop."""
         self.send(document, handler=handler, **options)
         return await self.deliver_async(handler)
