@@ -1,42 +1,19 @@
 """The gateway's YAML configuration, with a file and line for every error.
 
-One main file (``config/b2bgw.yaml``) holds the settings; its ``partners:``
-and ``routes:`` sections are either inline or the name of another YAML file
-(relative to the main file) whose top level is that section. Every mapping and
-sequence is loaded as a :class:`MarkedDict` / :class:`MarkedList` that
-remembers where it and each of its entries came from (:class:`Where`), so any
-later check (a schema that does not load, an XPath that does not compile, two
-routes that shadow each other) points at ``file:line``. Duplicate keys in a
+One main file (``config/b2bgw.yaml``) holds the settings; its ``partners:`` and ``routes:`` sections are
+either inline or the name of another YAML file (relative to the main file) whose top level is that section.
+Every mapping and sequence is loaded as a :class:`MarkedDict` / :class:`MarkedList` that remembers where it
+and each of its entries came from (:class:`Where`), so that any later check (a schema that does not load, an
+XPath that does not compile, two routes that shadow each other) points at ``file:line``. Duplicate keys in a
 mapping are an error (plain PyYAML silently keeps the last one).
 
-The sections, all optional::
-
-    store:      {url: sqlite:///var/b2bgw.db, options: {...Broker.open options}}
-    server:     {host: 127.0.0.1, port: 8080, intake_threads: 0, intake_facts: when_idle, processes: 1,
-                 pin_processes: true, explain_workers: 1, explain_timeout: 1s}
-    limits:     {max_body_bytes: 10485760, max_depth: 256, max_elements: 500000, max_attributes: 200,
-                 max_namespaces_per_element: 100, max_namespaces_per_document: 100000, max_name_length: 1000,
-                 max_text_length: 4194304, rules_seconds: 2}   # see docs/limits.md
-    namespaces: {prefix: uri, ...}        # for route XPaths (UBL's cac/cbc/ext are built in)
-    schemas:    {ubl-2.1: [Order, ...], files: [{name, path, version, group}], dirs: [...]}
-    partners:   partners.yaml | {id: {name, enabled, keys: [{id, hash}], limits}}   # the file may add defaults:
-    routes:     routes.yaml | [{id, partners, root, when, schema, rules, ...}]
-    rules:      {sets: {name: {file, phase}}, cache_dir, workers, worker_memory_mb}   # business rules (gateway.rules)
-    exchange:   {late_reply_window: 1h, reconcile_interval: 2s}
-    workers:    [module | {module, concurrency}, ...]   # handler modules `b2bgw serve` runs in-process
-    etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
-    stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size,
-                 selector_string_numbers}   # the STOMP listener
-    ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention
-    operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
-    admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
-    logging:    {format: text|json}
-
-Parsing checks shapes and types, and the ``store.options``, ``stomp:`` and
-``etl:`` values whole (by ``Broker.check_options`` and
-``spark_etl.config.check_section``, the rules those parts apply themselves),
-so a wrong one is reported at its line before anything starts;
-:mod:`gateway.partners` and :mod:`gateway.routes` check the meaning of the rest.
+The sections, all optional: ``store``, ``server``, ``limits``, ``namespaces``, ``schemas``, ``partners``,
+``routes``, ``rules``, ``exchange``, ``workers``, ``etl``, ``stomp``, ``ledger``, ``operators``, ``admin``
+and ``logging`` (the guides under docs/ describe their keys). Parsing checks shapes and types, and the
+``store.options``, ``stomp:`` and ``etl:`` values whole (by ``Broker.check_options`` and
+``spark_etl.config.check_section``, the rules those parts apply themselves), so that a wrong one is reported
+at its line before anything starts; :mod:`gateway.partners` and :mod:`gateway.routes` check the meaning of
+the rest.
 """
 
 from __future__ import annotations

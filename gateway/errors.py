@@ -1,51 +1,19 @@
 """The one error hierarchy of the gateway.
 
-Every error the gateway raises on purpose derives from :class:`GatewayError`.
-Each class carries the HTTP ``status`` it maps to, a short stable machine
-``code`` (what a partner's software should switch on) and a human ``detail``
-that says what to do about it::
+Every error the gateway raises on purpose derives from :class:`GatewayError`. Each class carries the HTTP
+``status`` it maps to, a short stable machine ``code`` (what a partner's software switches on) and a human
+``detail`` that says what to do about it. The classes below go by status: the document's own faults (413,
+415, and 400 under :class:`InvalidDocumentError`, which carries the ``errors`` found: not well-formed,
+forbidden XML and the intake limits, schema, business rules), the request's (400 headers, 401, 403, 404,
+405), idempotency and retention (409, 410), routing and rules (422), rate limits (429 under
+:class:`TooManyRequestsError`, with ``retry_after``), the back end and the store (502, 503, 504), and
+:class:`ConfigError` for the operator. docs/partner-guide.md lists every code a partner can see.
 
-    GatewayError                        500 internal-error
-    ├── DocumentTooLargeError           413 document-too-large
-    ├── UnsupportedMediaTypeError       415 unsupported-media-type
-    ├── InvalidDocumentError            400 (base: carries ``errors``)
-    │   ├── NotWellFormedError          400 not-well-formed
-    │   ├── XMLSecurityError            400 forbidden-xml
-    │   │   └── IntakeLimitError        400 (base: ``limit``, ``limit_value``)
-    │   │       ├── TooManyAttributesError          400 too-many-attributes
-    │   │       ├── TooManyNamespacesError          400 too-many-namespaces
-    │   │       ├── TooManyDocumentNamespacesError  400 too-many-document-namespaces
-    │   │       ├── NameTooLongError                400 name-too-long
-    │   │       └── TextTooLongError                400 text-too-long
-    │   ├── SchemaValidationError       400 schema-invalid
-    │   └── BusinessRuleViolationError  400 business-rule-violation
-    ├── InvalidHeaderError              400 invalid-header
-    ├── AuthenticationError             401 unauthenticated
-    ├── ForbiddenRouteError             403 forbidden-route
-    ├── NotFoundError                   404 not-found
-    ├── MethodNotAllowedError           405 method-not-allowed
-    ├── IdempotencyConflictError        409 idempotency-conflict
-    ├── ArchivedReplayError             409 archived-replay
-    ├── DocumentArchivedError           410 document-archived
-    ├── NoRouteError                    422 no-route
-    ├── RulesTimeoutError               422 rules-timeout
-    ├── RulesEvaluationError            422 rules-error
-    ├── TooManyRequestsError            429 (base: ``retry_after``)
-    │   ├── RateLimitedError            429 rate-limited
-    │   └── ConcurrencyLimitedError     429 too-many-concurrent-requests
-    ├── BackendError                    502 backend-error
-    ├── StoreUnavailableError           503 store-unavailable
-    ├── ReplyTimeoutError               504 reply-timeout    (also TimeoutError)
-    └── ConfigError                     500 config-error     (``file``, ``line``)
-        └── UnknownSchemaError          500 unknown-schema
-
-Whatever a client sends is under its control, size included, so everything
-these errors can return to it is bounded: ``detail`` is clipped to
-:data:`MAX_DETAIL_CHARS`, each :class:`XMLErrorDetail` message and path to
-:data:`MAX_MESSAGE_CHARS` / :data:`MAX_PATH_CHARS`, and an
-:class:`InvalidDocumentError` keeps at most ``max_errors`` entries (the rest
-are only counted, in ``omitted``). Nothing here ever quotes the content of an
-entity or of an external file: the intake layer never expands or loads one.
+Whatever a client sends is under its control, size included, so everything these errors can return to it is
+bounded: ``detail`` is clipped to :data:`MAX_DETAIL_CHARS`, each :class:`XMLErrorDetail` message and path to
+:data:`MAX_MESSAGE_CHARS` / :data:`MAX_PATH_CHARS`, and an :class:`InvalidDocumentError` keeps at most
+``max_errors`` entries (the rest only counted, in ``omitted``). Nothing here ever quotes the content of an
+entity or of an external file: the intake never expands or loads one.
 """
 
 from __future__ import annotations

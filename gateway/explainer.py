@@ -1,14 +1,14 @@
 """The error report of an invalid document, worked out in another process within a time budget.
 
 xmlschema's report (every error, with a reason) is pure Python: it holds the interpreter lock while it
-runs, and its cost grows faster than the document (an element with 1,000 attributes takes seconds, one
-with 100,000 minutes). Run in the serving process it would starve the event loop, the store's writer
-thread and its heartbeats; a thread cannot be stopped. So it runs here:
+runs, and its cost grows faster than the document (an element with many attributes can take minutes). Run
+in the serving process it would starve the event loop, the store's writer thread and its heartbeats; a
+thread cannot be stopped. So it runs here:
 
 * a helper process (``python -m gateway.explainer``), started when the first invalid document comes (a
-  gateway that never gets one never pays for it), builds the schemas once (lxml and xmlschema, one to three
-  seconds of CPU, niced) and then only waits for jobs: it never reads a document itself;
-* for each job it forks a child (copy-on-write, milliseconds) that parses the body with the same
+  gateway that never gets one never pays for it), builds the schemas once (lxml and xmlschema, niced) and
+  then only waits for jobs: it never reads a document itself;
+* for each job it forks a child (copy-on-write: cheap) that parses the body with the same
   hardened intake, validates its tree with lxml and sends libxml2's report (lines, columns, paths), then
   works out xmlschema's and sends that: it runs niced, under a memory limit, and is killed (SIGKILL)
   when the job's time is up;

@@ -1,58 +1,22 @@
 """Message handlers: consume documents from the broker and reply, exactly once.
 
-A backend developer writes a function, plain or ``async``, and declares where
-its messages come from::
+A backend developer writes ``fn(message, context)``, plain or ``async def``, and declares with
+:func:`handler` where its messages come from; a :class:`Worker` runs the handlers of a registry
+(docs/handlers.md and docs/backend-guide.md are the guides). What the worker guarantees:
 
-    from gateway.handlers import BusinessError, HandlerContext, Reject, handler
+* Each handler gets its own connection and ``concurrency`` transacted sessions: a thread each for a plain
+  function, a task each on the worker's event loop for an ``async def``.
+* The request, the reply and whatever the handler sends through ``context`` commit in one transaction: a
+  crash or an exception before the commit sends nothing and redelivers the request, which the broker
+  dead-letters after its ``max_deliveries``.
+* :class:`Reject` (raised or returned) dead-letters a request that can never be processed at once, without
+  redelivery. :class:`BusinessError` answers an error reply (``B2BError``, ``B2BErrorCode``, an optional
+  body: the gateway answers the partner ``502 backend-error``) and commits.
+* The reply goes to ``jms_reply_to`` with ``reply_correlation_id(request)`` and, unless the handler set one,
+  ``jms_type`` = its root element's local name. Without ``jms_reply_to``, or when the requester's temporary
+  queue is gone, the request commits without the reply, so that it is not redelivered for ever.
 
-    @handler("orders.inbound", selector="JMSType = 'Order'")
-    def respond(message: Message, context: HandlerContext) -> etree._Element:
-        order = message.document()          # lxml root of the XML body
-        ...
-        return reply                         # str, lxml element, Message, or None
-
-    @handler("invoices.inbound")
-    async def record(message: Message, context: AsyncHandlerContext) -> None:
-        await context.send("audit", message.text)   # commits with the request
-        ...
-
-    worker = Worker(broker, registry)        # or Worker(broker, [respond, ...])
-    worker.start()
-    ...
-    worker.stop()                            # waits for messages in progress
-
-What the worker guarantees:
-
-* Each handler gets its own connection and ``concurrency`` transacted
-  sessions, each with its own consumer: a thread each for a plain function;
-  a task each, on one event loop the worker owns (its own thread), for an
-  ``async def``.
-* The request and everything sent for it (the reply, and whatever the handler
-  sends through ``context``) commit in ONE transaction: a crash or an
-  exception before the commit sends nothing and redelivers the request
-  (``jms_redelivered``); the broker dead-letters it after its
-  ``max_deliveries``.
-* Two outcomes are not failures. ``raise Reject(reason)`` (or ``return
-  Reject(reason)``): the request can never be processed (poison); it goes
-  to the dead-letter queue at once, with ``JMS_DLQ_Reason`` = ``reason``,
-  without redelivery, and nothing the handler sent is committed.
-  ``raise BusinessError(code, detail, reply=None)`` (or return one): the
-  request was processed and the answer is an error; the requester gets an
-  error reply (the ``B2BError`` property ``"code: detail"``, ``B2BErrorCode``
-  ``code``, the body ``reply`` if given: the gateway answers the partner
-  ``502 backend-error`` with them) and the transaction commits, with
-  whatever the handler sent through ``context``.
-* The reply goes to the request's ``jms_reply_to`` with
-  ``jms_correlation_id = reply_correlation_id(request)`` and, unless the
-  handler set one, ``jms_type`` = the local name of the reply's root element.
-* A request without ``jms_reply_to`` just commits (a reply the handler
-  returned is dropped, with a debug log line). When the reply destination no
-  longer exists (the requester's temporary queue is gone) the worker logs a
-  warning and commits without the reply, so the request is not redelivered
-  forever.
-
-:mod:`gateway.testing` runs a handler with this same code in a test's own
-thread or event loop.
+:mod:`gateway.testing` runs a handler with this same code in a test's own thread or event loop.
 """
 
 from __future__ import annotations
@@ -333,9 +297,8 @@ def handler(
     ``prefetch``: how many messages each session's consumer claims ahead of
     the one it works on; 1 (the default) shares a backlog among the sessions
     and processes as it builds up (with more, one session could hold dozens
-    of requests while the others idle: measured with the sample responder,
-    two processes, 100 clients in a closed loop); raise it for cheap handlers
-    to save claim transactions.
+    of requests while the others idle); raise it for cheap handlers to save
+    claim transactions.
     ``registry``: where to register (the module's :data:`registry` by default;
     ``None``: nowhere). Returns the :class:`Handler`, which is callable like
     the function.

@@ -5,24 +5,8 @@ the archive job may have run in any of them, or from ``b2bgw archive run``).
 endpoint serves (``registry.register(LifecycleCollector(engine))``). It reads the store at most once per
 ``ttl`` seconds (a scrape in between gets the last reading), a handful of small queries: the last archive
 run, the journal's totals, and the oldest online document of each final status (ends of the ledger's
-status index, never a scan).
-
-==============================================  ==========================================================
-``b2bgw_archive_last_run_success``              1 when the last archive run succeeded, else 0
-``b2bgw_archive_last_run_timestamp_seconds``    when it finished (started, while it runs)
-``b2bgw_archive_last_run_duration_seconds``     how long it took
-``b2bgw_archive_last_run_documents``            documents it handled, by ``outcome``: ``archived``,
-                                                ``purged``, ``waiting`` (due, but the warehouse load has not
-                                                read them yet), ``tombstones_expired``
-``b2bgw_archive_documents_total``               documents archived or purged by every run so far, by ``kind``
-                                                (``archive``, ``purge``)
-``b2bgw_archive_bytes_total``                   bytes of Parquet the archive has written
-``b2bgw_archive_unfinished_batches``            batches a crashed run left (the next run finishes them)
-``b2bgw_ledger_tombstones``                     tombstones kept (purged documents still answered with 410)
-``b2bgw_ledger_oldest_final_age_seconds``       age of the oldest document online in a final status (how
-                                                far behind the policy the purge is: about ``online`` when
-                                                it keeps up)
-==============================================  ==========================================================
+status index, never a scan). The metrics (``b2bgw_archive_*``, ``b2bgw_ledger_tombstones``,
+``b2bgw_ledger_oldest_final_age_seconds``) are listed in docs/retention.md.
 """
 
 from __future__ import annotations

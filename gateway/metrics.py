@@ -1,49 +1,15 @@
-"""Prometheus metrics, served at ``/metrics`` (text exposition format).
+"""Prometheus metrics, served at ``/metrics`` (text exposition format); docs/operations-console.md lists them.
 
-Counted as requests are served (per process; summed over the processes of
-``b2bgw serve --processes N`` through prometheus_client's multiprocess mode,
-whose directory the supervisor sets up in ``PROMETHEUS_MULTIPROC_DIR``):
+Two kinds. Counted as requests are served (``b2bgw_http_requests_total``, ``b2bgw_intake_duration_seconds``,
+``b2bgw_request_reply_duration_seconds``, ``b2bgw_refusals_total``, the store's commit durations and batch
+sizes): per process, summed over the processes of ``b2bgw serve --processes N`` through prometheus_client's
+multiprocess mode (the supervisor sets up ``PROMETHEUS_MULTIPROC_DIR``). Read from the store
+(``b2bgw_destination_*``, ``b2bgw_dead_letter_depth``, ``b2bgw_handler_outcomes_total``, the last warehouse
+load's ``b2bgw_etl_last_run_*``): every process serves the admin sampler's last reading, at most
+``admin.stats_interval`` old, so that a scrape never scans the tables.
 
-==========================================  ==========================================================
-``b2bgw_http_requests_total``               requests by ``route`` (the path template), ``method``,
-                                            ``status`` and ``partner`` (``-`` when none authenticated)
-``b2bgw_intake_duration_seconds``           histogram of ``POST /v1/documents`` from the first byte to
-                                            the answer, by B2B ``route`` (``-`` when refused)
-``b2bgw_request_reply_duration_seconds``    histogram of request-reply documents answered with the
-                                            backend's reply, by ``route``
-``b2bgw_refusals_total``                    refused requests by problem ``code`` (RFC 9457)
-``b2bgw_store_commit_duration_seconds``     histogram of the store's transactions (group commits)
-``b2bgw_store_commit_batch_size``           histogram of the operations each transaction carried
-==========================================  ==========================================================
-
-Read from the store (every process sees the same, from the admin sampler's
-last reading, at most ``admin.stats_interval`` old; a scrape never scans the
-tables), labelled by ``destination`` and ``kind`` (queue, dead-letter,
-subscription):
-
-==========================================  ==========================================================
-``b2bgw_destination_depth``                 messages waiting
-``b2bgw_destination_in_flight``             delivered, not yet acknowledged
-``b2bgw_destination_consumers``             open consumers, of every process
-``b2bgw_destination_oldest_age_seconds``    how long the longest-waiting message has waited
-``b2bgw_destination_enqueued_total``        messages stored
-``b2bgw_dead_letter_depth``                 messages in a queue's dead-letter queue (``destination``:
-                                            the queue they failed in)
-``b2bgw_handler_outcomes_total``            deliveries by ``outcome``: ``acknowledged``,
-                                            ``redelivered`` (given back: a rollback, a failed
-                                            handler), ``dead_lettered``, ``expired``
-``b2bgw_stats_age_seconds``                 age of the reading these come from
-``b2bgw_etl_last_run_success``              1 when the last warehouse load succeeded, else 0
-``b2bgw_etl_last_run_duration_seconds``     its duration
-``b2bgw_etl_last_run_rows``                 rows it wrote
-``b2bgw_etl_last_run_documents``            documents it loaded
-``b2bgw_etl_last_run_timestamp_seconds``    when it finished
-==========================================  ==========================================================
-
-On the intake's hot path a request costs a tuple appended to a queue; the
-counters and histograms are updated from it by a thread once a second and
-before each scrape (see :class:`HttpMetrics`; ``bench/ops_bench.py`` measures
-the cost per request).
+On the intake's hot path a request costs a tuple appended to a queue; the counters and histograms are
+updated from it by a thread once a second and before each scrape (:class:`HttpMetrics`).
 """
 
 from __future__ import annotations
@@ -256,8 +222,8 @@ class _Family:
 
 def store_exposition(snapshot: Any, dead_letter_prefix: str) -> str:
     """The store-derived metrics of one reading, in the text exposition format. Rendered here rather than
-    through prometheus_client's collector (about 15 us a sample: 150 ms for 1,000 destinations), and once
-    per reading: every scrape until the next reading reuses the text (:class:`StoreMetrics`)."""
+    through prometheus_client's collector, whose cost per sample adds up over thousands of destinations, and
+    once per reading: every scrape until the next reading reuses the text (:class:`StoreMetrics`)."""
     dest = ("destination", "kind")
     depth = _Family("b2bgw_destination_depth", "gauge", "Messages waiting.", dest)
     flight = _Family("b2bgw_destination_in_flight", "gauge", "Delivered, not yet acknowledged.", dest)

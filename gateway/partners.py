@@ -7,12 +7,12 @@ scrypt hash of the whole key (:func:`hash_key`)::
 
     scrypt$ln=14,r=8,p=1$<salt, base64>$<hash, base64>
 
-Verifying a key costs one scrypt (~60 ms, 16 MiB; it runs in a worker thread
+Verifying a key costs one scrypt (deliberately slow, 16 MiB; it runs in a worker thread
 so the event loop never waits on it, at most ``max_parallel_verifications``
 at a time) and a constant-time comparison. A key that verified is then
 remembered by a keyed BLAKE2b digest (a random key per process, so the cache
-holds nothing an attacker could test offline), which makes every later
-request with it cost ~1 us instead (see ``tests/gateway/test_partners.py``).
+holds nothing an attacker could test offline), so that every later request
+with it costs a digest instead of a scrypt (see ``tests/gateway/test_partners.py``).
 A key id that is not configured fails at once, without a hash: key ids are
 not secrets (a client learns no more from timing than from the id itself).
 Every failure is the same :class:`~gateway.errors.AuthenticationError`.
@@ -60,7 +60,7 @@ __all__ = [
     "verify_key",
 ]
 
-#: scrypt cost: N = 2**LN (16384), r = 8, p = 1: ~60 ms and 16 MiB per check.
+#: scrypt cost: N = 2**LN (16384), r = 8, p = 1: 16 MiB per check, and slow by design.
 DEFAULT_LN = 14
 DEFAULT_R = 8
 DEFAULT_P = 1

@@ -1,34 +1,16 @@
 """The one error format of the HTTP API: RFC 9457 problem details as JSON.
 
 Every error response, whatever the client accepts (an XML client too), is
-``Content-Type: application/problem+json``::
+``application/problem+json``: ``type`` is a URN built from ``code`` (the stable machine code a partner's
+software switches on; both are given), ``title`` is the same for every problem of a type, ``detail`` says
+what happened and what to do, and ``status`` and ``instance`` are as RFC 9457 has them. The extension
+members come from the error (:meth:`gateway.errors.GatewayError.to_dict`): the document's ``errors``
+(``omitted_errors`` counts those left out), an intake limit's ``limit`` and ``limit_value``, ``retry_after``
+(429, also the ``Retry-After`` header), ``header``, and for a document accepted before (502, 504, 409, 410)
+its ``message_id``, ``status_url`` and dates. docs/partner-guide.md shows them to partners.
 
-    {
-      "type": "urn:b2bgw:problem:schema-invalid",
-      "title": "Schema invalid",
-      "status": 400,
-      "detail": "The document is not valid against schema 'ubl-2.1/Order' (2 errors; ...)",
-      "instance": "/v1/documents",
-      "code": "schema-invalid",
-      "errors": [{"line": 12, "column": 3, "path": "/Order/cbc:IssueDate", "message": "..."}]
-    }
-
-``type`` is a URN built from ``code`` (the stable machine code a partner's
-software switches on; both are given); ``title`` is the same for every
-problem of a type; ``detail`` says what happened and what to do. Extension
-members: ``errors`` (400 document errors: line, column, element path,
-validator message; ``omitted_errors`` counts those left out), ``limit`` and
-``limit_value`` (400 for a document over an intake limit: the key and its
-configured value), ``retry_after`` (429, also the ``Retry-After`` header),
-``header`` (400 invalid-header), ``message_id`` / ``correlation_id`` /
-``status_url`` (504 and 502: the document was accepted, follow it up instead
-of resending; 409 idempotency-conflict: the document accepted first under the
-same key), with ``received_at`` / ``archived_at`` (410 document-archived, 409
-archived-replay: the document retention archived).
-
-Bodies are bounded: the errors are clipped where they are made (see
-:mod:`gateway.errors`) and :func:`problem_body` drops trailing ``errors``
-entries until the body is under :data:`MAX_BODY_BYTES`.
+Bodies are bounded: the errors are clipped where they are made (:mod:`gateway.errors`) and
+:func:`problem_body` drops trailing ``errors`` entries until the body is under :data:`MAX_BODY_BYTES`.
 """
 
 from __future__ import annotations

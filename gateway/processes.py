@@ -1,52 +1,26 @@
 """Serving from several processes: ``server.processes`` (``b2bgw serve --processes N``).
 
-One gateway process is bound by the GIL: parsing and validating a document,
-the HTTP work and the store's writer share one core's worth of Python. With
-``processes: N`` the command becomes a small supervisor that
+One gateway process is bound by the GIL: parsing, HTTP and the store's writer share one core's worth of
+Python. With ``processes: N`` the command becomes a small supervisor that
 
-* opens the store once (so migrations run once, and a store that cannot open
-  fails the command before anything listens),
-* binds the port itself, one listening socket per serving process
-  (``SO_REUSEPORT``), and passes each to its process (``python -m gateway.cli
-  serve`` with hidden ``--listen-fd``, ``--process-index`` and ``--cpu``
-  options): the kernel spreads new connections evenly over the sockets by a
-  hash of their addresses. (With one socket shared by all, the process whose
-  event loop woke first took a whole burst of new connections: 25 of wrk's
-  32 in one measured run, 32 of 32 in another, and the other process's CPU
-  sat half idle for as long as those keep-alive connections lasted.) The
-  supervisor keeps no copy of a socket it has handed over, so the kernel
-  takes a process's socket out of the port's group the moment the process
-  dies: new connections go to the live ones while it restarts (the few
-  already waiting in its queue are reset, unless the system migrates them:
-  ``net.ipv4.tcp_migrate_req``). Its successor gets a new socket, bound but
-  not listening: the process listens once it has started, so no connection
-  waits in its queue while it starts up (seconds) when a live process could
-  take it,
-* forwards SIGINT/SIGTERM to them and waits for their graceful shutdown
-  (SIGKILL after ``STOP_GRACE`` seconds),
-* restarts a process that dies after it has started serving (a crash, an
-  OOM kill), with a back-off of 1 s doubling to 30 s; a process that exits
-  before its first start completed (a configuration error, a store that
-  refuses it) stops them all, with its exit code: restarting would only print
-  the same error forever. A serving process reports that it is ready (its
-  store open, its workers running) on a pipe (hidden ``--ready-fd``).
+* opens the store once (migrations run once; a store that cannot open fails before anything listens);
+* binds one listening socket per serving process (``SO_REUSEPORT``) and passes each to its process
+  (``python -m gateway.cli serve`` with hidden ``--listen-fd``, ``--process-index`` and ``--cpu``), so that
+  the kernel spreads new connections evenly: with one shared socket, the process whose event loop woke first
+  took whole bursts of connections while the other sat idle. It keeps no copy of a socket it handed over, so
+  a dead process's socket leaves the port's group at once; a successor's socket listens only once it has
+  started, so no connection waits in its queue meanwhile;
+* forwards SIGINT/SIGTERM and waits for a graceful shutdown (SIGKILL after ``STOP_GRACE`` seconds);
+* restarts a process that dies after it started serving, backing off from 1 s to 30 s; one that exits before
+  its first start completed (a configuration error) stops them all with its exit code, since restarting
+  would only repeat the error. A serving process reports that it is ready on a pipe (hidden ``--ready-fd``).
 
-The processes are one broker through the SQL store (a memory store cannot be
-shared, so it is refused): competing consumers never get the same message,
-the idempotency of ``POST /v1/documents`` holds across them (the ledger's
-unique key), the reconciler and the nightly load take a lease in the store,
-so one process does each. Process 0 alone runs the STOMP listener (its port
-is bound once) and schedules the nightly load. Every process runs the
-configured handler workers, so a request-reply exchange is usually answered
-inside the process that accepted it.
-
-With ``pin_processes`` (the default) process *i* is bound to the *i*-th usable
-CPU (round robin). Measured on this project's 2-core VM: a serving process's
-threads hand each document over several times (event loop, store writer,
-handler), and a hand-over to a thread on the other core costs about 30 us of
-CPU more than one on the same core. The nightly load's Spark JVM is started
-with the whole CPU set again (:func:`spark_etl.session.get_spark` reads
-``B2BGW_CPUS``).
+The processes are one broker through the SQL store (a memory store is refused): competing consumers never
+get the same message, idempotency holds across them (the ledger's unique key), and the reconciler and the
+nightly load take a lease. Process 0 alone runs the STOMP listener and schedules the nightly load.
+With ``pin_processes`` (the default) process *i* is bound to the *i*-th usable CPU: a document is handed
+between threads several times (event loop, store writer, handler), and a hand-over within one core is
+cheaper than across cores. The nightly load's Spark JVM gets the whole CPU set back (``B2BGW_CPUS``).
 """
 
 from __future__ import annotations

@@ -1,51 +1,21 @@
-"""Routes: which documents go where, compiled once from the ``routes:`` section.
+"""Routes: which documents go where, compiled once from the ``routes:`` section (docs/integration-guide.md
+shows a route's keys).
 
-A route (one entry of the list)::
+Matching (:meth:`RouteTable.select`): the routes whose root element is the document's and whose ``when``
+holds, in file order; the first of them the partner may use wins. Some matching but none allowing the
+partner is :class:`~gateway.errors.ForbiddenRouteError` (403); none matching at all is
+:class:`~gateway.errors.NoRouteError` (422).
 
-    - id: ubl-order                      # unique; names the route in receipts and the ledger
-      partners: [acme]                   # who may use it; "*" for every partner
-      root: "{urn:oasis:names:specification:ubl:schema:xsd:Order-2}Order"   # or prefix:Name
-      when: "cbc:UBLVersionID = '2.1'"   # optional XPath 1.0 predicate, relative to the root
-      schema: ubl-2.1/Order              # default: the schema registered for the root element
-      document_id: cbc:ID                # the document's own id (default cbc:ID)
-      idempotency_key: [cbc:ID, cac:BuyerCustomerParty/cac:Party/cbc:EndpointID]  # optional (see below)
-      namespaces: {p: uri}               # extra prefixes (UBL's cac/cbc/ext and the top-level ones are known)
-      properties:                        # message properties consumers can select on
-        OrderID: cbc:ID                  # a string by default...
-        TotalAmount: {xpath: cac:AnticipatedMonetaryTotal/cbc:PayableAmount, type: double}
-      destination: queue://orders.inbound   # or topic://...
-      delivery_mode: persistent          # or non_persistent
-      priority: 4                        # 0-9
-      time_to_live: 0                    # 0 (never expires) or a duration: 7d, 12h...
-      exchange: request-reply            # or one-way (the default)
-      timeout: 10s                       # request-reply: how long to wait for the reply
-      transform: transforms/x.xsl        # optional XSLT 1.0 applied to the message body
-      rules: [ubl-order]                 # Schematron rule sets (``rules.sets``) checked after the schema
+Idempotency (:mod:`gateway.idempotency`): without an ``Idempotency-Key`` header a document's key is its
+partner, root element and document id, with its sender party (:data:`SENDER_PARTIES`: the buyer of an Order,
+the supplier of an Invoice...) when it names one, so that two parties' documents relayed through one partner
+account never share a key because they share a number. A route's ``idempotency_key`` XPaths replace that
+default with their values.
 
-Matching (:meth:`RouteTable.select`): the routes whose root element is the
-document's and whose ``when`` holds, in file order; the first of them the
-partner may use wins. If some match but none allows the partner, that is
-:class:`~gateway.errors.ForbiddenRouteError` (403); if none matches at all,
-:class:`~gateway.errors.NoRouteError` (422) naming the root element and the
-partner.
-
-Idempotency (:mod:`gateway.idempotency`): without an ``Idempotency-Key`` header
-a document's key is its partner, root element and document id, with the
-document's sender party (:data:`SENDER_PARTIES`, for the UBL 2.1 types whose
-issuing party is fixed: the buyer of an Order, the supplier of an Invoice...)
-when it names one, so that the documents of two parties relayed through one
-partner account never share a key because they share a number. A route's
-``idempotency_key`` (an XPath, or a list of them) replaces that default: the
-key is then the partner, the root element and the XPaths' string values.
-
-Every XPath compiles once, at load; property values are typed (``string``,
-``double``, ``long``, ``int``, ``boolean``). An XSLT is compiled once with
-every file and network access denied. :meth:`RouteTable.compile` collects
-every problem it finds (as :class:`~gateway.errors.ConfigError` with file
-and line) instead of stopping at the first, so ``b2bgw routes check`` can
-list them all; it also refuses routes that another route shadows (an earlier
-route with the same root element, a partner in common and no ``when`` of its
-own, or the very same one, takes every document the later one could).
+Every XPath compiles once, at load; an XSLT is compiled with every file and network access denied.
+:meth:`RouteTable.compile` collects every problem (:class:`~gateway.errors.ConfigError` with file and line)
+rather than stopping at the first, so that ``b2bgw routes check`` lists them all, and refuses a route that an
+earlier one shadows (same root element, a partner in common, and no ``when`` of its own).
 """
 
 from __future__ import annotations

@@ -1,29 +1,21 @@
 """Business rules at intake: the configured Schematron rule sets, run by worker processes.
 
-The ``rules:`` section names rule sets (``sets: {name: {file, phase}}``);
-a route lists the ones it applies after schema validation (``rules:
-[name, ...]``). :func:`build_rule_book` compiles them at start-up (through
-the cache of :func:`gateway.schematron.load_schematron`), each problem a
-:class:`~gateway.errors.ConfigError` with ``file:line``.
+The ``rules:`` section names rule sets (``sets: {name: {file, phase}}``); a route lists the ones it applies
+after schema validation. :func:`build_rule_book` compiles them at start-up (through the cache of
+:func:`gateway.schematron.load_schematron`), each problem a :class:`~gateway.errors.ConfigError` with
+``file:line``.
 
-:class:`RulesRunner` runs them. SaxonC cannot be interrupted, so a document
-whose rules run too long could hold a thread for good: the transforms run in
-``rules.workers`` worker processes (``python -m gateway.rules``), each with
-every rule set compiled, fed one document at a time over a pipe. The intake
-hands a document over (:meth:`RulesRunner.submit`: a future; the event loop
-drives the workers' pipes) and goes on with its other stages; a worker that
-has not answered within
-``limits.rules_seconds`` is killed (one that needs more memory than
-``rules.worker_memory_mb`` stops by itself), the document gets
-:class:`~gateway.errors.RulesTimeoutError` (422), and a fresh worker takes its
-place, so a costly document costs the server that budget and no more. A
-document is parsed once in the worker for all the route's rule sets.
+:class:`RulesRunner` runs them. SaxonC cannot be interrupted, so a document whose rules run too long could
+hold a thread for good: the transforms run in ``rules.workers`` worker processes (``python -m
+gateway.rules``), each with every rule set compiled, fed one document at a time over a pipe. The intake hands
+a document over (:meth:`RulesRunner.submit`: a future) and goes on with its other stages; a worker that has
+not answered within ``limits.rules_seconds`` is killed and replaced, and the document gets
+:class:`~gateway.errors.RulesTimeoutError` (422), so that a costly document costs the server that budget and
+no more (a worker that needs more than ``rules.worker_memory_mb`` stops by itself).
 
-Findings come back as :class:`~gateway.schematron.Finding`: those of flag
-``fatal``, ``error`` or none (:attr:`Finding.is_error`) refuse the document
-(:func:`violation`: 400 ``business-rule-violation``, at most 50, with line
-and column); the others are warnings the receipt, the ledger and the message
-carry.
+Findings come back as :class:`~gateway.schematron.Finding`: those of flag ``fatal``, ``error`` or none
+(:attr:`Finding.is_error`) refuse the document (:func:`violation`: 400 ``business-rule-violation``); the
+others are warnings the receipt, the ledger and the message carry.
 """
 
 from __future__ import annotations

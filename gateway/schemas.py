@@ -1,47 +1,24 @@
 """Schema validation of parsed documents.
 
-:class:`SchemaRegistry` holds the XSDs the gateway validates against, keyed by
-a schema name (``"ubl-2.1/Order"``) and by the Clark name of the root element
-each one declares (``{urn:oasis:names:specification:ubl:schema:xsd:Order-2}Order``).
+:class:`SchemaRegistry` holds the XSDs the gateway validates against, keyed by a schema name
+(``"ubl-2.1/Order"``) and by the Clark name of the root element each one declares. Compilation happens once,
+from local files only: lxml (libxml2) compiles each XSD 1.0 schema for the fast path, through
+:class:`LocalSchemaResolver`, which serves files under the allowed directories and refuses anything else;
+xmlschema builds the same schemas for rich error reports, for XSD 1.1 schemas (validated with xmlschema
+only) and for :meth:`SchemaRegistry.check_path`, with no remote URL, ``defuse="always"`` and an opener that
+serves only ``file:`` URLs under the allowed directories. Schemas registered in one *group* are built as one
+bundle, so that the large UBL common components are built once. :meth:`SchemaRegistry.compile` does both
+at startup for the configured names; anything else is compiled on first use (thread-safe).
 
-Compilation happens once, from local files only:
+:meth:`SchemaRegistry.validate` is libxml2's validation; only when it fails are the errors collected, each
+with a line, a column, the element path with the document's prefixes and positions
+(``/Order/cac:OrderLine[2]/cbc:Quantity``) and a bounded message, at most ``max_errors`` of them.
 
-* lxml (libxml2) compiles each XSD 1.0 schema for the fast path. The schema
-  document and everything it imports or includes go through
-  :class:`LocalSchemaResolver`, which serves files under the registry's
-  allowed directories and refuses anything else (other directories, ``http:``
-  and every other scheme); the parser also has ``no_network=True``. About
-  30 ms per UBL maindoc schema.
-* xmlschema builds the same schemas for the failure path (rich errors), for
-  XSD 1.1 schemas (``version="1.1"``: validated with xmlschema only) and for
-  :meth:`SchemaRegistry.check_path`. It runs with ``allow="local"`` (no
-  remote URL), ``defuse="always"`` and an opener whose only handler serves
-  ``file:`` URLs under the allowed directories (plus xmlschema's own bundled
-  meta-schemas). Schemas registered in one *group* are built together as one
-  bundle, so the large UBL common components are built once: about 1.0 s for
-  a handful of UBL maindocs, 1.3 s for all 65.
-
-:meth:`SchemaRegistry.compile` does both eagerly for the configured names at
-startup; anything not compiled there is compiled on first use (thread-safe).
-
-:meth:`SchemaRegistry.validate` is ``XMLSchema.validate`` (libxml2) on the
-fast path. Only when that fails does it collect the errors, with xmlschema
-(every error, with the element and a reason) for documents up to
-``detail_max_elements`` elements, else (or should xmlschema disagree) from
-libxml2's error log, which stops at the first error of a content model.
-Each error gets a line, a column (computed from the received bytes when the
-caller passes them as ``source``), the element path with the document's
-prefixes and positions (``/Order/cac:OrderLine[2]/cbc:Quantity``) and a
-bounded message; at most ``max_errors`` are listed.
-
-The gateway does not run xmlschema on a request in its own process: its cost
-grows faster than the document, and it holds the interpreter lock while it
-runs. :meth:`SchemaRegistry.explain` (the full report, libxml2's first) runs in
-a helper process under a time budget (:mod:`gateway.explainer`); the serving
-process falls back to :meth:`SchemaRegistry.libxml2_error` (small documents:
-libxml2's errors of the tree, located) or :meth:`SchemaRegistry.streamed_error`
-(the errors of a validation made while parsing: messages without positions,
-which the streaming validator does not know).
+The gateway does not run xmlschema on a request in its own process: its cost grows faster than the document,
+and it holds the interpreter lock while it runs. :meth:`SchemaRegistry.explain` (the full report) runs in a
+helper process under a time budget (:mod:`gateway.explainer`); the serving process falls back to
+:meth:`SchemaRegistry.libxml2_error` (small documents: libxml2's errors of the tree, located) or
+:meth:`SchemaRegistry.streamed_error` (a validation made while parsing: messages without positions).
 """
 
 from __future__ import annotations
@@ -289,7 +266,7 @@ class SchemaRegistry:
     vendored :mod:`xml_schemas` by default). *max_errors* caps the errors one
     :class:`~gateway.errors.SchemaValidationError` lists. *detail_max_elements*
     is the largest document (in elements) whose errors are collected with
-    xmlschema (about 8 ms per 250 elements); larger ones get libxml2's errors.
+    xmlschema, whose cost grows with the document; larger ones get libxml2's errors.
     """
 
     def __init__(
@@ -488,9 +465,9 @@ class SchemaRegistry:
         """The xmlschema schema of the group of *entries* (one group), containing them.
 
         A group's bundle holds the members in use (compiled or asked for), not
-        every registered one: all 65 UBL maindocs take ~1.4-2 s to build, the
-        handful a gateway accepts ~1 s. Asking for a member not yet in it
-        rebuilds the bundle with it added (once).
+        every registered one: building all the UBL maindocs takes noticeably
+        longer than the handful a gateway accepts. Asking for a member not yet
+        in it rebuilds the bundle with it added (once).
         """
         key = (entries[0].group, entries[0].version)
         names = {e.name for e in entries}

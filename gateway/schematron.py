@@ -1,53 +1,23 @@
 """ISO Schematron (ISO/IEC 19757-3) compiled to XSLT 3.0 and run by SaxonC-HE, in-process.
 
-lxml's ``isoschematron`` runs XSLT 1.0 only; published e-procurement rule
-sets (Peppol BIS 3, EN 16931) declare ``queryBinding="xslt2"`` and use
-``xsl:function``, ``xsl:key``, abstract patterns and ``let``. No maintained
-Python package compiles those (``pyschematron`` evaluates XPath directly and
-has no XSLT functions), so this module is the compiler, kept small:
+lxml's ``isoschematron`` runs XSLT 1.0 only, while published e-procurement rule sets (Peppol BIS 3, EN 16931)
+declare ``queryBinding="xslt2"`` and use ``xsl:function``, ``xsl:key``, abstract patterns and ``let``; no
+maintained Python package compiles those, so this module is the compiler, kept small.
 
-:func:`compile_schematron` reads a rule file (``sch:include`` and
-``xi:include`` of local files resolved, nothing fetched from the network),
-expands abstract patterns (``is-a`` with ``sch:param``) and abstract rules
-(``sch:extends``), selects the phase (``phase`` argument, else
-``defaultPhase``, else every pattern) and writes one XSLT 3.0 stylesheet:
+:func:`compile_schematron` reads a rule file (local includes resolved, nothing fetched), expands abstract
+patterns and rules, selects the phase, and writes one XSLT 3.0 stylesheet: each rule of an active pattern is
+an ``xsl:for-each`` over the nodes its context matches, less those an earlier rule of the pattern took (left
+out where the two contexts cannot share a node, the common case): selecting beats a template walk per
+pattern. Lets become global or local variables, the schema's ``xsl:`` declarations are copied through, and
+the output is one text record per failed assertion or successful report (a passing document produces
+nothing). ``queryBinding`` ``xslt`` runs in XSLT 1.0 backwards-compatible mode; ``xslt2`` and ``xslt3`` as
+written. :func:`load_schematron` caches the result on disk, keyed by the SHA-256 of every source file.
 
-* each rule of an active pattern is an ``xsl:for-each`` over the nodes its
-  context matches (a relative context under ``//``, as XSLT defines
-  matching), less the nodes an earlier rule of the pattern took, so a node is
-  handled by the first rule whose context matches it and by no other rule of
-  the pattern (``sch:group``, ISO 2020: every rule fires). The exclusion is
-  left out where the two contexts cannot match a node in common (their steps
-  name different elements), which is the common case. Selecting beats a
-  template walk per pattern several times on Saxon's native image;
-* lets of the schema, the active phase and the patterns are global
-  variables (evaluated once, with the document as context; a pattern's let
-  whose name is taken is renamed in its pattern); a rule's lets are local;
-* ``xsl:`` declarations of the schema and its patterns (functions, keys,
-  ``xsl:include`` / ``xsl:import`` of local files...) are copied through;
-* the output is text: for each failed assertion or successful report one
-  record with its number, the node's location and the message
-  (``sch:value-of``, ``sch:name``) and diagnostics. A document that passes
-  produces nothing at all.
-
-``queryBinding`` ``xslt`` runs the rules in XSLT 1.0 backwards-compatible
-mode (first item of a sequence, as XPath 1.0 did); ``xslt2`` and ``xslt3``
-run them as written.
-
-:func:`load_schematron` does the same through an on-disk cache keyed by the
-SHA-256 of every source file (the rule file, its includes, and XSLT modules
-it includes), so a restart does not compile again.
-
-:class:`SaxonRules` runs compiled rule sets on documents. Documents are
-untrusted: the parser refuses any DOCTYPE, and once the rule sets are
-compiled every URI access (``doc()``, ``unparsed-text()``, ``collection()``,
-``json-doc()``...) is refused, so no document can make the rules read a file
-or the network; ``doc()`` of a literal URI is evaluated when the stylesheet
-compiles (a rule set's own code list file keeps working).
-
-A rule file that cannot be used raises :class:`SchematronError` (a
-:class:`~gateway.errors.ConfigError`) with the ``file:line`` of the problem,
-XPath compile errors included.
+:class:`SaxonRules` runs compiled rule sets on untrusted documents: the parser refuses any DOCTYPE, and once
+the rule sets are compiled every URI access (``doc()``, ``unparsed-text()``...) is refused, so that no
+document can make the rules read a file or the network (``doc()`` of a literal URI is evaluated when the
+stylesheet compiles). A rule file that cannot be used raises :class:`SchematronError` (a
+:class:`~gateway.errors.ConfigError`) with the ``file:line`` of the problem.
 """
 
 from __future__ import annotations

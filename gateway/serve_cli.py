@@ -54,7 +54,7 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
 def _freeze_startup_objects() -> None:
     """Move everything built so far (the compiled schemas, routes, partners: a few hundred thousand
     long-lived objects) out of the garbage collector's sight: a full collection would otherwise walk them
-    all, a pause of about 0.1 s in the middle of some request, every so often."""
+    all, a pause in the middle of some request, every so often."""
     import gc
 
     gc.collect()

@@ -1,30 +1,19 @@
 """Keeping ledger statuses in step with the broker.
 
-A one-way document is ``accepted`` when its message is stored; what happens
-next happens inside the broker, which :meth:`broker_core.Broker.message_status`
-reports. :class:`Reconciler` asks it, in batches of up to 500, about the
-documents still ``accepted`` and moves them on:
+A one-way document is ``accepted`` when its message is stored; what happens next happens inside the broker,
+which :meth:`broker_core.Broker.message_status` reports. :class:`Reconciler` asks it, in batches of up to
+500, about the documents still ``accepted`` and moves them on: ``gone`` (consumed and acknowledged) to
+``delivered``, ``dead_lettered`` to ``dead_lettered``, ``expired`` to ``failed`` (the reason in ``error``);
+``pending`` and ``in_flight`` are asked again next time. A ``dead_lettered`` document whose message is back
+in its queue (``b2bgw dlq replay``) is ``accepted`` again. Every move is conditional on the status read
+(:meth:`gateway.ledger.Ledger.transition`), so that the reconciler never overwrites a reply that raced it.
+(The broker remembers expired messages for ``expired_retention``: a document still ``accepted`` after that,
+with its message gone, reads as delivered.)
 
-* ``gone`` (consumed and acknowledged) -> ``delivered``
-* ``dead_lettered`` (in a dead-letter queue) -> ``dead_lettered``
-* ``expired`` (its time to live ran out before anyone consumed it) ->
-  ``failed``, with the reason in ``error``
-* ``pending`` / ``in_flight`` -> unchanged, asked again next time
-
-and a ``dead_lettered`` document whose message is back in its queue (``b2bgw
-dlq replay``) -> ``accepted`` again. Request-reply documents move the same
-way; their reply then makes them ``replied``. Every move is conditional on
-the status read (see :meth:`gateway.ledger.Ledger.transition`), so the
-reconciler never overwrites a reply that raced it. (The broker remembers
-expired messages for ``expired_retention``, 7 days by default: a document
-still ``accepted`` after that, with its message gone, reads as delivered.)
-
-It runs in a background thread every ``interval`` seconds, at most
-``batches_per_pass`` batches a time (a backlog nobody consumes is walked
-through over several passes rather than rescanned whole); with a shared
-store it takes the named lease ``b2bgw-reconciler`` first, so one gateway
-process of several does the work. ``GET /v1/documents/{id}`` refreshes a
-single document the same way (:meth:`Reconciler.refresh`).
+It runs in a background thread every ``interval`` seconds, at most ``batches_per_pass`` batches a time (a
+backlog nobody consumes is walked through over several passes rather than rescanned whole), under the store
+lease ``b2bgw-reconciler``, so that one gateway process of several does the work. ``GET
+/v1/documents/{id}`` refreshes a single document the same way (:meth:`Reconciler.refresh`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""Unit-testing handlers: run one against an in-memory broker, in the test's
-own thread (a plain function) or event loop (an ``async def``), with the
-worker's own code, and look at what became of each request::
+"""Unit-testing handlers: run one against an in-memory broker, in the test's own thread (a plain function) or
+event loop (an ``async def``), with the worker's own code, and look at what became of each request::
 
-    from gateway.testing import HandlerHarness
-    from gateway.samples.order_responder import respond
+    with HandlerHarness(respond) as harness:
+        result = harness.request(order_xml)
+    assert result.committed and result.reply.jms_type == "OrderResponse"
 
-    def test_an_order_is_answered():
-        with HandlerHarness(respond) as harness:
-            result = harness.request(order_xml)
-        assert result.committed
-        assert result.reply.jms_type == "OrderResponse"
-
-    async def test_an_async_handler():
-        async with HandlerHarness(record_invoice) as harness:
-            result = await harness.request_async(invoice_xml)
-        assert result.committed and result.reply is None
-
-A request is sent (committed) to the handler's destination, with a reply
-queue of the harness as ``JMSReplyTo`` and, like the gateway, ``JMSType`` =
-its root element's local name; then the handler takes it and its
-transaction ends as the worker would end it. :class:`Result` says how:
-``committed`` (with the ``reply`` and the other messages ``sent``),
-``rejected`` (``reason``), ``redelivered`` (the handler or the commit raised
-``error``; the request waits again: :meth:`HandlerHarness.deliver` runs the
-next attempt) or ``dead_lettered`` (that was its last delivery). Nothing
-waits on a clock: each call returns once the attempt is over.
+A request is sent (committed) to the handler's destination, with the harness's reply queue as
+``JMSReplyTo`` and, like the gateway, ``JMSType`` = its root element's local name; then the handler takes it
+and its transaction ends as the worker would end it. :class:`Result` says how: ``committed`` (with the
+``reply`` and the other messages ``sent``), ``rejected`` (``reason``), ``redelivered`` (``error``; the
+request waits again: :meth:`HandlerHarness.deliver` runs the next attempt) or ``dead_lettered``. Nothing
+waits on a clock: each call returns once the attempt is over. docs/handlers.md shows it in use.
 """
 
 from __future__ import annotations

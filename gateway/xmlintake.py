@@ -1,68 +1,25 @@
 """Safe intake of XML request bodies: size, media type, encoding, parsing.
 
-A partner's document goes through, in order:
+1. :func:`read_body`: the streamed body, refused (:class:`~gateway.errors.DocumentTooLargeError`) as soon as
+   it passes ``max_bytes``.
+2. :func:`check_media_type`: ``application/xml``, ``text/xml`` or ``application/*+xml``; returns the charset.
+3. :func:`parse_document`: the bytes to an lxml tree, hardened.
+   Encoding: the byte order mark, the XML declaration and the HTTP charset must agree, else
+   :class:`~gateway.errors.NotWellFormedError`; the parser is told the encoding chosen, so that Python's
+   check and libxml2 read the same text.
+   No DTD: a DOCTYPE is refused before libxml2 sees the bytes, and the parser runs without entities, network
+   or DTD loading, with a resolver that refuses every load. lxml's ``collect_ids=False`` is deliberately not
+   used: with lxml 6.1 / libxml2 2.14 it makes libxml2 read external DTD subsets from local files despite
+   ``load_dtd=False``.
+   Limits (:class:`IntakeLimits`): the element count and the limits after the JDK's are checked on the text
+   before any tree is built (:func:`_check_markup` jumps from "<" to "<" over stretches no over-long tag fits
+   in); the depth beyond libxml2's own and what only the tree can tell are checked on it with XPath.
+4. :func:`parse_and_validate` (the intake of larger bodies): the same, validating against the root element's
+   schema while libxml2 parses, so that every error costs the same and their number is capped.
 
-1. :func:`read_body`: the streamed body, refused with
-   :class:`~gateway.errors.DocumentTooLargeError` as soon as it passes
-   ``max_bytes`` (nothing past the limit plus one chunk is ever held).
-2. :func:`check_media_type`: ``application/xml``, ``text/xml`` or
-   ``application/*+xml``; returns the ``charset`` parameter, if any.
-3. :func:`parse_document`: the bytes to an lxml element tree, hardened:
-
-   * Encoding. A UTF-8 or UTF-16 byte order mark, the XML declaration's
-     ``encoding`` and the HTTP ``charset`` must agree (UTF-16 with either
-     byte order agrees with "UTF-16"); a conflict, an unknown or unsupported
-     encoding, or bytes that do not decode in the encoding so chosen raise
-     :class:`~gateway.errors.NotWellFormedError` naming the encodings. The
-     XML declaration wins when there is one (they agree or we refuse); with
-     none, the HTTP charset applies, else UTF-8. The parser is then told that
-     encoding explicitly, so Python's check and libxml2 read the same text.
-   * No DTD at all. A B2B document has no business carrying a DOCTYPE, so
-     one in the prolog is refused with :class:`~gateway.errors.XMLSecurityError`
-     before libxml2 sees the bytes: nothing is declared, expanded or fetched.
-     Behind it, the parser runs with ``resolve_entities=False,
-     no_network=True, load_dtd=False, huge_tree=False`` and a resolver that
-     refuses every external load, so no file is ever opened; and the parsed
-     tree is checked again for a DTD. Undeclared entity references are
-     refused too. XInclude is never processed (nothing here calls
-     ``xinclude()``). Note: lxml's ``collect_ids=False`` is deliberately not
-     used: with lxml 6.1 / libxml2 2.14 it makes libxml2 read an external DTD
-     subset and external parameter entities from local files despite
-     ``load_dtd=False`` (``no_network`` only stops URLs).
-   * Limits. ``max_depth`` is enforced by libxml2 itself up to its built-in
-     256 levels (its limit without ``XML_PARSE_HUGE``, which we never set);
-     a smaller limit is checked after the parse with one compiled XPath (~6 us).
-     ``max_elements`` is checked *before* parsing so a flood of tiny elements
-     never becomes a tree: a document of ``n`` characters holds at most
-     ``n / 4`` elements (``<a/>``), so only a document longer than
-     ``4 * max_elements`` is counted at all (a C-speed upper bound first,
-     then, if that is over, an exact count skipping comments, CDATA and PIs).
-     The limits after the JDK's (attributes and namespace declarations per
-     element, namespace declarations per document, name length, text length:
-     see :class:`IntakeLimits`) are checked on the text before libxml2 sees
-     the bytes, each refused with its own
-     :class:`~gateway.errors.IntakeLimitError`: a tag over one of them is long,
-     so a scan that jumps from "<" to the last "<" within the shortest such
-     stretch finds it without reading the tags in between (:func:`_check_markup`);
-     what only the tree can tell (a text joined across CDATA sections, a value
-     shortened by references) is counted on it with XPath.
-
-4. :func:`parse_and_validate` (the gateway's intake for larger bodies): the
-   same, and validation against the schema of the root element while libxml2
-   parses, so that every error costs the same and their number is capped.
-
-The hot path for an ordinary UTF-8 document is therefore: one ``decode``
-(validity check, ~1 us for 14 KB), one regex over the prolog, the limit scan
-(~15 backwards memchr jumps for the 14 KB UBL Order example, a few us), the
-lxml parse (thread-local parser, ~100 us) and a docinfo check (~0.3 us).
-
-A pass over a long text (decoding, counting, searching) goes a megabyte at a
-time, and lxml parses without the interpreter lock: no call here holds the
-lock for long, whatever the body (see :mod:`gateway.intake`).
-
-Everything these functions put in an error is bounded (see
-:mod:`gateway.errors`) and never contains entity expansions or the content of
-any file: none is ever loaded.
+A pass over a long text goes a megabyte at a time and lxml parses without the interpreter lock, so no call
+here holds the lock for long (see :mod:`gateway.intake`). What these functions put in an error is bounded
+(:mod:`gateway.errors`) and never holds an entity expansion or the content of a file: none is ever loaded.
 """
 
 from __future__ import annotations
@@ -116,49 +73,20 @@ ACCEPTED_MEDIA_TYPES = ("application/xml", "text/xml", "application/*+xml")
 
 @dataclass(frozen=True, slots=True)
 class IntakeLimits:
-    """Limits applied to one request body.
+    """Limits applied to one request body (docs/limits.md lists them for operators).
 
-    ``max_bytes`` (10 MiB): the largest body accepted.
+    ``max_bytes`` (10 MiB): the largest body. ``max_depth`` (256): the deepest nesting, at most libxml2's own
+    limit without ``huge_tree``. ``max_elements`` (500,000): bounds the tree's memory (an lxml element costs
+    about 120 bytes) while a real UBL document at the size limit still passes; a flood of ``<a/>`` is refused
+    before any tree is built.
 
-    ``max_depth`` (256): the deepest element nesting accepted (the root is
-    level 1). At most 256, libxml2's own limit without ``huge_tree``: a deeper
-    limit could not be honoured. UBL documents nest about 10 levels deep.
-
-    ``max_elements`` (500,000): the most elements accepted. An lxml tree costs
-    about 120 bytes per element, so this caps the tree at ~60 MB of nodes. A
-    realistic UBL document spends 30-45 bytes per element (tags, indentation,
-    one value), so even one at the 10 MiB size limit has ~250,000-350,000
-    elements and passes, while a 10 MiB flood of ``<a/>`` (2.6 million
-    elements, ~300 MB as a tree) is refused before any tree is built.
-
-    The others follow the JDK's XML processing limits, so that what this
-    gateway accepts a Java back end will parse too:
-
-    ``max_attributes`` (200): attributes of one element, namespace declarations
-    not counted (the JDK's ``jdk.xml.elementAttributeLimit``, 200 since JDK 24).
-    A UBL element carries at most a handful.
-
-    ``max_namespaces_per_element`` (100) and ``max_namespaces_per_document``
-    (100,000): ``xmlns`` declarations on one element, and in the whole
-    document (the JDK counts them as attributes). Each declaration costs
-    libxml2 about ten times its size in memory (~110 bytes: the document limit
-    caps them at ~11 MB, next to the element limit's ~60 MB) and widens the
-    in-scope namespaces of every element below it. UBL declares its few
-    namespaces on the root, but generators copying the official examples
-    declare one again in every invoice line (``cac:ClassifiedTaxCategory``):
-    tens of thousands in a large invoice.
-
-    ``max_name_length`` (1,000): characters of an element or attribute name
-    (prefix included) and of a namespace URI (the JDK's
-    ``jdk.xml.maxXMLNameLimit``).
-
-    ``max_text_length`` (4 MiB of characters): one text node (CDATA sections
-    included) or attribute value; room for an embedded attachment of about
-    3 MB (``cbc:EmbeddedDocumentBinaryObject``, base64), not for a document
-    that is one huge value.
-
-    DTDs, and so entities (the JDK's entity expansion and size limits), are
-    refused outright (see the module docstring).
+    The others follow the JDK's XML processing limits, so that what this gateway accepts a Java back end parses
+    too: ``max_attributes`` (200, ``jdk.xml.elementAttributeLimit``, namespace declarations not counted);
+    ``max_namespaces_per_element`` (100) and ``max_namespaces_per_document`` (100,000): each declaration costs
+    libxml2 memory and widens the in-scope namespaces below it, yet generators copying the UBL examples declare
+    one again in every invoice line; ``max_name_length`` (1,000, ``jdk.xml.maxXMLNameLimit``) for names and
+    namespace URIs; ``max_text_length`` (4 MiB of characters) for one text or attribute value, room for an
+    embedded attachment of about 3 MB. DTDs, and so entities, are refused outright.
     """
 
     max_bytes: int = 10 * 1024 * 1024
@@ -543,7 +471,7 @@ def _check_element_count(text: str, max_elements: int) -> None:
 # text, before libxml2 builds anything, without looking at every tag: a start tag that passes one of them is
 # long (a 1,001-character name, 201 attributes of at least 5 characters each...), so the distance from its "<"
 # to the next "<" is at least limits.tag_gap. A scan that jumps from "<" to the last "<" within that distance
-# (a backwards memchr, ~15 jumps for a 14 KB UBL order) finds every such gap, and only the tags at the start of
+# (a backwards memchr: a few jumps for an ordinary document) finds every such gap, and only the tags at the start of
 # one are read in full. The other limits of the list are checked the same way: an O(1) bound first, an exact
 # count (on the tree, at C speed) only when the bound does not settle it.
 

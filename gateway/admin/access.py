@@ -1,27 +1,20 @@
 """Who may use the admin side, and how they prove it.
 
-Operators are configured apart from partners (``operators:``; a partner's API
-key never opens the admin side), each with a role: ``viewer`` reads,
-``operator`` also acts. Their secrets are stored as the same salted scrypt
-hashes as partner keys (:func:`gateway.partners.hash_key`).
+Operators are configured apart from partners (``operators:``; a partner's API key never opens the admin
+side), each with a role: ``viewer`` reads, ``operator`` also acts. Their secrets are stored as the same
+salted scrypt hashes as partner keys (:func:`gateway.partners.hash_key`). Two ways in:
 
-Two ways in:
+* the console logs in with name and secret and gets a session cookie (``HttpOnly``, ``SameSite=Strict``,
+  ``Secure`` over https), whose SHA-256 names a ``b2b_admin_sessions`` row shared by every serving process.
+  Every change made through a session carries its CSRF token (``X-CSRF-Token`` header or ``csrf`` form
+  field), and a cross-site ``Origin`` or ``Sec-Fetch-Site`` is refused as well;
+* API clients send HTTP Basic credentials with each request. Their changes must be JSON, which no cross-site
+  form can send without a CORS preflight this server never grants.
 
-* the console logs in with name and secret and gets a session cookie
-  (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over https, ``Path=/``),
-  whose SHA-256 names a ``b2b_admin_sessions`` row shared by every serving
-  process. Every change made through a session must carry the session's
-  CSRF token (``X-CSRF-Token`` header or ``csrf`` form field), and a
-  cross-site ``Origin`` or ``Sec-Fetch-Site`` is refused as well;
-* API clients send HTTP Basic credentials with each request. Their changes
-  must be JSON (``Content-Type: application/json``), which no cross-site form
-  can send without a CORS preflight this server never grants.
-
-Failed logins are limited per client address and per operator name
-(``admin.login_attempts`` within ``admin.login_window``, per process): then
-429 with ``Retry-After``, without checking the secret at all. A secret that
-verified is remembered by a keyed digest for a minute, so API clients do not
-pay a scrypt (~60 ms) per request.
+Failed logins are limited per client address and per operator name (``admin.login_attempts`` within
+``admin.login_window``, per process): then 429 with ``Retry-After``, without checking the secret. A secret
+that verified is remembered by a keyed digest for a minute, so that API clients do not pay a scrypt per
+request.
 """
 
 from __future__ import annotations

@@ -1,35 +1,17 @@
 """A sample handler: answer each UBL 2.1 Order with an OrderResponse accepting it.
 
-Importing this module registers :func:`respond` in
-:data:`gateway.handlers.registry`: it consumes every ``orders.inbound`` message
-(the sample routes send only Orders there), one at a time per session
-(``prefetch`` 1, the handlers' default: a backlog is shared among the
-sessions and processes), and replies with a UBL 2.1 OrderResponse (valid
-against ``UBL-OrderResponse-2.1.xsd``; checked before it is sent, so an
-order that cannot be answered validly, or a message that is not a UBL Order,
-is rolled back and, after the broker's ``max_deliveries``, dead-lettered
-instead of answered with garbage). :data:`respond_async` is the same
-responder written ``async def``, not registered (a worker runs one or the
-other: ``Worker(broker, [respond_async])``).
+Importing this module registers :func:`respond` in :data:`gateway.handlers.registry`: it consumes every
+``orders.inbound`` message (the sample routes send only Orders there), one at a time per session, and replies
+with a UBL 2.1 OrderResponse, validated against ``UBL-OrderResponse-2.1.xsd`` before it is sent, so that an
+order that cannot be answered validly (or a message that is not an Order) is rolled back and in the end
+dead-lettered instead of answered with garbage. :data:`respond_async` is the same responder written
+``async def``, not registered (``Worker(broker, [respond_async])`` runs it).
 
-:func:`build_order_response` builds the response from an order's root element
-for direct use. The response accepts the whole order as it stands:
-
-* ``cbc:ID`` ``OR-<order ID>``, a fresh ``cbc:UUID``, ``cbc:IssueDate`` and
-  ``cbc:IssueTime`` (UTC), ``cbc:OrderResponseCode`` ``AP`` (accepted, UN/CEFACT
-  4343), the order's ``cbc:DocumentCurrencyCode`` when it has one;
-* ``cac:OrderReference`` with the order's ``cbc:ID`` and, when present, its
-  ``cbc:UUID``, ``cbc:IssueDate`` and ``cbc:IssueTime``;
-* ``cac:SellerSupplierParty`` then ``cac:BuyerCustomerParty`` (the order
-  has them the other way round), copied from the order;
-* one ``cac:OrderLine`` per order line: ``cac:LineItem`` with the line's
-  ``cbc:ID``, ``cbc:LineStatusCode`` ``5`` (accepted without amendment,
-  UN/CEFACT 1229), its ``cbc:Quantity``, ``cac:Price`` and ``cac:Item`` as
-  ordered, then ``cac:OrderLineReference/cbc:LineID`` pointing to the order
-  line.
-
-(UBL 2.1's OrderResponse has no ``LineResponse``: that belongs to
-ApplicationResponse. Its lines are ``cac:OrderLine/cac:LineItem``.)
+:func:`build_order_response` builds the response from an order's root element: ``OR-<order ID>``, a fresh
+UUID, the issue date and time (UTC), ``cbc:OrderResponseCode`` ``AP`` (accepted, UN/CEFACT 4343), the order
+referenced, the seller then the buyer party copied from it, and one ``cac:OrderLine/cac:LineItem`` per order
+line with ``cbc:LineStatusCode`` ``5`` (accepted without amendment, UN/CEFACT 1229), the quantity, price and
+item as ordered. (UBL 2.1's OrderResponse has no ``LineResponse``: that belongs to ApplicationResponse.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The reconciler walks the documents of one status in (updated_at, message_id) order, 500 at a time, from
 where its last batch ended. With the index on (status, updated_at) alone, the tie-break on message_id
 could not be an index range: each batch read every row of that status (16 KB pages, the documents
-inline), 24 ms a batch with 18,000 accepted documents waiting, growing with the backlog. With message_id
-in the index the batch is a range scan (2 ms there, whatever the backlog).
+inline), a cost growing with the backlog. With message_id in the index the batch is a range scan, whatever
+the backlog.
 
 Builds one index of b2b_ledger (on PostgreSQL, writes to the ledger wait while it is built).
 
