@@ -38,8 +38,16 @@ from .exchange import Exchange, RequestReply
 from .explainer import Explainer
 from .idempotency import Idempotency, LEGACY_KEY_WINDOW, document_digest
 from .ids import iso_ms, uuid4_str
-from .intake import INLINE_MAX_BYTES, INTAKE_BUSY, INTAKE_THREADS, TREE_VALIDATION_MAX_BYTES, Intake, IntakeStages, \
-    Invalid, Work
+from .intake import (
+    INLINE_MAX_BYTES,
+    INTAKE_BUSY,
+    INTAKE_THREADS,
+    TREE_VALIDATION_MAX_BYTES,
+    Intake,
+    IntakeStages,
+    Invalid,
+    Work,
+)
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, Tombstone, now_ms
 from .partners import Partner
 from .receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
@@ -47,6 +55,7 @@ from .routes import Route
 from .rules import RulesRunner, violation, warnings_of
 from .xmlintake import parse_document
 
+# Gateway, and the names its callers have always imported from here (some live in the modules it is made of)
 __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest",
            "iso_ms"]
 
