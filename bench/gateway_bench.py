@@ -103,12 +103,18 @@ def slow_commits(log: Path, start: float, end: float) -> list[float]:
     return found
 
 
+def sample_config() -> dict:
+    """The sample configuration, for a copy written elsewhere: its rule files' paths made absolute (they are
+    relative to the sample's folder, which the copy is not in)."""
+    config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
+    for entry in config.get("rules", {}).get("sets", {}).values():
+        entry["file"] = str((REPO / "config" / entry["file"]).resolve())
+    return config
+
+
 def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None,
                  rules: bool = True) -> Path:
-    config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
-    rule_sets = config.get("rules", {}).get("sets", {})
-    for entry in rule_sets.values():  # relative to the sample configuration's folder, which this copy is not in
-        entry["file"] = str((REPO / "config" / entry["file"]).resolve())
+    config = sample_config()
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
     routes = yaml.safe_load((REPO / "routes" / "ubl-2.1.yaml").read_text())["routes"]
     partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}]}

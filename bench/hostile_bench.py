@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import Connection, ServerProcess, free_port  # noqa: E402
+from gateway_bench import Connection, ServerProcess, free_port, sample_config  # noqa: E402
 
 from gateway import xmlintake  # noqa: E402
 
@@ -307,7 +307,7 @@ def main() -> None:
     _DOCUMENTS.update(documents)
     with tempfile.TemporaryDirectory(prefix="hostile-bench-") as tmp:
         folder = Path(tmp)
-        config = yaml.safe_load((REPO / "config" / "b2bgw.yaml").read_text())
+        config = sample_config()
         config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
         config["store"].setdefault("options", {})["slow_commit_warning"] = 0.1
         partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())
