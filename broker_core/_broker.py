@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 import uuid
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
@@ -16,6 +16,9 @@ from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDErr
 from ._message import Message, message_from_envelope
 from ._options import check_options, store_kind
 from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, now_ms, queue_box
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = ["BrowsePage", "BrowsedMessage", "Broker", "Connection"]
 
@@ -110,6 +113,17 @@ def _checked_ids(message_ids: Any) -> list[str] | None:
 log = logging.getLogger("broker_core")
 
 _POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
+
+
+def _collecting(fns: Sequence[Callable[[Any], Any]], results: list[Any]) -> list[Callable[[Any], None]]:
+    """*fns* as store transaction functions that keep their results in *results*."""
+    def keep(i: int, fn: Callable[[Any], Any]) -> Callable[[Any], None]:
+        def run(conn: Any) -> None:
+            results[i] = fn(conn)
+
+        return run
+
+    return [keep(i, fn) for i, fn in enumerate(fns)]
 
 
 def _open_store(url: str, options: dict[str, Any]) -> Store:
@@ -229,6 +243,51 @@ class Broker:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # ------------------------------------------------------------ the store's database
+
+    @property
+    def engine(self) -> "sa.Engine | None":
+        """The SQLAlchemy engine of a SQL store (None on the memory store): for reads
+        of an application's own tables in the broker's database. Write them with
+        :meth:`write`, which runs in the store's own transactions (on SQLite one
+        writer per process, which the store's writer is)."""
+        engine: sa.Engine | None = getattr(self.store, "engine", None)
+        return engine
+
+    def write(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True,
+              callback: Callable[[BaseException | None], None] | None = None) -> list[Any]:
+        """Run ``fn(conn)`` for each of *fns*, in order, inside one transaction of the
+        store's writer (``conn``: a SQLAlchemy connection; None on the memory store);
+        returns their results once committed. ``durable=False``: the commit need not
+        wait for the disk (work its caller can redo: a power cut may lose it, never
+        half of it). With ``callback`` the call returns at once (an empty list) and
+        ``callback(error_or_None)`` runs in another thread once the commit is done."""
+        self._check_open()
+        results: list[Any] = [None] * len(fns)
+        self.store.commit((), (), _collecting(fns, results), callback, durable=durable)
+        return results if callback is None else []
+
+    async def write_async(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True) -> list[Any]:
+        """Like :meth:`write`, for asyncio: waits for the commit without blocking the event loop."""
+        from ._session import _store_commit_async
+
+        self._check_open()
+        results: list[Any] = [None] * len(fns)
+        await _store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
+        return results
+
+    def acquire_lease(self, name: str, seconds: float) -> bool:
+        """Take or renew the named lease for *seconds*: True while this broker holds it. Processes
+        sharing a SQL store elect one of them so for a task; a memory store has no other process."""
+        acquire: Callable[[str, float], bool] | None = getattr(self.store, "acquire_lease", None)
+        return True if acquire is None else acquire(name, seconds)
+
+    def release_lease(self, name: str) -> None:
+        """Give up the named lease, if this broker holds it."""
+        release: Callable[[str], None] | None = getattr(self.store, "release_lease", None)
+        if release is not None:
+            release(name)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -76,7 +76,8 @@ _bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = 
 
 
 def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
-                        in_transaction: Sequence[Callable[[Any], Any]] = ()) -> "asyncio.Future[None]":
+                        in_transaction: Sequence[Callable[[Any], Any]] = (), *,
+                        durable: bool = True) -> "asyncio.Future[None]":
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
     loop = asyncio.get_running_loop()
@@ -92,7 +93,7 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
             else:
                 future.set_exception(error)
 
-    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error))
+    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error), durable=durable)
     return future
 
 

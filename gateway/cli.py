@@ -599,7 +599,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         _require_known(settings, broker, queue, dlq)
         ids = [m.jms_message_id for m in broker.browse(dlq)]
         moved = broker.replay_dead_letters(dlq)
-        reconciler = Reconciler(broker, Ledger(broker.store.engine))
+        reconciler = Reconciler(broker, Ledger(broker.engine))
         reset = reconciler.after_replay(ids)
         print(f"moved {moved} message{'s' if moved != 1 else ''} from {dlq} back to their queue; "
               f"{reset} ledger document{'s' if reset != 1 else ''} back to 'accepted'")
@@ -609,8 +609,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from broker_core._sql import upgrade_database
-    from broker_core._sql._store import make_engine  # the store's engine setup (WAL, search path)
+    from broker_core.sql import make_engine, upgrade_database
 
     from .ledger import upgrade_ledger
 

@@ -312,8 +312,7 @@ class Gateway:
                  intake_facts: str = "when_idle") -> None:
         if intake_facts not in INTAKE_FACTS:
             raise ValueError(f"intake_facts must be one of {', '.join(INTAKE_FACTS)}, not {intake_facts!r}")
-        store = broker.store
-        if getattr(store, "engine", None) is None:
+        if broker.engine is None:
             raise GatewayError("the gateway needs a SQL store (sqlite:///PATH or postgresql+psycopg://...)")
         self.assembly = assembly
         self.settings = assembly.settings
@@ -321,8 +320,7 @@ class Gateway:
         self.routes = assembly.routes
         self.partners = assembly.partners
         self.broker = broker
-        self.store = store
-        self.ledger = Ledger(store.engine)
+        self.ledger = Ledger(broker.engine)
         self.limits = assembly.settings.limits
         self.late_reply_window = (assembly.settings.late_reply_window if late_reply_window is None
                                   else late_reply_window)
@@ -950,9 +948,9 @@ class Gateway:
                 log.error("could not record the reply to %s: %s", message_id, err)
 
         try:
-            self.store.commit((), (), [lambda conn: ledger.transition(
+            self.broker.write(lambda conn: ledger.transition(
                 conn, message_id, status, from_statuses=from_statuses, reply=reply, reply_type=reply_type,
-                error=error)], done)
+                error=error), callback=done)
         except Exception as exc:  # noqa: BLE001 - the store is closing: the reply is only in memory now
             self._unrecorded.pop(message_id, None)
             log.error("could not record the reply to %s: %s", message_id, exc)

@@ -59,6 +59,17 @@ from .._store import (
     expired_envelope,
     now_ms,
 )
+from ..sql import (
+    MIGRATIONS,
+    PG_WRITE_LOCK,
+    VERSION_TABLE,
+    current_revision,
+    head_revision,
+    make_engine,
+    migrate,
+    split_url,
+    upgrade_database,
+)
 from . import _codec
 from ._schema import (
     box_counters,
@@ -72,16 +83,7 @@ from ._schema import (
     temporaries,
 )
 from ._schema import expired as expired_table
-from ._engine import (
-    _PG_WRITE_LOCK,
-    _current_revision,
-    _head_revision,
-    _split_url,
-    _upgrade,
-    _WriteTurn,
-    make_engine,
-    upgrade_database,
-)
+from ._engine import _WriteTurn
 from ._reader import _SQLReader
 from ._statements import _Statements
 from ._wakeups import LocalWakeups
@@ -243,7 +245,7 @@ class SQLStore(Store):
             if auto_upgrade:
                 self._upgrade_in_turn(url)
             else:
-                current, head = _current_revision(self.engine), _head_revision()
+                current, head = current_revision(self.engine, VERSION_TABLE), head_revision(MIGRATIONS)
                 if current != head:
                     raise StoreError(
                         f"the database schema is at revision {current or 'none'}, the broker needs {head}: "
@@ -295,11 +297,11 @@ class SQLStore(Store):
         to WAL can fail at once with "database is locked", without waiting for the busy timeout)."""
         turn = None if self._pg else _WriteTurn.for_url(url)
         if turn is None:
-            _upgrade(self.engine)
+            migrate(self.engine, MIGRATIONS, VERSION_TABLE)
             return
         try:
             with turn:
-                _upgrade(self.engine)
+                migrate(self.engine, MIGRATIONS, VERSION_TABLE)
         finally:
             turn.close()
 
@@ -412,7 +414,7 @@ class SQLStore(Store):
         lock, so ids grow in commit order across processes; claims and
         acknowledgements do not need it and never wait for it."""
         if self._pg and not batch.ordered:
-            self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (_PG_WRITE_LOCK,))
+            self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (PG_WRITE_LOCK,))
             batch.ordered = True
 
     def _touched(self, boxes: set[str]) -> None:
@@ -581,7 +583,7 @@ class SQLStore(Store):
     def _listen_loop(self) -> None:
         import psycopg
 
-        clean, schema = _split_url(self.url)
+        clean, schema = split_url(self.url)
         dsn = sa.engine.make_url(clean).set(drivername="postgresql").render_as_string(hide_password=False)
         delay = 0.1
         while not self._stop.is_set():
