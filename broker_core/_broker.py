@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
@@ -19,6 +19,8 @@ from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, no
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
+
+    from ._session import Session
 
 __all__ = ["BrowsePage", "BrowsedMessage", "Broker", "Connection"]
 
@@ -263,7 +265,6 @@ class Broker:
         wait for the disk (work its caller can redo: a power cut may lose it, never
         half of it). With ``callback`` the call returns at once (an empty list) and
         ``callback(error_or_None)`` runs in another thread once the commit is done."""
-        self._check_open()
         results: list[Any] = [None] * len(fns)
         self.store.commit((), (), _collecting(fns, results), callback, durable=durable)
         return results if callback is None else []
@@ -272,7 +273,6 @@ class Broker:
         """Like :meth:`write`, for asyncio: waits for the commit without blocking the event loop."""
         from ._session import _store_commit_async
 
-        self._check_open()
         results: list[Any] = [None] * len(fns)
         await _store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
         return results
@@ -384,13 +384,14 @@ class Broker:
         key = destination if isinstance(destination, str) else queue_box(destination)
         return self.store.purge(key)
 
-    def remove_messages(self, destination: Destination | str, *, message_ids: Any = None,
+    def remove_messages(self, destination: Destination | str, *, message_ids: Iterable[str] | None = None,
                         selector: str | None = None, limit: int | None = None) -> list[str]:
         """Delete waiting messages of a queue (or subscription box): those named by *message_ids* (at most
         1000) and/or matching *selector*, at most *limit*; returns the ids of those deleted."""
         return self._take(destination, message_ids, selector, limit, None)
 
-    def move_messages(self, destination: Destination | str, target: Queue | str, *, message_ids: Any = None,
+    def move_messages(self, destination: Destination | str, target: Queue | str, *,
+                      message_ids: Iterable[str] | None = None,
                       selector: str | None = None, limit: int | None = None) -> list[str]:
         """Move waiting messages of a queue (or subscription box) to queue *target*, as they are (same id,
         headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
@@ -630,7 +631,7 @@ class Connection:
             broker._connections.discard(self)
         self._closed = True
 
-    def create_session(self, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO) -> Any:
+    def create_session(self, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO) -> Session:
         """A session: transacted (its ack mode is then ignored) or not."""
         from ._session import Session
 

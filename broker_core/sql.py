@@ -184,7 +184,7 @@ def head_revision(script_location: str) -> str:
     """The head revision of an Alembic script directory (read once per process)."""
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(_alembic_config(script_location)).get_current_head()
+    return ScriptDirectory.from_config(_alembic_config(script_location)).get_current_head() or ""
 
 
 def current_revision(bind: sa.Engine | sa.Connection, version_table: str) -> str | None:

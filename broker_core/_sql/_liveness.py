@@ -40,7 +40,7 @@ class _Liveness:
             return
         self._refresh_peers()
         self._wakeups.announce()
-        if not self._poll_interval_set:  # polling is only the safety net now (25 ms of CPU a second at 20 ms)
+        if not self._poll_interval_set:  # polling is only the safety net now (each look costs CPU)
             self.poll_interval = SAFETY_POLL_INTERVAL
 
     def _refresh_peers(self) -> None:

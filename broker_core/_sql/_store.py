@@ -103,33 +103,20 @@ COMMIT_DELAY = 0.0005
 
 class SQLStore(_Liveness, _Operations, _Reads, Store):
     """Persistent store on SQLAlchemy 2 (``sqlite:///path`` or
-    ``postgresql+psycopg://user@host/db``).
+    ``postgresql+psycopg://user@host/db``), made of its liveness among other
+    processes (``_liveness``), its writer's operations (``_operations``) and
+    its reads (``_reads``).
 
-    Options: ``sqlite_synchronous`` (``"FULL"`` default; ``"NORMAL"`` is
-    faster and still survives a killed process, but a power cut or OS crash may
-    lose the last commits); ``prefetch`` (at most this many rows a consumer claims at once, 64; it starts
-    at 1 and doubles while the box stays full);
-    ``heartbeat_interval`` (s, 1.0) and ``lease_timeout`` (s, 10.0): how soon
-    the in-flight messages of a dead process come back; ``retry_for`` (s, 30):
-    how long writes are retried through a database outage before
-    :class:`StoreUnavailableError`; ``auto_upgrade`` (migrate at open: default
-    on for SQLite; PostgreSQL needs ``b2bgw db upgrade``); ``poll_interval``
-    (s): how often SQLite checks for other processes' commits (0.5 where the
-    processes of a host wake each other with datagrams, Linux; else 0.02);
-    ``local_wakeups`` (True): SQLite processes of one host wake each other
-    with datagrams (off: polling alone, e.g. processes in separate network
-    namespaces that share a file);
-    ``expired_retention`` (s, 7 days): how long ``message_status`` can still
-    say a message expired (then "gone"); ``commit_delay`` (s, 0.0005): while
-    asynchronous sends and commits stream in, the writer waits up to this
-    long before each transaction so that it carries more of them (0: never
-    waits; a synchronous ``send()`` never waits for it, nor a stream that
-    pauses for a quarter of it); ``compress_over`` (bytes,
-    2048): bodies at least this long are stored LZ4-compressed when that
-    saves space (0: never; see ``_codec``); ``slow_commit_warning`` (s,
-    0.5): a transaction that takes longer is logged as a warning saying
-    where the time went, mostly the disk's sync (0: never; see
-    ``GroupCommitter``).
+    Options (names and values checked by ``_options``; defaults below):
+    ``sqlite_synchronous`` (``"FULL"``; ``"NORMAL"`` survives a killed process
+    but may lose the last commits to a power cut), ``prefetch`` (64),
+    ``heartbeat_interval`` (1 s) and ``lease_timeout`` (10 s): how soon a dead
+    process's messages come back; ``retry_for`` (30 s) of a database outage;
+    ``auto_upgrade`` (on for SQLite); ``poll_interval`` and ``local_wakeups``
+    (SQLite: how other processes' commits are noticed, see ``_wakeups``);
+    ``expired_retention`` (7 days); ``commit_delay`` (0.0005 s, see
+    ``GroupCommitter``); ``compress_over`` (2048 bytes, see ``_codec``);
+    ``slow_commit_warning`` (0.5 s).
     """
 
     shared = True
@@ -311,7 +298,7 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
         """SQLite, in the writer thread after a transaction, once its callers are answered: copy the WAL
         back into the database every CHECKPOINT_INTERVAL. SQLite's automatic checkpoint would run inside
         a commit, while this process holds the write turn (the other processes' writers waiting on the
-        copy and its fsync: about 5 us of every 2 KB message's 20-25 us of SQLite work, measured); a
+        copy and its fsync, a large share of the SQLite work of each small message); a
         PASSIVE checkpoint here lets them write meanwhile. A WAL grown past WAL_LIMIT_BYTES is
         checkpointed inside the turn, where it is copied whole and then restarts."""
         now = time.monotonic()
