@@ -2,12 +2,11 @@
 
 :func:`compile_selector` parses a selector (JMS 1.1/2.0 section 3.8.1, plus
 ActiveMQ's ``XPATH '<expr>'``) with lark's LALR parser (``selector.lark``),
-checks it, and translates it into the source of one Python function: no tree
-is walked per message. Every compile-time failure is an
-:class:`InvalidSelectorError` quoting the line with a caret under the problem.
+checks it (an :class:`InvalidSelectorError` quotes the line with a caret) and
+translates it into one Python function: no tree is walked per message.
 
-Semantics (SQL three-valued: ``True``, ``False``, ``None`` for UNKNOWN; a
-selector matches only when TRUE), where the specification leaves room:
+Semantics: SQL three-valued (``None`` is UNKNOWN; only TRUE matches), and
+where the specification leaves room:
 
 * NULL (absent property, null header) makes comparisons, arithmetic, IN and
   LIKE UNKNOWN. Numbers are ``int``/``float`` and their narrow subclasses,
@@ -17,13 +16,11 @@ selector matches only when TRUE), where the specification leaves room:
 * BETWEEN and IN expand as the specification defines them, so a non-number
   is neither BETWEEN nor NOT BETWEEN, and a non-string is NOT IN and NOT LIKE
   anything (ActiveMQ makes IN UNKNOWN there; we keep the stated equivalence).
-* Arithmetic on a non-number, and division by zero, is NULL; exact division
-  truncates toward zero as in Java.
-* A message marked with :data:`STRING_NUMBERS_PROPERTY` (what STOMP sends:
-  strings only) has decimal string properties read as numbers where a number
-  is wanted, as ActiveMQ does; typed messages are not affected.
-* ``XPATH`` is XPath's ``boolean()`` of the XML body: FALSE on a body that
-  is not XML, UNKNOWN when evaluation fails.
+* Arithmetic on a non-number, and division by zero, is NULL; ``/`` of two
+  integers truncates toward zero (Java).
+* A message marked with :data:`STRING_NUMBERS_PROPERTY` (STOMP sends only
+  strings) has decimal string properties read as numbers where one is wanted.
+* ``XPATH`` is XPath's ``boolean()`` of the XML body (FALSE: not XML).
 """
 
 from __future__ import annotations
