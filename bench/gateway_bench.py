@@ -459,7 +459,7 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     broker = Broker.open(f"sqlite:///{folder / 'bench.db'}", sweep_interval=0)
     try:
         queued = broker.stats(Queue("orders.bench")).depth
-        with broker.store.engine.connect() as conn:
+        with broker.engine.connect() as conn:
             rows, with_facts = conn.execute(sa.text(
                 "SELECT count(*), count(facts) FROM b2b_ledger WHERE route = 'bench-order-one-way'")).one()
     finally:

@@ -213,11 +213,11 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
 
     broker = Broker.open(url, sweep_interval=0)
     try:
-        upgrade_ledger(broker.store.engine)
+        upgrade_ledger(broker.engine)
         policy = RetentionPolicy(default=Rule(90 * 86400.0, after), batch=5000)
         t0 = time.time()
-        result = archive.run(policy, engine=broker.store.engine, write=archive.store_writer(broker.store),
-                             purge_write=archive.store_writer(broker.store, durable=False), root=root,
+        result = archive.run(policy, engine=broker.engine, write=archive.store_writer(broker),
+                             purge_write=archive.store_writer(broker, durable=False), root=root,
                              wait_for_warehouse=False, vacuum=False)
         t1 = time.time()
         vacuumed = 0.0
@@ -225,7 +225,7 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
             from gateway.lifecycle import vacuum as give_back
 
             v = time.perf_counter()
-            result.vacuumed_pages = give_back(broker.store.engine, archive.store_writer(broker.store, durable=False))
+            result.vacuumed_pages = give_back(broker.engine, archive.store_writer(broker, durable=False))
             vacuumed = time.perf_counter() - v
     finally:
         broker.close()
@@ -279,7 +279,7 @@ def bench_store(kind: str, url: str, folder: Path, args: argparse.Namespace) -> 
 
     out: dict[str, Any] = {"store": kind, "rows": args.rows}
     broker = Broker.open(url, sweep_interval=0, auto_upgrade=True)  # creates and migrates the store
-    upgrade_ledger(broker.store.engine)
+    upgrade_ledger(broker.engine)
     broker.close()
     kept = max(1, args.rows // 10)
     out["fill_s"] = fill(url, 0, args.rows, 100, 1) + fill(url, args.rows, kept, 1, 2)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker_core._envelope import Envelope, Int  # noqa: E402
-from broker_core._selector import STRING_NUMBERS_PROPERTY, compile_selector  # noqa: E402
+from broker_core import Int, TextMessage, XMLMessage  # noqa: E402
+from broker_core.selectors import STRING_NUMBERS_PROPERTY, Envelope, compile_selector, snapshot  # noqa: E402
 
 NS = {"cbc": "urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2"}
 XML = (
@@ -31,10 +31,11 @@ XML = (
 
 
 def envelope(props: dict, *, body: str | None = None, type_: str | None = "invoice") -> Envelope:
-    return Envelope(
-        message_id="ID:1", destination=None, delivery_mode=2, priority=4, expiration=0, timestamp=1000,
-        correlation_id=None, reply_to=None, type=type_, properties=props, kind="xml" if body else "text", body=body,
-    )
+    message = XMLMessage(body) if body else TextMessage()
+    message.jms_type, message.jms_timestamp = type_, 1000
+    for name, value in props.items():
+        message.set_object_property(name, value)
+    return snapshot(message)
 
 
 HIT = {"partner": "acme", "amount": 125.5, "region": "EU", "urgent": True, "doc": "INV-2024-001", "fee": Int(3),

@@ -266,7 +266,7 @@ def main() -> None:
         return
     import psycopg
 
-    from broker_core._sql import upgrade_database
+    from broker_core.sql import upgrade_database
 
     dsn = args.pg.replace("postgresql+psycopg://", "postgresql://")
     schema = f"bench_{uuid.uuid4().hex[:8]}"

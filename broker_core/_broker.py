@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 import uuid
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
@@ -16,6 +16,11 @@ from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDErr
 from ._message import Message, message_from_envelope
 from ._options import check_options, store_kind
 from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, now_ms, queue_box
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from ._session import Session
 
 __all__ = ["BrowsePage", "BrowsedMessage", "Broker", "Connection"]
 
@@ -110,6 +115,17 @@ def _checked_ids(message_ids: Any) -> list[str] | None:
 log = logging.getLogger("broker_core")
 
 _POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
+
+
+def _collecting(fns: Sequence[Callable[[Any], Any]], results: list[Any]) -> list[Callable[[Any], None]]:
+    """*fns* as store transaction functions that keep their results in *results*."""
+    def keep(i: int, fn: Callable[[Any], Any]) -> Callable[[Any], None]:
+        def run(conn: Any) -> None:
+            results[i] = fn(conn)
+
+        return run
+
+    return [keep(i, fn) for i, fn in enumerate(fns)]
 
 
 def _open_store(url: str, options: dict[str, Any]) -> Store:
@@ -230,6 +246,49 @@ class Broker:
     def closed(self) -> bool:
         return self._closed
 
+    # ------------------------------------------------------------ the store's database
+
+    @property
+    def engine(self) -> "sa.Engine | None":
+        """The SQLAlchemy engine of a SQL store (None on the memory store): for reads
+        of an application's own tables in the broker's database. Write them with
+        :meth:`write`, which runs in the store's own transactions (on SQLite one
+        writer per process, which the store's writer is)."""
+        engine: sa.Engine | None = getattr(self.store, "engine", None)
+        return engine
+
+    def write(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True,
+              callback: Callable[[BaseException | None], None] | None = None) -> list[Any]:
+        """Run ``fn(conn)`` for each of *fns*, in order, inside one transaction of the
+        store's writer (``conn``: a SQLAlchemy connection; None on the memory store);
+        returns their results once committed. ``durable=False``: the commit need not
+        wait for the disk (work its caller can redo: a power cut may lose it, never
+        half of it). With ``callback`` the call returns at once (an empty list) and
+        ``callback(error_or_None)`` runs in another thread once the commit is done."""
+        results: list[Any] = [None] * len(fns)
+        self.store.commit((), (), _collecting(fns, results), callback, durable=durable)
+        return results if callback is None else []
+
+    async def write_async(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True) -> list[Any]:
+        """Like :meth:`write`, for asyncio: waits for the commit without blocking the event loop."""
+        from ._session import _store_commit_async
+
+        results: list[Any] = [None] * len(fns)
+        await _store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
+        return results
+
+    def acquire_lease(self, name: str, seconds: float) -> bool:
+        """Take or renew the named lease for *seconds*: True while this broker holds it. Processes
+        sharing a SQL store elect one of them so for a task; a memory store has no other process."""
+        acquire: Callable[[str, float], bool] | None = getattr(self.store, "acquire_lease", None)
+        return True if acquire is None else acquire(name, seconds)
+
+    def release_lease(self, name: str) -> None:
+        """Give up the named lease, if this broker holds it."""
+        release: Callable[[str], None] | None = getattr(self.store, "release_lease", None)
+        if release is not None:
+            release(name)
+
     def _check_open(self) -> None:
         if self._closed:
             raise IllegalStateError("the broker is closed")
@@ -325,13 +384,14 @@ class Broker:
         key = destination if isinstance(destination, str) else queue_box(destination)
         return self.store.purge(key)
 
-    def remove_messages(self, destination: Destination | str, *, message_ids: Any = None,
+    def remove_messages(self, destination: Destination | str, *, message_ids: Iterable[str] | None = None,
                         selector: str | None = None, limit: int | None = None) -> list[str]:
         """Delete waiting messages of a queue (or subscription box): those named by *message_ids* (at most
         1000) and/or matching *selector*, at most *limit*; returns the ids of those deleted."""
         return self._take(destination, message_ids, selector, limit, None)
 
-    def move_messages(self, destination: Destination | str, target: Queue | str, *, message_ids: Any = None,
+    def move_messages(self, destination: Destination | str, target: Queue | str, *,
+                      message_ids: Iterable[str] | None = None,
                       selector: str | None = None, limit: int | None = None) -> list[str]:
         """Move waiting messages of a queue (or subscription box) to queue *target*, as they are (same id,
         headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
@@ -571,7 +631,7 @@ class Connection:
             broker._connections.discard(self)
         self._closed = True
 
-    def create_session(self, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO) -> Any:
+    def create_session(self, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO) -> Session:
         """A session: transacted (its ack mode is then ignored) or not."""
         from ._session import Session
 

@@ -1,7 +1,4 @@
-"""The one error hierarchy of the broker.
-
-Every error the broker raises derives from :class:`JMSError`; the names follow
-``javax.jms`` so that JMS users find what they expect::
+"""The one error hierarchy of the broker, named as in ``javax.jms``::
 
     JMSError
     ├── IllegalStateError            (also RuntimeError)

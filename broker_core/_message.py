@@ -48,6 +48,12 @@ class Char(str):
     __slots__ = ()
 
 
+#: A property's value (``Byte``, ``Short``, ``Int`` and ``Float`` are ``int`` and ``float``).
+PropertyValue = bool | int | float | str
+#: A value of a map or stream body: a property's, or bytes (``Char`` is a ``str``).
+BodyValue = bool | int | float | str | bytes
+
+
 # ---------------------------------------------------------------- names
 
 _SELECTOR_KEYWORDS = frozenset({"NULL", "TRUE", "FALSE", "NOT", "AND", "OR", "BETWEEN", "LIKE", "IN", "IS", "ESCAPE"})
@@ -328,7 +334,7 @@ class Message:
             value = _check_str(value, f"property {name!r}")
         props[check_property_name(name)] = value
 
-    def set_object_property(self, name: str, value: Any) -> None:
+    def set_object_property(self, name: str, value: PropertyValue) -> None:
         """Set a property from a ``bool``, ``int`` (stored as long), ``float``
         (double), ``str``, or one of the narrow types ``Byte``, ``Short``,
         ``Int``, ``Float``."""
@@ -366,7 +372,7 @@ class Message:
     def get_string_property(self, name: str) -> str | None:
         return _to_string(self._get(name), f"property {name!r}")
 
-    def get_object_property(self, name: str) -> Any:
+    def get_object_property(self, name: str) -> PropertyValue | None:
         return self._get(name)
 
     # -- body
@@ -490,8 +496,8 @@ class XMLMessage(TextMessage):
 
     *utf8*, when the caller has it at hand (the document as received), is the
     text's UTF-8 encoding, exactly ``text.encode("utf-8")``: a persistent send
-    stores those bytes instead of encoding the text again (~12 us for a 14 KB
-    document with accented letters). Setting ``text`` later drops them.
+    stores those bytes instead of encoding the text again (for a large
+    document with non-ASCII letters, not free). Setting ``text`` later drops them.
     """
 
     __slots__ = ("_doc", "_utf8")
@@ -525,7 +531,7 @@ class XMLMessage(TextMessage):
         self._doc = None
         self._utf8 = None
 
-    def document(self) -> Any:
+    def document(self) -> etree._Element:
         """The root element of the XML body; :class:`MessageFormatError` if the
         text is not well-formed XML."""
         if self._doc is None:
@@ -614,7 +620,7 @@ class MapMessage(Message):
             raise MessageFormatError(f"map entry {name!r}: expected bytes, got {type(value).__name__}")
         self._put(name, None if value is None else bytes(value))
 
-    def set_object(self, name: str, value: Any) -> None:
+    def set_object(self, name: str, value: BodyValue | bytearray | memoryview | None) -> None:
         if isinstance(value, (bytearray, memoryview)):
             value = bytes(value)
         self._put(name, None if value is None else _check_object(value, f"map entry {name!r}", allow_bytes=True))
@@ -659,7 +665,7 @@ class MapMessage(Message):
     def get_bytes(self, name: str) -> bytes | None:
         return _to_bytes(self._read(name), f"map entry {name!r}")
 
-    def get_object(self, name: str) -> Any:
+    def get_object(self, name: str) -> BodyValue | None:
         return self._read(name)
 
 
@@ -764,7 +770,7 @@ class BytesMessage(Message):
         end = len(view) if length is None else offset + length
         self._w(view[offset:end])
 
-    def write_object(self, value: Any) -> None:
+    def write_object(self, value: BodyValue | bytearray) -> None:
         """Write a bool, int (as long), float (as double), str (as UTF), bytes,
         or a narrow type (``Byte``, ``Short``, ``Int``, ``Float``, ``Char``)."""
         writer = {bool: self.write_boolean, Byte: self.write_byte, Short: self.write_short, Int: self.write_int,
@@ -909,7 +915,7 @@ class StreamMessage(Message):
     def write_bytes(self, value: bytes) -> None:
         self._append(bytes(value))
 
-    def write_object(self, value: Any) -> None:
+    def write_object(self, value: BodyValue | bytearray | memoryview | None) -> None:
         if isinstance(value, (bytearray, memoryview)):
             value = bytes(value)
         self._append(None if value is None else _check_object(value, "write_object", allow_bytes=True))
@@ -962,8 +968,9 @@ class StreamMessage(Message):
     def read_bytes(self) -> bytes | None:
         return self._next(_to_bytes)
 
-    def read_object(self) -> Any:
-        return self._next(lambda v, w: v)
+    def read_object(self) -> BodyValue | None:
+        result: BodyValue | None = self._next(lambda v, w: v)
+        return result
 
 
 # ---------------------------------------------------------------- object

@@ -1,75 +1,26 @@
 """JMS message selectors: compile once, evaluate on the hot path.
 
 :func:`compile_selector` parses a selector (JMS 1.1/2.0 section 3.8.1, plus
-the ActiveMQ-style ``XPATH '<expr>'`` extension) with lark's LALR parser
-(grammar in ``selector.lark``), checks it, and translates it into the source
-of one small Python function, compiled with :func:`compile`. Evaluating a
-selector is one call of that function: no tree is walked per message.
+ActiveMQ's ``XPATH '<expr>'``) with lark's LALR parser (``selector.lark``),
+checks it (an :class:`InvalidSelectorError` quotes the line with a caret) and
+translates it into one Python function: no tree is walked per message.
 
-Semantics
----------
-Values are SQL three-valued: TRUE, FALSE and UNKNOWN (``True``, ``False``,
-``None`` in the generated code). A selector matches only when it is TRUE.
+Semantics: SQL three-valued (``None`` is UNKNOWN; only TRUE matches), and
+where the specification leaves room:
 
-* An absent property or a null header is NULL. Comparison, arithmetic, IN and
-  LIKE with a NULL operand are UNKNOWN; ``IS [NOT] NULL`` is never UNKNOWN.
-* Property types are taken from the Python type: ``bool``; ``int``/``float``
-  and their subclasses (``Byte``, ``Short``, ``Int``, ``Float``) are numbers;
-  ``str``. A ``bool`` is *not* a number. Any other type (``bytes``,
-  ``Decimal``, a list...) is a type the selector does not know: such a value
-  IS NOT NULL, and is like no type, not even its own.
-* Only like types compare; ints and floats compare numerically (exactly, as
-  Python compares them). As JMS 1.1 / 2.0 section 3.8.1.2 says, a comparison
-  (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``) of two non-NULL values of
-  unlike types is FALSE, whatever the operator: for ``s = 'x'`` both
-  ``s = 1`` and ``s <> 1`` are FALSE, and ``NOT (s = 1)`` is TRUE. The same
-  holds for a boolean compared with ``TRUE``/``FALSE`` or a condition
-  (``n = TRUE`` is FALSE for ``n = 1``), and a value of a type the selector
-  does not know compares FALSE with everything, itself included. So a
-  comparison is UNKNOWN only when an operand is NULL (or an UNKNOWN
-  condition), with one exception: strings and booleans only take ``=`` and
-  ``<>``, and ordering two strings or two booleans (which only two
-  identifiers can ask for: the compiler rejects it where it sees the types)
-  is UNKNOWN.
-* ``x BETWEEN lo AND hi`` is ``x >= lo AND x <= hi`` and ``x NOT BETWEEN lo
-  AND hi`` is ``x < lo OR x > hi``, as the specification defines them: for a
-  non-NULL ``x`` that is not a number both are FALSE (as for a NaN).
-* IN and LIKE are defined for strings. For a non-NULL value that is not a
-  string, ``x IN (...)`` and ``x LIKE '...'`` are FALSE, so ``x NOT IN
-  (...)`` and ``x NOT LIKE '...'`` are TRUE. For IN this is what the
-  specification implies: it defines ``x IN ('a', 'b')`` as ``(x = 'a') OR (x
-  = 'b')`` and ``x NOT IN ('a', 'b')`` as ``NOT ((x = 'a') OR (x = 'b'))``,
-  and each of those comparisons is FALSE. LIKE is also one of its
-  comparison operators, so comparing a non-string with the pattern is
-  FALSE, and NOT LIKE is its negation (as in SQL-92, which JMS selectors
-  follow). ActiveMQ and Artemis give the same results for LIKE, but for a
-  non-string make IN and NOT IN both UNKNOWN, which breaks the equivalence
-  the specification states; this module follows the specification.
-* An identifier used alone as a condition (``urgent``) is not a comparison:
-  it is TRUE or FALSE when the value is a boolean, and UNKNOWN otherwise.
-* Arithmetic on a non-number is NULL; so is division by zero. Exact / exact
-  divides like Java (truncates toward zero). Integers do not overflow.
-* ``JMSDeliveryMode``, ``JMSPriority``, ``JMSMessageID``, ``JMSTimestamp``,
-  ``JMSCorrelationID`` and ``JMSType`` read the envelope's headers;
-  ``JMSX...`` and ``JMS_...`` names are properties; any other ``JMS...`` name
-  is NULL.
-* Strings that hold numbers: a message whose boolean property
-  ``JMS_StringNumbers`` (:data:`STRING_NUMBERS_PROPERTY`) is true (the STOMP
-  listener marks the messages it receives so, unless told ``strict``: STOMP
-  sends every header as a string) has its string *properties* taken as
-  numbers where a number is wanted, as ActiveMQ does for STOMP: in
-  arithmetic, ``BETWEEN``, ``<`` ``<=`` ``>`` ``>=``, and ``=`` / ``<>``
-  against a number. Only a decimal literal converts (an optional sign,
-  digits with an optional fraction, an optional exponent; an int when it has
-  neither fraction nor exponent, within a long); any other string keeps the
-  rules above. Two strings compared with ``=`` stay strings. Other messages
-  (every JMS client's, with typed properties) are not affected.
-* ``XPATH '<xpath 1.0>'`` is TRUE when the expression, evaluated on the
-  envelope's XML body, is true by XPath's ``boolean()`` rules; FALSE when the
-  body is not XML; UNKNOWN when the evaluation fails.
-
-Every compile-time failure is an :class:`InvalidSelectorError` that quotes the
-offending line of the selector with a caret under the problem.
+* NULL (absent property, null header) makes comparisons, arithmetic, IN and
+  LIKE UNKNOWN. Numbers are ``int``/``float`` and their narrow subclasses,
+  never ``bool``; a value of another type is like no type, not even its own.
+* Two non-NULL values of unlike types compare FALSE whatever the operator
+  (section 3.8.1.2); ordering two strings or booleans is UNKNOWN.
+* BETWEEN and IN expand as the specification defines them, so a non-number
+  is neither BETWEEN nor NOT BETWEEN, and a non-string is NOT IN and NOT LIKE
+  anything (ActiveMQ makes IN UNKNOWN there; we keep the stated equivalence).
+* Arithmetic on a non-number, and division by zero, is NULL; ``/`` of two
+  integers truncates toward zero (Java).
+* A message marked with :data:`STRING_NUMBERS_PROPERTY` (STOMP sends only
+  strings) has decimal string properties read as numbers where one is wanted.
+* ``XPATH`` is XPath's ``boolean()`` of the XML body (FALSE: not XML).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import time
 import uuid
 import asyncio
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
 from ._destinations import Destination, Queue, Topic
@@ -21,6 +21,7 @@ from ._errors import (
     JMSError,
 )
 from ._message import (
+    BodyValue,
     BytesMessage,
     MapMessage,
     Message,
@@ -34,6 +35,8 @@ from ._store import Delivery, Subscription, now_ms, queue_box, subscription_box
 from ._waiters import AsyncWaiter, ThreadWaiter
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from ._broker import Connection
 
 __all__ = ["Session", "MessageProducer", "MessageConsumer", "QueueBrowser"]
@@ -76,7 +79,8 @@ _bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = 
 
 
 def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
-                        in_transaction: Sequence[Callable[[Any], Any]] = ()) -> "asyncio.Future[None]":
+                        in_transaction: Sequence[Callable[[Any], Any]] = (), *,
+                        durable: bool = True) -> "asyncio.Future[None]":
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
     loop = asyncio.get_running_loop()
@@ -92,7 +96,7 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
             else:
                 future.set_exception(error)
 
-    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error))
+    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error), durable=durable)
     return future
 
 
@@ -177,7 +181,7 @@ class Session:
         self._check_open()
         return XMLMessage(text)
 
-    def create_map_message(self, values: dict[str, Any] | None = None) -> MapMessage:
+    def create_map_message(self, values: dict[str, BodyValue | None] | None = None) -> MapMessage:
         self._check_open()
         return MapMessage(values)
 
@@ -185,7 +189,7 @@ class Session:
         self._check_open()
         return BytesMessage(data)
 
-    def create_stream_message(self, values: Any = None) -> StreamMessage:
+    def create_stream_message(self, values: Iterable[BodyValue | None] | None = None) -> StreamMessage:
         self._check_open()
         return StreamMessage(values)
 
@@ -412,7 +416,7 @@ class Session:
         if deliveries:
             self._store.release(deliveries, reason)
 
-    def commit(self, in_transaction: Sequence[Callable[[Any], Any]] = ()) -> None:
+    def commit(self, in_transaction: Sequence[Callable[[sa.Connection | None], object]] = ()) -> None:
         """Make this transaction's sends and receives happen, atomically.
 
         ``in_transaction``: functions called inside the same store transaction
@@ -423,7 +427,7 @@ class Session:
         if staged or consumed or in_transaction:
             self._store.commit(staged, consumed, in_transaction)
 
-    async def commit_async(self, in_transaction: Sequence[Callable[[Any], Any]] = ()) -> None:
+    async def commit_async(self, in_transaction: Sequence[Callable[[sa.Connection | None], object]] = ()) -> None:
         """Like :meth:`commit`, for asyncio: waits for the durable commit
         without blocking the event loop (concurrent commits share one fsync)."""
         staged, consumed = self._take_transaction()
@@ -582,7 +586,7 @@ class MessageProducer:
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
 
-    def send(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
+    def send(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
              time_to_live: int | None = None) -> None:
         """``send(message)`` on a producer with a destination, or
         ``send(destination, message)`` on an unidentified one. Sets the sent
@@ -590,7 +594,7 @@ class MessageProducer:
         destination, message = self._target(args)
         self._send(destination, message, delivery_mode, priority, time_to_live, None)
 
-    def send_async(self, *args: Any, delivery_mode: int | None = None, priority: int | None = None,
+    def send_async(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
                    time_to_live: int | None = None) -> "asyncio.Future[None]":
         """Like :meth:`send`, for asyncio (JMS 2.0's asynchronous send):
         ``await producer.send_async(message)`` returns once the message is

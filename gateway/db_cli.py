@@ -20,8 +20,7 @@ def register(db: Any, with_config: Callable[[argparse.ArgumentParser], argparse.
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from broker_core._sql import upgrade_database
-    from broker_core._sql._store import make_engine  # the store's engine setup (WAL, search path)
+    from broker_core.sql import make_engine, upgrade_database
 
     from .ledger import upgrade_ledger
 

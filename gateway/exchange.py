@@ -167,9 +167,9 @@ class RequestReply:
                 log.error("could not record the reply to %s: %s", message_id, err)
 
         try:
-            self.store.commit((), (), [lambda conn: ledger.transition(
+            self.broker.write(lambda conn: ledger.transition(
                 conn, message_id, status, from_statuses=from_statuses, reply=reply, reply_type=reply_type,
-                error=error)], done)
+                error=error), callback=done)
         except Exception as exc:  # noqa: BLE001 - the store is closing: the reply is only in memory now
             self._unrecorded.pop(message_id, None)
             log.error("could not record the reply to %s: %s", message_id, exc)

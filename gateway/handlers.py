@@ -630,7 +630,7 @@ class _Processor:
 async def _off_loop(session: Session, fn: Callable[[], _R]) -> _R:
     """``fn()``, which may write to the store: inline on the memory store, in
     a thread on the SQL store (a write must not stall the event loop)."""
-    if getattr(session.connection.broker.store, "shared", False):
+    if session.connection.broker.engine is not None:
         return await asyncio.to_thread(fn)
     return fn()
 

@@ -18,7 +18,7 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
   and the retention purge runs through the same writer (on PostgreSQL under
   the same lock), so a purge never lets a replay in between.
 * Status changes (:meth:`Ledger.transition`) go through the store's writer
-  too (:func:`write`), so SQLite sees one writer. A
+  too (:meth:`broker_core.Broker.write`), so SQLite sees one writer. A
   change applies only from the statuses it lists, and appends a
   ``b2b_ledger_events`` row only when it applied, so racing updaters (the
   reconciler, a reply, a late reply) never move a document backwards.
@@ -39,7 +39,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from broker_core import StoreError
+from broker_core import StoreError, sql
 
 from .ledger_tables import documents, events, pack_xml, tombstones, unpack_xml
 
@@ -53,7 +53,6 @@ __all__ = [
     "head_revision",
     "now_ms",
     "upgrade_ledger",
-    "write",
 ]
 
 VERSION_TABLE = "b2b_gateway_version"
@@ -393,60 +392,20 @@ def _duplicate_detector(dialect: str) -> Callable[[sa.exc.IntegrityError], bool]
     return is_duplicate
 
 
-# --------------------------------------------------------------------------- writes through the store
-
-
-def write(store: Any, *fns: Callable[[Any], Any]) -> None:
-    """Run *fns* (functions of the SQLAlchemy connection) in one store transaction; waits."""
-    store.commit((), (), list(fns))
-
-
 # --------------------------------------------------------------------------- migrations
 
-
-def _alembic_config() -> Any:
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
-    return cfg
+#: The Alembic script directory of the ledger's tables.
+MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
 
 
 def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    return sql.head_revision(MIGRATIONS)
 
 
 def current_revision(engine: sa.Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        revision = ctx.get_current_revision()
-        conn.rollback()
-        return revision
-
-
-_PG_LOCK = 0x62326777  # "b2gw": one migrator at a time
+    return sql.current_revision(engine, VERSION_TABLE)
 
 
 def upgrade_ledger(engine: sa.Engine) -> str:
     """Create or upgrade the ledger tables to the head revision; returns it."""
-    from alembic import command
-
-    cfg = _alembic_config()
-    with engine.connect().execution_options(b2b_write=True) as conn:  # SQLite: BEGIN IMMEDIATE on the store's engine
-        pg = conn.dialect.name == "postgresql"
-        if pg:
-            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK})
-            conn.commit()
-        try:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
-            conn.commit()
-        finally:
-            if pg:
-                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK})
-                conn.commit()
-    return current_revision(engine) or ""
+    return sql.migrate(engine, MIGRATIONS, VERSION_TABLE)

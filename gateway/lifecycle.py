@@ -4,7 +4,7 @@ journal, the store's space (``b2bgw db stats``) and giving it back (``b2bgw db v
 The archive job itself (Parquet, verification, crash recovery) is :mod:`spark_etl.archive`; this module
 holds what it does to the ledger, and needs nothing but SQLAlchemy.
 
-Writes are functions of a store transaction's connection, run by the store's writer (:func:`gateway.ledger.write`)
+Writes are functions of a store transaction's connection, run by the store's writer (:meth:`broker_core.Broker.write`)
 like every other ledger write: on SQLite they take the processes' write turn, on PostgreSQL the store's
 commit-order lock, the very lock the ledger's inserts take, so a purge and a replay of what it purges
 never interleave. Each is bounded: a purge transaction holds at most a few hundred documents

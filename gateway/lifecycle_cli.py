@@ -55,7 +55,7 @@ def _engine(settings: Settings) -> Any:
 
     import sqlalchemy as sa
 
-    from spark_etl.db import make_engine
+    from broker_core.sql import make_engine
 
     url = settings.store_url
     if url.startswith("sqlite"):
@@ -63,7 +63,7 @@ def _engine(settings: Settings) -> Any:
         if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
             raise CommandError(f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
                                "check store.url and the current directory")
-    return make_engine(url)
+    return make_engine(url, sqlite_pooled=False)
 
 
 def _policy(settings: Settings) -> Any:
@@ -142,8 +142,8 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
 
     broker = open_broker(settings, sweep_interval=0)
     try:
-        freed = lifecycle.vacuum(broker.store.engine, store_writer(broker.store, durable=False), max_pages=args.pages)
-        after = lifecycle.sqlite_space(broker.store.engine)
+        freed = lifecycle.vacuum(broker.engine, store_writer(broker, durable=False), max_pages=args.pages)
+        after = lifecycle.sqlite_space(broker.engine)
     finally:
         broker.close()
     print(f"gave {freed:,} free pages ({freed * after['page_size']:,} bytes) back; the file is cut to size at the "
@@ -164,8 +164,8 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
     broker = open_broker(settings, sweep_interval=0)
     try:
         try:
-            result = run(policy, engine=broker.store.engine, write=store_writer(broker.store),
-                         purge_write=store_writer(broker.store, durable=False), root=_root(settings),
+            result = run(policy, engine=broker.engine, write=store_writer(broker),
+                         purge_write=store_writer(broker, durable=False), root=_root(settings),
                          db_url=settings.store_url, wait_for_warehouse=etl_enabled(settings),
                          vacuum=not args.no_vacuum, limit=args.limit)
         except ArchiveBusyError as exc:

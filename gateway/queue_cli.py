@@ -155,7 +155,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         _require_known(settings, broker, queue, dlq)
         ids = [m.jms_message_id for m in broker.browse(dlq)]
         moved = broker.replay_dead_letters(dlq)
-        reconciler = Reconciler(broker, Ledger(broker.store.engine))
+        reconciler = Reconciler(broker, Ledger(broker.engine))
         reset = reconciler.after_replay(ids)
         print(f"moved {moved} message{'s' if moved != 1 else ''} from {dlq} back to their queue; "
               f"{reset} ledger document{'s' if reset != 1 else ''} back to 'accepted'")

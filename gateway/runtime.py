@@ -45,7 +45,7 @@ def open_broker(settings: Settings, **overrides: Any) -> Broker:
     options = {**settings.store_options, **overrides}
     broker = Broker.open(settings.store_url, **options)
     try:
-        engine = broker.store.engine
+        engine = broker.engine
         if engine.dialect.name == "sqlite":
             upgrade_ledger(engine)
         else:
@@ -168,7 +168,7 @@ class Runtime:
                                        intake_facts=self.settings.intake_facts)
                 self.gateway.start()
             if self._want_reconcile:
-                self.reconciler = Reconciler(self.broker, Ledger(self.broker.store.engine),
+                self.reconciler = Reconciler(self.broker, Ledger(self.broker.engine),
                                              interval=self.settings.reconcile_interval)
                 self.reconciler.start()
             if self._want_workers:
@@ -206,9 +206,9 @@ class Runtime:
         from spark_etl.archive import ArchiveSchedule, archive_root, store_writer
 
         assert self.broker is not None
-        schedule = ArchiveSchedule(policy, self.settings.store_url, engine=self.broker.store.engine,
-                                   write=store_writer(self.broker.store),
-                                   purge_write=store_writer(self.broker.store, durable=False),
+        schedule = ArchiveSchedule(policy, self.settings.store_url, engine=self.broker.engine,
+                                   write=store_writer(self.broker),
+                                   purge_write=store_writer(self.broker, durable=False),
                                    root=archive_root(policy, self.settings.etl),
                                    wait_for_warehouse=etl_enabled(self.settings))
         schedule.start()

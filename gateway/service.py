@@ -71,8 +71,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                  intake_facts: str = "when_idle") -> None:
         if intake_facts not in INTAKE_FACTS:
             raise ValueError(f"intake_facts must be one of {', '.join(INTAKE_FACTS)}, not {intake_facts!r}")
-        store = broker.store
-        if getattr(store, "engine", None) is None:
+        if broker.engine is None:
             raise GatewayError("the gateway needs a SQL store (sqlite:///PATH or postgresql+psycopg://...)")
         self.assembly = assembly
         self.settings = assembly.settings
@@ -80,8 +79,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         self.routes = assembly.routes
         self.partners = assembly.partners
         self.broker = broker
-        self.store = store
-        self.ledger = Ledger(store.engine)
+        self.ledger = Ledger(broker.engine)
         self.limits = assembly.settings.limits
         self.late_reply_window = (assembly.settings.late_reply_window if late_reply_window is None
                                   else late_reply_window)

@@ -25,7 +25,7 @@ from typing import Any
 
 from broker_core import Broker
 
-from .ledger import Ledger, write
+from .ledger import Ledger
 
 __all__ = ["Reconciler", "LEASE_NAME"]
 
@@ -85,7 +85,7 @@ class Reconciler:
                 if ledger.transition(conn, message_id, status, from_statuses=from_statuses, error=error):
                     applied[0] += 1
 
-        write(self.broker.store, apply)
+        self.broker.write(apply)
         with self._lock:
             self.moved += applied[0]
         return applied[0]
@@ -117,19 +117,14 @@ class Reconciler:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout)
-        store = self.broker.store
-        if hasattr(store, "release_lease") and not self.broker.closed:
+        if not self.broker.closed:
             try:
-                store.release_lease(LEASE_NAME)
+                self.broker.release_lease(LEASE_NAME)
             except Exception:  # noqa: BLE001 - it expires anyway
                 pass
 
     def _leader(self) -> bool:
-        store = self.broker.store
-        acquire = getattr(store, "acquire_lease", None)
-        if acquire is None:
-            return True
-        return bool(acquire(LEASE_NAME, max(self.interval * 3, 5.0)))
+        return self.broker.acquire_lease(LEASE_NAME, max(self.interval * 3, 5.0))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

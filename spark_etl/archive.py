@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from broker_core import Broker
 from gateway import lifecycle
 from gateway.ledger_tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
 from gateway.retention import PolicyClass, RetentionPolicy
@@ -587,9 +588,9 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
 
     *engine* reads the store; *write* runs a function of a connection in a store transaction and returns
     its result; *purge_write* (default: *write*) the same for the purge's and the vacuum's transactions, which
-    need not wait for the disk (``store_writer(store, durable=False)``): a purge lost to a power cut is
-    redone by the next run, whose recovery finds its batch still ``verified`` (the store's writer, as :func:`gateway.ledger.write` uses it, which
-    returns nothing: :func:`store_writer` makes one that returns the function's result). *root*: the archive root
+    need not wait for the disk (``store_writer(broker, durable=False)``): a purge lost to a power cut is
+    redone by the next run, whose recovery finds its batch still ``verified`` (:func:`store_writer` makes
+    both of the broker's writer, :meth:`broker_core.Broker.write`). *root*: the archive root
     (:func:`archive_root`). *wait_for_warehouse*: only documents the warehouse load has read are due (set it
     when the load is enabled). *now* (epoch ms): the time the policy is applied at. Without *lease* the
     ``archive`` lease is taken here for *lease_ttl* seconds, renewed while the job runs (a crashed run's
@@ -602,8 +603,8 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     if own:
         if db_url is not None:
             etl_engine = state.open_store(db_url)
-        else:  # the store's own engine; on SQLite its writes must take the write lock at BEGIN, as the store's do
-            etl_engine = engine.execution_options(b2b_write=True) if engine.dialect.name == "sqlite" else engine
+        else:  # the store's own engine: the load's writes take the write lock at BEGIN, as the store's do
+            etl_engine = engine
             state.upgrade(etl_engine)
         lease = state.Lease(etl_engine, ttl=lease_ttl, name=LEASE_NAME)
         if not lease.acquire():
@@ -621,17 +622,11 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
                 etl_engine.dispose()
 
 
-def store_writer(store: Any, *, durable: bool = True) -> Write:
-    """A :data:`Write` through a broker store's writer (one store transaction per call; its result).
-    ``durable=False``: its commits need not wait for the disk (see ``broker_core`` ``Store.commit``)."""
+def store_writer(broker: Broker, *, durable: bool = True) -> Write:
+    """A :data:`Write` through the broker store's writer (one store transaction per call; its result).
+    ``durable=False``: its commits need not wait for the disk (see :meth:`broker_core.Broker.write`)."""
     def write(fn: Callable[[sa.Connection], Any]) -> Any:
-        box: list[Any] = [None]
-
-        def op(conn: sa.Connection) -> None:
-            box[0] = fn(conn)
-
-        store.commit((), (), [op], durable=durable)
-        return box[0]
+        return broker.write(fn, durable=durable)[0]
 
     return write
 

@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from broker_core.sql import absolute_url
 from gateway.ledger_tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
-from spark_etl.db import absolute_url
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
 __all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "plan_window", "run"]

@@ -39,11 +39,11 @@ from typing import Any, Iterator
 import pyarrow as pa
 import sqlalchemy as sa
 
+from broker_core.sql import make_engine, relative_sqlite_path
 from gateway import facts as gateway_facts
 from gateway.ledger_tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
-from .db import make_engine, relative_sqlite_path
 
 __all__ = [
     "LedgerDataSource",

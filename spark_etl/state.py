@@ -40,7 +40,8 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from .db import make_engine, write_conn
+from broker_core import sql
+from broker_core.sql import write_connection
 
 __all__ = [
     "Lease",
@@ -102,8 +103,6 @@ lock = sa.Table(
 )
 
 VERSION_TABLE = "b2b_etl_version"
-_PG_UPGRADE_LOCK = 0x62326574  # "b2et"
-_UPGRADE_LOCK = threading.Lock()  # Alembic's context/op proxies are module globals: one upgrade at a time
 
 
 def now_ms() -> int:
@@ -117,44 +116,14 @@ def owner_id() -> str:
 # --------------------------------------------------------------------------- migrations
 
 
-def _alembic_config() -> Any:
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
-    return cfg
+#: The Alembic script directory of the load's tables.
+MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
 
 
 def upgrade(engine: sa.Engine) -> str:
     """Create or upgrade the load's tables (Alembic, ``b2b_etl_version``);
     serialised between processes (SQLite write lock, PostgreSQL advisory lock)."""
-    from alembic import command
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    with _UPGRADE_LOCK:
-        return _upgrade(engine)
-
-
-def _upgrade(engine: sa.Engine) -> str:
-    from alembic import command
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    cfg = _alembic_config()
-    head = ScriptDirectory.from_config(cfg).get_current_head()
-    with engine.connect() as conn:
-        current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
-        conn.rollback()
-    if current == head:
-        return head
-    with write_conn(engine) as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_UPGRADE_LOCK})
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-        conn.commit()
-    return head
+    return sql.migrate(engine, MIGRATIONS, VERSION_TABLE)
 
 
 # --------------------------------------------------------------------------- runs
@@ -198,7 +167,7 @@ def watermark(conn: sa.Connection) -> int:
 
 
 def start_run(engine: sa.Engine, *, mode: str, owner: str, seq_from: int, seq_to: int) -> int:
-    with write_conn(engine) as conn:
+    with write_connection(engine) as conn:
         run_id = conn.execute(
             runs.insert().values(mode=mode, status="running", owner=owner, started_at=now_ms(), seq_from=seq_from,
                                  seq_to=seq_to)  # fmt: skip
@@ -211,7 +180,7 @@ def update_run(engine: sa.Engine, run_id: int, **values: Any) -> None:
     for key in ("manifest", "stats"):
         if key in values and values[key] is not None and not isinstance(values[key], str):
             values[key] = json.dumps(values[key], sort_keys=True, default=str)
-    with write_conn(engine) as conn:
+    with write_connection(engine) as conn:
         conn.execute(runs.update().where(runs.c.run_id == run_id).values(**values))
         conn.commit()
 
@@ -250,7 +219,7 @@ def finish_run(
             values[key] = json.dumps(values[key], sort_keys=True, default=str)
     rows = list(quarantine_rows)
     now = now_ms()
-    with write_conn(engine) as conn:
+    with write_connection(engine) as conn:
         if lease is not None and not lease.check(conn):
             conn.rollback()
             raise LockLostError("the warehouse lock was lost before the run could be recorded")
@@ -301,7 +270,7 @@ class Lease:
 
     def acquire(self, slot: int | None = None) -> bool:
         now = now_ms()
-        with write_conn(self.engine) as conn:
+        with write_connection(self.engine) as conn:
             exists = conn.execute(sa.select(lock.c.name).where(lock.c.name == self.name)).first()
             if exists is None:
                 try:
@@ -335,7 +304,7 @@ class Lease:
 
     def renew(self) -> bool:
         try:
-            with write_conn(self.engine) as conn:
+            with write_connection(self.engine) as conn:
                 ok = self.check(conn)
                 conn.commit()
         except sa.exc.OperationalError as exc:  # a busy database: try again at the next beat
@@ -363,7 +332,7 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        with write_conn(self.engine) as conn:
+        with write_connection(self.engine) as conn:
             conn.execute(
                 lock.update()
                 .where(lock.c.name == self.name, lock.c.owner == self.owner)
@@ -380,6 +349,6 @@ class Lease:
 
 def open_store(url: str) -> sa.Engine:
     """An engine on the store with the load's tables up to date."""
-    engine = make_engine(url)
+    engine = sql.make_engine(url, pool_size=2, max_overflow=4, sqlite_pooled=False)
     upgrade(engine)
     return engine

@@ -20,7 +20,7 @@ from broker_core import Broker
 POSTGRES_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REQUIRE_POSTGRES = os.environ.get("B2BGW_REQUIRE_POSTGRES") == "1"
 
-HAVE_SQL_STORE = importlib.util.find_spec("broker_core._sql") is not None
+HAVE_SQL_STORE = importlib.util.find_spec("sqlalchemy") is not None
 #: Stores the semantic suite runs on; B2BGW_TEST_STORES=memory,sqlite narrows it.
 STORES = [s for s in os.environ.get("B2BGW_TEST_STORES", "memory,sqlite,postgres").split(",") if s]
 if not HAVE_SQL_STORE:
@@ -61,7 +61,7 @@ def _postgres_session_schema():
     sep = "&" if "?" in POSTGRES_URL else "?"
     url = f"{POSTGRES_URL}{sep}schema={schema}"
     if HAVE_SQL_STORE:
-        from broker_core._sql import upgrade_database
+        from broker_core.sql import upgrade_database
 
         upgrade_database(url)  # what `b2bgw db upgrade` does
     yield schema, url

@@ -8,9 +8,8 @@ and stream bodies, raw bytes otherwise.
 A body of at least ``compress_over`` bytes so encoded is stored as an LZ4
 frame (the standard format: ``lz4 -d`` reads it) when that makes it smaller,
 and its ``kind`` column then says so with :data:`COMPRESSED` (``"xml+lz4"``).
-XML and other text shrink 3-4 times (the 14 KB UBL Order example: 4.4 KB, in
-about 10 us; reading it back 3 us): three such rows share a 16 KB SQLite page
-where each raw one took a page of its own, and every page is written twice
+XML and other text shrink several times over, quickly both ways: several such
+rows share a 16 KB SQLite page where each raw one took a page of its own, and every page is written twice
 (to the WAL, then back into the database at the checkpoint). Rows of either
 form read back the same.
 """

@@ -32,9 +32,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-import lz4.frame
 import sqlalchemy as sa
 
 from .._destinations import Destination
@@ -49,168 +48,75 @@ from .._memory import MemoryStore
 from .._options import check_store_options
 from .._store import (
     Delivery,
-    DestinationStats,
     Reader,
     RedeliveryPolicy,
     Store,
-    StoredMessage,
     Subscription,
-    dead_letter_envelope,
     expired_envelope,
     now_ms,
 )
+from ..sql import (
+    MIGRATIONS,
+    PG_WRITE_LOCK,
+    VERSION_TABLE,
+    current_revision,
+    head_revision,
+    make_engine,
+    migrate,
+    upgrade_database,
+)
 from . import _codec
+from ._common import _CLAIMED, _EXPIRING, _WAITING, DEQ, EXP, _Counters
+from ._engine import _WriteTurn
+from ._liveness import _Liveness
+from ._operations import _Operations
+from ._reader import _SQLReader
+from ._reads import _Reads
 from ._schema import (
-    box_counters,
-    box_depth,
     consumers,
     entries,
     instances,
-    leases,
     messages,
     subscriptions,
     temporaries,
 )
 from ._schema import expired as expired_table
-from ._engine import (
-    _PG_WRITE_LOCK,
-    _current_revision,
-    _head_revision,
-    _split_url,
-    _upgrade,
-    _WriteTurn,
-    make_engine,
-    upgrade_database,
-)
-from ._reader import _SQLReader
 from ._statements import _Statements
 from ._wakeups import LocalWakeups
-from ._wakeups import supported as _local_wakeups_supported
 from ._writer import Batch, GroupCommitter
 
 __all__ = ["SQLStore", "make_engine", "upgrade_database"]
 
 log = logging.getLogger("broker_core.sql")
 
-_CHANNEL = "b2b_available"
-#: SQLite: seconds between looks for other processes' commits when they also wake us with datagrams.
-SAFETY_POLL_INTERVAL = 0.5
 #: SQLite: seconds between WAL checkpoints, which the writer runs after its transactions, outside the write turn.
 CHECKPOINT_INTERVAL = 0.1
 #: SQLite: a WAL longer than this many bytes is checkpointed inside the write turn, where no other process can
 #: append meanwhile, so it is copied back whole and restarts (a checkpoint that other processes' appends keep
 #: outrunning would let it grow); the connection's own automatic checkpoint is the last resort, at twice that.
 WAL_LIMIT_BYTES = 64 << 20
-_MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
-#: What a claim returns of each entry.
-_CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
-            entries.c.expiration, entries.c.message]
-#: A claimed entry (the columns of ``_CLAIMED``, in order).
-_Claimed = collections.namedtuple("_Claimed", "id box delivery_count seq priority expiration message")
-#: Entry columns copied when an entry is put back under a new id.
-_COPY_COLS = [entries.c.box, entries.c.seq, entries.c.priority, entries.c.expiration, entries.c.message]
-_JOINED = entries.join(messages, entries.c.message == messages.c.id)
-#: The conditions of the partial indexes (migration 0004), spelled as literals
-#: so that the planners can use them (a bound parameter implies nothing).
-_WAITING = sa.text("b2b_entries.state = 0")
-_IN_FLIGHT = sa.text("b2b_entries.state = 1")
-_EXPIRING = sa.text("b2b_entries.expiration > 0")
-
-
-def _body_size(env: Envelope) -> int:
-    body = env.body
-    size = len(body) if isinstance(body, (str, bytes)) else 256
-    return size if env.encoded is None else size + len(env.encoded)  # the bytes it came with count too
 
 
 #: How long the writer waits for more operations under a stream of asynchronous sends (s); see GroupCommitter.
 COMMIT_DELAY = 0.0005
 
 
-class _Counters:
-    """In-process counters per box: enqueued, dequeued, expired, dead-lettered, redelivered; and how much
-    of them was added to the shared ``b2b_box_counters`` already (:meth:`unshared`, :meth:`shared`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_box: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0, 0])
-        self._shared: dict[str, list[int]] = {}
-
-    def add(self, box: str, index: int, n: int = 1) -> None:
-        with self._lock:
-            self._by_box[box][index] += n
-
-    def get(self, box: str) -> list[int]:
-        """What this process counted and has not added to the shared table yet."""
-        with self._lock:
-            counted = self._by_box.get(box, (0, 0, 0, 0, 0))
-            shared = self._shared.get(box, (0, 0, 0, 0, 0))
-            return [a - b for a, b in zip(counted, shared)]
-
-    def boxes(self) -> list[str]:
-        with self._lock:
-            return list(self._by_box)
-
-    def unshared(self) -> dict[str, list[int]]:
-        """``{box: [count, ...]}``: the counts of shared boxes not yet in the shared table."""
-        with self._lock:
-            out = {}
-            for box, counted in self._by_box.items():
-                if not _shared_box(box):
-                    continue
-                shared = self._shared.get(box, (0, 0, 0, 0, 0))
-                delta = [a - b for a, b in zip(counted, shared)]
-                if any(delta):
-                    out[box] = delta
-            return out
-
-    def shared(self, deltas: dict[str, list[int]]) -> None:
-        """Note that *deltas* (from :meth:`unshared`) are in the shared table now."""
-        with self._lock:
-            for box, delta in deltas.items():
-                shared = self._shared.setdefault(box, [0, 0, 0, 0, 0])
-                for i, n in enumerate(delta):
-                    shared[i] += n
-
-
-def _shared_box(box: str) -> bool:
-    """Whether a box's counters go to the shared table: not those of temporary destinations and
-    non-durable subscriptions, which come and go with their connections (their counts stay in-process)."""
-    return not box.startswith(("temp-", "subscriber://"))
-
-
-ENQ, DEQ, EXP, DLQ, RED = range(5)
-
-
-class SQLStore(Store):
+class SQLStore(_Liveness, _Operations, _Reads, Store):
     """Persistent store on SQLAlchemy 2 (``sqlite:///path`` or
-    ``postgresql+psycopg://user@host/db``).
+    ``postgresql+psycopg://user@host/db``), made of its liveness among other
+    processes (``_liveness``), its writer's operations (``_operations``) and
+    its reads (``_reads``).
 
-    Options: ``sqlite_synchronous`` (``"FULL"`` default; ``"NORMAL"`` is
-    faster and still survives a killed process, but a power cut or OS crash may
-    lose the last commits); ``prefetch`` (at most this many rows a consumer claims at once, 64; it starts
-    at 1 and doubles while the box stays full);
-    ``heartbeat_interval`` (s, 1.0) and ``lease_timeout`` (s, 10.0): how soon
-    the in-flight messages of a dead process come back; ``retry_for`` (s, 30):
-    how long writes are retried through a database outage before
-    :class:`StoreUnavailableError`; ``auto_upgrade`` (migrate at open: default
-    on for SQLite; PostgreSQL needs ``b2bgw db upgrade``); ``poll_interval``
-    (s): how often SQLite checks for other processes' commits (0.5 where the
-    processes of a host wake each other with datagrams, Linux; else 0.02);
-    ``local_wakeups`` (True): SQLite processes of one host wake each other
-    with datagrams (off: polling alone, e.g. processes in separate network
-    namespaces that share a file);
-    ``expired_retention`` (s, 7 days): how long ``message_status`` can still
-    say a message expired (then "gone"); ``commit_delay`` (s, 0.0005): while
-    asynchronous sends and commits stream in, the writer waits up to this
-    long before each transaction so that it carries more of them (0: never
-    waits; a synchronous ``send()`` never waits for it, nor a stream that
-    pauses for a quarter of it); ``compress_over`` (bytes,
-    2048): bodies at least this long are stored LZ4-compressed when that
-    saves space (0: never; see ``_codec``); ``slow_commit_warning`` (s,
-    0.5): a transaction that takes longer is logged as a warning saying
-    where the time went, mostly the disk's sync (0: never; see
-    ``GroupCommitter``).
+    Options (names and values checked by ``_options``; defaults below):
+    ``sqlite_synchronous`` (``"FULL"``; ``"NORMAL"`` survives a killed process
+    but may lose the last commits to a power cut), ``prefetch`` (64),
+    ``heartbeat_interval`` (1 s) and ``lease_timeout`` (10 s): how soon a dead
+    process's messages come back; ``retry_for`` (30 s) of a database outage;
+    ``auto_upgrade`` (on for SQLite); ``poll_interval`` and ``local_wakeups``
+    (SQLite: how other processes' commits are noticed, see ``_wakeups``);
+    ``expired_retention`` (7 days); ``commit_delay`` (0.0005 s, see
+    ``GroupCommitter``); ``compress_over`` (2048 bytes, see ``_codec``);
+    ``slow_commit_warning`` (0.5 s).
     """
 
     shared = True
@@ -243,7 +149,7 @@ class SQLStore(Store):
             if auto_upgrade:
                 self._upgrade_in_turn(url)
             else:
-                current, head = _current_revision(self.engine), _head_revision()
+                current, head = current_revision(self.engine, VERSION_TABLE), head_revision(MIGRATIONS)
                 if current != head:
                     raise StoreError(
                         f"the database schema is at revision {current or 'none'}, the broker needs {head}: "
@@ -295,11 +201,11 @@ class SQLStore(Store):
         to WAL can fail at once with "database is locked", without waiting for the busy timeout)."""
         turn = None if self._pg else _WriteTurn.for_url(url)
         if turn is None:
-            _upgrade(self.engine)
+            migrate(self.engine, MIGRATIONS, VERSION_TABLE)
             return
         try:
             with turn:
-                _upgrade(self.engine)
+                migrate(self.engine, MIGRATIONS, VERSION_TABLE)
         finally:
             turn.close()
 
@@ -392,7 +298,7 @@ class SQLStore(Store):
         """SQLite, in the writer thread after a transaction, once its callers are answered: copy the WAL
         back into the database every CHECKPOINT_INTERVAL. SQLite's automatic checkpoint would run inside
         a commit, while this process holds the write turn (the other processes' writers waiting on the
-        copy and its fsync: about 5 us of every 2 KB message's 20-25 us of SQLite work, measured); a
+        copy and its fsync, a large share of the SQLite work of each small message); a
         PASSIVE checkpoint here lets them write meanwhile. A WAL grown past WAL_LIMIT_BYTES is
         checkpointed inside the turn, where it is copied whole and then restarts."""
         now = time.monotonic()
@@ -412,7 +318,7 @@ class SQLStore(Store):
         lock, so ids grow in commit order across processes; claims and
         acknowledgements do not need it and never wait for it."""
         if self._pg and not batch.ordered:
-            self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (_PG_WRITE_LOCK,))
+            self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (PG_WRITE_LOCK,))
             batch.ordered = True
 
     def _touched(self, boxes: set[str]) -> None:
@@ -420,29 +326,6 @@ class SQLStore(Store):
             self._available(box)
         if self._wakeups is not None and boxes:
             self._wakeups.boxes_available(boxes)
-
-    def _start_local_wakeups(self) -> None:
-        """SQLite: the socket other processes of this host wake us on (see ``_wakeups``)."""
-        if not self._local_wakeups or not _local_wakeups_supported():
-            return
-        try:
-            self._wakeups = LocalWakeups(self.instance_id)
-        except OSError as exc:
-            log.info("no wake-up socket (%s); other processes' messages are found by polling", exc)
-            return
-        self._refresh_peers()
-        self._wakeups.announce()
-        if not self._poll_interval_set:  # polling is only the safety net now (25 ms of CPU a second at 20 ms)
-            self.poll_interval = SAFETY_POLL_INTERVAL
-
-    def _refresh_peers(self) -> None:
-        """The other broker processes of this host (from ``b2b_instances``), for the wake-ups."""
-        if self._wakeups is None:
-            return
-        with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(instances.c.id).where(instances.c.host == socket.gethostname()[:200],
-                                                                instances.c.id != self.instance_id)).scalars().all()
-        self._wakeups.set_peers(ids)
 
     def _available(self, box: str) -> None:
         if box == "*":
@@ -482,628 +365,6 @@ class SQLStore(Store):
             if len(self._selectors) < 1000:
                 self._selectors[text] = compiled
             return compiled
-
-    # ------------------------------------------------------------ background threads
-
-    def _housekeeping_loop(self) -> None:
-        """Heartbeats go on their own connection, never queued behind the
-        writer's batches, so a busy process is not presumed dead."""
-        last_reap = time.monotonic()
-        engine = self.engine.execution_options(b2b_write=True)
-        while not self._stop.wait(self.heartbeat_interval):
-            try:
-                if self._pg:
-                    self._heartbeat(engine)
-                else:  # SQLite has one write lock: queue behind the writer rather than starve waiting for it
-                    self._write(self._op_heartbeat, wait=False, durable=False)
-                if time.monotonic() - last_reap >= max(self.heartbeat_interval, self.lease_timeout / 4):
-                    last_reap = time.monotonic()
-                    self._write(self._op_reap, wait=False, durable=False)
-                self._refresh_peers()
-            except Exception:
-                if self._closed:
-                    return
-                log.warning("store heartbeat failed; retrying", exc_info=True)
-
-    def _heartbeat(self, engine: sa.Engine) -> None:
-        with engine.begin() as conn:
-            done = self._heartbeat_in(conn)
-        if done is not None:
-            done()
-
-    def _op_heartbeat(self, batch: Batch) -> None:
-        done = self._heartbeat_in(batch.conn)
-        if done is not None:
-            batch.after_commit.append(done)
-
-    def _heartbeat_in(self, conn: sa.Connection) -> Callable[[], None] | None:
-        """Refresh our heartbeat; re-register if another process reaped us. Returns what to note once
-        the transaction committed (the counts and consumers it shared), if anything."""
-        if self._stop.is_set():  # closing: goodbye removes the row, nothing may re-add it
-            return None
-        now = now_ms()
-        updated = conn.execute(
-            instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
-        ).rowcount
-        if not updated:
-            log.warning("this broker instance (%s) was presumed dead by another process; the messages it held "
-                        "are being redelivered", self.instance_id)
-            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
-                                              "pid": os.getpid(), "started": now, "heartbeat": now})
-            self._published_consumers = {}  # the reaper deleted them
-        return self._share_stats(conn)
-
-    def _share_stats(self, conn: sa.Connection) -> Callable[[], None] | None:
-        """Add this process's new counts to ``b2b_box_counters`` and publish its consumers (if they changed)
-        in ``b2b_consumers``, in the heartbeat's transaction; returns what to note once it committed."""
-        deltas = self._share_counts(conn)
-        counts = self._consumer_counts
-        current = {box: n for box, n in (counts() if counts is not None else {}).items() if n > 0}
-        changed = current != self._published_consumers
-        if changed:
-            conn.execute(consumers.delete().where(consumers.c.instance == self.instance_id))
-            if current:
-                conn.execute(consumers.insert(), [{"instance": self.instance_id, "box": box, "consumers": n}
-                                                  for box, n in sorted(current.items())])
-        if not (deltas or changed):
-            return None
-
-        def done() -> None:
-            if deltas:
-                self._counters.shared(deltas)
-            if changed:
-                self._published_consumers = current
-
-        return done
-
-    def _share_counts(self, conn: sa.Connection) -> dict[str, list[int]]:
-        """Add the counts not yet shared to ``b2b_box_counters`` (in the caller's transaction); returns
-        them, for :meth:`_Counters.shared` once it committed."""
-        deltas = self._counters.unshared()
-        if deltas:
-            mark = self._sql._mark
-            self._sql.run(conn, (
-                "INSERT INTO b2b_box_counters (box, enqueued, dequeued, expired, dead_lettered, redelivered) "
-                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}) ON CONFLICT (box) DO UPDATE SET "
-                "enqueued = b2b_box_counters.enqueued + excluded.enqueued, "
-                "dequeued = b2b_box_counters.dequeued + excluded.dequeued, "
-                "expired = b2b_box_counters.expired + excluded.expired, "
-                "dead_lettered = b2b_box_counters.dead_lettered + excluded.dead_lettered, "
-                "redelivered = b2b_box_counters.redelivered + excluded.redelivered"),
-                [(box, *delta) for box, delta in sorted(deltas.items())], many=True)
-        return deltas
-
-    def _share_stats_at_goodbye(self, batch: Batch) -> None:
-        deltas = self._share_counts(batch.conn)
-        if deltas:
-            batch.after_commit.append(lambda: self._counters.shared(deltas))
-
-    def _listen_loop(self) -> None:
-        import psycopg
-
-        clean, schema = _split_url(self.url)
-        dsn = sa.engine.make_url(clean).set(drivername="postgresql").render_as_string(hide_password=False)
-        delay = 0.1
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {_CHANNEL}")
-                    delay = 0.1
-                    self._available("*")  # we may have missed notifications while away
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.1):
-                            self._available(note.payload)
-            except Exception as exc:  # reconnect with backoff
-                if self._stop.is_set():
-                    return
-                log.warning("LISTEN connection lost (%s); reconnecting", str(exc).splitlines()[0][:200])
-                self._stop.wait(delay)
-                delay = min(delay * 2, 2.0)
-
-    def _entry_high_water(self) -> int:
-        with self.engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
-
-    def _poll_loop(self, last: int) -> None:
-        """SQLite has no LISTEN/NOTIFY: the other processes of this host send
-        datagrams naming the boxes they stored messages in (``_wakeups``),
-        and every ``poll_interval`` this thread also looks at the highest
-        entry id handed out; if other processes added entries (ids this
-        process did not reserve), it wakes the consumers of their boxes.
-        ``last`` is read at attach, before any consumer can find a box empty."""
-        wakeups = self._wakeups
-        while not self._stop.wait(0 if wakeups is not None else self.poll_interval):
-            try:
-                with self.engine.connect() as conn:
-                    next_poll = time.monotonic() + self.poll_interval
-                    while not self._stop.is_set():
-                        wait = next_poll - time.monotonic()
-                        if wakeups is not None:
-                            for box in wakeups.receive(wait):
-                                self._available(box)
-                        elif wait > 0 and self._stop.wait(wait):
-                            break
-                        if time.monotonic() < next_poll:
-                            continue
-                        next_poll = time.monotonic() + self.poll_interval
-                        high = conn.exec_driver_sql(
-                            "SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
-                        if high > last and self._foreign_ids(last, high):
-                            boxes = conn.exec_driver_sql(
-                                "SELECT DISTINCT box FROM b2b_entries WHERE id > ? AND id <= ?", (last, high)
-                            ).scalars().all()
-                            for box in boxes:
-                                self._available(box)
-                        conn.rollback()
-                        last = max(last, high)
-            except Exception:
-                if self._stop.is_set():
-                    return
-                log.warning("polling the SQLite store for changes failed; retrying", exc_info=True)
-                self._stop.wait(self.poll_interval)
-
-    def _note_own_ids(self, first: int, last: int) -> None:
-        with self._own_ids_lock:
-            self._own_ids.append((first, last))
-
-    def _foreign_ids(self, low: int, high: int) -> bool:
-        """Whether ids in (low, high] were handed out to another process (or
-        to rows this process re-inserted)."""
-        with self._own_ids_lock:
-            ranges = [(a, b) for a, b in self._own_ids if b > low]
-            self._own_ids = ranges
-        ours = sum(max(0, min(b, high) - max(a - 1, low)) for a, b in ranges)
-        return ours < high - low
-
-    # ------------------------------------------------------------ operations (run in the writer)
-
-    def _op_goodbye(self, batch: Batch) -> None:
-        """Clean shutdown: give back in-flight rows at once (no lease wait)."""
-        conn = batch.conn
-        self._reclaim(batch, self.instance_id)
-        conn.execute(instances.delete().where(instances.c.id == self.instance_id))
-        self._share_stats_at_goodbye(batch)
-
-    def _op_reap(self, batch: Batch) -> None:
-        """Reclaim what dead broker instances held."""
-        conn = batch.conn
-        cutoff = now_ms() - int(self.lease_timeout * 1000)
-        dead = conn.execute(
-            sa.select(instances.c.id).where(instances.c.heartbeat < cutoff, instances.c.id != self.instance_id)
-        ).scalars().all()
-        for owner in dead:
-            log.warning("broker instance %s stopped sending heartbeats; reclaiming its messages", owner)
-            self._reclaim(batch, owner)
-            conn.execute(instances.delete().where(instances.c.id == owner))
-        # depth deltas of instances that are gone (written in the very transaction that said goodbye)
-        for owner in conn.execute(sa.select(box_depth.c.instance).where(
-                box_depth.c.instance != "", box_depth.c.instance != self.instance_id,
-                ~box_depth.c.instance.in_(sa.select(instances.c.id))).distinct()).scalars().all():
-            self._fold_depth(batch, owner)
-        # in-flight rows whose owner is unknown (instance row lost) come back too
-        orphans = conn.execute(
-            sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id)))
-        ).scalars().all()
-        if orphans:
-            self._op_release(batch, list(orphans), "the consumer's process died", None)
-
-    def _reclaim(self, batch: Batch, owner: str) -> None:
-        conn = batch.conn
-        rows = conn.execute(sa.select(entries.c.id).where(entries.c.owner == owner, _IN_FLIGHT)).scalars().all()
-        if rows:
-            self._op_release(batch, list(rows), "the consumer's process stopped", owner)
-        boxes = conn.execute(sa.select(subscriptions.c.box).where(subscriptions.c.owner == owner)).scalars().all()
-        temps = conn.execute(sa.select(temporaries.c.name).where(temporaries.c.owner == owner)).scalars().all()
-        for box in [*boxes, *temps]:
-            self._delete_box_entries(batch, box)
-        conn.execute(subscriptions.delete().where(subscriptions.c.owner == owner))
-        conn.execute(temporaries.delete().where(temporaries.c.owner == owner))
-        conn.execute(consumers.delete().where(consumers.c.instance == owner))
-        self._fold_depth(batch, owner)
-
-    def _insert(self, batch: Batch, envs: Sequence[Envelope]) -> None:
-        """Store ``envs`` in this transaction (written by :meth:`_flush_inserts`
-        just before the commit, together with every other op's)."""
-        batch.inserts.extend(envs)
-
-    def _before_commit(self, batch: Batch) -> None:
-        if batch.inserts:
-            self._flush_inserts(batch)
-        if self._pg:
-            for box in batch.touched:
-                self._sql.run(batch.conn, "SELECT pg_notify(%s, %s)", (_CHANNEL, box))
-            self._mark_commit(batch)
-        elif batch.depth:
-            self._record_depth(batch)
-
-    _MARK = "UPDATE b2b_instances SET last_commit = %s WHERE id = %s RETURNING id"
-    #: The mark with the transaction's depth deltas (``_record_depth``) in the same statement: no round
-    #: trip of their own (a data-modifying WITH runs whether or not the query reads it).
-    _MARK_WITH_DEPTH = (
-        "WITH depth AS (INSERT INTO b2b_box_depth (instance, box, entries) "
-        "SELECT %s, t.box, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(box, n) "
-        "ON CONFLICT (instance, box) DO UPDATE SET entries = b2b_box_depth.entries + excluded.entries) "
-        + _MARK)
-
-    def _mark_commit(self, batch: Batch) -> None:
-        """Record this transaction's number in our instance row (PostgreSQL):
-        if the answer to COMMIT is lost, :meth:`_was_committed` tells whether
-        it happened, so the writer neither loses nor repeats it. The same
-        statement records the transaction's depth deltas."""
-        conn = batch.conn
-        changed = [(box, n) for box, n in sorted(batch.depth.items()) if n]
-        if changed:
-            marked = self._sql.run(conn, self._MARK_WITH_DEPTH, (self.instance_id, [b for b, _ in changed],
-                                                                 [n for _, n in changed], batch.number,
-                                                                 self.instance_id))
-        else:
-            marked = self._sql.run(conn, self._MARK, (batch.number, self.instance_id))
-        if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
-            now = now_ms()
-            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
-                                              "pid": os.getpid(), "started": now, "heartbeat": now,
-                                              "last_commit": batch.number})
-
-    def _was_committed(self, number: int) -> bool:
-        with self.engine.connect() as conn:
-            last = conn.execute(sa.select(instances.c.last_commit).where(instances.c.id == self.instance_id)).scalar()
-            conn.rollback()
-        return last is not None and last >= number
-
-    def _reserve_ids(self, conn: sa.Connection, table: str, n: int) -> list[int]:
-        """``n`` new ids of ``table`` in one query (the write lock is held)."""
-        if self._pg:
-            rows = self._sql.run(
-                conn, f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,))
-            return [row[0] for row in rows]
-        rows = self._sql.run(conn, "SELECT seq FROM sqlite_sequence WHERE name = ?", (table,))
-        base = rows[0][0] if rows else 0
-        return list(range(base + 1, base + n + 1))
-
-    def _flush_inserts(self, batch: Batch) -> None:
-        """One message row per envelope, and an entry in every box that
-        receives it: a queue's, or each matching subscription of a topic (read
-        in this same transaction). Entries for a consumer of this process that
-        is waiting on an empty box are inserted already claimed and handed to
-        it after the commit (no claim round trip, no reading back)."""
-        conn = batch.conn
-        placed: list[tuple[Envelope, Sequence[str]]] = []
-        topic_subs: dict[str, list[Any]] = {}
-        for env in batch.inserts:
-            dest = env.destination
-            if dest.is_topic:
-                key = str(dest)
-                subs = topic_subs.get(key)
-                if subs is None:
-                    subs = topic_subs[key] = conn.execute(
-                        sa.select(subscriptions.c.box, subscriptions.c.selector, subscriptions.c.no_local,
-                                  subscriptions.c.local_origin).where(subscriptions.c.topic == key)
-                    ).all()
-                boxes = []
-                for sub in subs:
-                    if sub.no_local and env.origin is not None and env.origin == sub.local_origin:
-                        continue
-                    selector = self._selector(sub.selector) if sub.selector else None
-                    if selector is not None and not selector.matches(env):
-                        continue
-                    boxes.append(sub.box)
-                if boxes:
-                    placed.append((env, boxes))
-            else:
-                placed.append((env, (str(dest),)))
-        batch.inserts = []
-        if not placed:
-            return
-        self._ordered(batch)
-        ids = self._reserve_ids(conn, "b2b_messages", len(placed))
-        seq = self._next_seqs(len(placed))
-        message_values = _codec.message_values
-        compress_over = self._compress_over
-        message_rows = []
-        pending: list[tuple[str, int, int, int, int, Envelope]] = []  # box, seq, priority, expiration, message
-        for (env, boxes), message in zip(placed, ids):
-            message_rows.append(message_values(env, message, compress_over))
-            for box in boxes:
-                pending.append((box, seq, env.priority, env.expiration, message, env))
-            seq += 1
-        entry_ids = self._reserve_ids(conn, "b2b_entries", len(pending))
-        handed = self._pick_waiting_readers(pending) if self._waiting_boxes else None
-        if handed:
-            owner = self.instance_id
-            rows = [(entry_id, box, s, prio, exp, 1, 0, owner, 1, message) if i in handed
-                    else (entry_id, box, s, prio, exp, 0, 0, None, 0, message)
-                    for i, (entry_id, (box, s, prio, exp, message, _)) in enumerate(zip(entry_ids, pending))]
-            by_reader: dict[_SQLReader, list[Delivery]] = {}
-            for i, reader in handed.items():
-                box, _, _, _, _, env = pending[i]
-                by_reader.setdefault(reader, []).append(Delivery(box, entry_ids[i], env, 1))
-            batch.after_commit.append(lambda: self._hand_over(by_reader))
-        else:
-            rows = [(entry_id, box, s, prio, exp, 0, 0, None, 0, message)
-                    for entry_id, (box, s, prio, exp, message, _) in zip(entry_ids, pending)]
-        sql = self._sql
-        sql.insert_rows(conn, "messages", message_rows)
-        sql.insert_rows(conn, "entries", rows)
-        if not self._pg:
-            first, last = entry_ids[0], entry_ids[-1]
-            batch.after_commit.append(lambda: self._note_own_ids(first, last))
-        batch.after_commit.append(lambda: self._remember(ids, placed))
-        counts = collections.Counter(p[0] for p in pending)
-        # a box all of whose new entries went to waiting readers has nothing for anyone else: its other
-        # consumers (and other processes) are not woken to find it empty, only the readers that got them
-        batch.touched.update(counts if not handed else {p[0] for i, p in enumerate(pending) if i not in handed})
-        batch.after_commit.append(lambda: [self._counters.add(b, ENQ, n) for b, n in counts.items()])
-        depth = batch.depth
-        for box, n in counts.items():
-            depth[box] = depth.get(box, 0) + n
-
-    def _record_depth(self, batch: Batch) -> None:
-        """Add this transaction's entries per box to ``b2b_box_depth`` (this instance's rows): counting a
-        box then reads a few rows, never its entries. One statement per transaction, carrying every box
-        the transaction touched (one or two, mostly)."""
-        changed = [(self.instance_id, box, n) for box, n in sorted(batch.depth.items()) if n]
-        if changed:
-            mark = self._sql._mark
-            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
-                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
-                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
-
-    def _fold_depth(self, batch: Batch, owner: str) -> None:
-        """Fold the depth deltas of a broker instance that is gone into the base rows (instance ``''``).
-        DELETE ... RETURNING takes them, so two processes folding the same instance cannot both count it."""
-        rows = batch.conn.execute(box_depth.delete().where(box_depth.c.instance == owner)
-                                  .returning(box_depth.c.box, box_depth.c.entries)).all()
-        changed = [("", box, n) for box, n in rows if n]
-        if changed:
-            mark = self._sql._mark
-            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
-                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
-                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
-
-    _RECENT_COUNT = 4096
-    _RECENT_BYTES = 32 << 20
-
-    def _remember(self, ids: Sequence[int], placed: Sequence[tuple[Envelope, Sequence[str]]]) -> None:
-        """After the commit that stored them: keep the envelopes for claims by this process's consumers
-        (none for a queue that only other processes consume, or none yet)."""
-        readers = self._waiting_boxes  # every box with a consumer in this process
-        if not readers:
-            return
-        recent = self._recent
-        size = self._recent_bytes
-        for message, (env, boxes) in zip(ids, placed):
-            # one a consumer here may claim, and not one an XPATH selector parsed (its tree would not count
-            # in the bound); a consumer that comes later reads the row back
-            if env._xml is None and any(box in readers for box in boxes):
-                recent[message] = env
-                size += _body_size(env)
-        while len(recent) > self._RECENT_COUNT or size > self._RECENT_BYTES:
-            size -= _body_size(recent.popitem(last=False)[1])
-        self._recent_bytes = size
-
-    def _forget(self, message_ids: Iterable[int]) -> None:
-        recent = self._recent
-        if recent:
-            for message in message_ids:
-                env = recent.pop(message, None)
-                if env is not None:
-                    self._recent_bytes -= _body_size(env)
-
-    def _pick_waiting_readers(self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
-                              ) -> dict[int, "_SQLReader"]:
-        """Which of ``pending`` (by index) go straight to a consumer of this
-        process: one blocked waiting on a box where it found nothing for it,
-        with nothing changed since (so nothing older that it could take is
-        waiting in the database), whose selector the message matches; at most
-        its reader's ``prefetch`` each, highest priority first."""
-        with self._readers_lock:
-            candidates = {box: list(readers) for box, readers in self._waiting_boxes.items()}
-        chosen: dict[int, _SQLReader] = {}
-        for box, readers in candidates.items():
-            hungry = [reader for reader in readers if reader._waiting_for_new()]
-            if not hungry:
-                continue
-            indexes = [i for i, p in enumerate(pending) if p[0] == box]
-            if not indexes:
-                continue
-            indexes.sort(key=lambda i: (-pending[i][2], pending[i][1]))
-            load = dict.fromkeys(hungry, 0)
-            turn = 0
-            for i in indexes:
-                env = pending[i][5]
-                for k in range(len(hungry)):
-                    reader = hungry[(turn + k) % len(hungry)]
-                    if load[reader] < reader.prefetch and (reader._selector is None or reader._selector.matches(env)):
-                        chosen[i] = reader
-                        load[reader] += 1
-                        turn = (turn + k + 1) % len(hungry)
-                        break
-                else:
-                    if all(n >= r.prefetch for r, n in load.items()):
-                        break
-        return chosen
-
-    def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]]) -> None:
-        """After the commit: give the pre-claimed entries to their readers;
-        a reader closed meanwhile gets nothing and the entries go back."""
-        give_back: list[int] = []
-        for reader, deliveries in by_reader.items():
-            deliveries.sort(key=lambda d: (-d.envelope.priority, d.ref))
-            if not reader._accept(deliveries):
-                give_back.extend(d.ref for d in deliveries)
-        if give_back:
-            self._write(lambda b: self._op_release(b, give_back, "not delivered", self.instance_id, counted=False),
-                        wait=False, durable=False)
-
-    def _register_reader(self, reader: "_SQLReader") -> None:
-        with self._readers_lock:
-            self._waiting_boxes.setdefault(reader._box, []).append(reader)
-
-    def _unregister_reader(self, reader: "_SQLReader") -> None:
-        with self._readers_lock:
-            readers = self._waiting_boxes.get(reader._box)
-            if readers is not None and reader in readers:
-                readers.remove(reader)
-                if not readers:
-                    del self._waiting_boxes[reader._box]
-
-    def _envelopes(self, conn: sa.Connection, rows: Sequence[Any]) -> dict[int, tuple[Any, ...]]:
-        """The ``b2b_messages`` rows (``id``, then MESSAGE_COLUMNS) of some
-        entry rows, by message id."""
-        return {msg[0]: msg for msg in self._sql.by_ids(conn, "messages", list({row.message for row in rows}))}
-
-    def _collect(self, batch: Batch, refs: Sequence[int]) -> None:
-        """Delete the message rows that no entry refers to any more."""
-        if refs:
-            self._sql.by_ids(batch.conn, "collect", list(set(refs)))
-
-    def _delete_entries(self, batch: Batch, ids: Sequence[int], owner: str | None = None) -> int:
-        """Delete entries (only ``owner``'s, when given) and their orphaned
-        messages; returns how many entries were deleted."""
-        if owner is not None:
-            deleted = self._sql.by_ids(batch.conn, "delete_owned", ids, owner)
-        else:
-            deleted = self._sql.by_ids(batch.conn, "delete_any", ids)
-        refs = [row[0] for row in deleted]
-        depth = batch.depth
-        for _, box in deleted:
-            depth[box] = depth.get(box, 0) - 1
-        self._collect(batch, refs)
-        self._forget(refs)
-        return len(refs)
-
-    def _delete_box_entries(self, batch: Batch, box: str) -> None:
-        refs = []
-        for state in (_WAITING, _IN_FLIGHT):  # each through its partial index
-            refs += batch.conn.execute(
-                entries.delete().where(entries.c.box == box, state).returning(entries.c.message)).scalars().all()
-        # the box is gone: so are its counts (every instance's), and this transaction's
-        batch.depth.pop(box, None)
-        batch.conn.execute(box_depth.delete().where(box_depth.c.box == box))
-        self._collect(batch, refs)
-
-    def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
-                    counted: bool = True) -> None:
-        """Put in-flight entries back (after the policy's delay) or dead-letter
-        them; ``counted=False`` undoes a claim whose message was never handed
-        out (prefetched, then the consumer closed)."""
-        conn = batch.conn
-        policy = self.policy
-        now = now_ms()
-        where = [entries.c.id.in_(ids), entries.c.state == 1]
-        if owner is not None:
-            where.append(entries.c.owner == owner)
-        rows = conn.execute(sa.select(*_CLAIMED).where(*where).order_by(entries.c.seq)).all()
-        dead = [row for row in rows if counted and row.delivery_count >= policy.max_deliveries]
-        if dead:
-            found = self._envelopes(conn, dead)
-            letters = []
-            for row in dead:
-                why = (f"delivered {row.delivery_count} times without acknowledgement "
-                       f"(max_deliveries={policy.max_deliveries}); last failure: {reason}")
-                env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
-                letters.append(dead_letter_envelope(env, policy, why, row.box))
-                batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
-            self._insert(batch, letters)
-            self._delete_entries(batch, [row.id for row in dead])
-        if rows:
-            self._ordered(batch)
-        for row in rows:
-            if counted and row.delivery_count >= policy.max_deliveries:
-                continue
-            delay = policy.delay_ms(row.delivery_count) if counted else 0
-            count = row.delivery_count if counted else max(0, row.delivery_count - 1)
-            if counted:
-                batch.after_commit.append(lambda box=row.box: self._counters.add(box, RED))
-            # a new id, so that selective readers that scanned past it see it again
-            conn.execute(entries.insert().from_select(
-                [*(c.name for c in _COPY_COLS), "state", "ready_at", "owner", "delivery_count"],
-                sa.select(*_COPY_COLS, sa.literal(0), sa.literal(now + delay if delay else 0),
-                          sa.null(), sa.literal(count)).where(entries.c.id == row.id),
-            ))
-            conn.execute(entries.delete().where(entries.c.id == row.id))
-            batch.touched.add(row.box)
-
-    def _op_dead_letter(self, batch: Batch, ids: list[int], reason: str) -> None:
-        """Move this instance's in-flight entries to their dead-letter queues now."""
-        conn = batch.conn
-        rows = conn.execute(sa.select(*_CLAIMED).where(entries.c.id.in_(ids), entries.c.state == 1,
-                                                        entries.c.owner == self.instance_id)
-                            .order_by(entries.c.seq)).all()
-        if not rows:
-            return
-        found = self._envelopes(conn, rows)
-        letters = []
-        for row in rows:
-            env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
-            letters.append(dead_letter_envelope(env, self.policy, reason, row.box))
-            batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
-        self._ordered(batch)
-        self._insert(batch, letters)
-        self._delete_entries(batch, [row.id for row in rows])
-
-    def _expire_rows(self, batch: Batch, rows: Sequence[Any]) -> None:
-        """Delete expired entries (already selected), remember them (for
-        ``locate``), and count or move them."""
-        ids = dict(self._sql.by_ids(batch.conn, "message_ids", list({row.message for row in rows})))
-        now = now_ms()
-        self._sql.tombstones(batch.conn, [(ids[row.message], row.box, now) for row in rows if row.message in ids])
-        copies = []
-        if self.policy.expiry_queue is not None:
-            found = self._envelopes(batch.conn, rows)
-            for row in rows:
-                copy = expired_envelope(_codec.row_envelope(found[row.message], row.priority, row.expiration, 1),
-                                        self.policy)
-                if copy is not None:
-                    copies.append(copy)
-        self._delete_entries(batch, [row.id for row in rows])
-        for row in rows:
-            batch.after_commit.append(lambda box=row.box: self._counters.add(box, EXP))
-        if copies:
-            self._insert(batch, copies)
-
-    def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None,
-                  now: int) -> tuple[list[Delivery], int | None]:
-        conn = batch.conn
-        sql = self._sql
-        some = ids is not None and limit < len(ids)  # candidates of which competing consumers may have taken some
-        claimed: list[Any] = []
-        while True:
-            if ids is None:
-                rows = sql.run(conn, sql.claim_next, (self.instance_id, box, now, limit))
-            elif some:
-                rows = sql.by_ids(conn, "claim_some", ids, now, limit, before=(self.instance_id,))
-            else:
-                rows = sql.by_ids(conn, "claim", ids, now, before=(self.instance_id,))
-            expired = [_Claimed._make(r) for r in rows if 0 < r[5] <= now]
-            if not expired:
-                claimed.extend(rows)
-                break
-            self._expire_rows(batch, expired)
-            rows = [r for r in rows if not 0 < r[5] <= now]
-            claimed.extend(rows)
-            if some:  # the expired ones took places of the limit: claim the next candidates in their stead
-                gone = {r[0] for r in rows} | {e.id for e in expired}
-                ids = [i for i in ids if i not in gone]
-                limit -= len(rows)
-                if limit > 0 and ids:
-                    continue
-                break
-            if rows or ids is not None:
-                break  # else: all were expired; claim the next ones
-        rows = claimed
-        if not rows:
-            return [], sql.run(conn, sql.next_ready, (box, now))[0][0]
-        rows.sort(key=lambda r: (-r[4], r[3]))
-        # the envelopes this process stored lately are taken as they are (message rows never change);
-        # the others are read back, and decoded by the caller (_claim_rows) once the write turn is over
-        recent = self._recent
-        stored = {}
-        unknown = {row[6] for row in rows if row[6] not in recent}
-        if unknown:
-            stored = {row[0]: row for row in sql.by_ids(conn, "messages", list(unknown))}
-        return [(entry_box, entry_id, count, priority, expiration, recent.get(message) or stored[message])
-                for entry_id, entry_box, count, _, priority, expiration, message in rows], None
 
     # ------------------------------------------------------------ boxes and subscriptions
 
@@ -1259,21 +520,6 @@ class SQLStore(Store):
                 pool = self._completion_pool
         return pool
 
-    def locate(self, message_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        found = self._mem.locate(message_ids)
-        ids = list(message_ids)
-        if not ids:
-            return found
-        sql = self._sql
-        with self.engine.connect() as conn:
-            conn.begin()  # driver statements run in a transaction SQLAlchemy knows of (rolled back below)
-            for message_id, box in sql.by_ids(conn, "expired_of", ids):
-                found.setdefault(message_id, (box, "expired"))
-            for message_id, box, state in sql.by_ids(conn, "entries_of", ids):
-                found[message_id] = (box, "in_flight" if state == 1 else "pending")
-            conn.rollback()
-        return found
-
     def _ack_rows(self, batch: Batch, deliveries: Sequence[Delivery], strict: bool = False) -> int:
         """Delete acknowledged rows; returns how many were no longer ours
         (reclaimed after our lease expired). ``strict`` raises instead, which
@@ -1373,7 +619,7 @@ class SQLStore(Store):
         if memory:
             self._mem.dead_letter(memory, reason)
 
-    # ------------------------------------------------------------ reads
+    # ------------------------------------------------------------ consumers' claims
 
     def reader(self, box: str, selector: str | None, prefetch: int | None = None) -> Reader:
         compiled = self._selector(selector)
@@ -1401,79 +647,13 @@ class SQLStore(Store):
             out.append(Delivery(entry_box, entry_id, env, count))
         return out
 
-    def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
-        compiled = self._selector(selector)
-        now = now_ms()
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(entries.c.priority, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
-                .where(entries.c.box == box, _WAITING)
-                .order_by(entries.c.priority.desc(), entries.c.seq)
-            ).all()
-        found = []
-        for row in rows:
-            if 0 < row.expiration <= now:
-                continue
-            env = _codec.row_envelope(row, row.priority, row.expiration, 2)
-            if compiled is None or compiled.matches(env):
-                found.append(env)
-        found.extend(self._mem.browse(box, selector))
-        return iter(found)
-
-    def stats(self) -> list[DestinationStats]:
-        """Counters of every box without scanning what waits: the entries of each box from
-        ``b2b_box_depth`` (a few rows per box), those in flight (few: consumers' prefetch) and the head of
-        each box (one index seek each)."""
-        with self.engine.connect() as conn:
-            totals = dict(conn.execute(sa.select(box_depth.c.box, sa.func.sum(box_depth.c.entries))
-                                       .group_by(box_depth.c.box)).all())
-            flying = dict(conn.execute(
-                sa.select(entries.c.box, sa.func.count()).where(_IN_FLIGHT).group_by(entries.c.box)).all())
-            heads = dict(conn.execute(self._heads_query).all()) if totals else {}
-            subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
-            shared = {row[0]: row[1:] for row in conn.execute(sa.select(
-                box_counters.c.box, box_counters.c.enqueued, box_counters.c.dequeued, box_counters.c.expired,
-                box_counters.c.dead_lettered, box_counters.c.redelivered)).all()}
-            others = dict(conn.execute(
-                sa.select(consumers.c.box, sa.func.sum(consumers.c.consumers))
-                .where(consumers.c.instance != self.instance_id).group_by(consumers.c.box)).all())
-            conn.rollback()
-        waiting = [(box, max(0, int(total) - flying.get(box, 0)), heads.get(box))
-                   for box, total in totals.items() if total]
-        depth = {box: (n, oldest) for box, n, oldest in waiting}
-        memory = {s.name: s for s in self._mem.stats()}
-        names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared) \
-            | set(others)  # a box only another process consumes from
-        out = []
-        for name in sorted(names):
-            db_depth, oldest_seq = depth.get(name, (0, None))
-            mem = memory.get(name)
-            counts = [a + b for a, b in zip(self._counters.get(name), shared.get(name, (0, 0, 0, 0, 0)))]
-            oldest = oldest_seq // 1000 if oldest_seq is not None else None  # seqs are microseconds
-            if mem is not None and mem.oldest is not None:
-                oldest = mem.oldest if oldest is None else min(oldest, mem.oldest)
-            out.append(DestinationStats(
-                name=name,
-                depth=db_depth + (mem.depth if mem else 0),
-                in_flight=flying.get(name, 0) + (mem.in_flight if mem else 0),
-                consumers=int(others.get(name) or 0),
-                enqueued=counts[ENQ] + (mem.enqueued if mem else 0),
-                dequeued=counts[DEQ] + (mem.dequeued if mem else 0),
-                expired=counts[EXP] + (mem.expired if mem else 0),
-                dead_lettered=counts[DLQ] + (mem.dead_lettered if mem else 0),
-                topic=subs.get(name) or (mem.topic if mem else None),
-                oldest=oldest,
-                redelivered=counts[RED] + (mem.redelivered if mem else 0),
-            ))
-        return out
-
     #: The seq of the first waiting entry of each counted box in delivery order (one seek of the claim
     #: index per box): when the message the box's consumers get next came in.
     _heads_query = sa.text(
         "SELECT d.box, (SELECT e.seq FROM b2b_entries e WHERE e.box = d.box AND e.state = 0 "
         "ORDER BY e.priority DESC, e.seq LIMIT 1) FROM (SELECT DISTINCT box FROM b2b_box_depth) d")
 
-    # ------------------------------------------------------------ operators' reads and actions
+    # ------------------------------------------------------------ operators' actions
 
     def observe_commits(self, observer: Callable[[float, int], None] | None) -> None:
         self._commit_observer = observer
@@ -1482,111 +662,6 @@ class SQLStore(Store):
 
     def consumer_counts(self, counts: Callable[[], dict[str, int]]) -> None:
         self._consumer_counts = counts
-
-    #: The listing columns of a browse page: the entry, the message's headers and properties, the body's
-    #: stored length and first bytes (an LZ4 frame's header says the original size), not the body itself.
-    _PAGE_COLUMNS = (entries.c.id, entries.c.priority, entries.c.seq, entries.c.expiration, entries.c.delivery_count,
-                     messages.c.message_id, messages.c.destination, messages.c.delivery_mode, messages.c.timestamp,
-                     messages.c.correlation_id, messages.c.reply_to, messages.c.type, messages.c.properties,
-                     messages.c.kind, sa.func.length(messages.c.body), sa.func.substr(messages.c.body, 1, 32),
-                     messages.c.origin)
-
-    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
-                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
-        """Keyset pages: positions are ``(0, 9 - priority, seq, id)`` for the database's entries, then
-        ``(1, ...)`` for this process's non-persistent ones. Each query is a range of the claim index
-        (box, priority DESC, seq) from the position on, never an OFFSET: a page deep in a queue of
-        millions costs what the first one does. XPATH selectors read bodies, in small chunks."""
-        compiled = self._selector(selector)
-        if after is not None and after[0] == 1:
-            page, more = self._mem.browse_page(box, selector, after[1:] or None, limit, scan_limit)
-            return page, None if more is None else (1, *more)
-        needs_body = compiled is not None and "XPATH" in compiled.text.upper()
-        chunk = 20 if needs_body else 200
-        now = now_ms()
-        out: list[StoredMessage] = []
-        scanned = 0
-        position = after
-        exhausted = False
-        with self.engine.connect() as conn:
-            while len(out) < limit and scanned < scan_limit:
-                rows = self._page_rows(conn, box, position, min(chunk, scan_limit - scanned), needs_body)
-                if not rows:
-                    exhausted = True
-                    break
-                for row in rows:
-                    scanned += 1
-                    position = (0, 9 - row[1], row[2], row[0])
-                    if 0 < row[3] <= now:
-                        continue
-                    env, size = self._page_envelope(row, needs_body)
-                    if compiled is None or compiled.matches(env):
-                        if needs_body:
-                            env = env.replace(body=None)
-                        out.append(StoredMessage(box, env, "pending", row[4], size, position))
-                        if len(out) >= limit:
-                            break
-            conn.rollback()
-        if len(out) >= limit or scanned >= scan_limit:
-            return out, position
-        if exhausted:  # on to this process's non-persistent messages
-            rest, more = self._mem.browse_page(box, selector, None, limit - len(out), scan_limit - scanned)
-            out.extend(StoredMessage(m.box, m.envelope, m.state, m.delivery_count, m.size, (1, *m.position))
-                       for m in rest)
-            return out, None if more is None else (1, *more)
-        return out, position
-
-    def _page_rows(self, conn: sa.Connection, box: str, after: tuple[int, ...] | None, n: int,
-                   with_body: bool) -> list[Any]:
-        columns = list(self._PAGE_COLUMNS) + ([messages.c.body] if with_body else [])
-        base = sa.select(*columns).select_from(_JOINED).where(entries.c.box == box, _WAITING)
-        rows: list[Any] = []
-        if after is not None:
-            _, rank, seq, entry_id = after
-            priority = 9 - rank
-            rows = conn.execute(base.where(
-                entries.c.priority == priority, sa.tuple_(entries.c.seq, entries.c.id) > sa.tuple_(seq, entry_id))
-                .order_by(entries.c.seq, entries.c.id).limit(n)).all()
-            if len(rows) >= n:
-                return rows
-            base = base.where(entries.c.priority < priority)
-        rows += conn.execute(base.order_by(entries.c.priority.desc(), entries.c.seq, entries.c.id)
-                             .limit(n - len(rows))).all()
-        return rows
-
-    @staticmethod
-    def _page_envelope(row: Any, with_body: bool) -> tuple[Envelope, int]:
-        """The envelope of a browse row (no body unless *with_body*) and the body's size as sent."""
-        kind, stored_length, head = row[13], row[14] or 0, row[15]
-        size = stored_length
-        if kind.endswith(_codec.COMPRESSED) and head is not None:
-            try:
-                size = lz4.frame.get_frame_info(bytes(head))["content_size"] or stored_length
-            except RuntimeError:
-                pass
-        body = None
-        plain_kind = kind[:-len(_codec.COMPRESSED)] if kind.endswith(_codec.COMPRESSED) else kind
-        if with_body:
-            plain_kind, body = _codec.read_body(kind, row[17])
-        env = Envelope(row[5], _codec.destination(row[6]), row[7], row[1], row[3], row[8], row[9],
-                       _codec.destination(row[10]), row[11], _codec.decode_properties(row[12]), plain_kind, body,
-                       row[16])
-        return env, size
-
-    def find(self, box: str, message_id: str) -> StoredMessage | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(entries.c.state, entries.c.delivery_count, entries.c.priority, entries.c.seq,
-                          entries.c.id, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
-                .where(messages.c.message_id == message_id, entries.c.box == box).limit(1)).first()
-            conn.rollback()
-        if row is None:
-            return self._mem.find(box, message_id)
-        env = _codec.row_envelope(row, row.priority, row.expiration, 6)
-        from .._store import body_size
-
-        return StoredMessage(box, env, "in_flight" if row.state == 1 else "pending", row.delivery_count,
-                             body_size(env), (0, 9 - row.priority, row.seq, row.id))
 
     def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
         """Positions ``(0, ...)`` name entries by id (claimed if still waiting); ``(1, ...)`` this process's
@@ -1632,27 +707,3 @@ class SQLStore(Store):
             return len(rows)
 
         return self._write(op) + self._mem.sweep_expired(now)
-
-    # ------------------------------------------------------------ leases
-
-    def acquire_lease(self, name: str, seconds: float) -> bool:
-        """Take or renew the named lease for ``seconds``; False if another
-        live owner holds it."""
-        def op(batch: Batch) -> bool:
-            conn = batch.conn
-            now = now_ms()
-            row = conn.execute(sa.select(leases).where(leases.c.name == name)).first()
-            if row is not None and row.owner != self.instance_id and row.expires > now:
-                return False
-            values = {"owner": self.instance_id, "expires": now + int(seconds * 1000)}
-            if row is None:
-                conn.execute(leases.insert(), {"name": name, **values})
-            else:
-                conn.execute(leases.update().where(leases.c.name == name).values(**values))
-            return True
-
-        return self._write(op)
-
-    def release_lease(self, name: str) -> None:
-        self._write(lambda b: b.conn.execute(
-            leases.delete().where(leases.c.name == name, leases.c.owner == self.instance_id)))

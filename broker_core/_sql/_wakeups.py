@@ -12,8 +12,8 @@ socket instead of sleeping, wakes the consumers of those boxes at once.
 
 Polling stays as the safety net (a datagram dropped because B's buffer is
 full, a process B does not know yet), every 0.5 s instead of every 20 ms
-(each look cost about 0.5 ms of CPU on this project's VM: 25 ms a second
-per idle process); without these sockets (not Linux) it stays at 20 ms.
+(each look costs CPU, which an idle process should not spend fifty times a
+second); without these sockets (not Linux) it stays at 20 ms.
 Nothing depends on a datagram arriving. A process announces itself to the others when it starts,
 learns the others from the instances table, and forgets a peer whose socket
 is gone.

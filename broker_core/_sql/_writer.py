@@ -79,44 +79,29 @@ def is_retryable(error: BaseException) -> bool:
 
 
 class GroupCommitter:
-    """The writer thread.
+    """The writer thread: runs the operations submitted to it in as few
+    transactions as it can, one at a time.
 
-    ``begin(conn, durable)`` runs at the start of every transaction (SQLite:
-    the synchronous level; PostgreSQL: ``synchronous_commit`` for non-durable
-    batches); ``before_commit(batch)`` runs last (batched inserts, NOTIFY,
-    commit marks); ``on_touched(boxes)`` runs after each commit;
-    ``on_reconnect()`` after a connection was lost and a new one obtained;
-    ``serialize()`` is a context manager held around each transaction
-    (SQLite: the processes' write turn); ``after_turn(conn)`` runs after each
-    successful transaction, outside ``serialize()`` and once its callers have
-    been woken (SQLite: WAL checkpoints); ``was_committed(number)`` says
-    whether the transaction of that ``Batch.number`` committed, asked when a
-    COMMIT failed without an answer so that a commit that did happen is not
-    run twice.
+    Hooks: ``begin(conn, durable)`` at the start of each transaction (the
+    sync level); ``before_commit(batch)`` last in it (batched inserts,
+    NOTIFY, commit marks); ``on_touched(boxes)`` after each commit;
+    ``on_reconnect()`` after a lost connection was replaced;
+    ``serialize()``, a context manager held around each transaction (SQLite:
+    the processes' write turn); ``after_turn(conn)`` after it, outside the
+    turn, once its callers are woken (SQLite: checkpoints);
+    ``was_committed(number)``, asked when a COMMIT failed without an answer,
+    so that a transaction that did commit is not run twice.
 
-    ``slow_commit`` (s): a transaction that takes longer than this, from
-    waiting for the write turn to the end of its COMMIT, is logged as a
-    warning that says where the time went (the turn another process held,
-    the operations, the COMMIT itself: mostly the disk's sync); every caller
-    waiting on it waited that long. ``slow_commits`` counts them and
-    ``slowest_commit`` keeps the longest (0: neither warns nor counts).
+    ``slow_commit`` (s): a longer transaction is logged with where its time
+    went (another process's turn, the operations, the COMMIT) and counted.
 
-    ``commit_delay`` (s): under a stream of operations whose submitters did
-    not block (asynchronous sends and commits, deferred acknowledgements),
-    the writer waits this long before taking the next batch, so that one
-    commit carries more of them (PostgreSQL's ``commit_delay``, MySQL's
-    ``binlog_group_commit_sync_delay``): each commit has a fixed cost (the
-    fsync, the write turn, waking the callers) paid on the cores the callers
-    need. It is a stream when one was already queued as the previous
-    transaction ended, or when they arrive densely: their average gap
-    (:data:`DENSE_GAP_WEIGHT`-weighted) is under half the delay, so at least
-    two more are due within it (sparse arrivals, such as a partner's single
-    requests, never wait). A caller that blocks on its operation (a
-    synchronous send, a claim) never waits for it: its operation ends the
-    wait, or prevents it. Nor does a stream that pauses: the wait ends once
-    no operation has come for :data:`QUIET_FRACTION` of the delay (a
-    gateway's clients, say, all waiting for this very commit), rather than
-    idling out the rest of it.
+    ``commit_delay`` (s): while operations stream in from submitters that do
+    not block, the writer waits this long before the next batch so that one
+    commit (one fsync, one turn) carries more of them. It is a stream when
+    one was queued as the last transaction ended, or when the weighted mean
+    gap (:data:`DENSE_GAP_WEIGHT`) is under half the delay. A blocking
+    caller never waits for it, and the wait ends once nothing has come for
+    :data:`QUIET_FRACTION` of the delay.
     """
 
     def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],

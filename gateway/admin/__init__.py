@@ -84,7 +84,7 @@ class Operations:
         if broker is not None:
             broker.observe_commits(observe_commit)
             self._broker = broker
-            engine = getattr(broker.store, "engine", None)
+            engine = broker.engine
             if engine is not None:
                 from ..lifecycle_metrics import LifecycleCollector
 

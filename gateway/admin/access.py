@@ -34,7 +34,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..ledger import write
+from broker_core import Broker
+
 from ..opsconfig import AdminSettings, Operator
 from ..partners import verify_key
 from .errors import CsrfError, ForbiddenError, OperatorAuthError, TooManyAttemptsError
@@ -122,10 +123,10 @@ def client_address(scope: Any) -> str:
 class Access:
     """Operators' authentication, sessions and CSRF checks (see the module docstring)."""
 
-    def __init__(self, admin: AdminSettings, engine: sa.Engine, store: Any) -> None:
+    def __init__(self, admin: AdminSettings, engine: sa.Engine, broker: Broker) -> None:
         self.admin = admin
         self.engine = engine
-        self.store = store
+        self.broker = broker
         self._limiter = _Limiter(admin.login_attempts, admin.login_window)
         self._digest_key = os.urandom(32)
         self._verified: dict[bytes, tuple[str, float]] = {}
@@ -183,12 +184,12 @@ class Access:
             conn.execute(sessions.delete().where(sessions.c.expires_at < now))
             conn.execute(sessions.insert(), row)
 
-        write(self.store, insert)
+        self.broker.write(insert)
         return token, csrf, expires
 
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
-        write(self.store, lambda conn: conn.execute(sessions.delete().where(sessions.c.id == session_id)))
+        self.broker.write(lambda conn: conn.execute(sessions.delete().where(sessions.c.id == session_id)))
 
     def _session_row(self, session_id: str) -> Any:
         now = time.monotonic()

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 
 import sqlalchemy as sa
 
-from ..ledger import write
+from broker_core import Broker
+
 from .tables import audit
 
 __all__ = ["Audit", "AuditEntry"]
@@ -37,9 +38,9 @@ class AuditEntry:
 class Audit:
     """Writes through the store's writer (one transaction each, like the ledger's); reads on the engine."""
 
-    def __init__(self, engine: sa.Engine, store: Any) -> None:
+    def __init__(self, engine: sa.Engine, broker: Broker) -> None:
         self.engine = engine
-        self.store = store
+        self.broker = broker
 
     def record(self, *, operator: str, role: str, action: str, target: str | None = None,
                selector: str | None = None, message_ids: Sequence[str] | None = None, count: int | None = None,
@@ -51,7 +52,7 @@ class Audit:
             "outcome": outcome[:20], "detail": detail[:2000] if detail else None,
             "client": client[:100] if client else None,
         }
-        write(self.store, lambda conn: conn.execute(audit.insert(), row))
+        self.broker.write(lambda conn: conn.execute(audit.insert(), row))
 
     def recent(self, *, limit: int = 50, before: int | None = None, operator: str | None = None,
                action: str | None = None) -> list[AuditEntry]:

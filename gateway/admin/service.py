@@ -137,12 +137,12 @@ class AdminService:
         parts = self._parts
         if parts is None or parts[0] is not rt.broker:
             broker = rt.broker
-            engine = broker.store.engine
+            engine = broker.engine
             sampler = StatsSampler(broker, self.admin.stats_interval, engine)
             sampler.start()
             if parts is not None:
                 parts[3].stop()
-            parts = self._parts = (broker, Access(self.admin, engine, broker.store), Audit(engine, broker.store),
+            parts = self._parts = (broker, Access(self.admin, engine, broker), Audit(engine, broker),
                                    sampler, queries.Counts(engine))
         return parts
 
@@ -169,7 +169,7 @@ class AdminService:
 
     @property
     def engine(self) -> Any:
-        return self.broker.store.engine
+        return self.broker.engine
 
     # ----------------------------------------------------------------- destinations
 

@@ -181,7 +181,7 @@ class GatewayEnv:
 
         from gateway.ledger_tables import documents, unpack_xml
 
-        with self.broker.store.engine.connect() as conn:
+        with self.broker.engine.connect() as conn:
             rows = [row._asdict() for row in conn.execute(sa.select(documents))]
         return [SimpleNamespace(**{**row, "document": unpack_xml(row["document"]), "reply": unpack_xml(row["reply"])})
                 for row in rows]

@@ -475,7 +475,7 @@ async def test_a_loaded_document_shows_its_run_and_warehouse_rows_a_quarantined_
     await wait_status(env, quarantined, "delivered")
     doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
     assert doc["lineage"]["state"] == "no-load-yet"
-    engine = env.broker.store.engine
+    engine = env.broker.engine
     state.upgrade(engine)
     doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
     assert doc["lineage"]["state"] == "waiting-for-load"

@@ -104,14 +104,9 @@ def test_db_upgrade(capsys, tmp_path):
 
 
 def _broker_head_revision() -> str:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
+    from broker_core.sql import MIGRATIONS, head_revision
 
-    import broker_core._sql
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(Path(broker_core._sql.__file__).parent / "migrations"))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return head_revision(MIGRATIONS)
 
 
 def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
@@ -141,7 +136,7 @@ def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
     assert session.create_consumer(Queue("invoices.inbound")).receive(2) is not None
     session.recover()
     conn.close()
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     broker.close()
     code, out, _ = run(capsys, "queues")
     row = next(line for line in out.splitlines() if line.startswith("queue://invoices.inbound"))

@@ -326,7 +326,7 @@ async def test_concurrent_request_reply_variants_one_round_trip(make_assembly, t
 def _make_legacy(env: GatewayEnv) -> None:
     """Turn the ledger's rows into rows an earlier gateway wrote: no digest, the default key without the
     sender party."""
-    engine = env.broker.store.engine
+    engine = env.broker.engine
     with engine.begin() as conn:
         for message_id, key in conn.execute(sa.select(documents.c.message_id, documents.c.idempotency_key)).all():
             old = key.split("|party=", 1)[0]
@@ -381,7 +381,7 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
         d = await post(env, despatch("7302347231110", "DA-WIN"), GLOBEX)
         await holder.stop()
         _make_legacy(env)
-        engine = env.broker.store.engine
+        engine = env.broker.engine
         with engine.begin() as conn:  # accepted two windows ago
             conn.execute(documents.update().values(received_at=documents.c.received_at
                                                    - 2 * service.LEGACY_KEY_WINDOW * 1000))
@@ -558,7 +558,7 @@ async def test_a_row_without_its_receipt_replays_the_receipt_it_was_given(env):
     """The replay of a row whose receipt column is empty is the receipt the gateway gives, rebuilt from it."""
     gw = env.env
     first = await post(gw, despatch("7302347231110", "DA-R"), GLOBEX)
-    with gw.broker.store.engine.begin() as conn:
+    with gw.broker.engine.begin() as conn:
         conn.execute(documents.update().values(receipt=None))
     await env.restart()
     again = await post(env.env, despatch("7302347231110", "DA-R"), GLOBEX)

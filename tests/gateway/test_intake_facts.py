@@ -43,7 +43,7 @@ async def test_a_gateway_refuses_an_unknown_policy(gw_env):
 
 
 def _rows(gw_env) -> dict[str, tuple]:
-    with gw_env.runtime.broker.store.engine.connect() as conn:
+    with gw_env.runtime.broker.engine.connect() as conn:
         return {row.doc_id: (row.facts, row.facts_version, unpack_xml(row.document))
                 for row in conn.execute(sa.text("SELECT doc_id, facts, facts_version, document FROM b2b_ledger"))}
 
@@ -122,7 +122,7 @@ async def test_on_intake_threads_a_queue_behind_them_is_saturation(make_assembly
         await gateway.submit(globex, with_id(INVOICE, "ALONE"))
         n = intake.INTAKE_BUSY * 4
         await asyncio.gather(*(gateway.submit(globex, with_id(INVOICE, f"Q-{i}")) for i in range(n)))
-        with runtime.broker.store.engine.connect() as conn:
+        with runtime.broker.engine.connect() as conn:
             stored = dict(conn.execute(sa.text("SELECT doc_id, facts FROM b2b_ledger")).all())
         assert stored["ALONE"] is not None
         deferred = [doc_id for doc_id, value in stored.items() if value is None]

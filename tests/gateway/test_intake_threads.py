@@ -68,7 +68,7 @@ async def _run(make_assembly, threads: int, monkeypatch) -> dict:
                 response = await client.post("/v1/documents", content=document, headers=ACME)
                 errors[name] = (response.status_code, response.headers["content-type"], response.json())
         rows = {}
-        with runtime.broker.store.engine.connect() as conn:
+        with runtime.broker.engine.connect() as conn:
             for row in conn.execute(sa.text("SELECT doc_type, doc_id, document, facts, facts_version, receipt "
                                             "FROM b2b_ledger")):
                 rows[row.doc_type] = (row.doc_id, unpack_xml(row.document), row.facts, row.facts_version)

@@ -19,7 +19,6 @@ from gateway.ledger import (
     head_revision,
     now_ms,
     upgrade_ledger,
-    write,
 )
 from gateway.ledger_tables import LZ4_MAGIC, PACK_OVER, documents, events, metadata, pack_xml, unpack_xml
 from gateway.status import Reconciler
@@ -28,7 +27,7 @@ from gateway.status import Reconciler
 @pytest.fixture
 def broker(tmp_path):
     broker = Broker.open(f"sqlite:///{tmp_path / 'l.db'}", sweep_interval=0, max_deliveries=1)
-    upgrade_ledger(broker.store.engine)
+    upgrade_ledger(broker.engine)
     yield broker
     broker.close()
 
@@ -44,7 +43,7 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    engine = broker.store.engine
+    engine = broker.engine
     assert current_revision(engine) == head_revision() == "g0006"
     assert upgrade_ledger(engine) == "g0006"  # idempotent
     with engine.connect() as conn:
@@ -57,8 +56,8 @@ def test_migration_makes_exactly_the_contract_tables(broker):
 
 
 def test_insert_get_and_history(broker):
-    ledger = Ledger(broker.store.engine)
-    write(broker.store, lambda conn: ledger.insert(conn, record("ID:1")))
+    ledger = Ledger(broker.engine)
+    broker.write(lambda conn: ledger.insert(conn, record("ID:1")))
     got = ledger.get("ID:1", history=True, document=True)
     assert got.status == "accepted" and got.document == b"<Order/>" and got.history[0][0] == "accepted"
     assert ledger.find("acme|ID:1").message_id == "ID:1"
@@ -70,14 +69,14 @@ BIG = b"<?xml version='1.0' encoding='UTF-8'?><Order>" + b"".join(
 
 
 def test_large_documents_and_replies_are_stored_compressed_and_read_back_exactly(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     reply = BIG.replace(b"Order>", b"OrderResponse>")
     doc = record("ID:big")
     doc.document = BIG
-    write(broker.store, lambda conn: ledger.insert(conn, doc))
-    write(broker.store, lambda conn: ledger.transition(conn, "ID:big", "replied", from_statuses=["accepted"],
+    broker.write(lambda conn: ledger.insert(conn, doc))
+    broker.write(lambda conn: ledger.transition(conn, "ID:big", "replied", from_statuses=["accepted"],
                                                        reply=reply, reply_type="OrderResponse"))
-    with broker.store.engine.connect() as c:
+    with broker.engine.connect() as c:
         stored_doc, stored_reply = c.execute(sa.select(documents.c.document, documents.c.reply)).one()
     assert stored_doc.startswith(LZ4_MAGIC) and len(stored_doc) < len(BIG) // 3
     assert stored_reply.startswith(LZ4_MAGIC) and len(stored_reply) < len(reply) // 3
@@ -87,14 +86,14 @@ def test_large_documents_and_replies_are_stored_compressed_and_read_back_exactly
 
 def test_rows_stored_uncompressed_read_as_they_are(broker):
     """Rows an earlier gateway wrote (raw XML) read back unchanged; small documents stay raw."""
-    ledger = Ledger(broker.store.engine)
-    write(broker.store, lambda conn: ledger.insert(conn, record("ID:small")))
+    ledger = Ledger(broker.engine)
+    broker.write(lambda conn: ledger.insert(conn, record("ID:small")))
     old = {**{c.name: None for c in documents.c}, "message_id": "ID:old", "partner": "acme", "doc_type": "Order",
            "doc_namespace": "urn:x", "idempotency_key": "old", "correlation_id": "c", "route": "r",
            "destination": "queue://q", "status": "replied", "received_at": 1, "updated_at": 2,
            "document": BIG, "reply": BIG}
-    write(broker.store, lambda conn: conn.execute(documents.insert().values(**old)))
-    with broker.store.engine.connect() as c:
+    broker.write(lambda conn: conn.execute(documents.insert().values(**old)))
+    with broker.engine.connect() as c:
         assert c.execute(sa.select(documents.c.document).where(documents.c.message_id == "ID:small")).scalar() \
             == b"<Order/>"
     assert ledger.get("ID:small", document=True).document == b"<Order/>"
@@ -111,7 +110,7 @@ def test_pack_xml_never_confuses_raw_bytes_with_a_frame(data):
 
 
 def test_duplicate_key_fails_the_whole_commit_message_included(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     conn = broker.connect()
     session = conn.create_session(True)
     producer = session.create_producer(Queue("q"))
@@ -121,7 +120,7 @@ def test_duplicate_key_fails_the_whole_commit_message_included(broker):
     with pytest.raises(DuplicateDocument):
         session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:b", "k"))])
     assert [m.text for m in broker.browse(Queue("q"))] == ["<a/>"]
-    with broker.store.engine.connect() as c:
+    with broker.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(documents)).scalar() == 1
         assert c.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 1
     conn.close()
@@ -130,7 +129,7 @@ def test_duplicate_key_fails_the_whole_commit_message_included(broker):
 def test_writes_through_the_driver_stay_in_the_store_transaction(broker):
     # on SQLite the ledger writes go through the driver's cursor: still in the store's transaction (a later
     # failure in the same commit rolls them back) and its errors raised as SQLAlchemy's
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     assert ledger._raw
 
     def then_fail(conn):
@@ -139,24 +138,24 @@ def test_writes_through_the_driver_stay_in_the_store_transaction(broker):
         raise RuntimeError("a later operation of the same commit fails")
 
     with pytest.raises(StoreError, match="a later operation"):
-        write(broker.store, then_fail)
+        broker.write(then_fail)
     assert ledger.get("ID:gone") is None
-    with broker.store.engine.connect() as c:
+    with broker.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 0
 
-    write(broker.store, lambda conn: ledger.insert(conn, record("ID:1", "k1")))
+    broker.write(lambda conn: ledger.insert(conn, record("ID:1", "k1")))
     # the same message id, another key: not a duplicate, SQLAlchemy's IntegrityError as before
     with pytest.raises(StoreError, match=r"IntegrityError: \(sqlite3.IntegrityError\) UNIQUE constraint failed: "
                                          r"b2b_ledger.message_id") as info:
-        write(broker.store, lambda conn: ledger.insert(conn, record("ID:1", "k2")))
+        broker.write(lambda conn: ledger.insert(conn, record("ID:1", "k2")))
     assert not isinstance(info.value, DuplicateDocument)
     with pytest.raises(DuplicateDocument):
-        write(broker.store, lambda conn: ledger.insert(conn, record("ID:2", "k1")))
+        broker.write(lambda conn: ledger.insert(conn, record("ID:2", "k1")))
     assert ledger.find("k1").message_id == "ID:1" and ledger.find("k2") is None
 
 
 def test_concurrent_duplicates_commit_once(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     results: list[str] = []
     barrier = threading.Barrier(16)
 
@@ -186,29 +185,29 @@ def test_concurrent_duplicates_commit_once(broker):
 
 
 def test_transitions_are_conditional_and_append_events(broker):
-    ledger = Ledger(broker.store.engine)
-    write(broker.store, lambda c: ledger.insert(c, record("ID:t")))
+    ledger = Ledger(broker.engine)
+    broker.write(lambda c: ledger.insert(c, record("ID:t")))
     moved = []
-    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:t", "replied", from_statuses=("accepted",),
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:t", "replied", from_statuses=("accepted",),
                                                                   reply=b"<R/>", reply_type="R")))
-    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:t", "delivered", from_statuses=("accepted",))))
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:t", "delivered", from_statuses=("accepted",))))
     assert moved == [True, False]
     got = ledger.get("ID:t", history=True)
     assert got.status == "replied" and got.reply == b"<R/>" and [s for s, _ in got.history] == ["accepted", "replied"]
 
 
 def test_transition_from_several_statuses_with_an_error_touches_only_its_row(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     for mid in ("ID:a", "ID:b"):
-        write(broker.store, lambda c, mid=mid: ledger.insert(c, record(mid)))
+        broker.write(lambda c, mid=mid: ledger.insert(c, record(mid)))
     moved = []
-    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:a", "delivered", from_statuses=["accepted"],
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:a", "delivered", from_statuses=["accepted"],
                                                                   at=1000)))
-    write(broker.store, lambda c: moved.append(ledger.transition(
+    broker.write(lambda c: moved.append(ledger.transition(
         c, "ID:a", "failed", from_statuses=("accepted", "delivered", "dead_lettered"), reply=b"<E/>",
         reply_type=None, error="x" * 3000, at=2000)))
-    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:a", "replied", from_statuses=())))
-    write(broker.store, lambda c: moved.append(ledger.transition(c, "ID:missing", "replied",
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:a", "replied", from_statuses=())))
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:missing", "replied",
                                                                   from_statuses=("accepted",))))
     assert moved == [True, True, False, False]
     a = ledger.get("ID:a", history=True)
@@ -219,7 +218,7 @@ def test_transition_from_several_statuses_with_an_error_touches_only_its_row(bro
 
 
 def test_reconciler_moves_accepted_documents_on(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     conn = broker.connect()
     conn.start()
     session = conn.create_session(True)
@@ -258,20 +257,20 @@ def test_the_status_cursor_walks_every_document_once_through_an_index_range(brok
     (which grew with the backlog: 24 ms a batch behind 18,000 accepted orders)."""
     import sqlite3
 
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     docs = []
     for n in range(23):
         doc = record(f"ID:cursor-{n:02d}")
         doc.received_at = 1_000 + n // 5  # five documents to a millisecond
         docs.append(doc)
-    write(broker.store, lambda c: [ledger.insert(c, d) for d in docs])
+    broker.write(lambda c: [ledger.insert(c, d) for d in docs])
     statements = []
 
     def seen(conn, cursor, statement, parameters, context, executemany):
         if "FROM b2b_ledger" in statement:
             statements.append((statement, parameters))
 
-    sa.event.listen(broker.store.engine, "before_cursor_execute", seen)
+    sa.event.listen(broker.engine, "before_cursor_execute", seen)
     try:
         walked, cursor = [], None
         while True:
@@ -281,7 +280,7 @@ def test_the_status_cursor_walks_every_document_once_through_an_index_range(brok
                 break
             cursor = (rows[-1][2], rows[-1][0])
     finally:
-        sa.event.remove(broker.store.engine, "before_cursor_execute", seen)
+        sa.event.remove(broker.engine, "before_cursor_execute", seen)
     assert [r[0] for r in walked] == sorted(d.message_id for d in docs)
     assert [r[2] for r in walked] == sorted(d.received_at for d in docs)
     statement, parameters = statements[-1]  # a batch after a cursor
@@ -292,7 +291,7 @@ def test_the_status_cursor_walks_every_document_once_through_an_index_range(brok
 
 
 def test_reconciler_runs_in_the_background_with_a_lease(broker):
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     conn = broker.connect()
     session = conn.create_session(True)
     producer = session.create_producer(Queue("bg"))
@@ -328,7 +327,7 @@ def test_ledger_on_postgresql(postgres_schema):
     settings = settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}})
     broker = open_broker(settings)  # checks the ledger revision: no migration at start-up on PostgreSQL
     try:
-        ledger = Ledger(broker.store.engine)
+        ledger = Ledger(broker.engine)
         conn = broker.connect()
         session = conn.create_session(True)
         producer = session.create_producer(Queue("pg"))
@@ -343,9 +342,9 @@ def test_ledger_on_postgresql(postgres_schema):
         got = ledger.get(doc.message_id, history=True, document=True)
         assert got.document == b"<Order/>" and got.history[0][0] == "accepted"
         moved = []  # the driver-SQL transition, with PostgreSQL's parameter style
-        write(broker.store, lambda c: moved.append(ledger.transition(
+        broker.write(lambda c: moved.append(ledger.transition(
             c, doc.message_id, "failed", from_statuses=("accepted", "delivered"), reply=b"<E/>", error="no")))
-        write(broker.store, lambda c: moved.append(ledger.transition(c, doc.message_id, "replied",
+        broker.write(lambda c: moved.append(ledger.transition(c, doc.message_id, "replied",
                                                                       from_statuses=("accepted",))))
         assert moved == [True, False]
         got = ledger.get(doc.message_id, history=True)
@@ -355,7 +354,7 @@ def test_ledger_on_postgresql(postgres_schema):
         docs = [record(f"ID:pg-cursor-{n}") for n in range(5)]
         for doc in docs:
             doc.received_at = 7
-        write(broker.store, lambda c: [ledger.insert(c, d) for d in docs])
+        broker.write(lambda c: [ledger.insert(c, d) for d in docs])
         first = ledger.in_status(("accepted",), limit=2)
         rest = ledger.in_status(("accepted",), after=(first[-1][2], first[-1][0]), limit=10)
         assert [r[0] for r in first + rest] == sorted(d.message_id for d in docs)
@@ -370,7 +369,7 @@ def test_postgresql_store_without_the_ledger_migration_is_refused():
 
     import psycopg
 
-    from broker_core._sql import upgrade_database
+    from broker_core.sql import upgrade_database
     from gateway.config import settings_from_mapping
     from gateway.errors import ConfigError
     from gateway.runtime import open_broker
@@ -414,7 +413,7 @@ def test_reconciler_marks_an_expired_document_failed_not_delivered(broker):
     documents) must not say it was."""
     import time
 
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     conn = broker.connect()
     session = conn.create_session(True)
     producer = session.create_producer(Queue("short-lived"))
@@ -434,9 +433,12 @@ def test_reconciler_marks_an_expired_document_failed_not_delivered(broker):
 def _migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
     from alembic import command
 
-    from gateway.ledger import _alembic_config
+    from alembic.config import Config
 
-    cfg = _alembic_config()
+    from gateway.ledger import MIGRATIONS
+
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS)
     with engine.connect() as conn:
         cfg.attributes["connection"] = conn
         (command.downgrade if down else command.upgrade)(cfg, revision)
@@ -495,10 +497,10 @@ def test_digest_and_rows_without_one_on_postgresql(postgres_schema):
     assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
     broker = open_broker(settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}}))
     try:
-        ledger = Ledger(broker.store.engine)
+        ledger = Ledger(broker.engine)
         with_digest, without = record("ID:pg-d1", "pg-d1"), record("ID:pg-d2", "pg-d2")
         with_digest.digest = "sha256:" + "a" * 64
-        write(broker.store, lambda c: [ledger.insert(c, with_digest), ledger.insert(c, without)])
+        broker.write(lambda c: [ledger.insert(c, with_digest), ledger.insert(c, without)])
         assert ledger.find("pg-d1").digest == with_digest.digest and ledger.find("pg-d2").digest is None
         assert [k for k, _ in ledger.undigested_keys(0, 10)] == ["pg-d2"]
     finally:

@@ -143,7 +143,7 @@ async def test_destinations_dead_letters_and_outcomes_come_from_the_store(env):
 async def test_the_last_warehouse_load_is_reported(env):
     from spark_etl import state
 
-    engine = env.broker.store.engine
+    engine = env.broker.engine
     state.upgrade(engine)
     run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=10)
     started = int(time.time() * 1000) - 4000
@@ -165,7 +165,7 @@ async def test_the_retention_metrics_come_from_the_store(env):
     assert metrics["b2bgw_ledger_tombstones"]["type"] == "gauge"
     assert value(metrics, "b2bgw_ledger_tombstones") == 0
     now = int(time.time() * 1000)
-    with env.broker.store.engine.begin() as conn:  # what an archive run leaves: a batch archived and purged
+    with env.broker.engine.begin() as conn:  # what an archive run leaves: a batch archived and purged
         conn.execute(archive_batches.insert(), {"run_id": 1, "kind": "archive", "status": "purged", "created_at": now,
                                                 "updated_at": now, "documents": 3, "purged": 3, "bytes": 4096})
     metrics = await scraped(env)
@@ -198,7 +198,7 @@ async def test_the_sample_dashboard_uses_only_metrics_a_scrape_has(env):
 
     from spark_etl import state
 
-    engine = env.broker.store.engine
+    engine = env.broker.engine
     state.upgrade(engine)
     run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=1)
     state.update_run(engine, run_id, status="failed", finished_at=int(time.time() * 1000), rows_written=0, loaded=0)

@@ -35,7 +35,7 @@ def policy(**changes: Any) -> RetentionPolicy:
 def run_archive(env: GatewayEnv, tmp_path: Any, *, days: float = 91, pol: RetentionPolicy | None = None,
                 **kw: Any) -> archive.ArchiveResult:
     """The archive job on the gateway's own store, as if *days* had passed."""
-    store = env.broker.store
+    store = env.broker
     return archive.run(pol or policy(), engine=store.engine, write=archive.store_writer(store),
                        root=str(tmp_path / "warehouse"), wait_for_warehouse=False,
                        now=int(time.time() * 1000 + days * DAY_MS), **kw)
@@ -182,7 +182,7 @@ async def test_rules_per_route_and_document_type(gw_env, tmp_path):
 
 async def test_warehouse_load_not_caught_up_keeps_documents_online(gw_env, tmp_path):
     await post(gw_env, with_id(ORDER, "RET-7"), ACME)
-    store = gw_env.broker.store
+    store = gw_env.broker
     common = dict(engine=store.engine, write=archive.store_writer(store), root=str(tmp_path / "wh"),
                   now=int(time.time() * 1000 + 91 * DAY_MS))
     result = archive.run(policy(), wait_for_warehouse=True, **common)  # the load never ran in this store
@@ -210,27 +210,27 @@ async def test_replay_racing_the_purge_is_never_enqueued(gw_env, tmp_path):
 def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
     """The insert's own check (PostgreSQL: in the INSERT statement) refuses a key a tombstone holds."""
     from broker_core import Broker
-    from gateway.ledger import DuplicateDocument, Ledger, NewDocument, upgrade_ledger, write
+    from gateway.ledger import DuplicateDocument, Ledger, NewDocument, upgrade_ledger
     from gateway.lifecycle import purge
 
     broker = Broker.open(postgres_schema, sweep_interval=0)
     try:
-        upgrade_ledger(broker.store.engine)
-        ledger = Ledger(broker.store.engine)
+        upgrade_ledger(broker.engine)
+        ledger = Ledger(broker.engine)
 
         def doc(mid: str, key: str) -> NewDocument:
             return NewDocument(message_id=mid, partner="acme", doc_type="Order", doc_namespace="ns", doc_id="1",
                                idempotency_key=key, correlation_id="c", route="r", destination="queue://q",
                                received_at=1000, document=b"<a/>", receipt="{}", digest="sha256:x")
 
-        write(broker.store, lambda conn: ledger.insert(conn, doc("ID:1", "k1")))
-        with broker.store.engine.connect() as conn:
+        broker.write(lambda conn: ledger.insert(conn, doc("ID:1", "k1")))
+        with broker.engine.connect() as conn:
             updated = conn.execute(sa.select(documents.c.updated_at)).scalar()
-        write(broker.store, lambda conn: purge(conn, [("ID:1", updated)], 1, True, 2000))
+        broker.write(lambda conn: purge(conn, [("ID:1", updated)], 1, True, 2000))
         with pytest.raises(DuplicateDocument):
-            write(broker.store, lambda conn: ledger.insert(conn, doc("ID:2", "k1")))
-        write(broker.store, lambda conn: ledger.insert(conn, doc("ID:3", "k2")))  # another key: accepted
-        with broker.store.engine.connect() as conn:
+            broker.write(lambda conn: ledger.insert(conn, doc("ID:2", "k1")))
+        broker.write(lambda conn: ledger.insert(conn, doc("ID:3", "k2")))  # another key: accepted
+        with broker.engine.connect() as conn:
             assert conn.execute(sa.select(documents.c.message_id)).scalars().all() == ["ID:3"]
             assert conn.execute(sa.select(tombstones.c.message_id)).scalars().all() == ["ID:1"]
         assert ledger.tombstone("ID:1").partner == "acme"

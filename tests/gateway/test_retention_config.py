@@ -180,13 +180,13 @@ def test_metrics_read_the_store(tmp_path):
     broker = open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     try:
         registry = CollectorRegistry()
-        collector = LifecycleCollector(broker.store.engine, ttl=0)
+        collector = LifecycleCollector(broker.engine, ttl=0)
         registry.register(collector)
         text = generate_latest(registry).decode()
         assert "b2bgw_archive_last_run_success" in text and 'b2bgw_archive_documents_total{kind="archive"} 0.0' in text
         fill(broker, 15, days_ago=100)
         fill(broker, 2, days_ago=2, start=50)
-        archive.run(policy(), engine=broker.store.engine, write=archive.store_writer(broker.store),
+        archive.run(policy(), engine=broker.engine, write=archive.store_writer(broker),
                     root=str(tmp_path / "wh"), wait_for_warehouse=False)
         text = generate_latest(registry).decode()
         assert "b2bgw_archive_last_run_success 1.0" in text

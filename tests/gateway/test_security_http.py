@@ -193,7 +193,7 @@ def test_every_attack_is_refused_and_leaks_nothing(server, secret_file, listener
             for message in broker.browse(stats.name):
                 assert SECRET not in (getattr(message, "text", "") or "")
                 assert SECRET not in repr(message.property_names())
-        engine = broker.store.engine
+        engine = broker.engine
         with engine.connect() as conn:
             rows = list(conn.execute(sa.select(documents)))
             assert len(rows) == 1

@@ -28,8 +28,8 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     archive.hooks[step] = die
-    archive.run(policy(batch=40), engine=broker.store.engine, write=archive.store_writer(broker.store),
-                purge_write=archive.store_writer(broker.store, durable=False), root=root,
+    archive.run(policy(batch=40), engine=broker.engine, write=archive.store_writer(broker),
+                purge_write=archive.store_writer(broker, durable=False), root=root,
                 wait_for_warehouse=False, now=int(time.time() * 1000), pacer=Pacer(first=7, most=7, least=7, rest=0, busy_rest=0), lease_ttl=1.0)
     print("finished without dying", flush=True)
     broker.close()

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import Broker
-from gateway.ledger import Ledger, NewDocument, upgrade_ledger, write
+from gateway.ledger import Ledger, NewDocument, upgrade_ledger
 from gateway.retention import RetentionPolicy, Rule
 from gateway.service import document_digest
 
@@ -27,7 +27,7 @@ def order(n: int) -> bytes:
 
 def open_store(url: str) -> Broker:
     broker = Broker.open(url, sweep_interval=0)
-    upgrade_ledger(broker.store.engine)
+    upgrade_ledger(broker.engine)
     return broker
 
 
@@ -35,7 +35,7 @@ def fill(broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, s
          spread_days: int = 2) -> list[str]:
     """*count* documents accepted *days_ago* days ago (over *spread_days* received dates) and moved to
     *status* (with a reply when ``replied``); their message ids."""
-    ledger = Ledger(broker.store.engine)
+    ledger = Ledger(broker.engine)
     base = int(time.time() * 1000 - days_ago * DAY_MS)
     ids = []
     docs = []
@@ -52,7 +52,7 @@ def fill(broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, s
 
     for i in range(0, len(docs), 500):
         part = docs[i:i + 500]
-        write(broker.store, lambda conn, part=part: _insert(ledger, conn, part, status))
+        broker.write(lambda conn, part=part: _insert(ledger, conn, part, status))
     return ids
 
 
@@ -73,14 +73,14 @@ def policy(batch: int = 100, **changes: Any) -> RetentionPolicy:
 def online_ids(broker: Broker) -> set[str]:
     from gateway.ledger_tables import documents
 
-    with broker.store.engine.connect() as conn:
+    with broker.engine.connect() as conn:
         return set(conn.execute(sa.select(documents.c.message_id)).scalars())
 
 
 def tombstoned_ids(broker: Broker) -> set[str]:
     from gateway.ledger_tables import tombstones
 
-    with broker.store.engine.connect() as conn:
+    with broker.engine.connect() as conn:
         return set(conn.execute(sa.select(tombstones.c.message_id)).scalars())
 
 

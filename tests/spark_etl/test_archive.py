@@ -44,8 +44,8 @@ def store(tmp_path):
 def run(broker, root, **kw):
     kw.setdefault("now", int(time.time() * 1000))
     kw.setdefault("wait_for_warehouse", False)
-    kw.setdefault("purge_write", archive.store_writer(broker.store, durable=False))
-    return archive.run(kw.pop("pol", policy()), engine=broker.store.engine, write=archive.store_writer(broker.store),
+    kw.setdefault("purge_write", archive.store_writer(broker, durable=False))
+    return archive.run(kw.pop("pol", policy()), engine=broker.engine, write=archive.store_writer(broker),
                        root=str(root), **kw)
 
 
@@ -73,24 +73,24 @@ def test_archive_document_holds_record_history_and_xml(store, tmp_path):
     # the files' dates are the documents' received dates
     day = files[0].parent.name.split("=", 1)[1]
     assert row["received_at"].strftime("%Y-%m-%d") == day
-    with store.store.engine.connect() as conn:
+    with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(events)
                             .where(events.c.message_id.in_(ids))).scalar() == 0
-    assert archive.verify(store.store.engine, str(root))["ok"]
+    assert archive.verify(store.engine, str(root))["ok"]
 
 
 def test_get_returns_what_the_ledger_held(store, tmp_path):
     ids = fill(store, 12, days_ago=100)
     root = tmp_path / "wh"
     run(store, root)
-    found = archive.get(ids[5], root=str(root), engine=store.store.engine)
+    found = archive.get(ids[5], root=str(root), engine=store.engine)
     assert found is not None
     assert found.request == order(5) and found.reply == REPLY
     assert found.record["partner"] == "acme" and found.record["idempotency_key"] == "key-5"
     assert [h["status"] for h in found.history] == ["accepted", "replied"]
     # without the store (or once the tombstone is gone) the archive is searched
     assert archive.get(ids[5], root=str(root)).request == order(5)
-    assert archive.get("ID:not-archived", root=str(root), engine=store.store.engine) is None
+    assert archive.get("ID:not-archived", root=str(root), engine=store.engine) is None
 
 
 def test_purge_only_rule_keeps_no_copy(store, tmp_path):
@@ -127,7 +127,7 @@ def test_a_batch_that_does_not_read_back_is_not_purged(store, tmp_path):
         archive.hooks.clear()
     assert online_ids(store) == set(ids) and not tombstoned_ids(store)
     assert archived_ids(root) == []  # its files were removed
-    with store.store.engine.connect() as conn:
+    with store.engine.connect() as conn:
         assert conn.execute(sa.select(archive_batches.c.status)).scalars().all() == ["abandoned"]
     result = run(store, root)  # nothing wrong any more: archived once
     assert result.purged == 20 and sorted(archived_ids(root)) == sorted(ids)
@@ -138,7 +138,7 @@ def test_a_row_changed_after_archiving_stays_online(store, tmp_path):
     root = tmp_path / "wh"
 
     def change(batch_id: int) -> None:
-        with store.store.engine.begin() as conn:
+        with store.engine.begin() as conn:
             conn.execute(documents.update().where(documents.c.message_id == ids[0])
                          .values(status="failed", updated_at=int(time.time() * 1000)))
 
@@ -169,7 +169,7 @@ def test_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, step):
     broker = open_store(url)
     try:
         # the crash left the second batch unfinished; nothing unverified is purged
-        with broker.store.engine.connect() as conn:
+        with broker.engine.connect() as conn:
             statuses = dict(conn.execute(sa.select(archive_batches.c.batch_id, archive_batches.c.status)).all())
         # (a batch's purge runs while the next batch is written: the first may still be purging)
         assert statuses[1] in ("verified", "purged") and statuses[2] in ("writing", "written", "verified")
@@ -183,15 +183,15 @@ def test_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, step):
         assert tombstoned_ids(broker) == due
         ids = archived_ids(root)
         assert sorted(ids) == sorted(due)  # each exactly once
-        report = archive.verify(broker.store.engine, str(root))
+        report = archive.verify(broker.engine, str(root))
         assert report["ok"], report
         assert not list(root.rglob("_tmp-*"))
-        with broker.store.engine.connect() as conn:
+        with broker.engine.connect() as conn:
             assert set(conn.execute(sa.select(archive_batches.c.status)).scalars()) <= {"purged", "abandoned"}
         # every archived document comes back as it was
         for mid in sorted(due)[::17]:
             k = int(mid.rsplit("-", 1)[1])
-            assert archive.get(mid, root=str(root), engine=broker.store.engine).request == order(k)
+            assert archive.get(mid, root=str(root), engine=broker.engine).request == order(k)
     finally:
         broker.close()
 
@@ -199,7 +199,7 @@ def test_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, step):
 def test_lease_held_elsewhere(store, tmp_path):
     from spark_etl import state
 
-    engine = store.store.engine.execution_options(b2b_write=True)
+    engine = store.engine.execution_options(b2b_write=True)
     state.upgrade(engine)
     other = state.Lease(engine, name=archive.LEASE_NAME)
     assert other.acquire()
@@ -214,7 +214,7 @@ def test_sqlite_file_shrinks_after_purge_and_vacuum(tmp_path):
     url = f"sqlite:///{tmp_path / 'gw.db'}"
     broker = open_store(url)
     try:
-        engine = broker.store.engine
+        engine = broker.engine
         assert sqlite_space(engine)["auto_vacuum"] == "incremental"  # a new store
         fill(broker, 400, days_ago=100)
         fill(broker, 40, days_ago=1, start=1000)
@@ -270,11 +270,11 @@ def test_archive_on_postgresql(postgres_schema, tmp_path):
         root = tmp_path / "wh"
         result = run(broker, root)
         assert result.purged == 25 and tombstoned_ids(broker) == set(ids) and not online_ids(broker)
-        assert archive.verify(broker.store.engine, str(root))["ok"]
-        assert archive.get(ids[3], root=str(root), engine=broker.store.engine).request == order(3)
+        assert archive.verify(broker.engine, str(root))["ok"]
+        assert archive.get(ids[3], root=str(root), engine=broker.engine).request == order(3)
         from gateway.lifecycle import db_stats, format_stats
 
-        stats = db_stats(broker.store.engine, policy())
+        stats = db_stats(broker.engine, policy())
         assert stats["documents"]["replied"] == 0 and stats["retention"]["last_run"]["purged"] == 25
         assert {t["table"] for t in stats["tables"]} >= {"b2b_ledger", "b2b_ledger_tombstones"}
         assert "retention: enabled" in format_stats(stats)
@@ -286,9 +286,9 @@ def test_scheduled_runs_take_the_lease_once_per_slot(store, tmp_path):
     """Every gateway process's scheduler fires; the first to take the lease for a slot runs the job, a
     late one for the same slot does nothing."""
     fill(store, 8, days_ago=100)
-    url = str(store.store.engine.url)
+    url = str(store.engine.url)
     make = lambda: archive.ArchiveSchedule(  # noqa: E731
-        policy(), url, engine=store.store.engine, write=archive.store_writer(store.store), root=str(tmp_path / "wh"),
+        policy(), url, engine=store.engine, write=archive.store_writer(store), root=str(tmp_path / "wh"),
         wait_for_warehouse=False)
     first, second = make(), make()
     slot = int(time.time() * 1000)
@@ -364,4 +364,4 @@ def test_a_full_warehouse_rebuild_refuses_once_documents_were_purged(store, tmp_
     run(store, tmp_path / "wh")
     settings = resolve({"warehouse": str(tmp_path / "wh"), "enabled": False})
     with pytest.raises(EtlError, match="purged 5 documents"):
-        etl_run(settings, str(store.store.engine.url), full=True)
+        etl_run(settings, str(store.engine.url), full=True)

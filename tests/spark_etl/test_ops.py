@@ -179,7 +179,7 @@ def test_cli_run_and_status(spark, ledger, settings, capsys):
 
 @pytest.fixture
 def pg_ledger(postgres_schema):
-    from spark_etl.db import make_engine
+    from broker_core.sql import make_engine
 
     led = Ledger.__new__(Ledger)
     led.url = postgres_schema

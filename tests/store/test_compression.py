@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from broker_core import AckMode, Broker, InvalidArgumentError, Queue
 from broker_core._sql import _codec
-from broker_core._sql._engine import make_engine
+from broker_core.sql import make_engine
 
 # a large XML document: repetitive, as business documents are (~20 KB)
 LINE = "<line no='{n}'><item>Widget {n}</item><qty unit='EA'>{n}</qty><note>façade — ünïcode 😀</note></line>"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from alembic.config import Config
 
 from broker_core import Broker, Queue
-from broker_core._sql._engine import _alembic_config, _current_revision, _head_revision, make_engine
+from broker_core.sql import MIGRATIONS, VERSION_TABLE, current_revision, head_revision, make_engine, write_connection
 
 
 def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_path):
@@ -17,12 +18,13 @@ def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_pa
         session = conn.create_session()
         session.create_producer(Queue("kept")).send(session.create_text_message("from before"))
     engine = make_engine(url)
-    cfg = _alembic_config()
-    with engine.connect().execution_options(b2b_write=True) as connection:
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS)
+    with write_connection(engine) as connection:
         cfg.attributes["connection"] = connection
         command.downgrade(cfg, "0001")
         connection.commit()
-    assert _current_revision(engine) == "0001"
+    assert current_revision(engine, VERSION_TABLE) == "0001"
     assert "last_commit" not in {c["name"] for c in sa.inspect(engine).get_columns("b2b_instances")}
     engine.dispose()
 
@@ -31,7 +33,7 @@ def test_an_older_sqlite_store_is_upgraded_at_open_and_keeps_its_messages(tmp_pa
         message = conn.create_session().create_consumer(Queue("kept")).receive(timeout=2)
         assert message is not None and message.text == "from before"
     engine = make_engine(url)
-    assert _current_revision(engine) == _head_revision()
+    assert current_revision(engine, VERSION_TABLE) == head_revision(MIGRATIONS)
     assert "last_commit" in {c["name"] for c in sa.inspect(engine).get_columns("b2b_instances")}
     engine.dispose()
 
