@@ -27,7 +27,7 @@ The sections, all optional::
     etl:        {...}                     # the warehouse load's settings, checked by spark_etl.config
     stomp:      {enabled, host, port, users, heartbeat, prefetch, max_frame_size,
                  selector_string_numbers}   # the STOMP listener
-    ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention
+    ledger:     {retention: {online: 90d, after: archive, routes, document_types, ...}}   # gateway.retention_config
     operators:  {name: {role: viewer|operator, hash}}   # console and admin API (gateway.opsconfig)
     admin:      {host, port, session_ttl, ...}  # the admin side: its own listener when port is set
     logging:    {format: text|json}
@@ -83,7 +83,7 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
-    "ledger",  # gateway.retention
+    "ledger",  # gateway.retention_config
     "rules",
     "operators", "admin", "logging",  # gateway.opsconfig
 }
@@ -373,7 +373,7 @@ class Settings:
     reconcile_interval: float = 2.0
     etl: dict[str, Any] = field(default_factory=dict)
     stomp: dict[str, Any] | None = None
-    #: ``ledger.retention`` (gateway.retention.RetentionPolicy); None: documents stay online for ever
+    #: ``ledger.retention`` (ledger_contract.retention.RetentionPolicy); None: documents stay online for ever
     retention: Any = None
     #: ``rules.sets``: the Schematron rule sets routes may apply
     rule_sets: list[RuleSetFile] = field(default_factory=list)
@@ -574,8 +574,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
 
 
 def _ledger(s: Settings, ledger: MarkedDict) -> None:
-    """The ``ledger:`` section: its ``retention`` policy (gateway.retention)."""
-    from .retention import parse_retention
+    """The ``ledger:`` section: its ``retention`` policy (gateway.retention_config)."""
+    from .retention_config import parse_retention
 
     check_keys(ledger, {"retention"}, "ledger")
     if ledger.get("retention") is not None:

@@ -130,7 +130,7 @@ from .errors import (
     clip,
 )
 from .explainer import Explainer
-from . import facts as warehouse_facts
+from ledger_contract import facts as warehouse_facts
 from .ledger import DuplicateDocument, Ledger, LedgerRecord, NewDocument, Tombstone, now_ms
 from .partners import Partner
 from .routes import Route

@@ -3,7 +3,7 @@
 A PySpark 4 job (local mode by default, any master by configuration or
 ``spark-submit``) reads the documents delivered (status ``delivered`` or
 ``replied``) since the last successful run from the ledger tables
-(:mod:`gateway.ledger_tables`, SQLite or PostgreSQL), parses them and writes a
+(:mod:`ledger_contract.tables`, SQLite or PostgreSQL), parses them and writes a
 Parquet warehouse (default ``./var/warehouse/``):
 
 =====================  ======================================================
@@ -24,7 +24,7 @@ Other delivered document types (DespatchAdvice, OrderResponse...) are counted
 as *skipped*; a document that cannot be parsed goes to the ``etl_quarantine``
 table with the reason, and the night goes on.
 
-Each document's fields are extracted ONCE, by :mod:`gateway.facts`: at
+Each document's fields are extracted ONCE, by :mod:`ledger_contract.facts`: at
 intake by the gateway (stored in ``b2b_ledger.facts``, which the load reads in
 bulk), or here from the stored XML when a document has no current facts (and
 for every document with ``--reparse``).

@@ -1,7 +1,7 @@
 """The archive job: documents past their retention leave the ledger for the warehouse's ``archive_document``
 table, verified, then purged; and :func:`get` brings one back.
 
-What is due is the retention policy's (:mod:`gateway.retention`): documents in a final status (delivered,
+What is due is the retention policy's (:mod:`ledger_contract.retention`): documents in a final status (delivered,
 replied, failed) whose last change is older than their rule's ``online``; when the warehouse load is on, only
 once it has read them (all their ledger events at or under its watermark), so the warehouse never misses a
 document because it left the ledger first.
@@ -20,7 +20,7 @@ One batch at a time, each step recorded in the journal (``b2b_archive_batches``)
 2. ``written``: every file is read back and checked: its rows are exactly the batch's documents, and the
    SHA-256 of each XML read back is the one computed from the ledger's bytes;
 3. ``verified``: the documents are purged from the ledger, a few hundred per store transaction (through
-   the store's writer, paced: :class:`gateway.lifecycle.Pacer`), each leaving a tombstone;
+   the store's writer, paced: :class:`ledger_contract.lifecycle.Pacer`), each leaving a tombstone;
 4. ``purged``.
 
 A batch's purge runs in a thread of its own while the next batch is read, written and verified (the
@@ -34,7 +34,7 @@ against the ledger (still there) and purged, or removed if it does not match; ``
 file, and none is in two. Rules with ``after: purge`` skip steps 1-2 (a batch of kind ``purge``).
 
 After the batches: tombstones older than ``ledger.retention.tombstones`` are dropped, a batch at a time,
-and on SQLite with incremental auto-vacuum the freed pages are given back (:func:`gateway.lifecycle.vacuum`).
+and on SQLite with incremental auto-vacuum the freed pages are given back (:func:`ledger_contract.space.vacuum`).
 
 One process at a time runs it: the ``archive`` lease of ``etl_lock`` (:class:`spark_etl.state.Lease`),
 renewed while it works; a run stops between batches when it loses it.
@@ -55,9 +55,9 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from gateway import lifecycle
-from gateway.ledger_tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
-from gateway.retention import PolicyClass, RetentionPolicy
+from ledger_contract import lifecycle, space
+from ledger_contract.retention import PolicyClass, RetentionPolicy
+from ledger_contract.tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
 
 from . import state
 
@@ -363,7 +363,7 @@ class _Job:
             self._drain()
             result.tombstones_expired = self._expire(now)
             if self.do_vacuum:
-                result.vacuumed_pages = lifecycle.vacuum(self.engine, self.purge_write, stop=self._stop)
+                result.vacuumed_pages = space.vacuum(self.engine, self.purge_write, stop=self._stop)
             result.status = "succeeded"
         except BaseException as exc:
             try:

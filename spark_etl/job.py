@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from gateway.ledger_tables import events as ledger_events
+from ledger_contract.tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
 from spark_etl.db import absolute_url
 from spark_etl.warehouse import KEY, PARTITION, Storage
@@ -200,7 +200,7 @@ def run(
 
 def _purged_documents(engine: sa.Engine) -> int:
     """How many documents the ledger's retention has purged (0 without retention)."""
-    from gateway.ledger_tables import archive_batches
+    from ledger_contract.tables import archive_batches
 
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(archive_batches.name):

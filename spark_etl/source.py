@@ -22,7 +22,7 @@ with a server-side cursor), pulls its range and yields Arrow record batches.
 With ``mode=parsed`` (the default) each task turns its documents into
 extracted rows with :mod:`spark_etl.ubl`, so the XML never enters the JVM:
 a document whose ``facts`` the gateway extracted at intake with the current
-extractor version (:data:`gateway.facts.VERSION`) is read from them (its XML
+extractor version (:data:`ledger_contract.facts.VERSION`) is read from them (its XML
 is not even fetched); any other one (no facts, facts of an older version) is
 parsed from its XML, with the same extractor. ``reparse=true`` ignores the
 stored facts and parses every document from its XML (a rebuild from the raw
@@ -39,8 +39,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 import sqlalchemy as sa
 
-from gateway import facts as gateway_facts
-from gateway.ledger_tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
+from ledger_contract import facts as ledger_facts
+from ledger_contract.tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
 from .db import make_engine, relative_sqlite_path
@@ -107,14 +107,14 @@ def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
     first = _first_delivery(lo, hi).subquery("f")
     cols: list[Any] = [documents.c.message_id, documents.c.partner, documents.c.doc_type, first.c.seq,
                        documents.c.received_at, first.c.at]  # fmt: skip
-    loaded = documents.c.doc_type.in_(list(gateway_facts.LOADED_TYPES))
+    loaded = documents.c.doc_type.in_(list(ledger_facts.LOADED_TYPES))
     null = sa.null()
     if content == "raw":
         cols.append(documents.c.document)
     elif content == "reparse":
         cols += [sa.case((loaded, documents.c.document), else_=null), null]
     elif content == "facts":
-        current = sa.and_(documents.c.facts_version == gateway_facts.VERSION, documents.c.facts.is_not(None))
+        current = sa.and_(documents.c.facts_version == ledger_facts.VERSION, documents.c.facts.is_not(None))
         cols += [sa.case((current, null), (loaded, documents.c.document), else_=null),
                  sa.case((current, documents.c.facts), else_=null)]  # fmt: skip
     else:

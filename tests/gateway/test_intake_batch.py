@@ -10,8 +10,9 @@ import threading
 
 import pytest
 
-from gateway import facts, service
+from gateway import service
 from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
+from ledger_contract import facts
 from gwtest import INVOICE, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio
