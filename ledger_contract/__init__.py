@@ -7,7 +7,7 @@ document (:mod:`~ledger_contract.facts`), the retention policy
 (:mod:`~ledger_contract.space`).
 
 It imports ``broker_core`` and third-party libraries only, never ``gateway``
-or ``spark_etl``.
+or ``spark_etl`` (the layers contract of pyproject.toml's ``[tool.importlinter]``).
 """
 
 from .facts import *  # noqa: F403
