@@ -4,21 +4,19 @@ and the warehouse load.
 The gateway calls :func:`for_ledger` at intake on the tree it has just
 validated and stores the result in ``b2b_ledger.facts`` (with
 ``facts_version`` = :data:`VERSION`). The warehouse load uses those facts
-when their version is current, and otherwise parses the stored XML and calls
-:func:`extract` itself, so both sides read a document the same way. Pure
-lxml: the gateway does not need pyspark.
+when their version is current, else parses the stored XML and calls
+:func:`extract` itself: both sides read a document the same way.
 
 Each field is the XPath 1.0 ``string()`` of its path (the first node in
-document order, trimmed; names and notes ``normalize-space``d), relative to
-the root or to each line. libxml2 evaluates them as one ``concat()`` of the
-header and one per line, the values joined by a private-use character
-(faster in the gateway's event loop than walking the tree in Python); a walk
-of the same paths (:func:`_walk`) takes over when a value holds that
-character. Amounts and quantities must fit ``decimal(18,6)`` and dates be
-``YYYY-MM-DD``, else :class:`BadDocument` (the warehouse quarantines the
+document order, trimmed; names and notes ``normalize-space``d). libxml2
+evaluates them as one ``concat()`` of the header and one per line, joined by
+a private-use character (faster in the gateway's event loop than a walk of
+the tree in Python); the walk (:func:`_walk`) takes over when a value holds
+that character. Amounts and quantities must fit ``decimal(18,6)`` and dates
+be ``YYYY-MM-DD``, else :class:`BadDocument` (the warehouse quarantines the
 document; the gateway accepts it without facts).
 
-``b2b_ledger.facts`` is one JSON object per document, made for a bulk
+``b2b_ledger.facts`` is one JSON object per document, for a bulk
 ``pyarrow.json`` read: the header fields by name (absent when null) and
 ``lines`` column-oriented (``{"line_id": [...], ...}``); decimals and the
 date are strings.

@@ -641,7 +641,7 @@ class _Job:
         try:
             # The parsed documents feed every table: materialise them once. In
             # local mode a local checkpoint (rows kept as they are, lineage cut)
-            # is ~15% cheaper than the columnar cache; on a cluster the cache
+            # is cheaper than the columnar cache; on a cluster the cache
             # survives the loss of an executor (it can be recomputed).
             docs = docs.repartition(max_files, PARTITION)
             if spark.sparkContext.master.startswith("local"):
