@@ -6,7 +6,7 @@ order line, with varied partners, buyers, sellers, ids, dates, currencies,
 items and 1-20 lines each), records them in a SQLite ledger as delivered
 (``b2b_ledger`` + ``accepted``/``delivered`` events) with their warehouse
 facts extracted the way the gateway does at intake (the gateway's own parse,
-then ``gateway.facts.for_ledger`` on that tree; its CPU time per order is
+then ``ledger_contract.facts.for_ledger`` on that tree; its CPU time per order is
 printed: that is what the edge pays), then prints:
 
 * the ETL (``spark_etl.job.run``, local[2]): orders/s and lines/s of a first
@@ -144,8 +144,8 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     orders, each with the facts the gateway extracts at intake."""
     import sqlalchemy as sa
 
-    from gateway import facts as gateway_facts
-    from gateway.ledger_tables import metadata, pack_xml
+    from ledger_contract import facts as ledger_facts
+    from ledger_contract.tables import metadata, pack_xml
     from gateway.xmlintake import IntakeLimits, parse_document
 
     if db_path.exists():
@@ -165,14 +165,14 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
         at = t0 + k * 10
         root = parse_document(xml, limits)  # the gateway's parse (already paid at intake: not counted)
         c0 = time.process_time()
-        facts = gateway_facts.for_ledger(root, "Order")  # what the edge adds
+        facts = ledger_facts.for_ledger(root, "Order")  # what the edge adds
         edge_cpu += time.process_time() - c0
         if facts is None:
             raise RuntimeError(f"no facts for generated order {message_id}")
         n_facts_bytes += len(facts.encode("utf-8"))
         docs.append((message_id, partner, "Order", ORDER_NS, order_id, f"{partner}:{order_id}", message_id,
                      "orders", "queue://orders", "delivered", at, at + 5, pack_xml(xml), facts,
-                     gateway_facts.VERSION))  # the document stored as the gateway stores it
+                     ledger_facts.VERSION))  # the document stored as the gateway stores it
         events.append((message_id, "accepted", at))
         events.append((message_id, "delivered", at + 5))
         n_lines += lines
@@ -201,10 +201,10 @@ def _flush(conn: sqlite3.Connection, docs: list, events: list) -> None:
 
 def cached_ledger(workdir: Path, n_orders: int, seed: int, pretty: bool) -> tuple[Path, dict]:
     """The ledger for these parameters, generated once and reused."""
-    from gateway import facts as gateway_facts
+    from ledger_contract import facts as ledger_facts
 
     workdir.mkdir(parents=True, exist_ok=True)
-    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}-facts{gateway_facts.VERSION}-lz4"
+    name = f"ledger-{n_orders}-{seed}-{'pretty' if pretty else 'compact'}-facts{ledger_facts.VERSION}-lz4"
     db, meta = workdir / f"{name}.db", workdir / f"{name}.json"
     if db.exists() and meta.exists():
         return db, json.loads(meta.read_text())
@@ -226,7 +226,7 @@ def baseline(db: Path, out: Path) -> dict:
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    from gateway.ledger_tables import unpack_xml
+    from ledger_contract.tables import unpack_xml
     from spark_etl import ubl
 
     if out.exists():
@@ -363,29 +363,29 @@ def compare_parsers(spark, url: str, n_docs: int) -> dict[str, float]:
 
 
 def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
-    """CPU us of ``gateway.facts.for_ledger`` on the OASIS Order example as the
+    """CPU us of ``ledger_contract.facts.for_ledger`` on the OASIS Order example as the
     gateway parsed it (best and median of *rounds* rounds), and of the
     gateway's parse + validation for scale."""
     import statistics
 
-    from gateway import facts as gateway_facts
+    from ledger_contract import facts as ledger_facts
     from gateway.xmlintake import IntakeLimits, parse_document
 
     xml = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
     root = parse_document(xml, IntakeLimits())
-    assert gateway_facts.for_ledger(root, "Order") is not None
+    assert ledger_facts.for_ledger(root, "Order") is not None
     out = []
     for _ in range(rounds):
         c0 = time.process_time()
         for _ in range(repeat):
-            gateway_facts.for_ledger(root, "Order")
+            ledger_facts.for_ledger(root, "Order")
         out.append((time.process_time() - c0) / repeat * 1e6)
     c0 = time.process_time()
     for _ in range(repeat // 4):
         parse_document(xml, IntakeLimits())
     parse_us = (time.process_time() - c0) / (repeat // 4) * 1e6
     return {"best": min(out), "median": statistics.median(out), "parse": parse_us,
-            "bytes": len(gateway_facts.for_ledger(root, "Order").encode())}
+            "bytes": len(ledger_facts.for_ledger(root, "Order").encode())}
 
 
 # --------------------------------------------------------------------------- main
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{info['facts_bytes'] / 1e6:,.0f} MB of facts (avg {info['facts_bytes'] / info['orders']:,.0f} B/order), "
           f"{db}", flush=True)  # fmt: skip
     edge = edge_cost()
-    print(f"edge (gateway.facts.for_ledger on the tree the gateway parsed): OASIS Order example (2 lines) "
+    print(f"edge (ledger_contract.facts.for_ledger on the tree the gateway parsed): OASIS Order example (2 lines) "
           f"{edge['best']:.1f} us best, {edge['median']:.1f} us median of 7 rounds ({edge['bytes']} B of facts; "
           f"the gateway's parse alone {edge['parse']:.0f} us); generated orders "
           f"{info['edge_us_per_order']:.1f} us/order on average, timed while generating", flush=True)  # fmt: skip

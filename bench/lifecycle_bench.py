@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gateway_bench import Connection, ServerProcess, free_port, order_with_id, write_config  # noqa: E402
 
-from gateway.ledger_tables import pack_xml  # noqa: E402
+from ledger_contract.tables import pack_xml  # noqa: E402
 
 REPLY = (REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-OrderResponse-2.1-Example.xml").read_bytes()
 NS = "urn:oasis:names:specification:ubl:schema:xsd:Order-2"
@@ -208,7 +208,7 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
     """``--worker``: run the archive job once on the store and print what it did as JSON."""
     from broker_core import Broker
     from gateway.ledger import upgrade_ledger
-    from gateway.retention import RetentionPolicy, Rule
+    from ledger_contract.retention import RetentionPolicy, Rule
     from spark_etl import archive
 
     broker = Broker.open(url, sweep_interval=0)
@@ -222,7 +222,7 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
         t1 = time.time()
         vacuumed = 0.0
         if vacuum:
-            from gateway.lifecycle import vacuum as give_back
+            from ledger_contract.space import vacuum as give_back
 
             v = time.perf_counter()
             result.vacuumed_pages = give_back(broker.engine, archive.store_writer(broker, durable=False))

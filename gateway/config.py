@@ -60,7 +60,7 @@ DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
     "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
-    "ledger",  # gateway.retention
+    "ledger",  # gateway.retention_config
     "rules",
     "operators", "admin", "logging",  # gateway.opsconfig
 }
@@ -350,7 +350,7 @@ class Settings:
     reconcile_interval: float = 2.0
     etl: dict[str, Any] = field(default_factory=dict)
     stomp: dict[str, Any] | None = None
-    #: ``ledger.retention`` (gateway.retention.RetentionPolicy); None: documents stay online for ever
+    #: ``ledger.retention`` (ledger_contract.retention.RetentionPolicy); None: documents stay online for ever
     retention: Any = None
     #: ``rules.sets``: the Schematron rule sets routes may apply
     rule_sets: list[RuleSetFile] = field(default_factory=list)
@@ -551,8 +551,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
 
 
 def _ledger(s: Settings, ledger: MarkedDict) -> None:
-    """The ``ledger:`` section: its ``retention`` policy (gateway.retention)."""
-    from .retention import parse_retention
+    """The ``ledger:`` section: its ``retention`` policy (gateway.retention_config)."""
+    from .retention_config import parse_retention
 
     check_keys(ledger, {"retention"}, "ledger")
     if ledger.get("retention") is not None:

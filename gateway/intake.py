@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from lxml import etree
 
-from . import facts as warehouse_facts
+from ledger_contract import facts as warehouse_facts
+
 from .errors import GatewayError
 from .idempotency import document_digest
 from .partners import Partner

@@ -1,4 +1,4 @@
-"""The document ledger: one row per accepted document (see :mod:`gateway.ledger_tables`).
+"""The document ledger: one row per accepted document (see :mod:`ledger_contract.tables`).
 
 Writes never run on their own connection: they are functions of the store
 transaction's SQLAlchemy connection, run by the broker store's writer.
@@ -12,7 +12,7 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
   loser reads the winner's row. The row keeps the document's ``digest``, by
   which the loser tells a retry of the winner (replayed) from another
   document under the same key (refused). A key that a tombstone holds (its
-  document was purged by retention, :mod:`gateway.retention`) is refused the
+  document was purged by retention, :mod:`ledger_contract.retention`) is refused the
   same way: the insert checks ``b2b_ledger_tombstones`` in the same
   statement (PostgreSQL) or just before it in the same transaction (SQLite),
   and the retention purge runs through the same writer (on PostgreSQL under
@@ -41,7 +41,7 @@ import sqlalchemy as sa
 
 from broker_core import StoreError, sql
 
-from .ledger_tables import documents, events, pack_xml, tombstones, unpack_xml
+from ledger_contract.tables import documents, events, pack_xml, tombstones, unpack_xml
 
 __all__ = [
     "DuplicateDocument",
@@ -89,8 +89,8 @@ class NewDocument:
     received_at: int
     document: bytes
     receipt: str
-    facts: str | None = None  # gateway.facts JSON, extracted at intake (None: the warehouse parses the XML)
-    facts_version: int | None = None  # the gateway.facts.VERSION that wrote facts
+    facts: str | None = None  # ledger_contract.facts JSON, extracted at intake (None: the warehouse parses the XML)
+    facts_version: int | None = None  # the ledger_contract.facts.VERSION that wrote facts
     digest: str | None = None  # of the body as received (gateway.service.document_digest)
 
 

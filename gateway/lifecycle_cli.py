@@ -89,23 +89,25 @@ def _iso(ms: int | None) -> str:
 
 
 def cmd_db_stats(args: argparse.Namespace) -> int:
-    from . import lifecycle
+    from . import store_stats
 
     settings = settings_for(args)
     engine = _engine(settings)
     try:
-        stats = lifecycle.db_stats(engine, settings.retention)
+        stats = store_stats.db_stats(engine, settings.retention)
     finally:
         engine.dispose()
     if args.json:
         print(json.dumps(stats, indent=2, default=str))
     else:
-        print(lifecycle.format_stats(stats))
+        print(store_stats.format_stats(stats))
     return 0
 
 
 def cmd_db_vacuum(args: argparse.Namespace) -> int:
-    from . import lifecycle
+    from ledger_contract import space as store_space
+
+    from . import store_stats
 
     settings = settings_for(args)
     engine = _engine(settings)
@@ -118,15 +120,15 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
             print("PostgreSQL: VACUUM (ANALYZE) of the ledger's tables done (autovacuum does the same on its own; "
                   "the space is reused by new rows, not given back to the file system)")
             return 0
-        space = lifecycle.sqlite_space(engine)
+        space = store_space.sqlite_space(engine)
         if args.full:
-            alive = lifecycle.live_instances(engine)
+            alive = store_stats.live_instances(engine)
             if alive and not args.force:
                 raise CommandError(f"{alive} gateway process(es) use this store (heartbeats within 30 s): stop them "
                                    "first (VACUUM holds the write lock while it rewrites the whole file), or pass "
                                    "--force")
             engine.dispose()
-            done = lifecycle.full_vacuum(settings.store_url.split("?", 1)[0])
+            done = store_space.full_vacuum(settings.store_url.split("?", 1)[0])
             print(f"rewrote {space['file']}: {done['before']:,} -> {done['after']:,} bytes; auto_vacuum is now "
                   f"{ {0: 'none', 1: 'full', 2: 'incremental'}.get(done['auto_vacuum'], done['auto_vacuum'])}")
             return 0
@@ -142,8 +144,8 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
 
     broker = open_broker(settings, sweep_interval=0)
     try:
-        freed = lifecycle.vacuum(broker.engine, store_writer(broker, durable=False), max_pages=args.pages)
-        after = lifecycle.sqlite_space(broker.engine)
+        freed = store_space.vacuum(broker.engine, store_writer(broker, durable=False), max_pages=args.pages)
+        after = store_space.sqlite_space(broker.engine)
     finally:
         broker.close()
     print(f"gave {freed:,} free pages ({freed * after['page_size']:,} bytes) back; the file is cut to size at the "
@@ -185,7 +187,7 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
 
 
 def cmd_archive_status(args: argparse.Namespace) -> int:
-    from . import lifecycle
+    from ledger_contract import lifecycle
 
     settings = settings_for(args)
     engine = _engine(settings)

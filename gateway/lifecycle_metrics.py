@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .ledger_tables import FINAL_STATUSES, archive_batches, archive_runs, documents
+from ledger_contract.tables import FINAL_STATUSES, archive_batches, archive_runs, documents
 
 __all__ = ["LifecycleCollector"]
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from . import facts as warehouse_facts
+from ledger_contract import facts as warehouse_facts
+
 from .ids import iso_ms
 from .ledger import NewDocument
 from .partners import Partner

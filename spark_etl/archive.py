@@ -1,43 +1,24 @@
 """The archive job: documents past their retention leave the ledger for the warehouse's ``archive_document``
 table, verified, then purged; and :func:`get` brings one back.
 
-What is due is the retention policy's (:mod:`gateway.retention`): documents in a final status (delivered,
-replied, failed) whose last change is older than their rule's ``online``; when the warehouse load is on, only
-once it has read them (all their ledger events at or under its watermark), so the warehouse never misses a
-document because it left the ledger first.
-
-``archive_document`` (Parquet, under the archive root, by default the warehouse's; partitioned by
-``received_date``, one file per batch and date): the document's ledger record (message id, partner, type,
-document id, idempotency key, correlation id, route, destination, status, received/updated times, the
-ledger's ``digest`` of the body as received, receipt, error, reply type), its status ``history``
-(seq, status, at), ``request_xml`` and ``reply_xml`` (the XML, zstd-compressed by Parquet), their SHA-256
-(``request_sha256``, ``reply_sha256``), ``archived_at`` and the ``batch_id`` of the journal.
+Due are the documents in a final status whose last change is older than their rule's ``online``
+(:mod:`ledger_contract.retention`) and, when the warehouse load is on, that it has read (all their ledger
+events at or under its watermark): the warehouse never misses a document that left the ledger first.
+``archive_document`` (Parquet, partitioned by ``received_date``, one file per batch and date) keeps each
+document's ledger record, status history, request and reply XML with their SHA-256, and its ``batch_id``.
 
 One batch at a time, each step recorded in the journal (``b2b_archive_batches``) before the next:
+``writing`` (file names recorded, files written under a temporary name, synced, renamed), ``written``
+(every file read back: exactly the batch's documents, each XML's SHA-256 the ledger's), ``verified`` (the
+documents purged, a few hundred per store transaction paced by :class:`ledger_contract.lifecycle.Pacer`,
+each leaving a tombstone), ``purged``. A batch's purge runs in a thread while the next batch is written,
+and need not wait for the disk: a purge lost to a power cut is redone, its batch still ``verified``.
 
-1. ``writing``: the batch's file names are recorded, then the files written (under a temporary name,
-   synced, renamed);
-2. ``written``: every file is read back and checked: its rows are exactly the batch's documents, and the
-   SHA-256 of each XML read back is the one computed from the ledger's bytes;
-3. ``verified``: the documents are purged from the ledger, a few hundred per store transaction (through
-   the store's writer, paced: :class:`gateway.lifecycle.Pacer`), each leaving a tombstone;
-4. ``purged``.
-
-A batch's purge runs in a thread of its own while the next batch is read, written and verified (the
-purge mostly waits for the store's writer and pauses between its transactions). Its transactions need not
-wait for the disk: one lost to a power cut is redone, its batch being still ``verified``.
-
-A run that dies anywhere is finished by the next run before it does anything else: ``writing`` -> its
-files are removed (the documents are still in the ledger, archived again later); ``written`` -> verified
-against the ledger (still there) and purged, or removed if it does not match; ``verified`` -> purged
-(again: a document already purged matches nothing). So no document is purged that is not in a verified
-file, and none is in two. Rules with ``after: purge`` skip steps 1-2 (a batch of kind ``purge``).
-
-After the batches: tombstones older than ``ledger.retention.tombstones`` are dropped, a batch at a time,
-and on SQLite with incremental auto-vacuum the freed pages are given back (:func:`gateway.lifecycle.vacuum`).
-
-One process at a time runs it: the ``archive`` lease of ``etl_lock`` (:class:`spark_etl.state.Lease`),
-renewed while it works; a run stops between batches when it loses it.
+The next run first finishes what a dead one left: ``writing`` -> files removed; ``written`` -> verified and
+purged, or removed; ``verified`` -> purged again. So no document is purged that is not in a verified file,
+and none is in two. Rules with ``after: purge`` skip the files (a batch of kind ``purge``). Then expired
+tombstones are dropped and, on SQLite, the freed pages given back (:func:`ledger_contract.space.vacuum`).
+One process at a time runs the job, under the ``archive`` lease of ``etl_lock``.
 """
 
 from __future__ import annotations
@@ -56,9 +37,9 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from broker_core import Broker
-from gateway import lifecycle
-from gateway.ledger_tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
-from gateway.retention import PolicyClass, RetentionPolicy
+from ledger_contract import lifecycle, space
+from ledger_contract.retention import PolicyClass, RetentionPolicy
+from ledger_contract.tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
 
 from . import state
 
@@ -364,7 +345,7 @@ class _Job:
             self._drain()
             result.tombstones_expired = self._expire(now)
             if self.do_vacuum:
-                result.vacuumed_pages = lifecycle.vacuum(self.engine, self.purge_write, stop=self._stop)
+                result.vacuumed_pages = space.vacuum(self.engine, self.purge_write, stop=self._stop)
             result.status = "succeeded"
         except BaseException as exc:
             try:

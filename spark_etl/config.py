@@ -3,37 +3,10 @@
 They come from the ``etl:`` section of the gateway's YAML configuration
 (``-c/--config FILE``, else ``$B2BGW_CONFIG``, else ``config/b2bgw.yaml`` when
 present, as for the gateway's other commands) and the store URL from
-its top-level ``store.url`` (default ``sqlite:///var/b2bgw.db``; the
-``B2BGW_STORE_URL`` environment variable wins, as in the gateway); ``--db-url``
-and the other command-line options override them. Keys of ``etl:``:
-
-``enabled`` (true)
-    whether ``b2bgw serve`` schedules the nightly load.
-``schedule`` ("0 2 * * *")
-    crontab expression (minute hour day month day-of-week) of the nightly run.
-``timezone`` ("UTC")
-    time zone of the schedule and of naive ``--since`` times.
-``misfire_grace_time`` (3600)
-    seconds a missed nightly run may still start late (the process was down or
-    busy at 02:00); later than that, it is skipped until the next night.
-``warehouse`` ("./var/warehouse")
-    the warehouse root: a local directory or any Hadoop file system URI
-    (``hdfs://...``, ``s3a://...``: the cluster must provide that file system).
-``spark_master`` ("local[2]")
-    the Spark master; ignored when a SparkSession already exists (``spark-submit``).
-``spark_conf`` ({})
-    extra Spark settings, e.g. ``{"spark.driver.memory": "2g"}``.
-``read_partitions`` (0 = automatic)
-    Spark partitions the ledger window is read in (automatic: one per
-    ``docs_per_partition`` documents, at least 2 per core, at most 256).
-``docs_per_partition`` (5000)
-``lock_ttl`` (600)
-    seconds the warehouse lock lasts without renewal (renewed every ttl/3).
-``arrow_staging`` ("auto")
-    ``auto``: with a local master and a warehouse on the local file system,
-    the driver reads the window and stages the new fact rows as Parquet with
-    Arrow (:mod:`spark_etl.stage`); otherwise the executors read it with the
-    Data Source. ``true`` insists on the first, ``false`` forces the second.
+its top-level ``store.url`` (the ``B2BGW_STORE_URL`` environment variable
+wins, as in the gateway); ``--db-url`` and the other command-line options
+override them. :data:`DEFAULTS` lists the keys of ``etl:``; the data guide
+(docs/data-guide.md, "Configuration") explains them to operators.
 """
 
 from __future__ import annotations
@@ -52,16 +25,19 @@ DEFAULT_CONFIG_FILE = "config/b2bgw.yaml"
 DEFAULT_DB_URL = "sqlite:///var/b2bgw.db"
 
 DEFAULTS: dict[str, Any] = {
-    "enabled": True,
-    "schedule": "0 2 * * *",
-    "timezone": "UTC",
-    "misfire_grace_time": 3600,
-    "warehouse": "./var/warehouse",
-    "spark_master": "local[2]",
-    "spark_conf": {},
+    "enabled": True,  # whether `b2bgw serve` schedules the nightly load
+    "schedule": "0 2 * * *",  # crontab (minute hour day month day-of-week) of the nightly run
+    "timezone": "UTC",  # of the schedule and of naive --since times
+    "misfire_grace_time": 3600,  # s a missed nightly run may still start late; later, it waits for the next night
+    "warehouse": "./var/warehouse",  # a local directory or a Hadoop file system URI (hdfs://, s3a://)
+    "spark_master": "local[2]",  # ignored when a SparkSession already exists (spark-submit)
+    "spark_conf": {},  # extra Spark settings, e.g. {"spark.driver.memory": "2g"}
+    # Spark partitions the window is read in; 0: one per docs_per_partition documents, 2 per core to 256
     "read_partitions": 0,
     "docs_per_partition": 5000,
-    "lock_ttl": 600,
+    "lock_ttl": 600,  # s the warehouse lock lasts without renewal (renewed every ttl/3)
+    # auto: the driver stages the window with Arrow (spark_etl.stage) when the master is local and the
+    # warehouse on the local file system, else the executors read it; true insists on Arrow, false never
     "arrow_staging": "auto",
 }
 

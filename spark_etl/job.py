@@ -20,7 +20,7 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from broker_core.sql import absolute_url
-from gateway.ledger_tables import events as ledger_events
+from ledger_contract.tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
@@ -200,7 +200,7 @@ def run(
 
 def _purged_documents(engine: sa.Engine) -> int:
     """How many documents the ledger's retention has purged (0 without retention)."""
-    from gateway.ledger_tables import archive_batches
+    from ledger_contract.tables import archive_batches
 
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(archive_batches.name):
@@ -273,6 +273,28 @@ READ_BATCH_DOCS = 1000
 
 def _dec(value: Any) -> Decimal:
     return Decimal(value) if value is not None else Decimal(0)
+
+
+@dataclass
+class _Load:
+    """What the steps of one load hand on to the next."""
+
+    in_win: Any  # the Spark condition of a row of the run's window (lo < ledger_seq <= hi)
+    new: dict[str, Any] = field(default_factory=dict)  # the window's rows per fact table
+    quarantined: list[Any] = field(default_factory=list)
+    control: dict[str, Any] = field(default_factory=dict)  # the parse's control totals
+    max_files: int = 1  # writer tasks per table
+    exists: dict[str, bool] = field(default_factory=dict)  # the live table is kept (it has data; not --full)
+    live: dict[str, Any] = field(default_factory=dict)  # the live tables (None where not kept)
+    live_dates: dict[str, set[str]] = field(default_factory=dict)
+    kc: Any = None  # the correction keys
+    n_kc: int = 0
+    touched: dict[str, set[str]] = field(default_factory=dict)  # the dates the run rewrites, per table
+    kc_dates: dict[str, set[str]] = field(default_factory=dict)  # of those, the correction keys' rows' dates
+    kc_line_dates: set[str] = field(default_factory=set)
+    content: dict[str, Any] = field(default_factory=dict)  # DataFrames to union per table (see _Job._new_content)
+    direct: set[str] = field(default_factory=set)  # tables whose content is the new rows alone, by date
+    staged: dict[str, str] = field(default_factory=dict)  # table -> its staged directory
 
 
 class _Job:
@@ -355,176 +377,219 @@ class _Job:
     def _load(self, result: RunResult) -> None:
         from pyspark.sql import functions as F
 
-        spark, storage, window = self.spark, self.storage, self.window
-        lo, hi = window.lo, window.hi
-        in_win = (F.col("ledger_seq") > F.lit(lo)) & (F.col("ledger_seq") <= F.lit(hi))
+        lo, hi = self.window.lo, self.window.hi
+        ld = _Load(in_win=(F.col("ledger_seq") > F.lit(lo)) & (F.col("ledger_seq") <= F.lit(hi)))
         self.stats: dict[str, Any] = {"tables": {}}
-        self.steps.count_jobs(spark, f"b2bgw-etl-run-{self.run_id}-{id(self):x}")
+        self.steps.count_jobs(self.spark, f"b2bgw-etl-run-{self.run_id}-{id(self):x}")
+        self._read_window(ld, result)
+        self._correction_keys(ld)
+        self._plan_partitions(ld)
+        self._new_content(ld)
+        self._stage(ld)
+        self._reconcile(ld.control, ld.staged, ld.in_win, result)
+        self.steps("reconcile")
+        self._dimensions(ld)
+        self._publish(ld, result)
 
-        # 1. read and parse the window (Spark tasks, one per seq range), cached
-        total = self.n_docs
-        parallelism = spark.sparkContext.defaultParallelism
+    # ------------------------------------------------------------------ the load's steps
+
+    def _read_window(self, ld: _Load, result: RunResult) -> None:
+        """Read and parse the window (Spark tasks, one per seq range), cached."""
+        parallelism = self.spark.sparkContext.defaultParallelism
         # Writer tasks: the documents are hash-partitioned by issue date into
         # this many partitions as they are read, so each date lies in exactly
         # one of them and a table written straight from them gets one file per
         # date without a shuffle of its own.
-        max_files = max(1, 2 * parallelism)
+        ld.max_files = max(1, 2 * parallelism)
         n_parts = int(self.settings.get("read_partitions") or 0) or max(
-            2 * parallelism, min(256, -(-total // int(self.settings.get("docs_per_partition") or 5000)))
+            2 * parallelism, min(256, -(-self.n_docs // int(self.settings.get("docs_per_partition") or 5000)))
         )
-        ranges = source.plan_ranges(lo, hi, n_parts)
+        ranges = source.plan_ranges(self.window.lo, self.window.hi, n_parts)
         self.arrow = self._use_arrow_staging()
         self.stats["staging"] = "arrow" if self.arrow else "spark"
         if self.arrow:
-            new, quarantined, control = self._read_arrow(ranges)
+            ld.new, ld.quarantined, ld.control = self._read_arrow(ranges)
         else:
-            new, quarantined, control = self._read_spark(ranges, total, max_files)
+            ld.new, ld.quarantined, ld.control = self._read_spark(ranges, self.n_docs, ld.max_files)
+        control = ld.control
         result.docs_read = control["docs"]
         result.loaded, result.quarantined, result.skipped = control["ok"], control["quarantined"], control["skipped"]
-        result.quarantine = quarantined
+        result.quarantine = ld.quarantined
 
-        # 2. the keys the correction rule must (re)derive
-        exists = {t: (not self.full) and storage.has_data(t) for t in warehouse.FACT_TABLES}
-        live = {t: storage.read(t) if exists[t] else None for t in warehouse.FACT_TABLES}
-        kc, n_kc = self._complex_keys(new, live, in_win, control)
-        self.stats["complex_keys"] = n_kc
+    def _correction_keys(self, ld: _Load) -> None:
+        """The keys the correction rule must (re)derive, from the new rows and the live tables."""
+        storage = self.storage
+        ld.exists = {t: (not self.full) and storage.has_data(t) for t in warehouse.FACT_TABLES}
+        ld.live = {t: storage.read(t) if ld.exists[t] else None for t in warehouse.FACT_TABLES}
+        ld.kc, ld.n_kc = self._complex_keys(ld.new, ld.live, ld.in_win, ld.control)
+        self.stats["complex_keys"] = ld.n_kc
         self.steps("correction keys")
 
-        # 3. the partitions each table touches
-        live_dates = {t: {p.split("=", 1)[1] for p in storage.partitions(t)} if exists[t] else set()
-                      for t in warehouse.FACT_TABLES}  # fmt: skip
-        new_dates = control["dates"]
-        touched: dict[str, set[str]] = {}
-        kc_dates: dict[str, set[str]] = {}
+    def _plan_partitions(self, ld: _Load) -> None:
+        """The partitions (dates) each table touches: those of its new rows, those of the rows the window
+        replaces, and those of the correction keys' rows."""
+        storage = self.storage
+        ld.live_dates = {t: {p.split("=", 1)[1] for p in storage.partitions(t)} if ld.exists[t] else set()
+                         for t in warehouse.FACT_TABLES}  # fmt: skip
         for t in warehouse.FACT_TABLES:
-            dates = set(new_dates.get(t, ()))
-            if self.full:
-                dates |= {p.split("=", 1)[1] for p in storage.partitions(t)}
-            elif exists[t]:
-                cond = in_win
-                if n_kc and t in ("fact_order", "fact_order_change"):
-                    flagged = live[t].join(F.broadcast(kc.withColumn("_kc", F.lit(True))), KEY, "left")
-                    rows = flagged.where(in_win | F.col("_kc").isNotNull()).select(
-                        PARTITION, F.col("_kc").isNotNull().alias("kc")).distinct().collect()
-                    dates |= {str(r[PARTITION]) for r in rows}
-                    kc_dates[t] = {str(r[PARTITION]) for r in rows if r["kc"]}
-                else:
-                    dates |= {str(r[PARTITION]) for r in live[t].where(cond).select(PARTITION).distinct().collect()}
-            touched[t] = dates
-        kc_line_dates = kc_dates.get("fact_order", set()) | kc_dates.get("fact_order_change", set())
-        touched["fact_order_line"] |= kc_line_dates
+            ld.touched[t] = set(ld.control["dates"].get(t, ())) | self._replaced_dates(ld, t)
+        ld.kc_line_dates = ld.kc_dates.get("fact_order", set()) | ld.kc_dates.get("fact_order_change", set())
+        ld.touched["fact_order_line"] |= ld.kc_line_dates
         self.steps("plan")
 
-        # 4. the new content of the touched partitions
-        content = {}
-        direct: set[str] = set()  # tables whose content is the new rows alone, still partitioned by date
+    def _replaced_dates(self, ld: _Load, t: str) -> set[str]:
+        """The dates of the live rows of *t* that the run rewrites (every one on a full run); records those
+        of the correction keys' rows in ``ld.kc_dates``."""
+        from pyspark.sql import functions as F
+
+        if self.full:
+            return {p.split("=", 1)[1] for p in self.storage.partitions(t)}
+        if not ld.exists[t]:
+            return set()
+        live, in_win = ld.live[t], ld.in_win
+        if ld.n_kc and t in ("fact_order", "fact_order_change"):
+            flagged = live.join(F.broadcast(ld.kc.withColumn("_kc", F.lit(True))), KEY, "left")
+            rows = flagged.where(in_win | F.col("_kc").isNotNull()).select(
+                PARTITION, F.col("_kc").isNotNull().alias("kc")).distinct().collect()
+            ld.kc_dates[t] = {str(r[PARTITION]) for r in rows if r["kc"]}
+            return {str(r[PARTITION]) for r in rows}
+        return {str(r[PARTITION]) for r in live.where(in_win).select(PARTITION).distinct().collect()}
+
+    def _new_content(self, ld: _Load) -> None:
+        """The new content of the touched partitions: per table, the DataFrames to union (the live rows kept,
+        the window's rows, the rows derived for the correction keys), or None where Arrow staged it."""
         for t in warehouse.FACT_TABLES:
-            if not touched[t]:
-                continue
-            # nothing to keep (no such partition yet, e.g. a night of new dates) and nothing derived
-            fresh = not exists[t] or not (touched[t] & live_dates[t])
-            if fresh and not (n_kc and t in warehouse.ORDER_TABLES):
-                direct.add(t)
-                if self.arrow:  # staged by Arrow already, one file per date: nothing for Spark to do
-                    content[t] = None
-                    continue
-            parts = []
-            if exists[t] and not fresh:
-                kept = live[t].where(F.col(PARTITION).isin(sorted(touched[t]))).where(~in_win)
-                if n_kc and t in warehouse.ORDER_TABLES:
-                    kept = kept.join(F.broadcast(kc), KEY, "left_anti")
-                parts.append(kept)
-            rows = new[t]
-            if n_kc and t in ("fact_order", "fact_order_line"):
-                rows = rows.join(F.broadcast(kc), KEY, "left_anti")
-            if t != "fact_order_change" or not n_kc:
-                parts.append(rows)
-            content[t] = parts
-        if n_kc:
-            def existing(t: str, dates: set[str]):
-                if not exists[t] or not dates:
-                    return None
-                return (live[t].where(F.col(PARTITION).isin(sorted(dates))).where(~in_win)
-                        .join(F.broadcast(kc), KEY, "left_semi"))  # fmt: skip
-
-            def both(t: str, dates: set[str]):
-                fresh = new[t].join(F.broadcast(kc), KEY, "left_semi")
-                old = existing(t, dates)
-                return fresh if old is None else fresh.unionByName(old)
-
-            o_d, c_d, l_d = warehouse.derive_orders(
-                both("fact_order", kc_dates.get("fact_order", set())),
-                both("fact_order_change", kc_dates.get("fact_order_change", set())),
-                both("fact_order_line", kc_line_dates),
-                materialize=self._checkpoint,
-            )
-            for t, df in (("fact_order", o_d), ("fact_order_line", l_d), ("fact_order_change", c_d)):
-                content.setdefault(t, []).append(df)  # derived rows live in partitions already touched
+            if ld.touched[t]:
+                ld.content[t] = self._table_content(ld, t)
+        if ld.n_kc:
+            self._derive_corrected_orders(ld)
         self.steps("facts")
 
-        # 5. stage
-        staged: dict[str, str] = {}
-        for t, parts in content.items():
+    def _table_content(self, ld: _Load, t: str) -> list[Any] | None:
+        """The kept and new rows of *t*'s touched partitions; None when Arrow staged them already."""
+        from pyspark.sql import functions as F
+
+        kc, n_kc, touched = ld.kc, ld.n_kc, ld.touched[t]
+        # nothing to keep (no such partition yet, e.g. a night of new dates) and nothing derived
+        fresh = not ld.exists[t] or not (touched & ld.live_dates[t])
+        if fresh and not (n_kc and t in warehouse.ORDER_TABLES):
+            ld.direct.add(t)
+            if self.arrow:  # staged by Arrow already, one file per date: nothing for Spark to do
+                return None
+        parts = []
+        if ld.exists[t] and not fresh:
+            kept = ld.live[t].where(F.col(PARTITION).isin(sorted(touched))).where(~ld.in_win)
+            if n_kc and t in warehouse.ORDER_TABLES:
+                kept = kept.join(F.broadcast(kc), KEY, "left_anti")
+            parts.append(kept)
+        rows = ld.new[t]
+        if n_kc and t in ("fact_order", "fact_order_line"):
+            rows = rows.join(F.broadcast(kc), KEY, "left_anti")
+        if t != "fact_order_change" or not n_kc:
+            parts.append(rows)
+        return parts
+
+    def _derive_corrected_orders(self, ld: _Load) -> None:
+        """The correction rule over every row of the correction keys, new and live: its derived rows join
+        their tables' content (in partitions already touched)."""
+        from pyspark.sql import functions as F
+
+        kc = F.broadcast(ld.kc)
+
+        def both(t: str, dates: set[str]):
+            fresh = ld.new[t].join(kc, KEY, "left_semi")
+            if not ld.exists[t] or not dates:
+                return fresh
+            old = ld.live[t].where(F.col(PARTITION).isin(sorted(dates))).where(~ld.in_win).join(kc, KEY, "left_semi")
+            return fresh.unionByName(old)
+
+        o_d, c_d, l_d = warehouse.derive_orders(
+            both("fact_order", ld.kc_dates.get("fact_order", set())),
+            both("fact_order_change", ld.kc_dates.get("fact_order_change", set())),
+            both("fact_order_line", ld.kc_line_dates),
+            materialize=self._checkpoint,
+        )
+        for t, df in (("fact_order", o_d), ("fact_order_line", l_d), ("fact_order_change", c_d)):
+            ld.content.setdefault(t, []).append(df)
+
+    def _stage(self, ld: _Load) -> None:
+        """Write each table's new content under the run's staging directory, partitioned by date."""
+        for t, parts in ld.content.items():
             path = f"{self.staging}/{t}"
             if parts is None:
-                # staged by Arrow as the new rows alone, one file per date: they are the new content
-                src = f"{self.staging}/new/{t}"
-                if not storage.exists(src):
-                    storage.mkdirs(path)  # no new row (a --full whose table is now empty)
-                elif not storage.rename(src, path):
-                    raise OSError(f"could not move {src} to {path}")
-                staged[t] = path
-                continue
-            df = parts[0]
-            for p in parts[1:]:
-                df = df.unionByName(p)
-            if t not in direct or self.arrow:  # kept or derived rows too: gather every date's rows in one task
-                df = df.repartition(max(1, min(len(touched[t]), max_files)), PARTITION)
-            t_w = time.perf_counter()
-            df.write.mode("overwrite").partitionBy(PARTITION).parquet(path)
-            self.stats.setdefault("write_seconds", {})[t] = round(time.perf_counter() - t_w, 3)
-            staged[t] = path
+                self._stage_arrow_rows(t, path)
+            else:
+                self._stage_dataframe(ld, t, parts, path)
+            ld.staged[t] = path
         self.steps("write")
 
-        # 6. reconcile the staged files against the ledger and the parse control totals
-        self._reconcile(control, staged, in_win, result)
-        self.steps("reconcile")
+    def _stage_arrow_rows(self, t: str, path: str) -> None:
+        """Staged by Arrow as the new rows alone, one file per date: they are the new content."""
+        src = f"{self.staging}/new/{t}"
+        if not self.storage.exists(src):
+            self.storage.mkdirs(path)  # no new row (a --full whose table is now empty)
+        elif not self.storage.rename(src, path):
+            raise OSError(f"could not move {src} to {path}")
 
-        # 7. dimensions, from the new state of the facts
-        def after(t: str):
-            kept = live[t].where(~F.col(PARTITION).isin(sorted(touched[t]))) if exists[t] else None
-            fresh = storage.read(t, staged[t]) if t in staged else None
-            dfs = [d for d in (kept, fresh) if d is not None]
-            if not dfs:
-                return spark.createDataFrame([], warehouse.schema(t))
-            return dfs[0] if len(dfs) == 1 else dfs[0].unionByName(dfs[1])
+    def _stage_dataframe(self, ld: _Load, t: str, parts: list[Any], path: str) -> None:
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        if t not in ld.direct or self.arrow:  # kept or derived rows too: gather every date's rows in one task
+            df = df.repartition(max(1, min(len(ld.touched[t]), ld.max_files)), PARTITION)
+        t_w = time.perf_counter()
+        df.write.mode("overwrite").partitionBy(PARTITION).parquet(path)
+        self.stats.setdefault("write_seconds", {})[t] = round(time.perf_counter() - t_w, 3)
 
+    def _dimensions(self, ld: _Load) -> None:
+        """The dimensions, from the new state of the facts (the live partitions kept and the staged ones)."""
+        self._dim_partner(ld)
+        self._dim_date(ld)
+        self.steps("dimensions")
+
+    def _dim_partner(self, ld: _Load) -> None:
+        from pyspark.sql import functions as F
+
+        storage, staged = self.storage, ld.staged
         dim_path = f"{self.staging}/dim_partner"
         if self.arrow:  # the same with pyarrow, from the local files (no Spark job)
             def after_dirs(t: str) -> list[str]:
-                kept = [stage.local_path(storage.path(t, warehouse.partition_name(d))) for d in sorted(live_dates[t] - touched[t])]
+                kept = [stage.local_path(storage.path(t, warehouse.partition_name(d)))
+                        for d in sorted(ld.live_dates[t] - ld.touched[t])]
                 return kept + ([stage.local_path(staged[t])] if t in staged else [])
 
             stage.write_table(stage.local_path(dim_path),
                               stage.dim_partner(after_dirs("fact_order"), after_dirs("fact_invoice")))  # fmt: skip
-        else:
-            warehouse.dim_partner(after("fact_order"), after("fact_invoice")).coalesce(1).write.mode("overwrite").parquet(dim_path)
+            return
+
+        def after(t: str):
+            kept = ld.live[t].where(~F.col(PARTITION).isin(sorted(ld.touched[t]))) if ld.exists[t] else None
+            fresh = storage.read(t, staged[t]) if t in staged else None
+            dfs = [d for d in (kept, fresh) if d is not None]
+            if not dfs:
+                return self.spark.createDataFrame([], warehouse.schema(t))
+            return dfs[0] if len(dfs) == 1 else dfs[0].unionByName(dfs[1])
+
+        dim = warehouse.dim_partner(after("fact_order"), after("fact_invoice"))
+        dim.coalesce(1).write.mode("overwrite").parquet(dim_path)
+
+    def _dim_date(self, ld: _Load) -> None:
         all_dates = set()
         for t in warehouse.FACT_TABLES:
-            live_parts = live_dates[t]
-            staged_parts = {p.split("=", 1)[1] for p, d in storage.list(staged[t]) if d and p.startswith(PARTITION + "=")} if t in staged else set()
-            all_dates |= (live_parts - touched[t]) | staged_parts
+            staged_parts = {p.split("=", 1)[1] for p, d in self.storage.list(ld.staged[t])
+                            if d and p.startswith(PARTITION + "=")} if t in ld.staged else set()
+            all_dates |= (ld.live_dates[t] - ld.touched[t]) | staged_parts
         date_rows = warehouse.dim_date_rows(_dt.date.fromisoformat(d) for d in all_dates)
         if self.arrow:
             stage.write_table(stage.local_path(f"{self.staging}/dim_date"), stage.dim_date(date_rows))
         else:
-            spark.createDataFrame(date_rows, warehouse.schema("dim_date")).coalesce(1).write.mode("overwrite").parquet(
-                f"{self.staging}/dim_date")
-        self.steps("dimensions")
+            self.spark.createDataFrame(date_rows, warehouse.schema("dim_date")).coalesce(1).write.mode(
+                "overwrite").parquet(f"{self.staging}/dim_date")
 
-        # 8. journal, publish, record (the watermark moves with the record)
-        manifest = self._manifest(touched, staged)
-        manifest["quarantine"] = quarantined
+    def _publish(self, ld: _Load, result: RunResult) -> None:
+        """Journal, publish, record (the watermark moves with the record)."""
+        manifest = self._manifest(ld.touched, ld.staged)
+        manifest["quarantine"] = ld.quarantined
         state.update_run(self.engine, self.run_id, status="publishing", manifest=manifest, stats=self.stats,
                          docs_read=result.docs_read, rows_written=result.rows_written, loaded=result.loaded,
                          quarantined=result.quarantined, skipped=result.skipped)  # fmt: skip
@@ -532,10 +597,10 @@ class _Job:
             raise state.LockLostError("the warehouse lock was lost before publishing")
         self.publishing = True
         _before_publish(self)
-        warehouse.publish(storage, manifest)
+        warehouse.publish(self.storage, manifest)
         _after_publish(self)
-        state.finish_run(self.engine, self.run_id, lease=self.lease, quarantine_rows=quarantined,
-                         window_ids_cleared=(lo, hi), stats=self.stats)  # fmt: skip
+        state.finish_run(self.engine, self.run_id, lease=self.lease, quarantine_rows=ld.quarantined,
+                         window_ids_cleared=(self.window.lo, self.window.hi), stats=self.stats)  # fmt: skip
         result.status = "succeeded"
         result.stats = self.stats
         self.steps("published")
@@ -576,7 +641,7 @@ class _Job:
         try:
             # The parsed documents feed every table: materialise them once. In
             # local mode a local checkpoint (rows kept as they are, lineage cut)
-            # is ~15% cheaper than the columnar cache; on a cluster the cache
+            # is cheaper than the columnar cache; on a cluster the cache
             # survives the loss of an executor (it can be recomputed).
             docs = docs.repartition(max_files, PARTITION)
             if spark.sparkContext.master.startswith("local"):

@@ -1,33 +1,21 @@
 """Reading the ledger: the load window and a PySpark Python Data Source.
 
-The window
-----------
 A document belongs to the window ``(lo, hi]`` of ``b2b_ledger_events.seq``
-when its *first* ``delivered`` or ``replied`` event has a seq in that range.
-Membership is therefore decided by the append-only event log alone: a
-document is loaded exactly once over the history of incremental runs (a
-``replied`` after a ``delivered`` does not bring it back), and a full rebuild,
-which takes ``(0, max(seq)]``, loads the same set of documents as all the
-incremental runs together. ``hi`` is read once at the start of a run, so
-events committed while the run goes on belong to the next run. (The gateway
-serialises its store writers, so ``seq`` grows in commit order: no event
-below ``hi`` can appear after ``hi`` was read.)
+when its *first* ``delivered`` or ``replied`` event is in that range: decided
+by the append-only event log alone, so a document is loaded exactly once over
+the incremental runs, and a full rebuild (``(0, max(seq)]``) loads the same
+documents as all of them together. ``hi`` is read once at the start of a run;
+the gateway serialises its store writers, so ``seq`` grows in commit order and
+no event below ``hi`` appears after it was read.
 
-The reader
-----------
 ``spark.read.format("b2b_ledger")`` (:class:`LedgerDataSource`, registered by
-:func:`register`) splits the window into seq ranges, one Spark partition
-each; every task opens its own connection (SQLite read-only, or PostgreSQL
-with a server-side cursor), pulls its range and yields Arrow record batches.
-With ``mode=parsed`` (the default) each task turns its documents into
-extracted rows with :mod:`spark_etl.ubl`, so the XML never enters the JVM:
-a document whose ``facts`` the gateway extracted at intake with the current
-extractor version (:data:`gateway.facts.VERSION`) is read from them (its XML
-is not even fetched); any other one (no facts, facts of an older version) is
-parsed from its XML, with the same extractor. ``reparse=true`` ignores the
-stored facts and parses every document from its XML (a rebuild from the raw
-documents alone). ``mode=raw`` yields the XML itself (used to measure Spark's
-``from_xml`` against it).
+:func:`register`) reads one seq range per Spark partition, each task on its
+own connection, and yields Arrow record batches. With ``mode=parsed`` (the
+default) a task turns its documents into fact rows (:mod:`spark_etl.ubl`), so
+the XML never enters the JVM: from their stored facts when the extractor
+version (:data:`ledger_contract.facts.VERSION`) is current (the XML is not
+even fetched), else from the XML. ``reparse=true`` parses every document from
+its XML; ``mode=raw`` yields the XML itself.
 """
 
 from __future__ import annotations
@@ -40,8 +28,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from broker_core.sql import make_engine, relative_sqlite_path
-from gateway import facts as gateway_facts
-from gateway.ledger_tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
+from ledger_contract import facts as ledger_facts
+from ledger_contract.tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
 
@@ -107,14 +95,14 @@ def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
     first = _first_delivery(lo, hi).subquery("f")
     cols: list[Any] = [documents.c.message_id, documents.c.partner, documents.c.doc_type, first.c.seq,
                        documents.c.received_at, first.c.at]  # fmt: skip
-    loaded = documents.c.doc_type.in_(list(gateway_facts.LOADED_TYPES))
+    loaded = documents.c.doc_type.in_(list(ledger_facts.LOADED_TYPES))
     null = sa.null()
     if content == "raw":
         cols.append(documents.c.document)
     elif content == "reparse":
         cols += [sa.case((loaded, documents.c.document), else_=null), null]
     elif content == "facts":
-        current = sa.and_(documents.c.facts_version == gateway_facts.VERSION, documents.c.facts.is_not(None))
+        current = sa.and_(documents.c.facts_version == ledger_facts.VERSION, documents.c.facts.is_not(None))
         cols += [sa.case((current, null), (loaded, documents.c.document), else_=null),
                  sa.case((current, documents.c.facts), else_=null)]  # fmt: skip
     else:
@@ -174,8 +162,8 @@ def spark_schema(schema: pa.Schema):
 
 def _rows(url: str, lo: int, hi: int, *, content: str = "facts", fetch: int = 500) -> Iterator[tuple]:
     """The window's rows (:func:`window_query`) through the raw DB-API
-    cursor: SQLAlchemy rows cost ~80 us each here (the ORM-free Core still
-    wraps every value), the driver's tuples ~15 us. PostgreSQL streams with a
+    cursor: SQLAlchemy Core wraps every value of every row, which costs
+    several times the driver's own tuples. PostgreSQL streams with a
     server-side cursor."""
     engine = make_engine(url, read_only=True)
     try:

@@ -1,31 +1,22 @@
-"""Staging the window with Arrow on the driver (the local-mode fast path).
+"""Staging the window with Arrow on the driver (the local-mode path).
 
-In local mode the driver and the "executors" are the same machine, so the
-window can be read without the Python Data Source (whose Arrow batches the
-JVM turns into rows one by one): :func:`stage_window` reads the ledger in
-ranges of seqs on a few threads of the driver process (SQLite/PostgreSQL
-through the raw driver, the stored facts with one ``pyarrow.json`` read per
-batch, the XML of documents without current facts with the same extractor:
-:func:`spark_etl.ubl.batches`), computes on the Arrow side what the driver
-needs to know about the window (control totals per type, outcome and date,
-the order keys sent twice, the quarantined documents), turns the documents
-into the new rows of the fact tables (the same columns and types as
-:func:`spark_etl.warehouse.fact_rows` builds in Spark), and writes them as
-Parquet, ONE file per table and issue date, under
-``<staging>/new/<table>/issue_date=<day>/``, with the physical types Spark
-itself writes (INT96 timestamps, decimals as INT64, Spark's schema in the
-footer), so Spark, pyarrow and pandas read them like the files Spark writes.
+With a local master the driver can read the window itself, without the Python
+Data Source (whose Arrow batches the JVM turns into rows one by one).
+:func:`stage_window` reads the ledger in seq ranges on a few threads (the
+stored facts with one ``pyarrow.json`` read per batch, the XML of documents
+without current facts with the same extractor: :func:`spark_etl.ubl.batches`),
+computes what the driver needs to know of the window (control totals, the
+order keys sent twice, the quarantined documents), and writes the new fact
+rows as Parquet, one file per table and issue date, under
+``<staging>/new/<table>/issue_date=<day>/``, with the columns of
+:func:`spark_etl.warehouse.fact_rows` and the physical types Spark writes
+(INT96 timestamps, decimals as INT64, Spark's schema in the footer).
 
-The job then reads them with Spark's vectorized Parquet reader where it must
-combine them with rows already in the warehouse or the correction rule, and
-publishes them as they are where a table's new content is the new rows alone
-(a first load, ``--full``, a night of new dates): they are already one file
-per partition.
-
-The files are written on the driver's file system, so this path is for a
-local warehouse (``file://``) and a local master only; on a cluster the job
-reads the ledger with the Data Source on the executors
-(:mod:`spark_etl.source`) as before.
+The job publishes those files as they are where a table's new content is the
+new rows alone, and reads them with Spark where they combine with live rows or
+the correction rule. They are written on the driver's file system: a local
+warehouse and a local master only; on a cluster the executors read the ledger
+(:mod:`spark_etl.source`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """UBL 2.1 documents to warehouse rows, as Arrow record batches (no Spark here).
 
 Every document of a loaded type is read by ONE extractor,
-:mod:`gateway.facts` (pure lxml), wherever it runs:
+:mod:`ledger_contract.facts` (pure lxml), wherever it runs:
 
 * at intake, by the gateway, on the tree it has just validated; it stores the
   result in ``b2b_ledger.facts`` (JSON) with the extractor's version.
@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from lxml import etree
 
-from gateway import facts
-from gateway.facts import KINDS, LOADED_TYPES, BadDocument
+from ledger_contract import facts
+from ledger_contract.facts import KINDS, LOADED_TYPES, BadDocument
 
 log = logging.getLogger("spark_etl.ubl")
 
@@ -257,7 +257,7 @@ def _json_type(t: pa.DataType) -> pa.DataType:
     return pa.string() if t in (AMOUNT_TYPE, pa.date32()) else t  # decimals and dates travel as strings
 
 
-#: How ``pyarrow.json`` reads ``b2b_ledger.facts`` (see :mod:`gateway.facts`): lines column-oriented.
+#: How ``pyarrow.json`` reads ``b2b_ledger.facts`` (see :mod:`ledger_contract.facts`): lines column-oriented.
 FACTS_SCHEMA = pa.schema(
     [(name, _json_type(t)) for name, t in _EXTRACTED]
     + [("lines", pa.struct([(f.name, pa.list_(_json_type(f.type))) for f in LINE_TYPE]))]

@@ -1,40 +1,24 @@
 """The Parquet warehouse: table layouts, the fact transforms, the correction
 rule, staging and publishing.
 
-Layout (``<warehouse>/<table>/issue_date=YYYY-MM-DD/part-*.parquet``)
--------------------------------------------------------------------------
-``fact_order``, ``fact_order_line``, ``fact_order_change``, ``fact_invoice``
-and ``fact_invoice_line`` are partitioned by ``issue_date`` (the issue date of
-the document each row comes from); every write rewrites the partitions it
-touches as ONE file each, so nightly loads never pile up small files: the
-window's documents are hash-partitioned by issue date as they are read (a
-bounded number of writer tasks, each date in exactly one), so a table whose new
-content is only new rows is written straight from them; one that also keeps
-rows already in the warehouse, or takes rows the correction rule derived, is
-``repartition``-ed by the partition column first. ``dim_partner`` and
-``dim_date`` are small unpartitioned tables rewritten by every run.
-``_staging/`` and ``_etl/`` (ignored by Spark and pyarrow because of the
-leading underscore) hold work in progress.
+The fact tables live under ``<warehouse>/<table>/issue_date=YYYY-MM-DD/``;
+every fact row carries ``message_id`` and ``ledger_seq`` (the seq of its
+document's first delivered/replied event: its load window). A run rewrites
+each partition it touches as ONE file, so nightly loads never pile up small
+files: the window is hash-partitioned by issue date as it is read, so a table
+whose new content is only new rows is written straight from it, and one that
+also keeps live rows or derived ones is repartitioned by date first.
+``dim_partner`` and ``dim_date`` are rewritten whole. ``_staging/`` and
+``_etl/`` (ignored by Spark and pyarrow for the leading underscore) hold work
+in progress.
 
-Every fact row carries ``message_id`` (the ledger row it came from) and
-``ledger_seq`` (the seq of that document's first delivered/replied event,
-which decides the load window it belongs to).
-
-Write protocol
---------------
-1. The new content of every touched partition (kept rows + new rows) is
-   written under ``_staging/run-<id>/`` (a fresh directory; nothing live is
-   modified): by Spark, or, on the local path, by the Arrow staging
-   (:mod:`spark_etl.stage`) when it is the new rows alone.
-2. Reconciliation reads the staged files back (see :mod:`spark_etl.job`).
-3. The journal (per table and partition: the live files to remove, the staged
-   files to add) is stored in the run's ``etl_runs.manifest`` with status
-   ``publishing``.
-4. :func:`publish` moves the staged files into the live partitions, then
-   deletes the files they replace, partition by partition; every step can be
-   repeated, so a run that dies here is finished by the next run (roll
-   forward) before that one starts.
-5. The run is recorded as succeeded, which advances the watermark.
+A run writes the touched partitions' new content under
+``_staging/run-<id>/`` (nothing live is modified), reconciles it
+(:mod:`spark_etl.job`), stores the journal (per partition: the live files to
+remove, the staged ones to add) in ``etl_runs.manifest`` as ``publishing``,
+then :func:`publish` moves the staged files in and deletes those they
+replace; every step can be repeated, so the next run rolls a dead one
+forward. Recording the run as succeeded advances the watermark.
 """
 
 from __future__ import annotations
@@ -110,7 +94,7 @@ ORDER_TABLES = ("fact_order", "fact_order_line", "fact_order_change")
 
 def _schemas() -> dict[str, Any]:
     """The tables' schemas from :data:`_DDL`, parsed here (``StructType.fromDDL``
-    asks the JVM's parser: ~0.8 s of a fresh JVM for the seven tables)."""
+    asks the JVM's parser, which a fresh JVM is slow to answer)."""
     from pyspark.sql import types as T
 
     simple = {"string": T.StringType(), "int": T.IntegerType(), "bigint": T.LongType(), "boolean": T.BooleanType(),

@@ -9,8 +9,8 @@ which only fail when that code runs) and maps each top-level module name to
 the distribution that provides it in this environment:
 
 * ``spark_etl`` may use the core dependencies and the ``etl`` extra;
-* the other packages (gateway, broker_core, routes, xml_schemas) the core
-  dependencies only;
+* the other packages (gateway, broker_core, ledger_contract, routes,
+  xml_schemas) the core dependencies only;
 * an import guarded by ``except ImportError`` (an optional feature) must
   still be declared, in the core dependencies or in some extra.
 """
@@ -30,7 +30,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-PACKAGES = ("broker_core", "gateway", "routes", "spark_etl", "xml_schemas")
+PACKAGES = ("broker_core", "gateway", "ledger_contract", "routes", "spark_etl", "xml_schemas")
 #: the packages with Python code (routes and xml_schemas hold data files)
 CODE_PACKAGES = [p for p in PACKAGES if next((ROOT / p).rglob("*.py"), None) is not None]
 #: the extras each package may use besides the core dependencies
@@ -120,7 +120,7 @@ def distributions_of(module: str) -> set[str]:
 
 
 def test_the_code_packages_are_found():
-    assert {"broker_core", "gateway", "spark_etl"} <= set(CODE_PACKAGES)
+    assert {"broker_core", "gateway", "ledger_contract", "spark_etl"} <= set(CODE_PACKAGES)
 
 
 def test_the_declaration_reader_follows_the_projects_own_extras():
@@ -142,7 +142,7 @@ def test_the_import_walk_sees_function_level_and_guarded_imports(tmp_path):
         "if TYPE_CHECKING:\n    import numpy\n"
         "try:\n    import uvloop\nexcept ImportError:\n    uvloop = None\n"
         "def bar():\n    from tqdm import tqdm\n    return tqdm\n"
-        "from .sibling import x\nimport gateway.facts\n"
+        "from .sibling import x\nimport ledger_contract.facts\n"
     )
     got = {(u.module, u.guarded) for u in third_party(imports_of(src, tmp_path))}
     assert got == {("uvloop", True), ("tqdm", False)}

@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ..errors import GatewayError, NotFoundError
-from ..ledger_tables import STATUSES
+from ledger_contract.tables import STATUSES
 from .access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from .errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from .service import SHOW_BYTES, AdminService, parse_limit, pretty_xml

@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..ledger_tables import DELIVERED_STATUSES, STATUSES, documents, events, unpack_xml
+from ledger_contract.tables import DELIVERED_STATUSES, STATUSES, documents, events, unpack_xml
 
 __all__ = ["Counts", "LedgerQuery", "lineage", "search"]
 
@@ -178,7 +178,7 @@ def etl_runs(engine: sa.Engine, limit: int = 20) -> list[dict[str, Any]]:
 
 def lineage(engine: sa.Engine, doc: dict[str, Any], warehouse: str | None) -> dict[str, Any]:
     """Whether (and by which run) the warehouse load took *doc* (a :func:`document`), and its rows."""
-    from ..facts import LOADED_TYPES
+    from ledger_contract.facts import LOADED_TYPES
 
     out: dict[str, Any] = {"loaded_type": doc["doc_type"] in LOADED_TYPES, "state": "not-loaded-type",
                            "run": None, "quarantine": None, "rows": {}}

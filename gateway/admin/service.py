@@ -31,7 +31,7 @@ from broker_core import (
 
 from ..errors import NotFoundError, StoreUnavailableError
 from ..ledger import Ledger
-from ..ledger_tables import STATUSES
+from ledger_contract.tables import STATUSES
 from ..opsconfig import AdminSettings
 from . import queries
 from .access import Access, Principal

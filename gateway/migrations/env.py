@@ -4,7 +4,7 @@ its own version table so it lives beside the broker's tables."""
 
 from alembic import context
 
-from gateway.ledger_tables import metadata
+from ledger_contract.tables import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(

@@ -174,12 +174,12 @@ class GatewayEnv:
 
     def ledger_rows(self) -> list[Any]:
         """The ``b2b_ledger`` rows, with ``document`` and ``reply`` as the XML they hold (stored compressed
-        when large: ``gateway.ledger_tables.pack_xml``)."""
+        when large: ``ledger_contract.tables.pack_xml``)."""
         from types import SimpleNamespace
 
         import sqlalchemy as sa
 
-        from gateway.ledger_tables import documents, unpack_xml
+        from ledger_contract.tables import documents, unpack_xml
 
         with self.broker.engine.connect() as conn:
             rows = [row._asdict() for row in conn.execute(sa.select(documents))]

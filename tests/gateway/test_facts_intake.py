@@ -1,5 +1,5 @@
 """Warehouse facts at intake: the gateway stores, with every accepted document of a
-type the warehouse loads, what the warehouse keeps of it (gateway.facts), taken
+type the warehouse loads, what the warehouse keeps of it (ledger_contract.facts), taken
 from the tree it validated; other types get none; a valid document whose facts
 cannot be extracted is accepted all the same, without facts."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gateway import facts
+from ledger_contract import facts
 from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,7 @@ from gateway import idempotency, service
 from gateway.app import create_app
 from gateway.assemble import assemble
 from gateway.config import load_yaml, settings_from_mapping
-from gateway.ledger_tables import documents
+from ledger_contract.tables import documents
 from gateway.routes import SENDER_PARTIES
 from gateway.runtime import Runtime
 from gwtest import (

@@ -10,8 +10,10 @@ import threading
 
 import pytest
 
-from gateway import facts, intake
+from gateway import intake
+from ledger_contract import facts
 from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
+from ledger_contract import facts
 from gwtest import INVOICE, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio

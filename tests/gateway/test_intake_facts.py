@@ -14,11 +14,13 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway import facts, intake
+from gateway import intake
+from ledger_contract import facts
 from gateway.config import ConfigError, load_yaml, settings_from_mapping
-from gateway.ledger_tables import unpack_xml
 from gateway.runtime import Runtime
 from gateway.service import Gateway
+from ledger_contract import facts
+from ledger_contract.tables import unpack_xml
 from gwtest import DESPATCH_ADVICE, INVOICE, with_id
 
 pytestmark = pytest.mark.anyio

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from broker_core import Queue
-from gateway import facts
+from ledger_contract import facts
 from gateway.app import create_app
 from gateway.config import ConfigError, load_yaml, settings_from_mapping
-from gateway.ledger_tables import unpack_xml
+from ledger_contract.tables import unpack_xml
 from gateway.runtime import Runtime
 from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, with_id
 

@@ -20,8 +20,8 @@ from gateway.ledger import (
     now_ms,
     upgrade_ledger,
 )
-from gateway.ledger_tables import LZ4_MAGIC, PACK_OVER, documents, events, metadata, pack_xml, unpack_xml
 from gateway.status import Reconciler
+from ledger_contract.tables import LZ4_MAGIC, documents, events, metadata
 
 
 @pytest.fixture
@@ -99,14 +99,6 @@ def test_rows_stored_uncompressed_read_as_they_are(broker):
     assert ledger.get("ID:small", document=True).document == b"<Order/>"
     got = ledger.get("ID:old", document=True)
     assert (got.document, got.reply) == (BIG, BIG)
-
-
-@pytest.mark.parametrize("data", [b"", b"<a/>", LZ4_MAGIC, LZ4_MAGIC + b"<not a frame>", LZ4_MAGIC + BIG,
-                                  os.urandom(PACK_OVER * 2), BIG])
-def test_pack_xml_never_confuses_raw_bytes_with_a_frame(data):
-    packed = pack_xml(data)
-    assert unpack_xml(packed) == data
-    assert packed.startswith(LZ4_MAGIC) == (data.startswith(LZ4_MAGIC) or len(packed) < len(data))
 
 
 def test_duplicate_key_fails_the_whole_commit_message_included(broker):

@@ -158,7 +158,7 @@ async def test_the_last_warehouse_load_is_reported(env):
 
 
 async def test_the_retention_metrics_come_from_the_store(env):
-    from gateway.ledger_tables import archive_batches
+    from ledger_contract.tables import archive_batches
 
     env.app.state.ops._lifecycle.ttl = 0  # read the store at every scrape
     metrics = await scraped(env)

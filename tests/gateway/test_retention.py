@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from broker_core import Queue
-from gateway.ledger_tables import documents, tombstones
-from gateway.retention import RetentionPolicy, Rule
+from ledger_contract.retention import RetentionPolicy, Rule
+from ledger_contract.tables import documents, tombstones
 from gwtest import ACME, GLOBEX, INVOICE, ORDER, GatewayEnv, with_id
 from spark_etl import archive
 
@@ -211,7 +211,7 @@ def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
     """The insert's own check (PostgreSQL: in the INSERT statement) refuses a key a tombstone holds."""
     from broker_core import Broker
     from gateway.ledger import DuplicateDocument, Ledger, NewDocument, upgrade_ledger
-    from gateway.lifecycle import purge
+    from ledger_contract.lifecycle import purge
 
     broker = Broker.open(postgres_schema, sweep_interval=0)
     try:

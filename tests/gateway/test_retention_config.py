@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import load_settings
 from gateway.errors import ConfigError
-from gateway.retention import Rule
+from ledger_contract.retention import Rule
 from gwtest import REPO
 
 BASE = f"""

@@ -23,7 +23,7 @@ import uvicorn
 
 from broker_core import Broker
 from gateway.app import create_app
-from gateway.ledger_tables import documents, events, unpack_xml
+from ledger_contract.tables import documents, events, unpack_xml
 from gwtest import GLOBEX, INVOICE, sample_data
 
 SECRET = f"TOP-SECRET-{uuid.uuid4().hex}"

@@ -99,7 +99,7 @@ def test_wrong_signatures_are_errors(tmp_path, mypy_cache):
 
 
 def test_the_packages_are_marked_typed_and_ship_the_marker():
-    for package in ("gateway", "broker_core", "spark_etl"):
+    for package in ("gateway", "broker_core", "ledger_contract", "spark_etl"):
         assert (REPO / package / "py.typed").is_file(), package
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     package_data = project["tool"]["setuptools"]["package-data"]

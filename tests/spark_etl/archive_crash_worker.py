@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from archivetest import open_store, policy  # noqa: E402
 
-from gateway.lifecycle import Pacer  # noqa: E402
+from ledger_contract.lifecycle import Pacer  # noqa: E402
 from spark_etl import archive  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from broker_core import Broker
 from gateway.ledger import Ledger, NewDocument, upgrade_ledger
-from gateway.retention import RetentionPolicy, Rule
+from ledger_contract.retention import RetentionPolicy, Rule
 from gateway.service import document_digest
 
 EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
@@ -71,14 +71,14 @@ def policy(batch: int = 100, **changes: Any) -> RetentionPolicy:
 
 
 def online_ids(broker: Broker) -> set[str]:
-    from gateway.ledger_tables import documents
+    from ledger_contract.tables import documents
 
     with broker.engine.connect() as conn:
         return set(conn.execute(sa.select(documents.c.message_id)).scalars())
 
 
 def tombstoned_ids(broker: Broker) -> set[str]:
-    from gateway.ledger_tables import tombstones
+    from ledger_contract.tables import tombstones
 
     with broker.engine.connect() as conn:
         return set(conn.execute(sa.select(tombstones.c.message_id)).scalars())

@@ -35,9 +35,9 @@ def with_id(doc: bytes, old: str, new: str, count: int = 1) -> bytes:
 
 def gateway_facts(document: bytes, doc_type: str) -> str | None:
     """The facts the gateway stores for *document* at intake: its own parse,
-    then :func:`gateway.facts.for_ledger` (None when the gateway's parser
+    then :func:`ledger_contract.facts.for_ledger` (None when the gateway's parser
     refuses the document; the gateway would not accept it at all)."""
-    from gateway import facts
+    from ledger_contract import facts
     from gateway.errors import GatewayError
     from gateway.xmlintake import IntakeLimits, parse_document
 
@@ -56,7 +56,7 @@ class Ledger:
     facts = True
 
     def __init__(self, url: str, *, facts: bool = True) -> None:
-        from gateway.ledger_tables import metadata
+        from ledger_contract.tables import metadata
 
         self.url = url
         self.facts = facts
@@ -69,13 +69,13 @@ class Ledger:
             facts_version: int | None = None) -> None:  # fmt: skip
         """*facts*: the stored facts JSON (default: what the gateway extracts, or
         None when this ledger has none); *facts_version* defaults to the current one."""
-        from gateway import facts as gateway_facts_module
-        from gateway.ledger_tables import documents, events
+        from ledger_contract import facts as ledger_facts
+        from ledger_contract.tables import documents, events
 
         if facts is _AUTO:
             facts = gateway_facts(document, doc_type) if self.facts else None
         if facts is not None and facts_version is None:
-            facts_version = gateway_facts_module.VERSION
+            facts_version = ledger_facts.VERSION
         self.at += 1000
         with self.engine.begin() as conn:
             conn.execute(documents.insert().values(
@@ -89,7 +89,7 @@ class Ledger:
                 conn.execute(events.insert().values(message_id=message_id, status=status, at=self.at + 5))
 
     def event(self, message_id: str, status: str) -> None:
-        from gateway.ledger_tables import documents, events
+        from ledger_contract.tables import documents, events
 
         self.at += 1000
         with self.engine.begin() as conn:

@@ -27,8 +27,9 @@ from archivetest import (
     policy,
     tombstoned_ids,
 )
-from gateway.ledger_tables import archive_batches, documents, events
-from gateway.lifecycle import Pacer, sqlite_space
+from ledger_contract.lifecycle import Pacer
+from ledger_contract.space import sqlite_space
+from ledger_contract.tables import archive_batches, documents, events
 from spark_etl import archive
 
 WORKER = Path(__file__).resolve().parent / "archive_crash_worker.py"
@@ -94,7 +95,7 @@ def test_get_returns_what_the_ledger_held(store, tmp_path):
 
 
 def test_purge_only_rule_keeps_no_copy(store, tmp_path):
-    from gateway.retention import Rule
+    from ledger_contract.retention import Rule
 
     fill(store, 10, days_ago=100)
     root = tmp_path / "wh"
@@ -244,25 +245,6 @@ def _checkpointed_size(engine) -> int:
     return max(pages * size, os.path.getsize(engine.url.database))
 
 
-def test_full_vacuum_switches_an_old_file_to_incremental(tmp_path):
-    import sqlite3
-
-    from gateway.lifecycle import full_vacuum
-
-    path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE t (x BLOB)")
-    conn.executemany("INSERT INTO t VALUES (?)", [(os.urandom(3000),) for _ in range(500)])
-    conn.commit()
-    conn.execute("DELETE FROM t")
-    conn.commit()
-    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
-    conn.close()
-    before = path.stat().st_size
-    done = full_vacuum(f"sqlite:///{path}")
-    assert done["auto_vacuum"] == 2 and done["after"] < before / 10
-
-
 def test_archive_on_postgresql(postgres_schema, tmp_path):
     broker = open_store(postgres_schema)
     try:
@@ -272,7 +254,7 @@ def test_archive_on_postgresql(postgres_schema, tmp_path):
         assert result.purged == 25 and tombstoned_ids(broker) == set(ids) and not online_ids(broker)
         assert archive.verify(broker.engine, str(root))["ok"]
         assert archive.get(ids[3], root=str(root), engine=broker.engine).request == order(3)
-        from gateway.lifecycle import db_stats, format_stats
+        from gateway.store_stats import db_stats, format_stats
 
         stats = db_stats(broker.engine, policy())
         assert stats["documents"]["replied"] == 0 and stats["retention"]["last_run"]["purged"] == 25
@@ -325,33 +307,6 @@ def test_serve_schedules_the_archive_when_a_policy_is_configured(tmp_path):
         assert runtime.archive is None
     finally:
         runtime.stop()
-
-
-def test_pacer_yields_the_write_turn_to_a_busy_store():
-    """A purge transaction that had to wait for the turn (the intake is busy) is followed by a pause nine
-    times as long as it ran: it takes a tenth of the turn; on a quiet store a quarter as long."""
-    def quiet(fn):
-        return fn(None)
-
-    def busy(fn):
-        time.sleep(0.02)  # the turn is held by other commits first
-        return fn(None)
-
-    def work(conn, chunk):
-        time.sleep(0.004)
-        return len(chunk)
-
-    for write, want_busy in ((quiet, False), (busy, True)):
-        pacer = Pacer(first=10, most=10, least=10)
-        t = time.perf_counter()
-        assert sum(pacer.run(write, work, list(range(100)))) == 100
-        took = time.perf_counter() - t
-        assert (pacer.busy == 10) is want_busy
-        own = 10 * 0.004
-        if want_busy:
-            assert took >= own + 10 * 0.02 + 9 * 9 * 0.004  # nine pauses of nine times its own time
-        else:
-            assert took < own + 9 * 0.004 * 2 + 0.05
 
 
 def test_a_full_warehouse_rebuild_refuses_once_documents_were_purged(store, tmp_path):

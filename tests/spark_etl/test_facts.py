@@ -1,4 +1,4 @@
-"""Facts extracted at the edge (gateway.facts, stored in b2b_ledger.facts) against
+"""Facts extracted at the edge (ledger_contract.facts, stored in b2b_ledger.facts) against
 parsing the XML in the load: the same warehouse row by row, current facts are
 used (the XML is not even read), stale or unreadable ones are not, and
 ``--full --reparse`` rebuilds from the raw XML alone."""
@@ -9,8 +9,8 @@ import json
 
 import sqlalchemy as sa
 
-from gateway import facts
-from gateway.ledger_tables import documents
+from ledger_contract import facts
+from ledger_contract.tables import documents
 from spark_etl import job, state
 
 from etltest import (

@@ -184,7 +184,7 @@ def pg_ledger(postgres_schema):
     led = Ledger.__new__(Ledger)
     led.url = postgres_schema
     led.engine = make_engine(postgres_schema)
-    from gateway.ledger_tables import metadata
+    from ledger_contract.tables import metadata
 
     metadata.create_all(led.engine)
     led.at = 1_790_000_000_000

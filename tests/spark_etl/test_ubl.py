@@ -145,7 +145,7 @@ def _tricky_order() -> bytes:
 def test_fields_follow_xpath_string_semantics_on_any_tree():
     from lxml import etree
 
-    from gateway import facts
+    from ledger_contract import facts
 
     doc = _tricky_order()
     assert doc.count(b"<cac:PartyIdentification>") == example(ORDER).count(b"<cac:PartyIdentification>") + 1

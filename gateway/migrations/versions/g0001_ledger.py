@@ -1,4 +1,4 @@
-"""The document ledger: b2b_ledger and b2b_ledger_events (see gateway/ledger_tables.py).
+"""The document ledger: b2b_ledger and b2b_ledger_events (see ledger_contract/tables.py).
 
 Revision ID: g0001
 Revises:

@@ -1,4 +1,4 @@
-"""gateway.facts: libxml2's evaluation of the paths (one XPath ``concat()``
+"""ledger_contract.facts: libxml2's evaluation of the paths (one XPath ``concat()``
 of the header, one per line) reads every document exactly as the walk of the
 same paths does, which states their XPath ``string()`` semantics in Python,
 and the walk takes over when a value holds the character that joins them."""
@@ -6,15 +6,20 @@ and the walk takes over when a value holds the character that joins them."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from gateway import facts
+from ledger_contract import facts
 
-from gwtest import INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE
+EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
+ORDER = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
+INVOICE = (EXAMPLES / "UBL-Invoice-2.1-Example.xml").read_bytes()
+ORDER_CHANGE = (EXAMPLES / "UBL-OrderChange-2.1-Example.xml").read_bytes()
+ORDER_CANCELLATION = (EXAMPLES / "UBL-OrderCancellation-2.1-Example.xml").read_bytes()
 
 DOCS = {"Order": ORDER, "Invoice": INVOICE, "OrderChange": ORDER_CHANGE, "OrderCancellation": ORDER_CANCELLATION}
 LEAF = re.compile(r"<(cbc:\w+)([^<>]*)>([^<]*)</\1>")

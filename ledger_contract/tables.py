@@ -1,48 +1,23 @@
-"""The document ledger's tables: the contract between the gateway (which
-writes them) and the warehouse load in ``spark_etl`` (which reads them).
+"""The document ledger's tables: the contract between the gateway (which writes them) and the warehouse
+load and archive job in ``spark_etl`` (which read them).
 
-Every accepted document has one ``b2b_ledger`` row, inserted in the same
-store transaction that enqueues its message, so a document is recorded if and
-only if it was enqueued. Each status change appends a ``b2b_ledger_events``
-row; ``seq`` grows with every event, which is what incremental readers follow.
+Every accepted document has one ``b2b_ledger`` row, inserted in the store transaction that enqueues its
+message; each status change appends a ``b2b_ledger_events`` row, whose growing ``seq`` incremental readers
+follow. Documents past their retention (:mod:`ledger_contract.retention`) are archived and purged, each leaving a
+``b2b_ledger_tombstones`` row so that its partner's ``GET`` answers 410 and a replay is refused;
+``b2b_archive_batches``, ``b2b_archive_runs`` and ``b2b_archive_cursors`` are the archive job's journal.
 
-Documents past their retention (``ledger.retention``, :mod:`gateway.retention`)
-leave both tables: archived to the warehouse and purged by
-:mod:`spark_etl.archive`, each leaving a small ``b2b_ledger_tombstones`` row
-(its message id, partner, idempotency key and digest), so that a partner's
-``GET`` answers ``410 Gone`` and a replay of it is never accepted as a new
-document. ``b2b_archive_batches`` is the archive job's journal (what was
-written where, and how far each batch got), ``b2b_archive_runs`` its runs,
-``b2b_archive_cursors`` where its scans of the ledger stopped.
+``facts`` is what the warehouse keeps of the document (:mod:`ledger_contract.facts`, JSON), extracted at intake,
+and ``facts_version`` the extractor's version; both are NULL when the type is not loaded or the extraction
+failed, and the load then parses ``document``, which stays the source of truth.
 
-``facts`` holds what the warehouse keeps of the document, extracted by the
-gateway at intake from the tree it had just validated (:mod:`gateway.facts`,
-JSON), for the types the warehouse loads; ``facts_version`` is the version of
-the extractor that wrote it. Both are NULL when the type is not loaded or the
-extraction failed: the warehouse load then parses ``document`` itself, as it
-does for facts of an older version. ``document`` stays the source of truth
-(``b2bgw etl run --full --reparse`` rebuilds the warehouse from it alone).
+``document`` and ``reply`` hold UTF-8 XML, stored as a standard LZ4 frame when that is smaller (:func:`pack_xml`;
+:func:`unpack_xml` reads either form): two compressed UBL orders share a 16 KB SQLite page where each raw one
+took a page of its own.
 
-``document`` and ``reply`` hold UTF-8 XML, stored as an LZ4 frame (the
-standard format, magic ``04 22 4D 18``: ``lz4 -d`` reads it) when that is
-smaller: :func:`pack_xml` writes them, :func:`unpack_xml` reads either form
-(rows written before compression stay as they are). The 14 KB UBL Order
-example takes 4.4 KB: with the row's other columns, two rows share a 16 KB
-SQLite page where each raw one took a page of its own (and every page is
-written twice, to the WAL and back at the checkpoint).
-
-Statuses: ``accepted`` (stored, waiting for a consumer), ``delivered`` (a
-consumer acknowledged it), ``replied`` (request-reply: the reply arrived),
-``failed`` (the backend answered with an error, or the reply could not be
-recorded), ``dead_lettered`` (moved to a dead-letter queue).
-
-``digest`` is the SHA-256 of the request body as received (``sha256:`` and
-64 hex digits; the prefix names the algorithm): a document posted again under
-the same ``idempotency_key`` is the same document only if its digest is the
-same (:mod:`gateway.service`). Rows written before the column existed have
-none; the gateway then compares the stored ``document`` instead, and the
-partial index ``ix_b2b_ledger_undigested`` (those rows alone, by
-``received_at``) finds the recent ones at start-up without reading the table.
+``digest`` is ``sha256:`` and the hex SHA-256 of the body as received: a document posted again under the same
+``idempotency_key`` is the same document only if its digest is. Rows written before the column have none; the
+partial index ``ix_b2b_ledger_undigested`` finds them without reading the table.
 """
 
 from __future__ import annotations
@@ -50,8 +25,27 @@ from __future__ import annotations
 import lz4.frame
 import sqlalchemy as sa
 
+__all__ = [
+    "DELIVERED_STATUSES",
+    "FINAL_STATUSES",
+    "LZ4_MAGIC",
+    "PACK_OVER",
+    "STATUSES",
+    "archive_batches",
+    "archive_cursors",
+    "archive_runs",
+    "documents",
+    "events",
+    "metadata",
+    "pack_xml",
+    "tombstones",
+    "unpack_xml",
+]
+
 metadata = sa.MetaData()
 
+#: Statuses: accepted (stored, waiting for a consumer), delivered (acknowledged), replied (request-reply: the
+#: reply arrived), failed (the backend answered with an error), dead_lettered (moved to a dead-letter queue).
 STATUSES = ("accepted", "delivered", "replied", "failed", "dead_lettered")
 #: Statuses after which a document counts as a delivered transaction.
 DELIVERED_STATUSES = ("delivered", "replied")
@@ -101,8 +95,8 @@ documents = sa.Table(
     sa.Column("reply_type", sa.String(100)),
     sa.Column("receipt", sa.Text),  # JSON of the first answer, replayed to duplicates
     sa.Column("error", sa.Text),
-    sa.Column("facts", sa.Text),  # JSON of gateway.facts (the warehouse's extraction), or NULL
-    sa.Column("facts_version", sa.SmallInteger),  # gateway.facts.VERSION that wrote facts
+    sa.Column("facts", sa.Text),  # JSON of ledger_contract.facts (the warehouse's extraction), or NULL
+    sa.Column("facts_version", sa.SmallInteger),  # ledger_contract.facts.VERSION that wrote facts
     sa.Column("digest", sa.String(80)),  # "sha256:<hex>" of the body as received; NULL in rows written before
     # the reconciler's cursor: documents of one status in (updated_at, message_id) order (Ledger.in_status)
     sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),

@@ -1,70 +1,49 @@
-"""The ledger's side of retention: finding due documents, purging them, tombstones, the archive job's
-journal, the store's space (``b2bgw db stats``) and giving it back (``b2bgw db vacuum``).
+"""The ledger's side of retention: finding due documents, purging them (leaving tombstones) and the
+archive job's journal. The archive job itself (Parquet, verification, crash recovery) is :mod:`spark_etl.archive`.
 
-The archive job itself (Parquet, verification, crash recovery) is :mod:`spark_etl.archive`; this module
-holds what it does to the ledger, and needs nothing but SQLAlchemy.
-
-Writes are functions of a store transaction's connection, run by the store's writer (:meth:`broker_core.Broker.write`)
-like every other ledger write: on SQLite they take the processes' write turn, on PostgreSQL the store's
-commit-order lock, the very lock the ledger's inserts take, so a purge and a replay of what it purges
-never interleave. Each is bounded: a purge transaction holds at most a few hundred documents
-(:class:`Pacer` sizes them to about ten milliseconds and pauses between them, long enough for the intake
-to keep nine tenths of the write turn while it is busy), a vacuum step a few hundred pages.
-Reads are short transactions on the store's engine: nothing of ours keeps a PostgreSQL snapshot open
-across a batch (which would hold back autovacuum).
+Writes are functions of a store transaction's connection, run by the store's writer (:meth:`broker_core.Broker.write`,
+:func:`spark_etl.archive.store_writer`) like every other ledger write: on SQLite they take the processes' write
+turn, on PostgreSQL the store's commit-order lock that the ledger's inserts take too, so a purge and a replay of
+what it purges never interleave. Each purge transaction is bounded: :class:`Pacer` sizes them to about ten
+milliseconds and pauses between them, long enough for a busy intake to keep nine tenths of the write turn.
+Reads are short transactions on the store's engine: no PostgreSQL snapshot stays open across a batch (which
+would hold back autovacuum).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
-from .ledger_tables import (
-    FINAL_STATUSES,
-    STATUSES,
-    archive_batches,
-    archive_cursors,
-    archive_runs,
-    documents,
-    events,
-    tombstones,
-)
 from .retention import PolicyClass, RetentionPolicy
+from .tables import FINAL_STATUSES, archive_batches, archive_cursors, archive_runs, documents, events, tombstones
 
 __all__ = [
     "ARCHIVE_COLUMNS",
     "Pacer",
+    "Write",
     "abandon_runs",
     "class_condition",
-    "db_stats",
     "due_counts",
     "expire_tombstones",
     "expired_batches",
-    "format_stats",
-    "full_vacuum",
     "histories",
     "iter_chunks",
     "list_runs",
-    "live_instances",
     "load_cursor",
     "new_batch",
-    "next_run_time",
+    "now_ms",
     "open_batches",
     "purge",
     "save_cursor",
     "scan_due",
     "set_batch",
-    "sqlite_space",
     "start_run",
     "update_run",
-    "vacuum",
-    "vacuum_step",
     "warehouse_watermark",
 ]
 
@@ -340,223 +319,6 @@ def list_runs(engine: sa.Engine, limit: int = 20) -> list[dict[str, Any]]:
     for row in rows:
         row["stats"] = json.loads(row["stats"]) if row["stats"] else None
     return rows
-
-
-# --------------------------------------------------------------------------- space: stats and vacuum
-
-
-def sqlite_space(engine: sa.Engine) -> dict[str, Any]:
-    """SQLite: the file, its WAL, page size, pages and free pages, auto_vacuum mode."""
-    path = engine.url.database or ""
-    with engine.connect() as conn:
-        page_size, pages, free, mode = (conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in
-                                        ("page_size", "page_count", "freelist_count", "auto_vacuum"))
-        conn.rollback()
-    wal = path + "-wal"
-    return {"file": path, "file_bytes": os.path.getsize(path) if os.path.exists(path) else None,
-            "wal_bytes": os.path.getsize(wal) if os.path.exists(wal) else 0, "page_size": page_size,
-            "pages": pages, "free_pages": free, "free_bytes": free * page_size,
-            "auto_vacuum": {0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode))}
-
-
-def vacuum_step(conn: sa.Connection, pages: int) -> int:
-    """SQLite, in a store transaction: give up to *pages* free pages back to the file system (incremental
-    vacuum: the file is cut at the next checkpoint); how many were free before."""
-    raw = conn.connection.dbapi_connection
-    cursor = raw.cursor()
-    try:
-        free = cursor.execute("PRAGMA freelist_count").fetchone()[0]
-        for _ in range(min(pages, free)):  # each step of the pragma frees one page
-            cursor.execute("PRAGMA incremental_vacuum(1)").fetchall()
-    finally:
-        cursor.close()
-    return int(free)
-
-
-def vacuum(engine: sa.Engine, write: Write, *, step_pages: int = 256, max_pages: int | None = None,
-           rest: float = 1.0, stop: Callable[[], bool] = lambda: False) -> int:
-    """Give the free pages of a SQLite store back, *step_pages* per store transaction (pausing *rest* times
-    as long as each took), up to *max_pages*; the pages freed. Nothing on PostgreSQL (autovacuum) or on a
-    SQLite file whose auto_vacuum is not incremental (see :func:`full_vacuum`)."""
-    if engine.dialect.name != "sqlite" or sqlite_space(engine)["auto_vacuum"] != "incremental":
-        return 0
-    freed = 0
-    while not stop():
-        want = step_pages if max_pages is None else min(step_pages, max_pages - freed)
-        if want <= 0:
-            break
-        t = time.perf_counter()
-        free = write(lambda conn: vacuum_step(conn, want))
-        took = time.perf_counter() - t
-        done = min(want, free)
-        freed += done
-        if done < want or free <= want:
-            break
-        time.sleep(took * rest)
-    return freed
-
-
-def full_vacuum(url: str) -> dict[str, Any]:
-    """SQLite: rewrite the file once with ``auto_vacuum=INCREMENTAL`` (``VACUUM``: the whole file, holding
-    its write lock throughout, with as much free disk again). Only with the gateway stopped."""
-    import sqlite3
-
-    path = sa.engine.make_url(url).database
-    conn = sqlite3.connect(path, isolation_level=None, timeout=60)
-    try:
-        before = os.path.getsize(path)
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        conn.execute("VACUUM")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-    finally:
-        conn.close()
-    return {"before": before, "after": os.path.getsize(path), "auto_vacuum": mode}
-
-
-def live_instances(engine: sa.Engine, within_ms: int = 30_000) -> int:
-    """Broker processes that have beaten their heartbeat lately (a running gateway, worker...)."""
-    with engine.connect() as conn:
-        if not sa.inspect(conn).has_table("b2b_instances"):
-            return 0
-        n = conn.execute(sa.text("SELECT count(*) FROM b2b_instances WHERE heartbeat > :t"),
-                         {"t": now_ms() - within_ms}).scalar()
-        conn.rollback()
-    return int(n or 0)
-
-
-_TABLES = ("b2b_ledger", "b2b_ledger_events", "b2b_ledger_tombstones", "b2b_messages", "b2b_entries",
-           "b2b_archive_batches", "b2b_archive_runs", "etl_runs")
-
-
-def next_run_time(policy: RetentionPolicy, now: _dt.datetime | None = None) -> _dt.datetime | None:
-    from apscheduler.triggers.cron import CronTrigger
-
-    now = now or _dt.datetime.now(_dt.timezone.utc)
-    return CronTrigger.from_crontab(policy.schedule, timezone=policy.timezone).get_next_fire_time(None, now)
-
-
-def db_stats(engine: sa.Engine, policy: RetentionPolicy | None) -> dict[str, Any]:
-    """What ``b2bgw db stats`` shows: the tables' rows and sizes, the file (SQLite), the documents online by
-    status, the oldest of them, the retention policy's next run and what it will take."""
-    pg = engine.dialect.name == "postgresql"
-    out: dict[str, Any] = {"dialect": engine.dialect.name, "tables": []}
-    with engine.connect() as conn:
-        inspector = sa.inspect(conn)
-        present = set(inspector.get_table_names())
-        sizes: dict[str, int | None] = {}
-        if not pg:
-            try:
-                sizes = {r[0]: int(r[1]) for r in conn.exec_driver_sql(
-                    "SELECT name, sum(pgsize) FROM dbstat GROUP BY name")}
-            except sa.exc.OperationalError:  # SQLite built without the dbstat table
-                sizes = {}
-        for name in _TABLES:
-            if name not in present:
-                continue
-            if pg:
-                row = conn.execute(sa.text(
-                    "SELECT greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid) FROM pg_class c "
-                    "WHERE c.oid = to_regclass(:t)"), {"t": name}).first()
-                rows, size, estimated = (int(row[0]), int(row[1]), True) if row else (None, None, True)
-            else:
-                rows = int(conn.exec_driver_sql(f"SELECT count(*) FROM {name}").scalar())
-                indexes = [i["name"] for i in inspector.get_indexes(name)]
-                size = (sizes.get(name, 0) + sum(sizes.get(i, 0) for i in indexes)
-                        + sum(v for k, v in sizes.items() if k.startswith(f"sqlite_autoindex_{name}_"))) \
-                    if sizes else None
-                estimated = False
-            out["tables"].append({"table": name, "rows": rows, "bytes": size, "estimated": estimated})
-        if "b2b_ledger" in present:
-            by_status = {r[0]: int(r[1]) for r in conn.execute(
-                sa.select(documents.c.status, sa.func.count()).group_by(documents.c.status))}
-            out["documents"] = {s: by_status.get(s, 0) for s in STATUSES} | {
-                s: n for s, n in by_status.items() if s not in STATUSES}
-            oldest = None
-            for status in STATUSES:
-                row = conn.execute(sa.select(documents.c.message_id, documents.c.received_at, documents.c.updated_at,
-                                             documents.c.status).where(documents.c.status == status)
-                                   .order_by(documents.c.updated_at, documents.c.message_id).limit(1)).first()
-                if row is not None and (oldest is None or row.updated_at < oldest["updated_at"]):
-                    oldest = dict(row._mapping)
-            out["oldest_online"] = oldest
-        conn.rollback()
-    if not pg:
-        out["file"] = sqlite_space(engine)
-    out["retention"] = None
-    if policy is not None:
-        nxt = next_run_time(policy)
-        at = int(nxt.timestamp() * 1000) if nxt is not None else now_ms()
-        runs = list_runs(engine, 1)
-        out["retention"] = {
-            "enabled": policy.enabled,
-            "schedule": f"{policy.schedule} ({policy.timezone})",
-            "next_run": nxt.isoformat() if nxt is not None else None,
-            "due_at_next_run": due_counts(engine, policy, at) if "b2b_ledger" in present else None,
-            "last_run": runs[0] if runs else None,
-        }
-    return out
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
-
-
-def _iso(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def format_stats(stats: dict[str, Any]) -> str:
-    """``b2bgw db stats`` as text."""
-    lines = [f"store: {stats['dialect']}"]
-    rows = [("TABLE", "ROWS", "SIZE")]
-    for t in stats["tables"]:
-        rows.append((t["table"], ("~" if t["estimated"] else "") + (f"{t['rows']:,}" if t["rows"] is not None else "-"),
-                     _size(t["bytes"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines += ["  " + "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
-              for r in rows]
-    f = stats.get("file")
-    if f:
-        lines.append(f"file: {f['file']}: {_size(f['file_bytes'])} (WAL {_size(f['wal_bytes'])}), "
-                     f"{f['pages']:,} pages of {f['page_size']} bytes, {f['free_pages']:,} free "
-                     f"({_size(f['free_bytes'])}); auto_vacuum {f['auto_vacuum']}")
-        if f["auto_vacuum"] != "incremental":
-            lines.append("  free pages are reused by new documents, but not given back to the file system: run "
-                         "`b2bgw db vacuum --full` once, with the gateway stopped, to switch to incremental vacuum")
-    docs = stats.get("documents")
-    if docs is not None:
-        lines.append("documents online: " + ", ".join(f"{n:,} {s}" for s, n in docs.items()))
-        old = stats.get("oldest_online")
-        if old:
-            lines.append(f"oldest online document: {old['message_id']} ({old['status']}), received "
-                         f"{_iso(old['received_at'])}, last changed {_iso(old['updated_at'])}")
-    ret = stats.get("retention")
-    if ret is None:
-        lines.append("retention: none configured (ledger.retention): documents stay online for ever")
-    else:
-        lines.append(f"retention: {'enabled' if ret['enabled'] else 'DISABLED (ledger.retention.enabled: false)'}, "
-                     f"schedule {ret['schedule']}, next run {ret['next_run'] or '-'}")
-        due = ret.get("due_at_next_run")
-        if due:
-            lines.append(f"  due at the next run: {due['archive']:,} to archive and purge, {due['purge']:,} to purge; "
-                         f"{due['not_final']:,} as old but not in a final status (they stay online)")
-            for c in due["classes"]:
-                lines.append(f"    {c['class']}: online {c['online_days']:g} days, then {c['after']}: {c['due']:,} due")
-        last = ret.get("last_run")
-        if last:
-            lines.append(f"  last run {last['run_id']} {last['status']} {_iso(last['started_at'])}: "
-                         f"{last['archived']:,} archived, {last['purged']:,} purged, {last['waiting']:,} waiting for "
-                         f"the warehouse load" + (f"; {last['error'].splitlines()[0][:100]}" if last["error"] else ""))
-    return "\n".join(lines)
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

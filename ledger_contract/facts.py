@@ -2,43 +2,24 @@
 and the warehouse load.
 
 The gateway calls :func:`for_ledger` at intake on the tree it has just
-parsed and validated, and stores the result in ``b2b_ledger.facts`` (with
-``facts_version`` = :data:`VERSION`). The warehouse load (``spark_etl``) uses
-those facts when their version is current, and otherwise parses the stored
-XML and calls :func:`extract` itself, so both sides read a document the same
-way. Pure lxml + the standard library: the gateway does not need pyspark.
+validated and stores the result in ``b2b_ledger.facts`` (with
+``facts_version`` = :data:`VERSION`). The warehouse load uses those facts
+when their version is current, else parses the stored XML and calls
+:func:`extract` itself: both sides read a document the same way.
 
-What is read
-------------
-Header fields (relative to the root) and line fields (relative to each
-``cac:OrderLine/cac:LineItem`` or ``cac:InvoiceLine``), each with XPath 1.0
-``string()`` semantics: the string value of the FIRST node the path selects
-in document order ("" when none), trimmed; names and notes with
-``normalize-space``; a party id is the first non-blank
-``cac:PartyIdentification/cbc:ID``. libxml2 evaluates the paths: one XPath
-``concat()`` of the header fields and one per line, the values joined by a
-private-use character. The paths are also compiled into a tree of child tags
-walked once, depth first (:func:`_walk`, the first value met on a path being
-the first in document order): that walk takes over for a document with the
-joining character in a value. In a loop of their own both take ~60 us on the
-OASIS Order example; in the gateway's event loop, where the walk's hundreds of
-small Python objects meet cold caches, the XPaths made intake about 4% faster.
-CPU time of the whole extraction: see :func:`for_ledger`.
+Each field is the XPath 1.0 ``string()`` of its path (the first node in
+document order, trimmed; names and notes ``normalize-space``d). libxml2
+evaluates them as one ``concat()`` of the header and one per line, joined by
+a private-use character (faster in the gateway's event loop than a walk of
+the tree in Python); the walk (:func:`_walk`) takes over when a value holds
+that character. Amounts and quantities must fit ``decimal(18,6)`` and dates
+be ``YYYY-MM-DD``, else :class:`BadDocument` (the warehouse quarantines the
+document; the gateway accepts it without facts).
 
-Values are kept as the document spells them (trimmed); amounts and quantities
-must be numbers with at most 12 integer digits and 6 decimals (they become
-``decimal(18,6)`` in the warehouse), dates ``YYYY-MM-DD`` (an ``xsd:date``
-time zone suffix is dropped). A document that breaks a rule raises
-:class:`BadDocument` with the reason (the warehouse quarantines it; the
-gateway stores no facts for it and accepts it all the same).
-
-Encoding (``b2b_ledger.facts``)
--------------------------------
-One JSON object per document, made for a bulk Arrow read (``pyarrow.json``
-over the newline-joined facts of a batch): the header fields by name (absent
-when null), and ``lines`` column-oriented (``{"line_id": [...], ...}``, every
-line field present, one value per line; absent when there is no line).
-Decimals and the date are JSON strings (cast by Arrow, as when parsing).
+``b2b_ledger.facts`` is one JSON object per document, for a bulk
+``pyarrow.json`` read: the header fields by name (absent when null) and
+``lines`` column-oriented (``{"line_id": [...], ...}``); decimals and the
+date are strings.
 """
 
 from __future__ import annotations
@@ -67,7 +48,7 @@ __all__ = [
     "for_ledger",
 ]
 
-log = logging.getLogger("gateway.facts")
+log = logging.getLogger("ledger_contract.facts")
 
 #: Version of this extractor. Bump it whenever what :func:`extract` returns
 #: for some document changes: the warehouse load then parses the XML of every
@@ -500,11 +481,7 @@ def for_ledger(root: etree._Element, doc_type: str) -> str | None:
     type is not loaded into the warehouse, or when anything at all goes wrong
     (the warehouse load then parses the XML itself, and quarantines it when
     it must). Never raises: a valid document is never refused for its facts.
-
-    CPU time on this machine (2 cores shared with other work, lxml 6.1) for
-    the OASIS Order example (2 lines, as the gateway parsed it): 90-115 us, of
-    which the paths ~60 us; ~200-250 us for a 10-line order of the ETL
-    benchmark (``bench/etl_bench.py`` prints both).
+    ``bench/etl_bench.py`` measures its CPU time.
     """
     if doc_type not in KINDS:
         return None
