@@ -37,6 +37,7 @@ __all__ = [
     "make_engine",
     "migrate",
     "relative_sqlite_path",
+    "run_migrations",
     "split_url",
     "upgrade_database",
     "write_connection",
@@ -218,6 +219,18 @@ def migrate(bind: sa.Engine | sa.Connection, script_location: str, version_table
             _upgrade(conn, script_location)
             conn.commit()
     return head
+
+
+def run_migrations(metadata: sa.MetaData, version_table: str) -> None:
+    """The body of each chain's Alembic ``env.py``: its migrations on the connection :func:`migrate` passes
+    in, recorded in the chain's own version table, so the chains live side by side in one database."""
+    from alembic import context
+
+    connection = context.config.attributes["connection"]
+    context.configure(connection=connection, target_metadata=metadata, version_table=version_table,
+                      render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 def _upgrade(conn: sa.Connection, script_location: str) -> None:
