@@ -16,7 +16,7 @@ from .._store import Delivery, dead_letter_envelope, expired_envelope, now_ms
 from . import _codec
 from ._common import _CHANNEL, _CLAIMED, _COPY_COLS, _IN_FLIGHT, _WAITING, DLQ, ENQ, EXP, RED, _body_size, _Claimed
 from ._reader import _SQLReader
-from ._schema import box_depth, entries, instances, messages, subscriptions
+from ._schema import box_depth, entries, instances, subscriptions
 from ._writer import Batch
 
 

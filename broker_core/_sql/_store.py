@@ -73,10 +73,8 @@ from ._operations import _Operations
 from ._reader import _SQLReader
 from ._reads import _Reads
 from ._schema import (
-    consumers,
     entries,
     instances,
-    messages,
     subscriptions,
     temporaries,
 )
