@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 import asyncio
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
@@ -32,7 +31,7 @@ from ._message import (
     message_from_envelope,
 )
 from ._store import Delivery, Subscription, now_ms, queue_box, subscription_box
-from ._waiters import AsyncWaiter, ThreadWaiter
+from ._waiters import AsyncWaiter, ThreadWaiter, loop_future
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -46,57 +45,13 @@ log = logging.getLogger("broker_core")
 MessageListener = Callable[[Message], Any]
 
 
-class _LoopBridge:
-    """Hands completions from store threads to one event loop: one wake-up of
-    the loop per burst of completions, not one per message."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._pending: list[tuple[Callable[[Any], None], Any]] = []
-        self._scheduled = False
-        self._lock = threading.Lock()
-
-    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
-        with self._lock:
-            self._pending.append((fn, arg))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
-            pass
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._pending = self._pending, []
-            self._scheduled = False
-        for fn, arg in items:
-            fn(arg)
-
-
-_bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = weakref.WeakKeyDictionary()
-
-
 def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
                         in_transaction: Sequence[Callable[[Any], Any]] = (), *,
                         durable: bool = True) -> "asyncio.Future[None]":
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
-    loop = asyncio.get_running_loop()
-    bridge = _bridges.get(loop)
-    if bridge is None:
-        bridge = _bridges[loop] = _LoopBridge(loop)
-    future: asyncio.Future[None] = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if not future.done():
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
-
-    store.commit(sends, acks, in_transaction, lambda error: bridge.post(settle, error), durable=durable)
+    future, settle = loop_future()
+    store.commit(sends, acks, in_transaction, lambda error: settle(None, error), durable=durable)
     return future
 
 
@@ -815,10 +770,16 @@ class MessageConsumer:
         return self._receive_now()
 
     async def _receive_now_async(self) -> Message | None:
-        """:meth:`_receive_now`, in a thread when the claim may wait on a store write."""
-        if self._reader.claim_may_wait(now_ms()):
-            return await asyncio.to_thread(self._receive_now)
-        return self._receive_now()
+        """:meth:`_receive_now` without stalling the loop on a claim that waits for a store write."""
+        reader, now = self._reader, now_ms()
+        if not reader.claim_may_wait(now):
+            return self._receive_now()
+        if not self._session._connection._started:
+            return None
+        delivery = await reader.claim_async(now, self._auto_ack)
+        if delivery is None:
+            return None
+        return self._session._deliver(self, delivery, False)
 
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         """Like :meth:`receive`, for asyncio: waits without blocking the loop

@@ -21,6 +21,7 @@ callback given to :meth:`Store.attach` with the box key, outside its own locks.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -211,6 +212,11 @@ class Reader(abc.ABC):
     def claim(self, now: int, auto_ack: bool) -> Delivery | None:
         """The next available entry that matches, made in flight (or, with
         ``auto_ack``, removed at once); ``None`` if there is none now."""
+
+    async def claim_async(self, now: int, auto_ack: bool) -> Delivery | None:
+        """:meth:`claim` for an event loop, called when :meth:`claim_may_wait`:
+        here in a thread; a store whose writes can wake the loop does better."""
+        return await asyncio.to_thread(self.claim, now, auto_ack)
 
     def next_ready(self) -> int | None:
         """Epoch ms at which a delayed redelivery becomes available, if any."""

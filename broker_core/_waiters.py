@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
+from typing import Any, Callable
 
-__all__ = ["ThreadWaiter", "AsyncWaiter"]
+__all__ = ["ThreadWaiter", "AsyncWaiter", "loop_future"]
 
 
 class ThreadWaiter:
@@ -53,8 +55,63 @@ class AsyncWaiter:
     async def wait(self, timeout: float | None = None) -> bool:
         if not self._event.is_set():
             try:
-                await asyncio.wait_for(self._event.wait(), timeout)
-            except (asyncio.TimeoutError, TimeoutError):
+                async with asyncio.timeout(timeout):  # unlike wait_for, no task per wait
+                    await self._event.wait()
+            except TimeoutError:
                 return False
         self._event.clear()
         return True
+
+
+class _LoopBridge:
+    """Hands completions from store threads to one event loop: one wake-up of
+    the loop per burst of completions, not one per message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: list[tuple[Callable[[Any], None], Any]] = []
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        with self._lock:
+            self._pending.append((fn, arg))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+            self._scheduled = False
+        for fn, arg in items:
+            fn(arg)
+
+
+_bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = weakref.WeakKeyDictionary()
+
+
+def loop_future() -> "tuple[asyncio.Future[Any], Callable[[Any, BaseException | None], None]]":
+    """A future of the running loop, and ``settle(result, error)``, which
+    completes it from any thread (a store writer's completion callback)."""
+    loop = asyncio.get_running_loop()
+    bridge = _bridges.get(loop)
+    if bridge is None:
+        bridge = _bridges[loop] = _LoopBridge(loop)
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def complete(outcome: tuple[Any, BaseException | None]) -> None:
+        if not future.done():
+            if outcome[1] is None:
+                future.set_result(outcome[0])
+            else:
+                future.set_exception(outcome[1])
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        bridge.post(complete, (result, error))
+
+    return future, settle

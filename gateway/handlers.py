@@ -777,8 +777,9 @@ class _Runner:
         if message is not None:
             return message
         try:
-            await asyncio.wait_for(self.waiting_async.acquire(), poll)
-        except (asyncio.TimeoutError, TimeoutError):
+            async with asyncio.timeout(poll):  # unlike wait_for, no task per turn
+                await self.waiting_async.acquire()
+        except TimeoutError:
             return None
         try:
             return await consumer.receive_async(poll)

@@ -24,6 +24,7 @@ from .tables import FINAL_STATUSES, archive_batches, archive_cursors, archive_ru
 
 __all__ = [
     "ARCHIVE_COLUMNS",
+    "PURGE_COLUMNS",
     "Pacer",
     "Write",
     "abandon_runs",
@@ -49,6 +50,8 @@ __all__ = [
 
 #: The ledger columns an archived document keeps (the warehouse facts are in the warehouse already).
 ARCHIVE_COLUMNS = [c for c in documents.c if c.name not in ("facts", "facts_version")]
+#: What a purge without archive reads of a due row.
+PURGE_COLUMNS = [documents.c.message_id, documents.c.updated_at]
 
 Write = Callable[[Callable[[sa.Connection], Any]], Any]
 
@@ -75,10 +78,11 @@ def class_condition(cls: PolicyClass) -> sa.ColumnElement[bool]:
 
 
 def scan_due(engine: sa.Engine, cls: PolicyClass, status: str, cutoff: int, after: tuple[int, str] | None,
-             limit: int) -> list[Any]:
+             limit: int, columns: Sequence[sa.ColumnElement[Any]] = ARCHIVE_COLUMNS) -> list[Any]:
     """Up to *limit* ledger rows of *cls* in *status* last changed before *cutoff* (epoch ms), in
-    (updated_at, message_id) order after the cursor *after*: a range of the ledger's status index."""
-    query = sa.select(*ARCHIVE_COLUMNS).where(documents.c.status == status, documents.c.updated_at < cutoff,
+    (updated_at, message_id) order after the cursor *after*: a range of the ledger's status index.
+    *columns*: what to read of them (:data:`PURGE_COLUMNS` for a purge, which needs no XML)."""
+    query = sa.select(*columns).where(documents.c.status == status, documents.c.updated_at < cutoff,
                                               class_condition(cls))
     if after is not None:
         query = query.where(sa.tuple_(documents.c.updated_at, documents.c.message_id) > sa.tuple_(*after))

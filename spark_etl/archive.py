@@ -398,10 +398,14 @@ class _Job:
                 size = min(size, self.limit - self.handled)
                 if size <= 0:
                     return
-            rows = lifecycle.scan_due(self.engine, cls, status, cutoff, cursor, size)
+            archiving = cls.rule.after == "archive"
+            rows = lifecycle.scan_due(self.engine, cls, status, cutoff, cursor, size,
+                                      lifecycle.ARCHIVE_COLUMNS if archiving else lifecycle.PURGE_COLUMNS)
             if not rows:
                 return
-            history = lifecycle.histories(self.engine, [r["message_id"] for r in rows])
+            # a purge without archive needs the histories only to wait for the warehouse load
+            history = (lifecycle.histories(self.engine, [r["message_id"] for r in rows])
+                       if archiving or watermark is not None else {})
             scanned = len(rows)
             blocked = False
             if watermark is not None:
@@ -418,7 +422,7 @@ class _Job:
                 rows = ready
                 if not rows:
                     return
-            if cls.rule.after == "archive":
+            if archiving:
                 self._archive(run_id, rows, history)
             else:
                 self._purge_only(run_id, rows)

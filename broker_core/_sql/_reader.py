@@ -63,23 +63,64 @@ class _SQLReader(Reader):
     def _claim_sql(self, now: int, auto_ack: bool) -> Delivery | None:
         store = self._store
         with self._lock:
-            if self._closed:  # a claim now would hold rows that close() can no longer give back
-                return None
             while True:
+                if self._closed:  # a claim now would hold rows that close() can no longer give back
+                    return None
                 if not self._buffer:
                     # A consumer woken by a completion callback (a commit_async whose memory-tier sends
                     # wake it) runs in the writer's thread, where a claim's write would wait for itself:
                     # it takes from the memory tier only, and finds the rows at its next wake-up.
                     if threading.get_ident() == store._writer_thread or not self._fill(now):
                         return None
-                delivery = self._buffer.popleft()
-                env = delivery.envelope
-                if env.expiration and env.expiration <= now:
-                    store._expire_held(delivery)
+                delivery = self._hand_out(now, auto_ack)
+                if delivery is not None:
+                    return delivery
+
+    async def claim_async(self, now: int, auto_ack: bool) -> Delivery | None:
+        """:meth:`claim` on an event loop. A plain consumer's claim is a writer operation whose
+        completion wakes the loop: no thread hand-over each way, as ``asyncio.to_thread`` would cost
+        per message. A selective one scans with reads of its own, in a thread."""
+        if self._selector is not None:
+            return await super().claim_async(now, auto_ack)
+        self._flip = not self._flip
+        if self._flip:
+            return self._memory.claim(now, auto_ack) or await self._claim_sql_async(now, auto_ack)
+        return await self._claim_sql_async(now, auto_ack) or self._memory.claim(now, auto_ack)
+
+    async def _claim_sql_async(self, now: int, auto_ack: bool) -> Delivery | None:
+        # The lock is never held across the await: close() from another thread must not wait for the loop.
+        while True:
+            with self._lock:
+                if self._closed:
+                    return None
+                if self._buffer:
+                    delivery = self._hand_out(now, auto_ack)
+                    if delivery is not None:
+                        return delivery
                     continue
-                if auto_ack:
-                    store.ack([delivery], wait=False)
-                return delivery
+                if not self._worth_claiming(now):
+                    return None
+                version, batch = self._store._version(self._box), self._batch
+            rows = await self._store._claim_rows_async(self._box, batch, now)
+            with self._lock:
+                closed = self._closed
+                if not closed and not self._filled(rows, version, batch):
+                    return None
+            if closed:  # closed during the claim: what it got goes back
+                self._give_back([d.ref for d in rows])
+                return None
+
+    def _hand_out(self, now: int, auto_ack: bool) -> Delivery | None:
+        """The next prefetched entry, unless it expired meanwhile (then None: look again)."""
+        store = self._store
+        delivery = self._buffer.popleft()
+        env = delivery.envelope
+        if env.expiration and env.expiration <= now:
+            store._expire_held(delivery)
+            return None
+        if auto_ack:
+            store.ack([delivery], wait=False)
+        return delivery
 
     def claim_may_wait(self, now: int) -> bool:
         """A claim writes unless it takes a row held already or nothing changed since the box was empty."""
@@ -98,14 +139,18 @@ class _SQLReader(Reader):
             return self._fill_selective(now)
         if not self._worth_claiming(now):
             return False
-        version = store._version(self._box)
-        rows = store._claim_rows(self._box, self._batch, None, now)
+        version, batch = store._version(self._box), self._batch
+        return self._filled(store._claim_rows(self._box, batch, None, now), version, batch)
+
+    def _filled(self, rows: list[Delivery], version: int, batch: int) -> bool:
+        """Keep what a claim of ``batch`` rows, asked at box ``version``, got; grow the next claim
+        while claims come back full. False if it got nothing."""
         if not rows:
             self._empty_at = version
             self._batch = 1
             return False
         self._empty_at = None
-        self._batch = min(self.prefetch, self._batch * 2) if len(rows) == self._batch else max(1, len(rows))
+        self._batch = min(self.prefetch, batch * 2) if len(rows) == batch else max(1, len(rows))
         self._extend(rows)
         return True
 

@@ -55,6 +55,7 @@ from .._store import (
     expired_envelope,
     now_ms,
 )
+from .._waiters import loop_future
 from ..sql import (
     MIGRATIONS,
     PG_WRITE_LOCK,
@@ -628,8 +629,20 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
         return _SQLReader(self, box, compiled, self._mem.reader(box, selector), prefetch)
 
     def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Delivery]:
-        claimed, next_ready = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now),
-                                          durable=False)
+        result = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)
+        return self._claimed(box, ids, result)
+
+    async def _claim_rows_async(self, box: str, limit: int, now: int) -> list[Delivery]:
+        """:meth:`_claim_rows` for an event loop: the writer's completion wakes it (no thread waits)."""
+        future, settle = loop_future()
+        if self._closed or self._writer is None:
+            raise StoreError("the store is closed")
+        self._writer.submit(lambda batch: self._op_claim(batch, box, limit, None, now), callback=settle,
+                            durable=False, awaited=True)
+        return self._claimed(box, None, await future)
+
+    def _claimed(self, box: str, ids: list[int] | None, result: Any) -> list[Delivery]:
+        claimed, next_ready = result
         if next_ready is not None:
             self._next_ready[box] = next_ready
         elif ids is None:

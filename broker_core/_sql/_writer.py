@@ -55,14 +55,16 @@ class Batch:
 
 
 class _Op:
-    __slots__ = ("fn", "waiter", "callback", "durable", "result", "error", "done")
+    __slots__ = ("fn", "waiter", "callback", "durable", "streamed", "result", "error", "done")
 
     def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None,
-                 callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> None:
+                 callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True,
+                 streamed: bool = False) -> None:
         self.fn = fn
         self.durable = durable
         self.waiter = waiter
         self.callback = callback
+        self.streamed = streamed  # counted in the writer's stream of operations nobody blocks on
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -147,28 +149,31 @@ class GroupCommitter:
         self._thread.start()
 
     def submit(self, fn: Callable[[Batch], Any], wait: bool = True,
-               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> Any:
+               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True,
+               awaited: bool = False) -> Any:
         """Run ``fn`` in the next transaction; with ``wait``, return its result
         once committed (or raise its error); with ``callback``, return at once
         and call ``callback(result, error)`` from the writer thread when done.
         A batch of only non-``durable`` operations commits without waiting for
         the disk (still safe if the process is killed; not if the machine
-        loses power): for claims and background bookkeeping."""
+        loses power): for claims and background bookkeeping. ``awaited``: a
+        ``callback`` someone waits for (an event loop's claim), which, like a
+        blocking submit, never waits for ``commit_delay``."""
         if self._closed:
             raise StoreError("the store is closed")
         if callback is not None:
             wait = False
-        op = _Op(fn, ThreadWaiter() if wait else None, callback, durable)
+        op = _Op(fn, ThreadWaiter() if wait else None, callback, durable, streamed=not (wait or awaited))
         with self._cond:
             self._ops.append(op)
-            if op.waiter is None:
+            if op.streamed:
                 self._queued_async += 1
                 now = time.monotonic()
                 # a gap longer than 10 delays counts as 10: a burst after a quiet spell counts as dense after about 23 arrivals
                 gap = min(now - self._last_async, 10 * self.commit_delay)
                 self._last_async = now
                 self._async_gap += (gap - self._async_gap) * DENSE_GAP_WEIGHT
-            if len(self._ops) == 1 or (self._delaying and op.waiter is not None):
+            if len(self._ops) == 1 or (self._delaying and not op.streamed):
                 self._cond.notify()
         if not wait:
             return None
@@ -225,7 +230,7 @@ class GroupCommitter:
                 take = min(len(self._ops), self._max_batch)
                 for _ in range(take):
                     op = self._ops.popleft()
-                    if op.waiter is None:
+                    if op.streamed:
                         self._queued_async -= 1
                     ops.append(op)
             self._execute(ops)

@@ -16,7 +16,6 @@ item as ordered. (UBL 2.1's OrderResponse has no ``LineResponse``: that belongs 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime as _dt
 import logging
@@ -201,10 +200,11 @@ def respond(message: Message, context: HandlerContext) -> etree._Element:
 async def _respond_async(message: Message, context: AsyncHandlerContext) -> etree._Element:
     """Answer a UBL Order with an OrderResponse that accepts it (``async def``).
 
-    Parsing, building and validating are CPU work that lxml does with the GIL
-    released: in a thread they run in parallel with the other requests'
-    (on the event loop they would run one at a time, and stall the loop)."""
-    return await asyncio.to_thread(_answer, message, context.logger)
+    The work is a fraction of a millisecond of CPU, done on the loop: handing
+    it to a thread (``asyncio.to_thread``) would cost a thread hand-over each
+    way, more than it can gain. A handler with long CPU work, or a blocking
+    call, does hand it over, so that the loop's other tasks are not stalled."""
+    return _answer(message, context.logger)
 
 
 #: :func:`respond` written ``async def``; not registered (run it with ``Worker(broker, [respond_async])``).

@@ -304,3 +304,83 @@ def test_commit_async_of_a_reply_to_a_requestor_of_this_process_completes(broker
     assert reply.text == "pong"
     requester.close()
     responder.close()
+
+
+class _HeldWriter:
+    """Holds the store's writer (a write that waits) until released: a claim queues behind it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+        def hold(conn):
+            self.started.set()
+            self.release.wait(10)
+
+        self.thread = threading.Thread(target=broker.write, args=(hold,), daemon=True)
+        self.thread.start()
+        assert self.started.wait(5)
+
+    def free(self) -> None:
+        self.release.set()
+        self.thread.join(10)
+
+
+def test_receive_async_keeps_the_loop_running_while_the_claim_waits_for_the_store(broker, send):
+    send(QUEUE, "behind a long write")
+    conn = broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(QUEUE)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        held = _HeldWriter(broker)
+        tick_task = asyncio.create_task(ticker())
+        asyncio.get_running_loop().call_later(0.3, held.free)
+        started = time.monotonic()
+        message = await consumer.receive_async(timeout=5)
+        waited = time.monotonic() - started
+        await asyncio.sleep(0.3)  # the memory store's claim never waits: the write is still held
+        tick_task.cancel()
+        return message, ticks, waited
+
+    message, ticks, waited = asyncio.run(main())
+    assert message is not None and message.text == "behind a long write"
+    # a tick every 10 ms while the claim waited (and the 300 ms after): half of them at least
+    assert ticks >= (waited + 0.3) / 0.01 / 2, f"the event loop was blocked: {ticks} ticks in {waited + 0.3:.2f} s"
+
+
+def test_a_consumer_closed_while_its_async_claim_waits_gives_the_message_back(broker, send):
+    """The claim completes after the close: what it took goes back, not delivered (JMSRedelivered false)."""
+    queue = Queue("async.claim.closed")
+    send(queue, "only once")
+    conn = broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(queue)
+
+    async def main():
+        held = _HeldWriter(broker)
+        receiving = asyncio.create_task(consumer.receive_async(timeout=5))
+        await asyncio.sleep(0.1)  # the claim is queued behind the held write (or done: memory)
+        closing = threading.Thread(target=consumer.close)
+        closing.start()
+        await asyncio.sleep(0.1)
+        held.free()
+        got = await receiving
+        await asyncio.to_thread(closing.join, 10)
+        return got
+
+    got = asyncio.run(main())
+    again = broker.connect()
+    again.start()
+    later = again.create_session().create_consumer(queue).receive(2)
+    if got is None:
+        assert later is not None and later.text == "only once" and later.jms_redelivered is False
+    else:  # a store whose claim never waits handed it out (and acknowledged it) before the close
+        assert got.text == "only once" and later is None

@@ -216,6 +216,36 @@ def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path)
     assert numbers["b"] == numbers["c"] == numbers["a"] + 1
 
 
+def test_an_awaited_callback_ends_the_delay_like_a_blocking_caller(tmp_path):
+    """An event loop's claim: submitted with a callback, but someone waits for it."""
+    writer = _committer(tmp_path, delay=5.0)
+    numbers: dict[str, int] = {}
+    first_running = threading.Event()
+    release_first = threading.Event()
+    settled = threading.Event()
+
+    def run_a(batch):
+        numbers["a"] = batch.number
+        first_running.set()
+        release_first.wait(5)
+
+    try:
+        writer.submit(run_a, wait=False)
+        assert first_running.wait(5)
+        writer.submit(lambda batch: numbers.__setitem__("b", batch.number), wait=False)  # a stream
+        release_first.set()
+        time.sleep(0.1)  # the writer now waits for more of the stream
+        started = time.monotonic()
+        writer.submit(lambda batch: numbers.__setitem__("c", batch.number),
+                      callback=lambda result, error: settled.set(), awaited=True)
+        assert settled.wait(5)
+        waited = time.monotonic() - started
+    finally:
+        writer.close()
+    assert waited < 1.0, f"an awaited operation waited {waited:.2f} s for the commit delay"
+    assert numbers["b"] == numbers["c"] == numbers["a"] + 1
+
+
 def test_a_synchronous_send_does_not_wait_and_a_stream_of_async_sends_arrives_whole_and_in_order(tmp_path):
     queue = Queue("delay.stream")
     with Broker.open(f"sqlite:///{tmp_path / 'd.db'}", sweep_interval=0, commit_delay=0.05) as broker:
