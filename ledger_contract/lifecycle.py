@@ -26,6 +26,7 @@ __all__ = [
     "ARCHIVE_COLUMNS",
     "PURGE_COLUMNS",
     "Pacer",
+    "activity_mark",
     "Write",
     "abandon_runs",
     "class_condition",
@@ -184,15 +185,19 @@ def expire_tombstones(conn: sa.Connection, batch_id: int) -> int:
 
 class Pacer:
     """Sizes the purge's store transactions so each runs about ``target`` seconds, and pauses after each so
-    that the intake keeps the write turn: ``rest`` times as long as the transaction ran while the store is
-    otherwise quiet, ``busy_rest`` times as long once it is not (the transaction waited for the turn, or
-    for other work committed with it, longer than it ran itself: with the default the purge then takes a
-    tenth of the turn at most)."""
+    that the intake keeps the store: ``rest`` times as long as the transaction ran while the store is
+    otherwise quiet, ``busy_rest`` times as long as it took in all (its wait for the write turn and its
+    commit included) once it is not. Busy: this transaction and the one before waited for the turn, or for
+    other work committed with them, longer than they ran themselves, or ``activity()`` (a mark that
+    others' writes raise: the ledger's newest event) rose since the last one. With the default a busy store's purge takes a tenth
+    of the time at most: a purge never costs the intake more than that, and runs at full speed when the
+    intake is quiet."""
 
     def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 50,
-                 most: int = 2000, least: int = 20) -> None:
+                 most: int = 2000, least: int = 20, activity: Callable[[], Any] | None = None) -> None:
         self.target, self.rest, self.busy_rest = target, rest, busy_rest
         self.size, self.most, self.least = first, most, least
+        self.activity = activity
         self.busy = 0  # transactions that found the store busy
 
     def run(self, write: Write, fn: Callable[[sa.Connection, Sequence[Any]], Any], items: Sequence[Any],
@@ -200,6 +205,9 @@ class Pacer:
         """``write(lambda conn: fn(conn, chunk))`` for consecutive chunks of *items*; the results."""
         results = []
         i = 0
+        activity = self.activity
+        mark = activity() if activity is not None else None
+        waited_before = False
         while i < len(items):
             if stop():
                 break
@@ -219,11 +227,28 @@ class Pacer:
             i += len(chunk)
             own = max(ran[0], 1e-6)
             self.size = max(self.least, min(self.most, int(self.target / (own / len(chunk)))))
-            busy = took - own > max(own, 0.002)
+            waited = took - own > max(own, 0.002)
+            # one wait alone is no sign of a busy store: this process's own threads (the archive writing
+            # the next batch, holding the GIL) delay a transaction now and then
+            busy, waited_before = waited and waited_before, waited
+            if activity is not None:
+                now_mark = activity()
+                if now_mark is not None and (mark is None or now_mark > mark):
+                    busy, mark = True, now_mark
             self.busy += busy
             if i < len(items):
-                time.sleep(own * (self.busy_rest if busy else self.rest))
+                time.sleep(took * self.busy_rest if busy else own * self.rest)
         return results
+
+
+def activity_mark(engine: sa.Engine) -> int | None:
+    """The ledger's newest event: it rises whenever the gateway takes in a document or records a status.
+    (A purge removes old events only, unless every document is due: then it may fall, and the intake is
+    quiet.)"""
+    with engine.connect() as conn:
+        mark = conn.execute(sa.select(sa.func.max(events.c.seq))).scalar()
+        conn.rollback()
+    return None if mark is None else int(mark)
 
 
 # --------------------------------------------------------------------------- the archive job's journal

@@ -149,8 +149,9 @@ def _day(ms: int) -> str:
 
 
 def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, int]]], batch_id: int,
-           archived_at: int) -> tuple[Any, dict[str, tuple[str, str | None]]]:
-    """The Arrow table of *rows* and the SHA-256 of each one's request and reply, from the ledger's bytes."""
+           archived_at: int) -> tuple[Any, dict[str, tuple[str, str | None]], dict[str, tuple[bytes, bytes | None]]]:
+    """The Arrow table of *rows*, the SHA-256 of each one's request and reply, and those bytes (the
+    ledger's), by message id."""
     import pyarrow as pa
 
     ts = pa.timestamp("ms", tz="UTC")
@@ -160,6 +161,7 @@ def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, i
     reply_sha = [_sha(x) for x in replies]
     ids = [row["message_id"] for row in rows]
     expected = dict(zip(ids, zip(request_sha, reply_sha)))
+    originals = dict(zip(ids, zip(requests, replies)))
     offsets, seqs, statuses, ats = [0], [], [], []
     for mid in ids:
         for seq, status, at in history.get(mid, ()):
@@ -185,7 +187,7 @@ def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, i
     cols["history"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), events)
     cols["batch_id"] = pa.array([batch_id] * len(rows), pa.int64())
     schema = _schema()
-    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema), expected
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema), expected, originals
 
 
 def _write_file(table: Any, path: str) -> int:
@@ -234,10 +236,19 @@ def _remove_files(root: str, files: list[dict[str, Any]]) -> None:
                 pass
 
 
-def _read_back(root: str, files: list[dict[str, Any]]) -> dict[str, tuple[str | None, str | None, int, str, str | None]]:
+def _read_back(root: str, files: list[dict[str, Any]], originals: dict[str, tuple[bytes, bytes | None]] | None = None,
+               expected: dict[str, tuple[str, str | None]] | None = None,
+               ) -> dict[str, tuple[str | None, str | None, int, str, str | None]]:
     """``message_id -> (sha of request read back, of reply, updated_at ms, stored request sha, stored reply
-    sha)`` of the batch's files; ArchiveError when one is missing or has a message id twice."""
+    sha)`` of the batch's files; ArchiveError when one is missing or has a message id twice. With the
+    *originals* just written (and their *expected* SHA-256), XML read back that is byte for byte the
+    original is given the original's SHA-256 without hashing it again (else a value no SHA-256 has)."""
     import pyarrow.parquet as pq
+
+    def sha(mid: str, data: bytes | None, which: int) -> str | None:
+        if originals is None or expected is None or mid not in originals:
+            return _sha(data)
+        return expected[mid][which] if data == originals[mid][which] else "(differs)"
 
     out: dict[str, tuple[str | None, str | None, int, str, str | None]] = {}
     for f in files:
@@ -257,7 +268,7 @@ def _read_back(root: str, files: list[dict[str, Any]]) -> dict[str, tuple[str | 
         for i, mid in enumerate(ids):
             if mid in out:
                 raise ArchiveError(f"archive file {path}: message {mid} twice in one batch")
-            out[mid] = (_sha(requests[i]), _sha(replies[i]), updated[i], stored_req[i], stored_rep[i])
+            out[mid] = (sha(mid, requests[i], 0), sha(mid, replies[i], 1), updated[i], stored_req[i], stored_rep[i])
     return out
 
 
@@ -302,7 +313,7 @@ class _Job:
         self.lease = lease
         self.do_vacuum = vacuum
         self.limit = limit
-        self.pacer = pacer or lifecycle.Pacer()
+        self.pacer = pacer or lifecycle.Pacer(activity=lambda: lifecycle.activity_mark(engine))
         self.should_stop: Callable[[], bool] = lambda: False
         # one batch's purge runs in this thread while the next batch is read, written and verified (the
         # purge mostly waits for the store's writer, and pauses between its transactions)
@@ -443,16 +454,19 @@ class _Job:
                  for day, day_rows in sorted(by_day.items())]
         batch_id = lifecycle.new_batch(self.write, run_id, "archive", len(rows), files, "writing")
         expected: dict[str, tuple[str, str | None]] = {}
+        originals: dict[str, tuple[bytes, bytes | None]] = {}
         written = 0
         for f, (day, day_rows) in zip(files, sorted(by_day.items())):
-            table, digests = _table(day_rows, history, batch_id, archived_at)
+            table, digests, xml = _table(day_rows, history, batch_id, archived_at)
             expected.update(digests)
+            originals.update(xml)
             written += _write_file(table, os.path.join(self.root, f["path"]))
             _hook("file_written", batch_id)
         _hook("written", batch_id)
         lifecycle.set_batch(self.write, batch_id, status="written", bytes=written)
         _hook("before_verify", batch_id)
-        read = _read_back(self.root, files)
+        read = _read_back(self.root, files, originals, expected)
+        del originals
         problems = _check(read, expected)
         if problems:
             _remove_files(self.root, files)

@@ -320,3 +320,19 @@ def test_a_full_warehouse_rebuild_refuses_once_documents_were_purged(store, tmp_
     settings = resolve({"warehouse": str(tmp_path / "wh"), "enabled": False})
     with pytest.raises(EtlError, match="purged 5 documents"):
         etl_run(settings, str(store.engine.url), full=True)
+
+
+def test_the_purge_sees_the_intake_by_the_ledgers_newest_event(store, tmp_path):
+    """What the purge's pacing watches (``lifecycle.activity_mark``) rises when documents come in, and stays
+    when the purge removes old ones."""
+    from ledger_contract.lifecycle import activity_mark
+
+    assert activity_mark(store.engine) is None  # an empty ledger
+    fill(store, 5, days_ago=100)
+    fill(store, 1, days_ago=0, start=5)
+    before = activity_mark(store.engine)
+    assert before is not None
+    assert run(store, tmp_path / "wh").purged == 5
+    assert activity_mark(store.engine) == before
+    fill(store, 1, days_ago=0, start=6)
+    assert activity_mark(store.engine) > before
