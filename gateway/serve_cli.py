@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +63,9 @@ def _freeze_startup_objects() -> None:
 
 
 #: The sample partners' API keys, published in the README: anyone can use them.
+#: Seconds a thread may hold the interpreter lock while another waits for it (see :func:`_serve_one`).
+SWITCH_INTERVAL = 0.001
+
 _DEMO_KEYS = (
     "acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA",
     "globex-demo.gtQ0VQHxnHu2x3aBBqlE_TqHsM5svX9Dzw52xGagUfA",
@@ -185,6 +189,10 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
                  len(app.state.assembly.routes), len(app.state.assembly.partners.partners), host, port,
                  config_shown(settings), shown_url(settings.store_url))
     _freeze_startup_objects()
+    # The event loop gives up the interpreter lock at every wait for the network, and gets it back only when
+    # a thread working on a large document drops it: by default after 5 ms, so a request that waits a few
+    # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
                    timeout_graceful_shutdown=10, log_config=uvicorn_log_config())
     if args.listen_fd is None:
