@@ -11,6 +11,23 @@ from broker_core import Broker, Queue, Requestor
 QUEUE = Queue("async")
 
 
+class _Ticker:
+    """Counts 10 ms sleeps of a task on the running loop: how long the loop ran freely."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.ticks += 1
+
+    def stop(self) -> int:
+        self.task.cancel()
+        return self.ticks
+
+
 def test_receive_async_returns_a_waiting_message(session, send):
     send(QUEUE, "ready")
     consumer = session.create_consumer(QUEUE)
@@ -37,19 +54,10 @@ def test_receive_async_does_not_block_the_loop(broker, session):
     producer = other.create_producer(QUEUE)
 
     async def main():
-        ticks = 0
-
-        async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        tick_task = asyncio.create_task(ticker())
+        ticker = _Ticker()
         threading.Timer(0.3, lambda: producer.send(other.create_text_message("from a thread"))).start()
         message = await consumer.receive_async(timeout=5)
-        tick_task.cancel()
-        return message, ticks
+        return message, ticker.stop()
 
     message, ticks = asyncio.run(main())
     assert message is not None and message.text == "from a thread"
@@ -325,30 +333,25 @@ class _HeldWriter:
         self.thread.join(10)
 
 
-def test_receive_async_keeps_the_loop_running_while_the_claim_waits_for_the_store(broker, send):
-    send(QUEUE, "behind a long write")
+def _started_consumer(broker: Broker, queue: Queue):
     conn = broker.connect()
     conn.start()
-    consumer = conn.create_session().create_consumer(QUEUE)
+    return conn.create_session().create_consumer(queue)
+
+
+def test_receive_async_keeps_the_loop_running_while_the_claim_waits_for_the_store(broker, send):
+    send(QUEUE, "behind a long write")
+    consumer = _started_consumer(broker, QUEUE)
 
     async def main():
-        ticks = 0
-
-        async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
         held = _HeldWriter(broker)
-        tick_task = asyncio.create_task(ticker())
+        ticker = _Ticker()
         asyncio.get_running_loop().call_later(0.3, held.free)
         started = time.monotonic()
         message = await consumer.receive_async(timeout=5)
         waited = time.monotonic() - started
         await asyncio.sleep(0.3)  # the memory store's claim never waits: the write is still held
-        tick_task.cancel()
-        return message, ticks, waited
+        return message, ticker.stop(), waited
 
     message, ticks, waited = asyncio.run(main())
     assert message is not None and message.text == "behind a long write"
@@ -360,9 +363,7 @@ def test_a_consumer_closed_while_its_async_claim_waits_gives_the_message_back(br
     """The claim completes after the close: what it took goes back, not delivered (JMSRedelivered false)."""
     queue = Queue("async.claim.closed")
     send(queue, "only once")
-    conn = broker.connect()
-    conn.start()
-    consumer = conn.create_session().create_consumer(queue)
+    consumer = _started_consumer(broker, queue)
 
     async def main():
         held = _HeldWriter(broker)
@@ -377,9 +378,7 @@ def test_a_consumer_closed_while_its_async_claim_waits_gives_the_message_back(br
         return got
 
     got = asyncio.run(main())
-    again = broker.connect()
-    again.start()
-    later = again.create_session().create_consumer(queue).receive(2)
+    later = _started_consumer(broker, queue).receive(2)
     if got is None:
         assert later is not None and later.text == "only once" and later.jms_redelivered is False
     else:  # a store whose claim never waits handed it out (and acknowledged it) before the close

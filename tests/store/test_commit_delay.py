@@ -190,7 +190,10 @@ def test_callers_blocked_on_their_own_operation_never_wait_for_the_delay(tmp_pat
     assert elapsed < 1.0, f"30 synchronous operations took {elapsed:.2f} s: they waited for the commit delay"
 
 
-def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path):
+def _after_a_waiting_stream(tmp_path, submit_c) -> tuple[dict[str, int], float]:
+    """"a" committed, "b" streamed in after it, the writer waiting (5 s delay) for more of the stream:
+    then ``submit_c(writer, op)`` submits "c" and returns once it is committed. The transaction numbers, and
+    how long "c" took."""
     writer = _committer(tmp_path, delay=5.0)
     numbers: dict[str, int] = {}
     first_running = threading.Event()
@@ -208,40 +211,27 @@ def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path)
         release_first.set()
         time.sleep(0.1)  # the writer now waits for more of the stream
         started = time.monotonic()
-        writer.submit(lambda batch: numbers.__setitem__("c", batch.number))  # blocks until committed
+        submit_c(writer, lambda batch: numbers.__setitem__("c", batch.number))
         waited = time.monotonic() - started
     finally:
         writer.close()
+    return numbers, waited
+
+
+def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path):
+    numbers, waited = _after_a_waiting_stream(tmp_path, lambda writer, op: writer.submit(op))
     assert waited < 1.0, f"a blocking submit waited {waited:.2f} s for the commit delay"
     assert numbers["b"] == numbers["c"] == numbers["a"] + 1
 
 
 def test_an_awaited_callback_ends_the_delay_like_a_blocking_caller(tmp_path):
     """An event loop's claim: submitted with a callback, but someone waits for it."""
-    writer = _committer(tmp_path, delay=5.0)
-    numbers: dict[str, int] = {}
-    first_running = threading.Event()
-    release_first = threading.Event()
-    settled = threading.Event()
-
-    def run_a(batch):
-        numbers["a"] = batch.number
-        first_running.set()
-        release_first.wait(5)
-
-    try:
-        writer.submit(run_a, wait=False)
-        assert first_running.wait(5)
-        writer.submit(lambda batch: numbers.__setitem__("b", batch.number), wait=False)  # a stream
-        release_first.set()
-        time.sleep(0.1)  # the writer now waits for more of the stream
-        started = time.monotonic()
-        writer.submit(lambda batch: numbers.__setitem__("c", batch.number),
-                      callback=lambda result, error: settled.set(), awaited=True)
+    def submit_awaited(writer, op):
+        settled = threading.Event()
+        writer.submit(op, callback=lambda result, error: settled.set(), awaited=True)
         assert settled.wait(5)
-        waited = time.monotonic() - started
-    finally:
-        writer.close()
+
+    numbers, waited = _after_a_waiting_stream(tmp_path, submit_awaited)
     assert waited < 1.0, f"an awaited operation waited {waited:.2f} s for the commit delay"
     assert numbers["b"] == numbers["c"] == numbers["a"] + 1
 
