@@ -247,13 +247,13 @@ class _Operations:
                         break
         return chosen
 
-    def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]]) -> None:
-        """After the commit: give the pre-claimed entries to their readers;
-        a reader closed meanwhile gets nothing and the entries go back."""
+    def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]], wake: bool = True) -> None:
+        """After the commit: give the pre-claimed entries to their readers (and, with *wake*, wake their
+        consumers); a reader closed meanwhile gets nothing and the entries go back."""
         give_back: list[int] = []
         for reader, deliveries in by_reader.items():
             deliveries.sort(key=lambda d: (-d.envelope.priority, d.ref))
-            if not reader._accept(deliveries):
+            if not reader._accept(deliveries, wake):
                 give_back.extend(d.ref for d in deliveries)
         if give_back:
             self._write(lambda b: self._op_release(b, give_back, "not delivered", self.instance_id, counted=False),

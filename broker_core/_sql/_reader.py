@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import heapq
 import logging
@@ -79,9 +80,8 @@ class _SQLReader(Reader):
     async def claim_async(self, now: int, auto_ack: bool) -> Delivery | None:
         """:meth:`claim` on an event loop. A plain consumer's claim is a writer operation whose
         completion wakes the loop: no thread hand-over each way, as ``asyncio.to_thread`` would cost
-        per message. A selective one scans with reads of its own, in a thread."""
-        if self._selector is not None:
-            return await super().claim_async(now, auto_ack)
+        per message. A selective one scans with reads of its own, in a thread. Either way the rows
+        claimed go to the buffer first, so that a task cancelled while it waits loses none of them."""
         self._flip = not self._flip
         if self._flip:
             return self._memory.claim(now, auto_ack) or await self._claim_sql_async(now, auto_ack)
@@ -98,17 +98,22 @@ class _SQLReader(Reader):
                     if delivery is not None:
                         return delivery
                     continue
-                if not self._worth_claiming(now):
+                if self._selector is None and not self._worth_claiming(now):
                     return None
                 version, batch = self._store._version(self._box), self._batch
-            rows = await self._store._claim_rows_async(self._box, batch, now)
-            with self._lock:
-                closed = self._closed
-                if not closed and not self._filled(rows, version, batch):
+            if self._selector is not None:
+                if not await asyncio.to_thread(self._fill_selective_now, now):
                     return None
-            if closed:  # closed during the claim: what it got goes back
-                self._give_back([d.ref for d in rows])
-                return None
+                continue
+            # the rows land in the buffer (or go back, if closed meanwhile) even if this task is cancelled
+            got = await self._store._claim_rows_async(self, batch, now)
+            with self._lock:
+                if not self._grown(got, version, batch):
+                    return None
+
+    def _fill_selective_now(self, now: int) -> bool:
+        with self._lock:
+            return not self._closed and self._fill_selective(now)
 
     def _hand_out(self, now: int, auto_ack: bool) -> Delivery | None:
         """The next prefetched entry, unless it expired meanwhile (then None: look again)."""
@@ -143,15 +148,21 @@ class _SQLReader(Reader):
         return self._filled(store._claim_rows(self._box, batch, None, now), version, batch)
 
     def _filled(self, rows: list[Delivery], version: int, batch: int) -> bool:
-        """Keep what a claim of ``batch`` rows, asked at box ``version``, got; grow the next claim
-        while claims come back full. False if it got nothing."""
-        if not rows:
+        """Keep what a claim of ``batch`` rows, asked at box ``version``, got. False if it got nothing."""
+        if self._grown(len(rows), version, batch):
+            self._extend(rows)
+            return True
+        return False
+
+    def _grown(self, got: int, version: int, batch: int) -> bool:
+        """After a claim of ``batch`` rows asked at box ``version`` got ``got``: the next claim grows while
+        claims come back full. False if it got nothing."""
+        if not got:
             self._empty_at = version
             self._batch = 1
             return False
         self._empty_at = None
-        self._batch = min(self.prefetch, batch * 2) if len(rows) == batch else max(1, len(rows))
-        self._extend(rows)
+        self._batch = min(self.prefetch, batch * 2) if got == batch else max(1, got)
         return True
 
     def _extend(self, deliveries: list[Delivery]) -> None:
@@ -164,15 +175,16 @@ class _SQLReader(Reader):
         return (not self._buffer and not self._candidates and self._empty_at is not None and not self._closed
                 and self._empty_at == self._store._version(self._box) and demand is not None and demand())
 
-    def _accept(self, deliveries: list[Delivery]) -> bool:
-        """Entries claimed for this reader by the writer; False if closed."""
+    def _accept(self, deliveries: list[Delivery], wake: bool = True) -> bool:
+        """Entries claimed for this reader by the writer (*wake*: its consumer waits for them); False if
+        closed."""
         with self._inbox_lock:
             if self._closed:
                 return False
             self._buffer.extend(deliveries)
-        wake = self.wake
-        if wake is not None:
-            wake()
+        waker = self.wake
+        if wake and waker is not None:
+            waker()
         return True
 
     def _scan(self, now: int) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from broker_core import Broker, Queue, Requestor
 
 QUEUE = Queue("async")
@@ -383,3 +385,31 @@ def test_a_consumer_closed_while_its_async_claim_waits_gives_the_message_back(br
         assert later is not None and later.text == "only once" and later.jms_redelivered is False
     else:  # a store whose claim never waits handed it out (and acknowledged it) before the close
         assert got.text == "only once" and later is None
+
+
+@pytest.mark.parametrize("selector", [None, "kind = 'a'"], ids=["plain", "selective"])
+def test_a_receive_async_cancelled_while_its_claim_waits_loses_nothing(broker, session, selector):
+    """``wait_for`` gives up on a receive whose claim waits for the store: the message it claimed is the next
+    receive's, not delivered meanwhile (JMSRedelivered false), and not acknowledged in nobody's hands."""
+    queue = Queue("async.claim.cancelled")
+    message = session.create_text_message("kept")
+    message.set_string_property("kind", "a")
+    session.create_producer(queue).send(message)
+    conn = broker.connect()
+    conn.start()
+    consumer = conn.create_session().create_consumer(queue, selector)
+
+    async def main():
+        held = _HeldWriter(broker)
+        first = None
+        try:
+            first = await asyncio.wait_for(consumer.receive_async(timeout=5), 0.2)
+        except TimeoutError:
+            pass
+        finally:
+            held.free()
+        return first or await consumer.receive_async(timeout=5)  # a store whose claim never waits: the first
+
+    got = asyncio.run(main())
+    assert got is not None and got.text == "kept" and got.jms_redelivered is False
+    assert _started_consumer(broker, queue).receive(0.5) is None
