@@ -21,7 +21,6 @@ callback given to :meth:`Store.attach` with the box key, outside its own locks.
 from __future__ import annotations
 
 import abc
-import asyncio
 import dataclasses
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -214,9 +213,11 @@ class Reader(abc.ABC):
         ``auto_ack``, removed at once); ``None`` if there is none now."""
 
     async def claim_async(self, now: int, auto_ack: bool) -> Delivery | None:
-        """:meth:`claim` for an event loop, called when :meth:`claim_may_wait`:
-        here in a thread; a store whose writes can wake the loop does better."""
-        return await asyncio.to_thread(self.claim, now, auto_ack)
+        """:meth:`claim` for an event loop, called when :meth:`claim_may_wait`.
+        Here the claim itself, for a store whose claims never wait; one whose
+        claims may wait overrides it, and keeps what a claim takes for the
+        consumer's next receive when the waiting task is cancelled."""
+        return self.claim(now, auto_ack)
 
     def next_ready(self) -> int | None:
         """Epoch ms at which a delayed redelivery becomes available, if any."""

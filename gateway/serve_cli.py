@@ -62,10 +62,10 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-#: The sample partners' API keys, published in the README: anyone can use them.
 #: Seconds a thread may hold the interpreter lock while another waits for it (see :func:`_serve_one`).
 SWITCH_INTERVAL = 0.001
 
+#: The sample partners' API keys, published in the README: anyone can use them.
 _DEMO_KEYS = (
     "acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA",
     "globex-demo.gtQ0VQHxnHu2x3aBBqlE_TqHsM5svX9Dzw52xGagUfA",

@@ -189,9 +189,8 @@ class Pacer:
     otherwise quiet, ``busy_rest`` times as long as it took in all (its wait for the write turn and its
     commit included) once it is not. Busy: this transaction and the one before waited for the turn, or for
     other work committed with them, longer than they ran themselves, or ``activity()`` (a mark that
-    others' writes raise: the ledger's newest event) rose since the last one. With the default a busy store's purge takes a tenth
-    of the time at most: a purge never costs the intake more than that, and runs at full speed when the
-    intake is quiet."""
+    others' writes raise: the ledger's newest event) rose since the last one. With the default a busy
+    store's purge takes a tenth of the time at most, and runs at full speed once the intake is quiet."""
 
     def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 50,
                  most: int = 2000, least: int = 20, activity: Callable[[], Any] | None = None) -> None:
