@@ -21,6 +21,7 @@ import collections
 import concurrent.futures
 import logging
 import os
+import threading
 from typing import Any
 
 from broker_core import (
@@ -42,6 +43,8 @@ from .intake import (
     INLINE_MAX_BYTES,
     INTAKE_BUSY,
     INTAKE_THREADS,
+    LARGE_NICE,
+    LARGE_THREADS,
     TREE_VALIDATION_MAX_BYTES,
     Intake,
     IntakeStages,
@@ -105,6 +108,9 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                              if intake_threads > 0 else None)
         self._intake_threads = intake_threads
         self._in_pool = 0  # documents running or queued on the intake threads
+        # larger documents: a few threads of their own, at a lower CPU priority (see LARGE_NICE)
+        self._large_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-large",
+                                                                 initializer=_lower_priority, initargs=(LARGE_NICE,))
         # the full error reports of invalid documents: worked out in a helper process, within a time budget
         settings = assembly.settings
         self.explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
@@ -154,6 +160,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             self._connection.close()
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
+        self._large_pool.shutdown(wait=False)
         if self.rules is not None:
             self.rules.close()
 
@@ -168,6 +175,11 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         return session, session.create_producer(None)
 
     # ----------------------------------------------------------------- submitting
+
+    def _large_intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
+                      check_recent: bool) -> "asyncio.Future[Intake]":
+        return asyncio.get_running_loop().run_in_executor(self._large_pool, self._intake, partner, body, charset,
+                                                          idempotency_key, check_recent)
 
     async def submit(
         self,
@@ -195,14 +207,16 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             except Invalid as invalid:
                 await asyncio.to_thread(self._explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
-        else:  # a larger document would hold the event loop or an intake thread for long: the default executor
-            intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, True)
+        else:  # a larger document would hold the event loop or an intake thread for long
+            intake = await self._large_intake(partner, body, charset, idempotency_key, True)
         if intake.known is not None:  # accepted by this process lately, the same document: replay, no insert
             before = self._unrecorded.get(intake.known)
             existing = await asyncio.to_thread(self.ledger.get, intake.known)
             if existing is not None:
                 return await self._replay(self._with_unrecorded(existing, before))
-            intake = await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False)
+            intake = (await self._large_intake(partner, body, charset, idempotency_key, False)
+                      if len(body) > self.inline_max_bytes
+                      else await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False))
         if intake.legacy is not None:
             answer = await self._legacy_duplicate(partner, intake, body)
             if answer is not None:
@@ -313,3 +327,13 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             # document between the read above and the refresh, which then found nothing left to do
             record = await asyncio.to_thread(self.ledger.get, message_id, history=True) or record
         return record
+
+
+def _lower_priority(nice: int) -> None:
+    """Add *nice* to the calling thread's nice value (Linux keeps one per thread; elsewhere a no-op)."""
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        except OSError:  # not allowed: the thread keeps its priority
+            pass

@@ -718,7 +718,7 @@ def _count_declarations(text: str, limits: IntakeLimits) -> None:
 
 #: Passes over a long text go a slice at a time: a str method holds the interpreter lock for its whole call,
 #: and the store's writer thread, its heartbeats and the event loop must never wait for long.
-_SLICE = 1 << 20
+_SLICE = 1 << 16
 
 
 def _count(text: str, sub: str, lo: int = 0, hi: int | None = None) -> int:

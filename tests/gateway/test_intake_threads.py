@@ -5,6 +5,7 @@ documents, their facts and the message properties are the same either way, and s
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import httpx
@@ -171,3 +172,32 @@ async def test_serve_freezes_what_the_start_up_made(make_assembly):
                 assert response.status_code == 202, response.text
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are a POSIX feature")
+async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, monkeypatch):
+    """A body over INLINE_MAX_BYTES runs through the intake on the large-document threads, niced, so that
+    the small documents behind it keep the CPU; small documents never run there."""
+    from gateway.intake import INLINE_MAX_BYTES, LARGE_NICE
+
+    seen: list[tuple[str, int]] = []
+    real = facts.for_ledger
+
+    def spy(root, doc_type):
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real(root, doc_type)
+
+    monkeypatch.setattr(facts, "for_ledger", spy)
+    start = INVOICE.index(b"<cac:InvoiceLine>")
+    line = INVOICE[start:INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
+    large = INVOICE[:start] + line * (INLINE_MAX_BYTES // len(line) + 10) + INVOICE[start:]
+    assert len(large) > INLINE_MAX_BYTES
+
+    small = await gw_env.client.post("/v1/documents", content=with_id(INVOICE, "SMALL-1"), headers=GLOBEX)
+    answer = await gw_env.client.post("/v1/documents", content=with_id(large, "LARGE-1"), headers=GLOBEX)
+    assert (small.status_code, answer.status_code) == (202, 202), answer.text
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen[0] == (threading.current_thread().name, base)
+    name, nice = seen[1]
+    assert name.startswith("b2bgw-large") and nice == min(19, base + LARGE_NICE)
+    assert sorted(row.doc_id for row in gw_env.ledger_rows()) == ["LARGE-1", "SMALL-1"]
