@@ -191,8 +191,9 @@ class MemoryStore(Store):
         self._notify(touched)
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
-        try:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
+               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
+        try:  # all of it in the caller's thread: finish_on has nothing to take over
             for fn in extra:
                 fn(None)
         except BaseException as error:

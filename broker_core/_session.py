@@ -31,7 +31,7 @@ from ._message import (
     message_from_envelope,
 )
 from ._store import Delivery, Subscription, now_ms, queue_box, subscription_box
-from ._waiters import AsyncWaiter, ThreadWaiter, loop_future
+from ._waiters import AsyncWaiter, ThreadWaiter, loop_completion
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -50,8 +50,8 @@ def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Deliver
                         durable: bool = True) -> "asyncio.Future[None]":
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
-    future, settle = loop_future()
-    store.commit(sends, acks, in_transaction, lambda error: settle(None, error), durable=durable)
+    future, complete, post = loop_completion()
+    store.commit(sends, acks, in_transaction, complete, durable=durable, finish_on=post)
     return future
 
 

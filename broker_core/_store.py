@@ -293,14 +293,17 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
+               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Atomically store ``sends`` and acknowledge ``acks`` (a transacted
         session's commit). Each ``extra`` function is called inside the same
         transaction with the store's handle (a SQLAlchemy connection on the SQL
         store, ``None`` in memory), so an application's own record commits
         with the messages or not at all. With ``callback`` the call returns at
         once and ``callback(error_or_None)`` runs, in another thread, once the
-        commit is done. ``durable=False`` (``extra`` work alone, which its
+        commit is done; with ``finish_on`` too, ``finish_on(fn)`` is handed the
+        rest of the commit to run where the caller wants it (its event loop):
+        a store that finishes commits in the caller's thread runs it inline. ``durable=False`` (``extra`` work alone, which its
         caller can redo): the commit need not wait for the disk; a power cut
         may lose it, but never half of it, nor anything committed after it
         without what came before."""

@@ -95,14 +95,44 @@ class _LoopBridge:
 _bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = weakref.WeakKeyDictionary()
 
 
-def loop_future() -> "tuple[asyncio.Future[Any], Callable[[Any, BaseException | None], None]]":
-    """A future of the running loop, and ``settle(result, error)``, which
-    completes it from any thread (a store writer's completion callback)."""
+def _bridge() -> _LoopBridge:
     loop = asyncio.get_running_loop()
     bridge = _bridges.get(loop)
     if bridge is None:
         bridge = _bridges[loop] = _LoopBridge(loop)
-    future: asyncio.Future[Any] = loop.create_future()
+    return bridge
+
+
+def loop_completion() -> ("tuple[asyncio.Future[None], Callable[[BaseException | None], None], "
+                          "Callable[[Callable[[], None]], None]]"):
+    """A future of the running loop; ``complete(error)``, which completes it and is called on the loop;
+    and ``post(fn)``, which runs ``fn()`` on the loop from any thread: a store's completion handed over
+    whole, so that what follows the commit runs where its caller waits (see ``Store.commit``)."""
+    bridge = _bridge()
+    future: asyncio.Future[None] = bridge.loop.create_future()
+
+    def complete(error: BaseException | None) -> None:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def post(fn: Callable[[], None]) -> None:
+        bridge.post(_call, fn)
+
+    return future, complete, post
+
+
+def _call(fn: Callable[[], None]) -> None:
+    fn()
+
+
+def loop_future() -> "tuple[asyncio.Future[Any], Callable[[Any, BaseException | None], None]]":
+    """A future of the running loop, and ``settle(result, error)``, which
+    completes it from any thread (a store writer's completion callback)."""
+    bridge = _bridge()
+    future: asyncio.Future[Any] = bridge.loop.create_future()
 
     def complete(outcome: tuple[Any, BaseException | None]) -> None:
         if not future.done():

@@ -453,7 +453,8 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
         self._write(lambda batch: self._insert(batch, (envelope,)))
 
     def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True) -> None:
+               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
+               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
         sync = durable or bool(sends or acks)  # messages and acknowledgements are stored as they ask
         if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
             durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
@@ -488,23 +489,22 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
             memory_part()
             return
 
+        if finish_on is not None:  # the caller's own context finishes: one thread hop fewer than below
+            def finished(result: Any, error: BaseException | None) -> None:
+                finish_on(lambda: _finish(memory_part, callback) if error is None else callback(error))
+
+            self._write(op, callback=finished, durable=sync)
+            return
+
         if not (memory_sends or memory_acks):
             self._write(op, callback=lambda result, error: callback(error))
             return
-
-        def finish() -> None:
-            try:
-                memory_part()
-            except BaseException as error:  # noqa: BLE001 - the caller hears of it
-                callback(error)
-                return
-            callback(None)
 
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
                 callback(error)
             else:  # the memory-tier part wakes consumers: not in the writer's thread, which has commits to run
-                self._completions().submit(finish)
+                self._completions().submit(_finish, memory_part, callback)
 
         self._write(op, callback=done, durable=sync)
 
@@ -734,3 +734,13 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
             return len(rows)
 
         return self._write(op) + self._mem.sweep_expired(now)
+
+
+def _finish(memory_part: Callable[[], None], callback: Callable[[BaseException | None], None]) -> None:
+    """The end of an asynchronous commit once its SQL part is durable: its memory-tier part, then the callback."""
+    try:
+        memory_part()
+    except BaseException as error:  # noqa: BLE001 - the caller hears of it
+        callback(error)
+        return
+    callback(None)
