@@ -178,16 +178,20 @@ async def test_serve_freezes_what_the_start_up_made(make_assembly):
 async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, monkeypatch):
     """A body over INLINE_MAX_BYTES runs through the intake on the large-document threads, niced, so that
     the small documents behind it keep the CPU; small documents never run there."""
+    from gateway import intake
     from gateway.intake import INLINE_MAX_BYTES, LARGE_NICE
 
     seen: list[tuple[str, int]] = []
-    real = facts.for_ledger
 
-    def spy(root, doc_type):
-        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        return real(root, doc_type)
+    def spying(real):
+        def spy(*args, **kwargs):
+            seen.append((threading.current_thread().name,
+                         os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            return real(*args, **kwargs)
+        return spy
 
-    monkeypatch.setattr(facts, "for_ledger", spy)
+    monkeypatch.setattr(intake, "parse_document_text", spying(intake.parse_document_text))
+    monkeypatch.setattr(intake, "parse_and_validate", spying(intake.parse_and_validate))
     start = INVOICE.index(b"<cac:InvoiceLine>")
     line = INVOICE[start:INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
     large = INVOICE[:start] + line * (INLINE_MAX_BYTES // len(line) + 10) + INVOICE[start:]
