@@ -303,8 +303,9 @@ class Store(abc.ABC):
         once and ``callback(error_or_None)`` runs, in another thread, once the
         commit is done; with ``finish_on`` too, ``finish_on(fn)`` is handed the
         rest of the commit to run where the caller wants it (its event loop):
-        a store that finishes commits in the caller's thread runs it inline. ``durable=False`` (``extra`` work alone, which its
-        caller can redo): the commit need not wait for the disk; a power cut
+        a store that finishes commits in the caller's thread runs it inline.
+        ``durable=False`` (``extra`` work alone, which its caller can redo):
+        the commit need not wait for the disk; a power cut
         may lose it, but never half of it, nor anything committed after it
         without what came before."""
 

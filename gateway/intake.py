@@ -48,17 +48,17 @@ if TYPE_CHECKING:
     from .schemas import SchemaRegistry
     from .xmlintake import IntakeLimits
 
-__all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_MAX_BYTES", "INTAKE_THREADS", "INTAKE_BATCH", "INTAKE_BATCH_BYTES",
-           "INTAKE_BUSY", "Intake", "IntakeStages"]
+__all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_MAX_BYTES", "INTAKE_THREADS",
+           "INTAKE_BATCH", "INTAKE_BATCH_BYTES", "INTAKE_BUSY", "Intake", "IntakeStages"]
 
 #: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones on
 #: the large-document threads.
 INLINE_MAX_BYTES = 256 * 1024
 #: Threads that take larger bodies through the intake, at most this many at once...
 LARGE_THREADS = 2
-#: ... their nice value raised by this much (Linux: per thread). One large document costs a core for a quarter of a second;
-#: at normal priority two of them take the machine from every small document behind them. Niced, they get
-#: the CPU the small ones leave.
+#: ... their nice value raised by this much (Linux: per thread). One large document costs a core for a quarter
+#: of a second; at normal priority two of them take the machine from every small document behind them.
+#: Niced, they get the CPU the small ones leave.
 LARGE_NICE = 10
 #: Bodies up to this size are validated on their tree, and may be taken in on the event loop. The report of a
 #: tree's validation errors walks, for each error, the siblings before its element: a cost that grows with the

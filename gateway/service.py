@@ -176,9 +176,12 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
 
     # ----------------------------------------------------------------- submitting
 
-    def _large_intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                      check_recent: bool) -> "asyncio.Future[Intake]":
-        return asyncio.get_running_loop().run_in_executor(self._large_pool, self._intake, partner, body, charset,
+    def _threaded_intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
+                         check_recent: bool) -> "asyncio.Future[Intake]":
+        """:meth:`_intake` in a thread: a large document's (over ``inline_max_bytes``) on the niced
+        large-document threads, any other in the default executor."""
+        pool = self._large_pool if len(body) > self.inline_max_bytes else None
+        return asyncio.get_running_loop().run_in_executor(pool, self._intake, partner, body, charset,
                                                           idempotency_key, check_recent)
 
     async def submit(
@@ -208,15 +211,13 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                 await asyncio.to_thread(self._explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
         else:  # a larger document would hold the event loop or an intake thread for long
-            intake = await self._large_intake(partner, body, charset, idempotency_key, True)
+            intake = await self._threaded_intake(partner, body, charset, idempotency_key, True)
         if intake.known is not None:  # accepted by this process lately, the same document: replay, no insert
             before = self._unrecorded.get(intake.known)
             existing = await asyncio.to_thread(self.ledger.get, intake.known)
             if existing is not None:
                 return await self._replay(self._with_unrecorded(existing, before))
-            intake = (await self._large_intake(partner, body, charset, idempotency_key, False)
-                      if len(body) > self.inline_max_bytes
-                      else await asyncio.to_thread(self._intake, partner, body, charset, idempotency_key, False))
+            intake = await self._threaded_intake(partner, body, charset, idempotency_key, False)
         if intake.legacy is not None:
             answer = await self._legacy_duplicate(partner, intake, body)
             if answer is not None:
