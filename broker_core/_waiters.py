@@ -12,7 +12,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["ThreadWaiter", "AsyncWaiter", "loop_future"]
+__all__ = ["ThreadWaiter", "AsyncWaiter", "loop_future", "loop_completion"]
 
 
 class ThreadWaiter:
