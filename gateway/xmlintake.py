@@ -674,14 +674,17 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
             if text.startswith("</", pos):
                 end = text.find(">", pos) + 1 or pos
             elif text.startswith(("<!", "<?"), pos):
-                end = pos  # a comment, CDATA section or PI: no tag, and its text is the tree's to count
+                end = _construct_end(text, pos, nxt)  # no tag; what follows its end, up to nxt, is character data
             else:
                 end, more = _check_start_tag(text, pos, nxt, limits)
                 flags |= more
-            if end > pos and nxt < n and nxt - end > limits.max_text_length:  # character data up to nxt
-                if _find(text, "&", end, nxt) < 0:
-                    raise _text_too_long(limits, text, end)
-                flags |= _TREE_TEXT  # references make it shorter than written
+        else:  # a "<" inside a construct: what follows the construct's end, up to nxt, is character data
+            assert opaque.span is not None
+            end = opaque.span[1] if opaque.span[1] <= nxt else pos
+        if end > pos and nxt < n and nxt - end > limits.max_text_length:  # character data up to nxt
+            if _find(text, "&", end, nxt) < 0:
+                raise _text_too_long(limits, text, end)
+            flags |= _TREE_TEXT  # references make it shorter than written
         if nxt >= n:
             break
         pos = nxt
@@ -690,6 +693,16 @@ def _check_markup(text: str, limits: IntakeLimits) -> int:
     if n > 9 * limits.max_namespaces_per_document and _count(text, "xmlns") > limits.max_namespaces_per_document:
         _count_declarations(text, limits)  # a declaration is at least 9 characters (' xmlns=""')
     return flags
+
+
+def _construct_end(text: str, p: int, nxt: int) -> int:
+    """Where the comment, CDATA section or PI at *p* ends, if before *nxt*; else *p*. Its own text is the
+    tree's to count (a CDATA section's joins the text around it: see _check_markup's last checks)."""
+    for opener, closer in _Opaque._KINDS:
+        if text.startswith(opener, p):
+            close = _find(text, closer, p + len(opener), nxt)
+            return close + len(closer) if close >= 0 else p
+    return p
 
 
 # Start tags and the constructs whose "<" is no markup, for counting namespace declarations.

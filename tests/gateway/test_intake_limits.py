@@ -361,3 +361,22 @@ def test_every_limit_is_a_key_under_limits_checked_at_its_line() -> None:
         with pytest.raises(ConfigError) as info:
             settings_from_mapping(load_yaml(text=bad, name="b.yaml"))
         assert (info.value.file, info.value.line) == ("b.yaml", line), bad
+
+
+@pytest.mark.parametrize("document", [
+    b"<n><!--x-->ZZZZ</n>",                 # text after a comment
+    b"<n><?pi x?>ZZZZ</n>",                 # after a processing instruction
+    b"<n><![CDATA[ab]]>ZZZZ</n>",           # after a CDATA section (it joins it)
+    b"<n><!--<fake a='1'>-->ZZZZ</n>",      # after a comment holding a '<'
+    b"<n xmlns:p='urn:p'><!--<f x='1' y='2' NNNNNNNN='x'>-->ZZ</n>",
+])
+def test_text_after_a_comment_pi_or_cdata_counts_against_max_text_length(document: bytes) -> None:
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_text_length=1)
+    with pytest.raises(IntakeLimitError) as info:
+        parse_document(document, limits)
+    assert info.value.limit == "max_text_length"
+    parse_document(document, dataclasses.replace(DEFAULT_LIMITS, max_text_length=6))  # within it: accepted
+
+
+def test_text_split_by_a_comment_is_two_text_nodes() -> None:
+    parse_document(b"<n>Z<!--a<b-->Z</n>", dataclasses.replace(DEFAULT_LIMITS, max_text_length=1))
