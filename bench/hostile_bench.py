@@ -16,7 +16,9 @@
 Goals: every hostile answer (2) and (3) within 2 s with its own problem code (in (3), or 429: the hostile
 partner is over its limits); in (3) the honest clients see no error and a p99 within 3x their p99 of (1);
 ``/healthz`` within 100 ms. In (3) the hostile partner has the limits an operator gives a partner
-(``--hostile-limits``, 2 requests in progress by default); the honest one keeps the generous defaults.
+(``--hostile-limits``: 2 requests in progress and 20 a second by default; the number in progress alone
+bounds the large documents' work, not the rate of the cheap ones, refused in a millisecond each); the
+honest one keeps the generous defaults.
 
 Usage::
 
@@ -291,7 +293,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40, help="honest requests per second, all clients together")
     parser.add_argument("--classes", default="", help="only the hostile classes whose names hold one of these words "
                                                         "(comma-separated)")
-    parser.add_argument("--hostile-limits", default="concurrent_requests=2",
+    parser.add_argument("--hostile-limits", default="concurrent_requests=2,requests_per_second=20",
                         help="the hostile partner's limits in partners.yaml (key=value,...), as an operator sets them "
                              "for a partner; the honest partner keeps the defaults")
     args = parser.parse_args()

@@ -313,7 +313,7 @@ def create_app(
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
         partner = await partners.authenticate_async(headers.get("authorization"))
         set_partner(partner.id)
-        limiter.acquire(partner)
+        await limiter.admit(partner)
         try:
             charset = check_media_type(headers.get("content-type"))
             correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION,
@@ -332,7 +332,7 @@ def create_app(
     async def get_document(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
         set_partner(partner.id)
-        limiter.acquire(partner)
+        await limiter.admit(partner)
         try:
             gw = gateway()
             rt: Runtime = state["runtime"]
@@ -347,7 +347,7 @@ def create_app(
     async def get_reply(request: Request) -> Response:
         partner = await partners.authenticate_async(request.headers.get("authorization"))
         set_partner(partner.id)
-        limiter.acquire(partner)
+        await limiter.admit(partner)
         try:
             record = await gateway().document(partner, request.path_params["message_id"])
         finally:

@@ -19,7 +19,13 @@ past that, libxml2's errors answer.
 
 The warehouse facts are the one stage the intake can leave out: the nightly load makes the same ones from the
 stored XML. ``server.intake_facts`` says when they are made at intake: ``always``; ``when_idle`` (the default)
-unless :data:`INTAKE_BUSY` documents or more wait for the intake together; or ``never``.
+unless :data:`INTAKE_BUSY` documents or more wait for the intake together, or the document is over
+:data:`FACTS_MAX_BYTES`; or ``never``.
+
+A large document's work must not hold the interpreter lock for long at a time: the event loop, the store's
+writer and the other partners' documents wait for it meanwhile. libxml2 parses and validates without it,
+but an XPath evaluation holds it from start to end, and the facts' XPaths scan thousands of lines in one
+call (tens of milliseconds for a 9 MB invoice): so a large document's facts are left to the nightly load.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ if TYPE_CHECKING:
     from .xmlintake import IntakeLimits
 
 __all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_MAX_BYTES", "INTAKE_THREADS",
-           "INTAKE_BATCH", "INTAKE_BATCH_BYTES", "INTAKE_BUSY", "Intake", "IntakeStages"]
+           "INTAKE_BATCH", "INTAKE_BATCH_BYTES", "INTAKE_BUSY", "FACTS_MAX_BYTES", "Intake", "IntakeStages"]
 
 #: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones on
 #: the large-document threads.
@@ -71,6 +77,8 @@ INTAKE_THREADS = 0
 INTAKE_BATCH = 32
 #: ... and the most bytes of them (beyond the first): it bounds the trees alive at once.
 INTAKE_BATCH_BYTES = 1024 * 1024
+#: Documents over this size have their warehouse facts made by the nightly load under ``intake_facts: when_idle``.
+FACTS_MAX_BYTES = 1024 * 1024
 #: This many documents waiting for the intake together make it saturated: ``intake_facts: when_idle`` then leaves
 #: their warehouse facts to the nightly load.
 INTAKE_BUSY = 4
@@ -280,7 +288,7 @@ class IntakeStages:
     def _facts_stage(self, work: Work) -> None:
         if work.result.known is not None or self.intake_facts == "never":
             return
-        if work.busy and self.intake_facts == "when_idle":
+        if self.intake_facts == "when_idle" and (work.busy or len(work.body) > FACTS_MAX_BYTES):
             work.result.facts_deferred = work.route.doc_type in warehouse_facts.LOADED_TYPES
             return
         # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)
@@ -301,3 +309,4 @@ class IntakeStages:
         document = etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
         text = transformed if transformed is not None else etree.tostring(root, encoding="unicode")
         return text, document, False
+

@@ -46,7 +46,14 @@ from .config import (
     expect_mapping,
     expect_str,
 )
-from .errors import AuthenticationError, ConcurrencyLimitedError, ConfigError, RateLimitedError, clip
+from .errors import (
+    AuthenticationError,
+    ConcurrencyLimitedError,
+    ConfigError,
+    RateLimitedError,
+    TooManyRequestsError,
+    clip,
+)
 
 __all__ = [
     "ApiKey",
@@ -131,16 +138,22 @@ class PartnerLimits:
 
     ``concurrent_requests``: requests in progress at once (from the headers read to the answer);
     ``requests_per_second`` and ``burst``: a token bucket of ``burst`` requests refilled at that rate.
-    Over either, the request is answered 429 with ``Retry-After`` before its body is read.
+    Over either, the request is answered 429 with ``Retry-After`` before its body is read, and
+    ``refusal_delay`` seconds after its headers came: a client that ignores ``Retry-After`` and asks again
+    at once gets its refusals no faster than its connections allow (each waits that long), instead of
+    taking the event loop's time from the other partners with thousands of refusals a second.
     """
 
     concurrent_requests: int = 256
     requests_per_second: float = 10_000.0
     burst: int = 10_000
+    refusal_delay: float = 0.25
 
 
 DEFAULT_PARTNER_LIMITS = PartnerLimits()
-_LIMIT_KEYS = {"concurrent_requests", "requests_per_second", "burst"}
+_LIMIT_KEYS = {"concurrent_requests", "requests_per_second", "burst", "refusal_delay"}
+#: The longest ``refusal_delay`` (every request is answered within two seconds, a refusal included).
+MAX_REFUSAL_DELAY = 1.0
 
 
 def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) -> PartnerLimits:
@@ -148,6 +161,7 @@ def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) ->
     limits = expect_mapping(value, where, f"{what} limits")
     check_keys(limits, _LIMIT_KEYS, f"{what} limits")
     concurrent, rate, burst = base.concurrent_requests, base.requests_per_second, base.burst
+    delay = base.refusal_delay
     if "concurrent_requests" in limits:
         concurrent = expect_int(limits["concurrent_requests"], limits.at("concurrent_requests"),
                                 f"{what} limits.concurrent_requests", minimum=1, maximum=100_000)
@@ -161,7 +175,14 @@ def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) ->
             burst = max(1, math.ceil(rate))  # one second's worth
     if "burst" in limits:
         burst = expect_int(limits["burst"], limits.at("burst"), f"{what} limits.burst", minimum=1, maximum=10_000_000)
-    return PartnerLimits(concurrent, rate, burst)
+    if "refusal_delay" in limits:
+        delay = limits["refusal_delay"]
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_REFUSAL_DELAY:
+            raise limits.at("refusal_delay").error(
+                f"{what} limits.refusal_delay must be a number of seconds from 0 to {MAX_REFUSAL_DELAY:g}; got "
+                f"{clip(repr(delay), 40)}")
+        delay = float(delay)
+    return PartnerLimits(concurrent, rate, burst, delay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +376,16 @@ class PartnerLimiter:
         self._clock = clock
         self._in_progress: dict[str, int] = {}
         self._buckets: dict[str, list[float]] = {}  # partner id -> [tokens, when last refilled]
+
+    async def admit(self, partner: Partner) -> None:
+        """:meth:`acquire`, the refusal raised ``refusal_delay`` seconds later (see :class:`PartnerLimits`)."""
+        try:
+            self.acquire(partner)
+        except TooManyRequestsError:
+            delay = partner.limits.refusal_delay
+            if delay > 0:
+                await asyncio.sleep(delay)
+            raise
 
     def acquire(self, partner: Partner) -> None:
         limits = partner.limits

@@ -113,9 +113,9 @@ def problem_response(error: GatewayError, instance: str | None = None,
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
     if isinstance(error, TooManyRequestsError):
-        # answered before the body is read, and the connection stays open: the server discards the rest of
-        # the body as it comes. Closing it with the body unread would make the kernel reset the connection,
-        # which can destroy this answer before the client reads it.
+        # answered before the body is read: the server then ends the connection in stages, discarding the
+        # rest of the body as it comes (gateway.http_protocol). Closing it with the body unread would make the
+        # kernel reset the connection, which can destroy this answer before the client reads it.
         out["Retry-After"] = str(error.retry_after)
     message_id = getattr(error, "message_id", None)
     if message_id:

@@ -172,6 +172,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     import uvicorn
 
     from .app import create_app
+    from .http_protocol import protocol_options
     from .logs import uvicorn_log_config
 
     index = args.process_index
@@ -194,7 +195,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
     sys.setswitchinterval(SWITCH_INTERVAL)
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config())
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(), **protocol_options())
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:

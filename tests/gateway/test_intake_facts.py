@@ -1,8 +1,8 @@
 """``server.intake_facts``: when the gateway extracts the warehouse facts at intake.
 
 ``always`` for every document of a loaded type; ``when_idle`` (the default) unless the intake is
-saturated (``intake.INTAKE_BUSY`` documents or more waiting for it together), when they are left to
-the nightly load, which extracts them from the stored XML; ``never``. Whatever the policy, every
+saturated (``intake.INTAKE_BUSY`` documents or more waiting for it together) or the document is over
+``intake.FACTS_MAX_BYTES``, when they are left to the nightly load, which extracts them from the stored XML; ``never``. Whatever the policy, every
 document gets the same answer, message and ledger row but for the facts."""
 
 from __future__ import annotations
@@ -133,3 +133,31 @@ async def test_on_intake_threads_a_queue_behind_them_is_saturation(make_assembly
         assert len(deferred) == gateway.facts_deferred > 0
     finally:
         runtime.stop()
+
+
+def _large_invoice(doc_id: str) -> bytes:
+    """The example invoice with enough notes to pass intake.FACTS_MAX_BYTES (valid: cbc:Note repeats)."""
+    notes = b"<cbc:Note>" + b"n" * 1000 + b"</cbc:Note>"
+    document = with_id(INVOICE, doc_id)
+    return document.replace(b"<cbc:Note>", notes * (intake.FACTS_MAX_BYTES // len(notes) + 1) + b"<cbc:Note>", 1)
+
+
+async def test_when_idle_a_large_document_leaves_its_facts_to_the_nightly_load(gw_env):
+    globex = gw_env.assembly.partners.get("globex")
+    large = _large_invoice("LARGE")
+    assert len(large) > intake.FACTS_MAX_BYTES
+    outcome = await gw_env.gateway.submit(globex, large)
+    assert outcome.receipt["document_id"] == "LARGE"
+    stored, version, document = _rows(gw_env)["LARGE"]
+    assert stored is None and version is None and gw_env.gateway.facts_deferred == 1
+    assert document == large  # stored whole: the load extracts the facts from it
+    await _one_by_one(gw_env, "SMALL", 1)
+    assert _rows(gw_env)["SMALL-0"][0] is not None
+
+
+async def test_always_extracts_the_facts_of_a_large_document(gw_env):
+    gw_env.gateway.intake_facts = "always"
+    globex = gw_env.assembly.partners.get("globex")
+    await gw_env.gateway.submit(globex, _large_invoice("LARGE"))
+    stored, _, document = _rows(gw_env)["LARGE"]
+    assert json.loads(stored) == json.loads(facts.for_ledger(etree.fromstring(document), "Invoice"))

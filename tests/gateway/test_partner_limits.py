@@ -130,6 +130,51 @@ partners:
     assert _registry("partners:\n  c: {keys: []}\n").get("c").limits == DEFAULT_PARTNER_LIMITS
 
 
+def test_the_refusal_delay_comes_from_the_partner_then_the_defaults() -> None:
+    registry = _registry(f"""
+defaults:
+  limits: {{refusal_delay: 0.5}}
+partners:
+  a: {{{KEY}, limits: {{refusal_delay: 0}}}}
+  b: {{keys: []}}
+""")
+    assert registry.get("a").limits.refusal_delay == 0.0
+    assert registry.get("b").limits.refusal_delay == 0.5
+    assert DEFAULT_PARTNER_LIMITS.refusal_delay == 0.25
+
+
+async def test_a_refusal_is_answered_after_the_refusal_delay_and_an_admission_at_once() -> None:
+    limiter = PartnerLimiter()
+    slow = Partner("slow", "S", limits=PartnerLimits(1, 1e6, 10**6, 0.2))
+    quick = Partner("quick", "Q", limits=PartnerLimits(1, 1e6, 10**6, 0.0))
+    loop = asyncio.get_running_loop()
+    for partner in (slow, quick):
+        started = loop.time()
+        await limiter.admit(partner)  # within its limits: admitted, counted, at once
+        assert loop.time() - started < 0.1 and limiter.in_progress(partner.id) == 1
+    started = loop.time()
+    with pytest.raises(ConcurrencyLimitedError):
+        await limiter.admit(slow)
+    assert loop.time() - started >= 0.2 - 1e-3
+    started = loop.time()
+    with pytest.raises(ConcurrencyLimitedError):
+        await limiter.admit(quick)
+    assert loop.time() - started < 0.1
+    assert limiter.in_progress("slow") == 1 and limiter.in_progress("quick") == 1  # refusals count nothing
+
+
+async def test_a_refusal_waiting_out_its_delay_holds_no_slot() -> None:
+    limiter = PartnerLimiter()
+    partner = Partner("p", "P", limits=PartnerLimits(1, 1e6, 10**6, 0.3))
+    await limiter.admit(partner)
+    refused = asyncio.ensure_future(limiter.admit(partner))
+    await asyncio.sleep(0.05)
+    limiter.release(partner)  # the slot frees while the refusal waits: the next request is admitted at once
+    await asyncio.wait_for(limiter.admit(partner), 0.1)
+    with pytest.raises(ConcurrencyLimitedError):
+        await refused
+
+
 @pytest.mark.parametrize(("text", "line", "words"), [
     ("partners:\n  a:\n    keys: []\n    limits: {concurrent_requests: 0}\n", 4, "concurrent_requests"),
     ("partners:\n  a:\n    keys: []\n    limits:\n      requests_per_second: fast\n", 5, "requests_per_second"),
@@ -137,6 +182,10 @@ partners:
     ("partners:\n  a:\n    keys: []\n    limits:\n      per_minute: 5\n", 5, "unknown key 'per_minute'"),
     ("defaults:\n  limits:\n    requests_per_second: 0\npartners: {}\n", 3, "requests_per_second"),
     ("defaults:\n  rate: 1\npartners: {}\n", 2, "unknown key 'rate'"),
+    ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: -0.1\n", 5, "refusal_delay"),
+    ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: 1.5\n", 5, "from 0 to 1"),
+    ("defaults:\n  limits:\n    refusal_delay: soon\npartners: {}\n", 3, "refusal_delay"),
+    ("defaults:\n  limits:\n    refusal_delay: true\npartners: {}\n", 3, "refusal_delay"),
 ])
 def test_bad_limits_are_reported_at_their_line(text: str, line: int, words: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -181,9 +230,11 @@ async def test_over_the_rate_is_429_with_retry_after_and_other_partners_go_on(li
     transport = httpx.ASGITransport(app=limited)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
         answers = [await client.post("/v1/documents", content=with_id(INVOICE, f"R{i}"), headers=GLOBEX)
-                   for i in range(4)]
-        assert [a.status_code for a in answers[:3]] == [202, 202, 202]
-        refused = answers[3]
+                   for i in range(3)]
+        assert [a.status_code for a in answers] == [202, 202, 202]
+        started = asyncio.get_running_loop().time()
+        refused = await client.post("/v1/documents", content=with_id(INVOICE, "R3"), headers=GLOBEX)
+        assert asyncio.get_running_loop().time() - started >= DEFAULT_PARTNER_LIMITS.refusal_delay - 1e-3
         assert refused.status_code == 429
         assert refused.headers["content-type"] == "application/problem+json"
         assert int(refused.headers["retry-after"]) >= 1
