@@ -18,7 +18,6 @@ lets it read the answer however it sends.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 import sys
@@ -28,16 +27,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["GatewayHttpProtocol", "LINGER_SECONDS", "LINGER_BYTES"]
 
-log = logging.getLogger(__name__)
-
 #: The longest a connection lingers after an early answer, draining what its client still sends.
 LINGER_SECONDS = 5.0
 #: The most bytes drained after an early answer (a body is at most ``limits.max_bytes``; this bounds the
 #: work for a client that sends more than it declared).
 LINGER_BYTES = 64 * 1024 * 1024
-#: How much one ``recv`` discards. With MSG_TRUNC the kernel never writes into the buffer, so its pages are
-#: never touched (it costs no memory), but CPython wants one of the size asked for.
-_DRAIN_CHUNK = 4 * 1024 * 1024
+#: How much one ``recv`` discards. With MSG_TRUNC the kernel never writes into the buffer, but CPython wants
+#: one of the size asked for: one, shared by every connection.
+_DRAIN_CHUNK = 1024 * 1024
 _DISCARD = bytearray(_DRAIN_CHUNK)
 #: MSG_TRUNC discards TCP data in the kernel on Linux; elsewhere the drain copies into the buffer.
 _TRUNC = getattr(socket, "MSG_TRUNC", 0) if sys.platform.startswith("linux") else 0

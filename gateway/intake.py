@@ -309,4 +309,3 @@ class IntakeStages:
         document = etree.tostring(root.getroottree(), encoding="UTF-8", xml_declaration=True)
         text = transformed if transformed is not None else etree.tostring(root, encoding="unicode")
         return text, document, False
-
