@@ -3,8 +3,9 @@
 The gateway answers some requests before it has read their body: a partner over its limits (429), a bad API
 key (401), a wrong media type (415). uvicorn then keeps the connection and reads the rest of the body
 through its parser, to throw it away: a client that sends 10 MiB and gets a 429 at once still makes the
-event loop read 10 MiB, a copy and a parser call per chunk. A flood of such requests would cost the serving process the event loop time its honest partners need. (A 413 by
-declared length says ``Connection: close``, and uvicorn closes that connection at once.)
+event loop read 10 MiB, a copy and a parser call per chunk. A flood of such requests would cost the serving
+process the event loop time its honest partners need. (A 413 by declared length says ``Connection: close``,
+and uvicorn closes that connection at once.)
 
 :class:`GatewayHttpProtocol` closes such a connection in stages, as RFC 9112 (section 9.6) asks: it sends
 the answer and then its end of the connection (a half-close), so the client learns that nothing more will be
