@@ -247,7 +247,10 @@ async def _hostile(port: int, seconds: float, clients: int) -> dict[str, list[tu
 
 
 def hostile_process(port: int, seconds: float, clients: int, out: multiprocessing.Queue) -> None:
-    out.put(asyncio.run(_hostile(port, seconds, clients)))
+    t0 = time.process_time()
+    answers = asyncio.run(_hostile(port, seconds, clients))
+    answers["__cpu__"] = time.process_time() - t0  # type: ignore[assignment]
+    out.put(answers)
 
 
 class HealthProbe(threading.Thread):
@@ -380,6 +383,7 @@ def main() -> None:
                   f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x "
                   f"quiet), errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}", flush=True)
             hostile_ok = True
+            client_cpu = answers.pop("__cpu__")
             for name, got in answers.items():
                 if not got:
                     continue
@@ -394,7 +398,8 @@ def main() -> None:
             wall = time.monotonic() - wall0
             print(f"   the server's CPU meanwhile: {(server.cpu_seconds() - cpu0) / wall:.0%} of one core "
                   f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop); load average "
-                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hostile clients' own CPU "
+                  f"{client_cpu / wall:.0%} of one core", flush=True)
             slow = slow_commits(log, log_mark)
             print(f"   slowest /healthz {probe.slowest_ms():.1f} ms; store commits over 100 ms: {len(slow)}"
                   f"{f' (slowest {max(slow)} ms)' if slow else ''}", flush=True)

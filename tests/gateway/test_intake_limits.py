@@ -302,6 +302,56 @@ def test_namespaces_per_document_count_every_declaration() -> None:
     parse_document(("<r>" + "xmlns " * 5000 + "</r>").encode(), limits)  # the word in text is no declaration
 
 
+# pieces of a document body, each with the namespace declarations it makes (markup) or only seems to make
+_DECLARING = st.sampled_from([
+    ('<e xmlns="urn:a"/>', 1),
+    ('<e xmlns:p="urn:p" a="1"/>', 1),
+    ('<e\n  xmlns:p = "urn:p"\txmlns:q=\'urn:q\'>t</e>', 2),
+    ('<e a=" xmlns:x=&quot;u&quot; xmlns=\'v\'"/>', 0),  # the words in a value
+    ('<!-- <e xmlns:p="urn:p"> -->', 0),
+    ('<![CDATA[<e xmlns="urn:a" xmlns:b="urn:b">]]>', 0),
+    ('<?pi <e xmlns:p="urn:p"?>', 0),
+    (' xmlns="urn:a" xmlns:b="b" ', 0),  # in character data
+    ('<e xmlnsx="1" xmlns-y="2"/>', 0),  # other names that begin with the word
+    ("\n", 0),
+])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(_DECLARING, min_size=1, max_size=40), slice_size=st.sampled_from([8, 31, 64, 1 << 16]),
+       over=st.booleans())
+def test_namespaces_per_document_counts_declarations_in_start_tags_only(
+        monkeypatch: pytest.MonkeyPatch, pieces: list[tuple[str, int]], slice_size: int, over: bool) -> None:
+    """Only an attribute of a start tag named xmlns or xmlns:* declares a namespace (Namespaces in XML 1.0,
+    section 3): the same words in comments, CDATA sections, processing instructions, character data or
+    attribute values do not count, however the text is cut into pieces to be counted."""
+    import gateway.xmlintake as xmlintake
+
+    monkeypatch.setattr(xmlintake, "_SLICE", slice_size)
+    declared = sum(n for _, n in pieces)
+    assume(declared > 0)
+    limit = declared - 1 if over else declared
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_namespaces_per_document=max(limit, 1) if limit else 1)
+    assume(limits.max_namespaces_per_document == limit)
+    doc = "<r>" + "".join(text for text, _ in pieces) + "</r>"
+    if not over:
+        parse_document(doc.encode(), limits)
+        return
+    with pytest.raises(TooManyDocumentNamespacesError) as info:
+        parse_document(doc.encode(), limits)
+    # the position is the start tag of the declaration that passes the limit
+    seen, target = 0, None
+    offset = len("<r>")
+    for text, n in pieces:
+        if seen < declared <= seen + n:
+            target = offset
+        seen += n
+        offset += len(text)
+    line = doc.count("\n", 0, target) + 1
+    column = target - (doc.rfind("\n", 0, target) + 1) + 1
+    assert (info.value.errors[0].line, info.value.errors[0].column) == (line, column)
+
+
 def test_every_refusal_is_an_xml_security_error_with_a_position() -> None:
     with pytest.raises(XMLSecurityError) as info:
         parse_document(b"<r>\n<e " + b" ".join(b'a%d="1"' % i for i in range(201)) + b"/></r>")
