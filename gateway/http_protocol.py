@@ -10,10 +10,10 @@ and uvicorn closes that connection at once.)
 :class:`GatewayHttpProtocol` closes such a connection in stages, as RFC 9112 (section 9.6) asks: it sends
 the answer and then its end of the connection (a half-close), so the client learns that nothing more will be
 read; it throws away what the client still sends without copying it (``recv`` with ``MSG_TRUNC``, which
-TCP on Linux discards in the kernel), and closes once the client has closed its end, or after
-:data:`LINGER_SECONDS` or :data:`LINGER_BYTES`, whichever comes first. Closing while unread data waits
-would reset the connection, and a client that is still sending might never read the answer; draining first
-lets it read the answer however it sends.
+TCP on Linux discards in the kernel; at most every :data:`DRAIN_PAUSE`), and closes once the client has
+closed its end, or after :data:`LINGER_SECONDS` or :data:`LINGER_BYTES`, whichever comes first. Closing
+while unread data waits would reset the connection, and a client that is still sending might never read
+the answer; draining first lets it read the answer however it sends.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["GatewayHttpProtocol", "LINGER_SECONDS", "LINGER_BYTES"]
+__all__ = ["GatewayHttpProtocol", "LINGER_SECONDS", "LINGER_BYTES", "DRAIN_PAUSE"]
 
 #: The longest a connection lingers after an early answer, draining what its client still sends.
 LINGER_SECONDS = 5.0
@@ -37,6 +37,10 @@ LINGER_BYTES = 64 * 1024 * 1024
 #: one of the size asked for: one, shared by every connection.
 _DRAIN_CHUNK = 1024 * 1024
 _DISCARD = bytearray(_DRAIN_CHUNK)
+#: Seconds between two drains of one connection. Draining on every arrival would wake the event loop for each
+#: segment a fast client sends (hundreds for a 9 MB body), every wake-up a wait for the interpreter lock;
+#: meanwhile TCP's flow control holds the client to what the receive buffer takes.
+DRAIN_PAUSE = 0.05
 #: MSG_TRUNC discards TCP data in the kernel on Linux; elsewhere the drain copies into the buffer.
 _TRUNC = getattr(socket, "MSG_TRUNC", 0) if sys.platform.startswith("linux") else 0
 
@@ -50,6 +54,7 @@ class _Drain:
         self.sock = sock
         self.left = LINGER_BYTES
         self.timer = self.loop.call_later(LINGER_SECONDS, self.finish)
+        self.resume: asyncio.TimerHandle | None = None
         self.loop.add_reader(sock.fileno(), self.drain)
 
     def drain(self) -> None:
@@ -60,8 +65,9 @@ class _Drain:
                     break
                 self.left -= n
             self.finish()
-        except (BlockingIOError, InterruptedError):
-            return  # all drained for now
+        except (BlockingIOError, InterruptedError):  # all drained for now: the next drain after a pause
+            self.loop.remove_reader(self.sock.fileno())
+            self.resume = self.loop.call_later(DRAIN_PAUSE, self.loop.add_reader, self.sock.fileno(), self.drain)
         except OSError:
             self.finish()
 
@@ -70,6 +76,8 @@ class _Drain:
         if self.sock.fileno() < 0:
             return
         self.timer.cancel()
+        if self.resume is not None:
+            self.resume.cancel()
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
         self.protocol._drain = None

@@ -108,3 +108,27 @@ def test_a_request_whose_body_was_read_keeps_its_connection(port):
                 assert chunk, "the server closed a connection it had read the request of"
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_client_that_keeps_sending_wakes_the_drain_at_most_once_a_pause(port, monkeypatch):
+    calls = []
+    drain = http_protocol._Drain.drain
+
+    def counted(self):
+        calls.append(time.monotonic())
+        drain(self)
+
+    monkeypatch.setattr(http_protocol._Drain, "drain", counted)
+    monkeypatch.setattr(http_protocol, "LINGER_BYTES", 1 << 40)  # not cut off meanwhile
+    seconds = 1.0
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.settimeout(10)
+        conn.sendall(_head("/early", 1_000_000_000))
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:  # a fast client, sending in small segments
+            conn.sendall(b"x" * 4096)
+        conn.shutdown(socket.SHUT_WR)
+        answer = _read_all(conn)
+    assert answer.startswith(b"HTTP/1.1 429 ")
+    assert calls, "nothing was drained"
+    assert len(calls) <= seconds / http_protocol.DRAIN_PAUSE + 3  # not one wake-up per segment
