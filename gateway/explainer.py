@@ -45,7 +45,8 @@ __all__ = ["Explainer", "DEFAULT_TIMEOUT", "DEFAULT_WORKERS", "EXPLAIN_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
-#: Seconds a report may take, from the request's point of view (queueing in the helper included).
+#: Seconds a report may take, from the request's point of view (queueing in the helper included; from the
+#: start of the document's intake when the caller says when that was).
 DEFAULT_TIMEOUT = 1.0
 #: Children working out reports at once (each takes one CPU while it runs).
 DEFAULT_WORKERS = 1
@@ -281,15 +282,21 @@ class Explainer:
 
     # ----------------------------------------------------------------- jobs
 
-    def explain(self, body: bytes, charset: str | None, schema: str) -> SchemaValidationError | None:
+    def explain(self, body: bytes, charset: str | None, schema: str, *,
+                started: float | None = None) -> SchemaValidationError | None:
         """The best report of the invalid document *body* ready within ``timeout`` seconds, or None (the
-        caller then answers with its own: libxml2's errors as it has them)."""
-        report, source = self._explain(body, charset, schema)
+        caller then answers with its own: libxml2's errors as it has them). With *started* (a
+        ``time.monotonic()`` reading: when the document's intake began) the seconds count from then, so
+        that the time the document spent before it was found invalid comes out of the report's budget,
+        not on top of it."""
+        report, source = self._explain(body, charset, schema, started)
         self.counts[source] += 1
         return report
 
-    def _explain(self, body: bytes, charset: str | None, schema: str) -> tuple[SchemaValidationError | None, str]:
-        if len(body) > self.max_bytes:
+    def _explain(self, body: bytes, charset: str | None, schema: str,
+                 started: float | None) -> tuple[SchemaValidationError | None, str]:
+        timeout = self.timeout if started is None else self.timeout - (time.monotonic() - started)
+        if len(body) > self.max_bytes or timeout <= 0:
             return None, "fallback"
         process = self._process
         if process is None or not self._ready:
@@ -301,12 +308,12 @@ class Explainer:
             job = self._jobs[job_id] = _Job()
         try:
             try:
-                header = {"id": job_id, "charset": charset, "schema": schema, "timeout": self.timeout}
+                header = {"id": job_id, "charset": charset, "schema": schema, "timeout": timeout}
                 with self._lock:  # one writer at a time on the pipe
                     _write_frame(process.stdin, header, body)  # type: ignore[arg-type]
             except (OSError, ValueError):
                 return None, "fallback"
-            job.done.wait(self.timeout + 0.05)
+            job.done.wait(timeout + 0.05)
             if job.report is None:
                 return None, "fallback"
             return job.report, "xmlschema" if job.final else "libxml2"

@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import collections
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lxml import etree
@@ -121,6 +122,7 @@ class Work:
     result: Intake | None = None
     rules: Any = None  # the business rules' future, or the document for them (see _validate_stage)
     validated: Validated | None = None  # a larger body's validation, made while parsing it
+    started: float = field(default_factory=time.monotonic)  # the error report's time budget counts from here
 
 
 class Invalid(Exception):
@@ -247,7 +249,7 @@ class IntakeStages:
         schema = work.route.schema
         report = None
         if self.explainer is not None and self.registry.lxml_schema(schema) is not None:
-            report = self.explainer.explain(work.body, work.charset, schema)
+            report = self.explainer.explain(work.body, work.charset, schema, started=work.started)
         if report is not None:
             raise report
         validated = work.validated

@@ -79,6 +79,20 @@ def test_a_report_over_its_time_is_cut_off_and_its_work_killed(explainer):
     assert explainer.explain(BAD, None, "ubl-2.1/Invoice") is not None  # and the helper goes on
 
 
+def test_the_budget_counts_from_when_the_intake_began(explainer):
+    attrs = b" ".join(b'a%d="v"' % i for i in range(1_500))
+    slow = INVOICE.replace(b"<Invoice ", b"<Invoice " + attrs + b" ", 1)  # xmlschema takes seconds on it
+    started = time.perf_counter()
+    explainer.explain(slow, None, "ubl-2.1/Invoice", started=time.monotonic() - 0.8)  # 0.8 s of 1 s gone
+    assert time.perf_counter() - started < 0.5
+    fallbacks = explainer.counts["fallback"]
+    started = time.perf_counter()
+    assert explainer.explain(BAD, None, "ubl-2.1/Invoice", started=time.monotonic() - 1.5) is None  # all gone
+    assert time.perf_counter() - started < 0.05
+    assert explainer.counts["fallback"] == fallbacks + 1
+    assert explainer.explain(BAD, None, "ubl-2.1/Invoice", started=time.monotonic()) is not None  # a whole budget
+
+
 def test_documents_over_the_size_budget_are_left_to_the_caller(gw_registry):
     explainer = Explainer(gw_registry, DEFAULT_LIMITS, max_bytes=1000)
     assert explainer.explain(BAD, None, "ubl-2.1/Invoice") is None
