@@ -746,8 +746,7 @@ def _count_declarations(text: str, limits: IntakeLimits) -> None:
             for m in _TAGS_FOR_DECLARATIONS.finditer(piece):  # where, within this piece, the limit is passed
                 block = m.group(1)
                 if block and "xmlns" in block:
-                    count += sum(1 for name in _ATTRIBUTE_NAMES.findall(block)
-                                 if name == "xmlns" or name.startswith("xmlns:"))
+                    count += _declarations(m.group(0))
                     if count > n:
                         raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces "
                                     "in all, the most this gateway accepts", "max_namespaces_per_document", n,
