@@ -179,16 +179,30 @@ class ServerProcess:
         raise RuntimeError("the server did not become ready")
 
     def pids(self) -> list[int]:
-        """The server's process and, with ``--processes`` > 1, its serving processes."""
-        pids = [self.proc.pid]
+        """The server's process and its descendants: its serving processes (``--processes`` > 1) and the
+        helper processes they start (error reports, business rules, large documents' intake)."""
+        parents: dict[int, int] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
-                        pids.append(int(entry.name))
+                    parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 except (OSError, IndexError, ValueError):
                     pass
-        return pids
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(child for child, parent in parents.items() if parent == pid)
+        return found
+
+    @staticmethod
+    def is_helper(pid: int) -> bool:
+        """Whether *pid* is a helper process (``python -m gateway.<module>``) rather than a serving one."""
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return b"-m\0gateway." in command and b"-m\0gateway.cli\0" not in command
 
     @staticmethod
     def _cpu(stat: Path) -> float:
@@ -204,7 +218,11 @@ class ServerProcess:
 
     def loop_cpu_seconds(self) -> float:
         """CPU time of the server's event loops (the main threads of its serving processes) so far."""
-        return sum(self._cpu(Path(f"/proc/{pid}/task/{pid}/stat")) for pid in self.pids())
+        return sum(self._cpu(Path(f"/proc/{pid}/task/{pid}/stat")) for pid in self.pids() if not self.is_helper(pid))
+
+    def helper_cpu_seconds(self) -> float:
+        """CPU time of the server's helper processes so far (those running now)."""
+        return sum(self._cpu(Path(f"/proc/{pid}/stat")) for pid in self.pids() if self.is_helper(pid))
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -362,7 +362,8 @@ def main() -> None:
                           f"{got:30s} {'ok' if ok else 'MISSED'}", flush=True)
 
             log_mark = len(log.read_text(errors="replace"))
-            cpu0, loop0, wall0 = server.cpu_seconds(), server.loop_cpu_seconds(), time.monotonic()
+            cpu0, loop0, helpers0, wall0 = (server.cpu_seconds(), server.loop_cpu_seconds(), server.helper_cpu_seconds(),
+                                            time.monotonic())
             probe = HealthProbe(port)
             probe.start()
             honest = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
@@ -397,7 +398,8 @@ def main() -> None:
                       flush=True)
             wall = time.monotonic() - wall0
             print(f"   the server's CPU meanwhile: {(server.cpu_seconds() - cpu0) / wall:.0%} of one core "
-                  f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop); load average "
+                  f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop, "
+                  f"{(server.helper_cpu_seconds() - helpers0) / wall:.0%} in its helper processes); load average "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hostile clients' own CPU "
                   f"{client_cpu / wall:.0%} of one core", flush=True)
             slow = slow_commits(log, log_mark)

@@ -366,6 +366,8 @@ class Settings:
     admin: Any = None
     log_format: str = "text"
     where: Where = NOWHERE
+    #: the mapping these settings were built from: what rebuilds them in a worker process
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_sql_store(self) -> bool:
@@ -429,7 +431,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     check_keys(root, _KNOWN_SECTIONS, "the configuration")
     if base_dir is None:
         base_dir = config_path.resolve().parent if config_path is not None else Path.cwd()
-    s = Settings(config_path=config_path, base_dir=base_dir, where=root.where)
+    s = Settings(config_path=config_path, base_dir=base_dir, where=root.where, source=data)
 
     store = expect_mapping(root.get("store"), root.at("store"), "store")
     check_keys(store, {"url", "options"}, "store")

@@ -41,8 +41,9 @@ from lxml import etree
 
 from ledger_contract import facts as warehouse_facts
 
-from .errors import GatewayError
+from .errors import GatewayError, SchemaValidationError
 from .idempotency import document_digest
+from .intake_workers import error_from_data, received_document
 from .partners import Partner
 from .routes import Route
 from .schematron import document_utf8
@@ -50,6 +51,7 @@ from .xmlintake import Validated, parse_and_validate, parse_document_text
 
 if TYPE_CHECKING:
     from .explainer import Explainer
+    from .intake_workers import IntakeWorkers
     from .routes import RouteTable
     from .rules import RulesRunner
     from .schemas import SchemaRegistry
@@ -142,6 +144,7 @@ class IntakeStages:
     limits: IntakeLimits
     rules: RulesRunner | None
     explainer: Explainer | None
+    intake_workers: IntakeWorkers | None
     intake_facts: str
     _stages: tuple[Any, ...]
     _batch: list[tuple[Work, asyncio.Future[Intake]]]
@@ -200,6 +203,40 @@ class IntakeStages:
         for work, future in batch:
             future.set_result(work.result)
             work.root = None  # the tree is not needed any more
+
+    def _intake_by_worker(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
+                          check_recent: bool, busy: bool = False) -> Intake:
+        """:meth:`_intake` by an intake worker process (:mod:`gateway.intake_workers`), or on the calling
+        thread while none is ready. A large-document thread runs it: it waits without the interpreter lock."""
+        started = time.monotonic()
+        answer = self.intake_workers.take_in(partner.id, body, charset, idempotency_key, busy=busy,
+                                             facts=self.intake_facts)
+        if answer is None:
+            return self._intake(partner, body, charset, idempotency_key, check_recent, busy)
+        head, payload = answer
+        if "ok" not in head:
+            error = error_from_data(head.get("error"))
+            if (isinstance(error, SchemaValidationError) and self.explainer is not None and error.schema
+                    and self.registry.lxml_schema(error.schema) is not None):  # the full report, if in time
+                error = self.explainer.explain(body, charset, error.schema, started=started) or error
+            raise error
+        ok = head["ok"]
+        route = self.routes.get(ok["route"])
+        if route is None:  # pragma: no cover - the worker's routes are the serving process's (fingerprint)
+            raise GatewayError()
+        parts, offset = {}, 0
+        for name in ("text", "document", "rules"):
+            size = ok["sizes"].get(name)
+            if size is not None:
+                parts[name], offset = payload[offset:offset + size], offset + size
+        document = parts.get("document") or received_document(body)
+        text = (document if ok["own"] else parts["text"]).decode("utf-8")
+        properties = {name: value for name, value in ok["properties"].items()
+                      if isinstance(value, (str, int, float, bool))}
+        result = Intake(route, ok["doc_id"], ok["key"], ok["digest"], None, ok["party"], None, properties, text,
+                        document, ok["facts"], text_is_document=bool(ok["own"]),
+                        facts_deferred=bool(ok["facts_deferred"]), rules=parts.get("rules"))
+        return self._keyed(partner.id, result, idempotency_key) if check_recent else result
 
     def _parse_stage(self, work: Work) -> None:
         if len(work.body) <= TREE_VALIDATION_MAX_BYTES:
@@ -271,21 +308,32 @@ class IntakeStages:
             if values is None:
                 party = route.extract_sender_party(root)
         key = self.idempotency_key(work.partner.id, route, doc_id, header, party, values)
-        digest = document_digest(body)
+        result = Intake(route, doc_id, key, document_digest(body), None, party)
         if work.check_recent:
-            known = self._recent.get(key)
-            if known is not None:
-                if known[1] != digest:
-                    raise self._conflict(route, doc_id, party, header, known[0])
-                work.result = Intake(route, doc_id, key, digest, known[0])
+            result = self._keyed(work.partner.id, result, header)
+            if result.known is not None:
+                work.result = result
                 return
-        legacy = None
-        if self._legacy_keys is not None and doc_id is not None and (party is not None or values is not None):
-            legacy = self._legacy_key(work.partner.id, route, doc_id)
-        properties = route.extract(root)
-        text, document, own = self._forms(body, root, work.decoded, route.apply_transform(root))
-        work.result = Intake(route, doc_id, key, digest, None, party, legacy, properties, text, document,
-                              text_is_document=own, rules=work.rules)
+        result.properties = route.extract(root)
+        result.text, result.document, result.text_is_document = self._forms(body, root, work.decoded,
+                                                                            route.apply_transform(root))
+        result.rules = work.rules
+        work.result = result
+
+    def _keyed(self, partner_id: str, result: Intake, header: str | None) -> Intake:
+        """*result* checked against the keys accepted lately: the first's Intake (``known``) for the same
+        document again, IdempotencyConflictError for another; else *result*, with the key it had before
+        sender parties were part of keys when a recent row may hold that one."""
+        route, doc_id, party = result.route, result.doc_id, result.party
+        known = self._recent.get(result.key)
+        if known is not None:
+            if known[1] != result.digest:
+                raise self._conflict(route, doc_id, party, header, known[0])
+            return Intake(route, doc_id, result.key, result.digest, known[0])
+        keyed_by_values = header is None and route.key_xpaths is not None
+        if self._legacy_keys is not None and doc_id is not None and (party is not None or keyed_by_values):
+            result.legacy = self._legacy_key(partner_id, route, doc_id)
+        return result
 
     def _facts_stage(self, work: Work) -> None:
         if work.result.known is not None or self.intake_facts == "never":

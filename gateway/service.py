@@ -39,6 +39,7 @@ from .exchange import Exchange, RequestReply
 from .explainer import Explainer
 from .idempotency import Idempotency, LEGACY_KEY_WINDOW, document_digest
 from .ids import iso_ms, uuid4_str
+from .intake_workers import IntakeWorkers
 from .intake import (
     INLINE_MAX_BYTES,
     INTAKE_BUSY,
@@ -71,7 +72,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
     def __init__(self, assembly: Assembly, broker: Broker, *, late_reply_window: float | None = None,
                  inline_max_bytes: int = INLINE_MAX_BYTES, duplicate_poll: float = 0.05,
                  recent_keys: int = 100_000, intake_threads: int = INTAKE_THREADS,
-                 intake_facts: str = "when_idle") -> None:
+                 intake_facts: str = "when_idle", large_workers: int = LARGE_THREADS) -> None:
         if intake_facts not in INTAKE_FACTS:
             raise ValueError(f"intake_facts must be one of {', '.join(INTAKE_FACTS)}, not {intake_facts!r}")
         if broker.engine is None:
@@ -116,6 +117,8 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         self.explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
                                            workers=settings.explain_workers)
                           if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
+        # larger documents' intake: worker processes, so that their work never holds this process's interpreter
+        self.intake_workers = IntakeWorkers.shared(assembly, self.limits, workers=large_workers)
         self._schemas_by_root: dict[str, tuple[str, Any]] = {}
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
@@ -180,8 +183,11 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                          check_recent: bool) -> "asyncio.Future[Intake]":
         """:meth:`_intake` in a thread: a large document's (over ``inline_max_bytes``) on the niced
         large-document threads, any other in the default executor."""
-        pool = self._large_pool if len(body) > self.inline_max_bytes else None
-        return asyncio.get_running_loop().run_in_executor(pool, self._intake, partner, body, charset,
+        if len(body) <= self.inline_max_bytes:
+            return asyncio.get_running_loop().run_in_executor(None, self._intake, partner, body, charset,
+                                                              idempotency_key, check_recent)
+        intake = self._intake if self.intake_workers is None else self._intake_by_worker
+        return asyncio.get_running_loop().run_in_executor(self._large_pool, intake, partner, body, charset,
                                                           idempotency_key, check_recent)
 
     async def submit(
