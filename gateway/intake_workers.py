@@ -145,7 +145,8 @@ def error_from_data(data: Any) -> GatewayError:
             return GatewayError()
         error = cls.__new__(cls)
         fields = {name: _plain(value) for name, value in dict(data.get("fields") or {}).items()
-                  if isinstance(name, str) and name.isidentifier() and not name.startswith("_")}
+                  if isinstance(name, str) and name.isidentifier() and not name.startswith("_")
+                  and name not in ("detail", "errors", "omitted")}
         for name, value in fields.items():
             setattr(error, name, value)
         detail = clip(str(data["detail"]) or cls.default_detail, 4000)
@@ -247,9 +248,21 @@ class IntakeWorkers:
             found = cls._shared.get(key)
             if found is None or found._closed:
                 found = cls._shared[key] = cls(init, fingerprint(assembly.registry, assembly.routes), workers)
+                found._key = key
                 if len(cls._shared) == 1:
                     atexit.register(cls._close_shared)
+            found._users += 1
             return found
+
+    def release(self) -> None:
+        """One gateway of :meth:`shared` is done with the workers: the last one stops them."""
+        with self._shared_lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if self._shared.get(self._key) is self:
+                del self._shared[self._key]
+        self.close()
 
     @classmethod
     def _close_shared(cls) -> None:
@@ -270,6 +283,8 @@ class IntakeWorkers:
         self._all: set[_Worker] = set()
         self._failed_at = float("-inf")
         self._closed = False
+        self._users = 0
+        self._key = ""
         #: documents taken in by a worker; refused for its bounds; taken in on a thread (no worker ready)
         self.counts = {"worker": 0, "refused": 0, "thread": 0}
 
@@ -320,6 +335,11 @@ class IntakeWorkers:
             self._alive -= 1
         self.start()
 
+    @property
+    def idle(self) -> int:
+        """Workers ready and waiting for a document."""
+        return self._idle.qsize()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -334,12 +354,16 @@ class IntakeWorkers:
         """A worker's intake of *body*: its answer (``ok``: what the intake made of it, the byte strings in
         the payload; ``error``: the error as :func:`error_to_data` gives it), or None when no worker is ready
         (the caller takes the document in itself). Raises the refusal when the document ends its worker."""
-        try:
-            worker = self._idle.get_nowait()
-        except queue.Empty:
-            self.start()
-            self.counts["thread"] += 1
-            return None
+        while True:
+            try:
+                worker = self._idle.get_nowait()
+            except queue.Empty:
+                self.start()
+                self.counts["thread"] += 1
+                return None
+            if worker.process.poll() is None:
+                break
+            self._discard(worker)  # it died while waiting: another starts
         head = {"partner": partner_id, "charset": charset, "header": header, "busy": busy, "facts": facts}
         try:
             answer = worker.run(head, body, self.timeout)

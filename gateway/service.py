@@ -164,6 +164,8 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
         self._large_pool.shutdown(wait=False)
+        if self.intake_workers is not None:
+            self.intake_workers.release()
         if self.rules is not None:
             self.rules.close()
 

@@ -176,8 +176,10 @@ async def test_serve_freezes_what_the_start_up_made(make_assembly):
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are a POSIX feature")
 async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, monkeypatch):
-    """A body over INLINE_MAX_BYTES runs through the intake on the large-document threads, niced, so that
-    the small documents behind it keep the CPU; small documents never run there."""
+    """Without intake workers (none ready, or settings they cannot rebuild), a body over INLINE_MAX_BYTES
+    runs through the intake on the large-document threads, niced, so that the small documents behind it keep
+    the CPU; small documents never run there."""
+    monkeypatch.setattr(gw_env.gateway, "intake_workers", None)
     from gateway import intake
     from gateway.intake import INLINE_MAX_BYTES, LARGE_NICE
 
