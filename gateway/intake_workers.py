@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import codecs
+import fcntl
 import json
 import logging
 import os
@@ -57,6 +58,8 @@ RESTART_INTERVAL = 30.0
 #: The most an answer's JSON part and its byte strings may take.
 MAX_ANSWER_HEAD = 16 * 1024 * 1024
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
+#: The pipes' buffer (Linux's default most for a user, /proc/sys/fs/pipe-max-size).
+PIPE_BYTES = 1024 * 1024
 _FRAME = struct.Struct(">II")  # the JSON part's length, then the byte strings'
 
 
@@ -185,6 +188,11 @@ class _Worker:
         assert process.stdin is not None and process.stdout is not None
         self.fd_in = process.stdin.fileno()
         self.fd_out = process.stdout.fileno()
+        for fd in (self.fd_in, self.fd_out):  # fewer, larger writes: each takes the interpreter lock again
+            try:
+                fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+            except OSError:
+                pass
 
     def run(self, head: dict[str, Any], body: bytes, timeout: float) -> tuple[dict[str, Any], bytes]:
         try:
