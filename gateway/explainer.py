@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import SchemaValidationError, XMLErrorDetail
+from .pipes import limit_address_space
 
 __all__ = ["Explainer", "DEFAULT_TIMEOUT", "DEFAULT_WORKERS", "EXPLAIN_MAX_BYTES"]
 
@@ -466,21 +467,10 @@ def _fork(header: dict[str, Any], body: bytes, registry: Any, limits: Any, memor
         os.close(read_fd)
         for fd in close:
             os.close(fd)
-        _limit_memory(memory)
+        limit_address_space(memory)
         _child(header, body, registry, limits, os.fdopen(write_fd, "wb"))
     finally:
         os._exit(0)
-
-
-def _limit_memory(extra: int) -> None:
-    try:
-        import resource
-
-        with open("/proc/self/statm") as statm:
-            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
-    except (OSError, ValueError, ImportError):
-        pass
 
 
 def _child(header: dict[str, Any], body: bytes, registry: Any, limits: Any, out: BinaryIO) -> None:

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import queue
-import select
 import signal
 import struct
 import subprocess
@@ -40,6 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .errors import GatewayError, InvalidDocumentError, XMLErrorDetail, XMLSecurityError, clip
+from .pipes import limit_address_space, read_exactly
 
 __all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_MEMORY", "WORKER_NICE", "error_to_data", "error_from_data",
            "received_document"]
@@ -84,28 +84,13 @@ def _write_frame(fd: int, head: dict[str, Any], payload: bytes = b"") -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks = []
-    while size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError()
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError()
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
 def _read_frame(fd: int, deadline: float | None = None, *, max_head: int = MAX_ANSWER_HEAD,
                 max_payload: int = MAX_ANSWER_BYTES) -> tuple[Any, bytes]:
-    head_len, payload_len = _FRAME.unpack(_read_exactly(fd, _FRAME.size, deadline))
+    head_len, payload_len = _FRAME.unpack(read_exactly(fd, _FRAME.size, deadline))
     if head_len > max_head or payload_len > max_payload:
         raise ValueError(f"a frame of {head_len} + {payload_len} bytes is over the limit")
-    head = json.loads(_read_exactly(fd, head_len, deadline))
-    return head, _read_exactly(fd, payload_len, deadline) if payload_len else b""
+    head = json.loads(read_exactly(fd, head_len, deadline))
+    return head, read_exactly(fd, payload_len, deadline) if payload_len else b""
 
 
 # --------------------------------------------------------------------------- errors across the pipe
@@ -406,17 +391,6 @@ def fingerprint(registry: Any, routes: Any) -> str:
 # --------------------------------------------------------------------------- the worker process
 
 
-def _limit_memory(extra: int) -> None:
-    try:
-        import resource
-
-        with open("/proc/self/statm") as statm:
-            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
-    except (OSError, ValueError, ImportError):
-        pass
-
-
 def _build(init: dict[str, Any]) -> Any:
     """The intake stages of the serving process's configuration (without its state)."""
     from .config import settings_from_mapping
@@ -486,7 +460,7 @@ def _worker_main() -> None:
         _write_frame(fout, {"error": clip(f"{type(exc).__name__}: {exc}", 2000)})
         return
     _write_frame(fout, {"fingerprint": fingerprint(stages.registry, stages.routes)})
-    _limit_memory(int(init.get("memory", WORKER_MEMORY)))
+    limit_address_space(int(init.get("memory", WORKER_MEMORY)))
     while True:
         try:
             head, body = _read_frame(fin, max_head=64 * 1024, max_payload=1 << 31)

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import resource
-import select
 import signal
 import struct
 import subprocess
@@ -50,6 +49,7 @@ from .errors import (
     RulesTimeoutError,
     clip,
 )
+from .pipes import read_exactly
 from .schematron import (
     CompiledSchematron,
     Finding,
@@ -209,24 +209,9 @@ def _write_frame(fd: int, payload: bytes) -> None:
         view = view[written:]
 
 
-def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks = []
-    while size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError()
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError()
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
 def _read_frame(fd: int, deadline: float | None = None) -> bytes:
-    (size,) = _LEN.unpack(_read_exact(fd, 4, deadline))
-    return _read_exact(fd, size, deadline)
+    (size,) = _LEN.unpack(read_exactly(fd, 4, deadline))
+    return read_exactly(fd, size, deadline)
 
 
 def _worker_main() -> None:
