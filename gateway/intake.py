@@ -8,8 +8,10 @@ of them, :data:`INTAKE_BATCH_BYTES` in all) go through each stage together befor
 parser's, the schema's and the extractor's code and data stay in the CPU's caches across a burst; or on
 ``server.intake_threads`` intake threads, where libxml2 works without holding the GIL while the event loop
 serves HTTP and the broker. Threads pay off only when other work keeps the cores busy (every hand-over wakes a
-core), hence none by default. Bodies over :data:`INLINE_MAX_BYTES` go to the default executor, so that one
-large document does not hold up the small ones.
+core), hence none by default. Bodies over :data:`INLINE_MAX_BYTES` are taken in by worker processes
+(:mod:`gateway.intake_workers`; :meth:`IntakeStages._intake_by_worker`), so that one large document holds up
+neither the small ones nor the event loop; the large-document threads wait for them, and take a document in
+themselves while no worker is ready.
 
 Validation and its error report are bounded whatever a document holds: bodies up to
 :data:`TREE_VALIDATION_MAX_BYTES` are validated on their tree, larger ones while they are parsed (a constant
@@ -60,14 +62,15 @@ if TYPE_CHECKING:
 __all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_MAX_BYTES", "INTAKE_THREADS",
            "INTAKE_BATCH", "INTAKE_BATCH_BYTES", "INTAKE_BUSY", "FACTS_MAX_BYTES", "Intake", "IntakeStages"]
 
-#: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones on
-#: the large-document threads.
+#: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones by
+#: the intake worker processes.
 INLINE_MAX_BYTES = 256 * 1024
-#: Threads that take larger bodies through the intake, at most this many at once...
+#: Threads that take larger bodies through the intake (by a worker process each: as many), at most this many
+#: at once...
 LARGE_THREADS = 2
-#: ... their nice value raised by this much (Linux: per thread). One large document costs a core for a quarter
-#: of a second; at normal priority two of them take the machine from every small document behind them.
-#: Niced, they get the CPU the small ones leave.
+#: ... their nice value raised by this much (Linux: per thread; the workers raise theirs as much). One large
+#: document costs a core for a quarter of a second; at normal priority two of them take the machine from every
+#: small document behind them. Niced, they get the CPU the small ones leave.
 LARGE_NICE = 10
 #: Bodies up to this size are validated on their tree, and may be taken in on the event loop. The report of a
 #: tree's validation errors walks, for each error, the siblings before its element: a cost that grows with the
