@@ -10,8 +10,8 @@ parser's, the schema's and the extractor's code and data stay in the CPU's cache
 serves HTTP and the broker. Threads pay off only when other work keeps the cores busy (every hand-over wakes a
 core), hence none by default. Bodies over :data:`INLINE_MAX_BYTES` are taken in by worker processes
 (:mod:`gateway.intake_workers`; :meth:`IntakeStages._intake_by_worker`), so that one large document holds up
-neither the small ones nor the event loop; the large-document threads wait for them, and take a document in
-themselves while no worker is ready.
+neither the small ones nor the event loop; threads wait for them, and the niced large-document threads take a
+document in while no worker is ready.
 
 Validation and its error report are bounded whatever a document holds: bodies up to
 :data:`TREE_VALIDATION_MAX_BYTES` are validated on their tree, larger ones while they are parsed (a constant
@@ -208,14 +208,14 @@ class IntakeStages:
             work.root = None  # the tree is not needed any more
 
     def _intake_by_worker(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                          check_recent: bool, busy: bool = False) -> Intake:
-        """:meth:`_intake` by an intake worker process (:mod:`gateway.intake_workers`), or on the calling
-        thread while none is ready. A large-document thread runs it: it waits without the interpreter lock."""
+                          check_recent: bool, busy: bool = False) -> Intake | None:
+        """:meth:`_intake` by an intake worker process (:mod:`gateway.intake_workers`); None while none is
+        ready. A thread runs it: it waits for the worker without the interpreter lock."""
         started = time.monotonic()
         answer = self.intake_workers.take_in(partner.id, body, charset, idempotency_key, busy=busy,
                                              facts=self.intake_facts)
         if answer is None:
-            return self._intake(partner, body, charset, idempotency_key, check_recent, busy)
+            return None
         head, payload = answer
         if "ok" not in head:
             error = error_from_data(head.get("error"))

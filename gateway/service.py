@@ -117,8 +117,11 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         self.explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
                                            workers=settings.explain_workers)
                           if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
-        # larger documents' intake: worker processes, so that their work never holds this process's interpreter
+        # larger documents' intake: worker processes, so that their work never holds this process's interpreter;
+        # threads wait for them at normal priority (a niced thread preempted while it holds the interpreter lock,
+        # as it does between two writes to a pipe, would hold up the event loop until it got a CPU again)
         self.intake_workers = IntakeWorkers.shared(assembly, self.limits, workers=large_workers)
+        self._offload_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-offload")
         self._schemas_by_root: dict[str, tuple[str, Any]] = {}
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
@@ -164,6 +167,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
         self._large_pool.shutdown(wait=False)
+        self._offload_pool.shutdown(wait=False)
         if self.intake_workers is not None:
             self.intake_workers.release()
         if self.rules is not None:
@@ -181,16 +185,22 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
 
     # ----------------------------------------------------------------- submitting
 
-    def _threaded_intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                         check_recent: bool) -> "asyncio.Future[Intake]":
-        """:meth:`_intake` in a thread: a large document's (over ``inline_max_bytes``) on the niced
-        large-document threads, any other in the default executor."""
+    async def _threaded_intake(self, partner: Partner, body: bytes, charset: str | None,
+                               idempotency_key: str | None, check_recent: bool) -> Intake:
+        """:meth:`_intake` off the event loop: a large document's (over ``inline_max_bytes``) by an intake
+        worker process, or while none is ready on the niced large-document threads; any other in the default
+        executor."""
+        loop = asyncio.get_running_loop()
         if len(body) <= self.inline_max_bytes:
-            return asyncio.get_running_loop().run_in_executor(None, self._intake, partner, body, charset,
-                                                              idempotency_key, check_recent)
-        intake = self._intake if self.intake_workers is None else self._intake_by_worker
-        return asyncio.get_running_loop().run_in_executor(self._large_pool, intake, partner, body, charset,
-                                                          idempotency_key, check_recent)
+            return await loop.run_in_executor(None, self._intake, partner, body, charset, idempotency_key,
+                                              check_recent)
+        if self.intake_workers is not None:
+            intake = await loop.run_in_executor(self._offload_pool, self._intake_by_worker, partner, body, charset,
+                                                idempotency_key, check_recent)
+            if intake is not None:
+                return intake
+        return await loop.run_in_executor(self._large_pool, self._intake, partner, body, charset, idempotency_key,
+                                          check_recent)
 
     async def submit(
         self,
