@@ -471,13 +471,20 @@ def _worker_main() -> None:
         except GatewayError as exc:
             answer, payload = {"error": error_to_data(exc)}, b""
         except (MemoryError, RecursionError) as exc:
-            _write_frame(fout, {"refused": type(exc).__name__})
+            del body
+            try:
+                _write_frame(fout, {"refused": type(exc).__name__})
+            except OSError:
+                pass
             return  # its state is not to be trusted any more
         except Exception as exc:  # noqa: BLE001 - a bug: say what kind, never what the document held
             print(f"gateway.intake_workers: the intake failed: {type(exc).__name__}", file=sys.stderr)
             answer, payload = {"error": {"type": "bug"}}, b""
         del body
-        _write_frame(fout, answer, payload)
+        try:
+            _write_frame(fout, answer, payload)
+        except OSError:  # the serving process is gone
+            return
 
 
 if __name__ == "__main__":
