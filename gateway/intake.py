@@ -65,12 +65,12 @@ __all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_M
 #: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones by
 #: the intake worker processes.
 INLINE_MAX_BYTES = 256 * 1024
-#: Threads that take larger bodies through the intake (by a worker process each: as many), at most this many
-#: at once...
+#: Larger bodies taken in at once: the worker processes, the threads that wait for them, and the threads that
+#: take them in while no worker is ready...
 LARGE_THREADS = 2
-#: ... their nice value raised by this much (Linux: per thread; the workers raise theirs as much). One large
-#: document costs a core for a quarter of a second; at normal priority two of them take the machine from every
-#: small document behind them. Niced, they get the CPU the small ones leave.
+#: ... the last ones' nice value raised by this much (Linux: per thread; the workers raise theirs as much).
+#: One large document costs a core for a quarter of a second; at normal priority two of them take the machine
+#: from every small document behind them. Niced, they get the CPU the small ones leave.
 LARGE_NICE = 10
 #: Bodies up to this size are validated on their tree, and may be taken in on the event loop. The report of a
 #: tree's validation errors walks, for each error, the siblings before its element: a cost that grows with the
