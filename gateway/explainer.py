@@ -36,11 +36,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import SchemaValidationError, XMLErrorDetail
-from .pipes import limit_address_space
+from .pipes import helper_environment, limit_address_space
 
 __all__ = ["Explainer", "DEFAULT_TIMEOUT", "DEFAULT_WORKERS", "EXPLAIN_MAX_BYTES"]
 
@@ -201,11 +200,9 @@ class Explainer:
         threading.Thread(target=self._launch, name="b2bgw-explainer", daemon=True).start()
 
     def _launch(self) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         try:
             process = subprocess.Popen([sys.executable, "-m", "gateway.explainer"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env, close_fds=True)
+                                       stdout=subprocess.PIPE, env=helper_environment(), close_fds=True)
             assert process.stdin is not None and process.stdout is not None
             _write_frame(process.stdin, {
                 "registry": self.registry.registrations(),

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .errors import GatewayError, InvalidDocumentError, XMLErrorDetail, XMLSecurityError, clip
-from .pipes import limit_address_space, read_exactly
+from .pipes import helper_environment, limit_address_space, read_exactly, write_all
 
 __all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_MEMORY", "WORKER_NICE", "error_to_data", "error_from_data",
            "received_document"]
@@ -76,12 +76,8 @@ class _Lost(Exception):
 
 def _write_frame(fd: int, head: dict[str, Any], payload: bytes = b"") -> None:
     data = json.dumps(head, separators=(",", ":"), default=str).encode("utf-8")
-    view = memoryview(_FRAME.pack(len(data), len(payload)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(fd, view):]
+    write_all(fd, _FRAME.pack(len(data), len(payload)) + data)
+    write_all(fd, payload)  # not joined to the header: a copy of megabytes, under the interpreter lock
 
 
 def _read_frame(fd: int, deadline: float | None = None, *, max_head: int = MAX_ANSWER_HEAD,
@@ -189,7 +185,8 @@ class _Worker:
         except TimeoutError:
             raise _Lost(f"took more than {timeout:g} s", sent=True) from None
         except (EOFError, OSError, ValueError) as exc:
-            raise _Lost(f"ended its worker ({type(exc).__name__}, exit code {self.process.poll()})", sent=True) from None
+            why = f"ended its worker ({type(exc).__name__}, exit code {self.process.poll()})"
+            raise _Lost(why, sent=True) from None
         if not isinstance(answer, dict):
             raise _Lost("got an answer that is not an object", sent=True)
         return answer, payload
@@ -210,8 +207,8 @@ class _Worker:
 class IntakeWorkers:
     """The worker processes of the gateways of this process that share one configuration.
 
-    :meth:`take_in` runs on a thread of the gateway's large-document pool (never on the event loop) and
-    blocks it for the document's intake; it returns None, and starts the workers, when none is ready.
+    :meth:`take_in` runs on a thread of the gateway's (never on the event loop) and blocks it for the
+    document's intake; it returns None, and starts the workers, when none is ready.
     """
 
     _shared: dict[str, IntakeWorkers] = {}
@@ -294,12 +291,11 @@ class IntakeWorkers:
             threading.Thread(target=self._launch, name="b2bgw-intake-worker", daemon=True).start()
 
     def _launch(self) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         worker = None
         try:
             process = subprocess.Popen([sys.executable, "-m", "gateway.intake_workers"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+                                       stdout=subprocess.PIPE, env=helper_environment(), close_fds=True,
+                                       start_new_session=True)
             worker = _Worker(process)
             _write_frame(worker.fd_in, self.init)
             answer, _ = _read_frame(worker.fd_out, time.monotonic() + 300)
@@ -401,8 +397,8 @@ def _build(init: dict[str, Any]) -> Any:
     from .schemas import SchemaRegistry
     from .xmlintake import IntakeLimits
 
-    settings = settings_from_mapping(init["source"], config_path=Path(init["config_path"]) if init["config_path"] else None,
-                                     base_dir=Path(init["base_dir"]))
+    config_path = Path(init["config_path"]) if init["config_path"] else None
+    settings = settings_from_mapping(init["source"], config_path=config_path, base_dir=Path(init["base_dir"]))
     registry = SchemaRegistry.from_registrations(init["registry"])  # each schema compiled when first used
     # the serving process checked the routes' paths against the schemas (xmlschema: seconds): not again
     registry.check_path = lambda *args, **kwargs: None  # type: ignore[method-assign]

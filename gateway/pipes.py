@@ -1,13 +1,28 @@
 """What the gateway's helper processes (error reports, business rules, large documents' intake) share:
-reading a pipe against a deadline, and bounding a process's memory."""
+their environment, writing and reading a pipe (against a deadline), and bounding a process's memory."""
 
 from __future__ import annotations
 
 import os
 import select
 import time
+from pathlib import Path
 
-__all__ = ["read_exactly", "limit_address_space"]
+__all__ = ["helper_environment", "write_all", "read_exactly", "limit_address_space"]
+
+
+def helper_environment() -> dict[str, str]:
+    """This process's environment, with the gateway's packages importable first: what ``python -m
+    gateway.<helper>`` needs wherever the serving process was started from."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of *data* to *fd* (a pipe takes at most its buffer per write)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def read_exactly(fd: int, size: int, deadline: float | None) -> bytes:

@@ -49,7 +49,7 @@ from .errors import (
     RulesTimeoutError,
     clip,
 )
-from .pipes import read_exactly
+from .pipes import helper_environment, read_exactly, write_all
 from .schematron import (
     CompiledSchematron,
     Finding,
@@ -202,11 +202,7 @@ _LEN = struct.Struct(">I")
 
 
 def _write_frame(fd: int, payload: bytes) -> None:
-    data = _LEN.pack(len(payload)) + payload
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    write_all(fd, _LEN.pack(len(payload)) + payload)
 
 
 def _read_frame(fd: int, deadline: float | None = None) -> bytes:
@@ -276,12 +272,10 @@ class _Worker:
 
     def spawn(self) -> None:
         """Start the process and wait until it has compiled the rule sets (blocking: call it off the loop)."""
-        env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         process = subprocess.Popen([sys.executable, "-m", "gateway.rules"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=root,
-                                   start_new_session=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=helper_environment(),
+                                   cwd=root, start_new_session=True)
         assert process.stdin is not None and process.stdout is not None
         try:
             _write_frame(process.stdin.fileno(), self.runner.start_frame)
