@@ -180,7 +180,7 @@ class IntakeStages:
         the stages, each stage for all of them before the next; a document that fails a stage gets its
         error and leaves."""
         take, size = 0, 0
-        for work, _ in self._batch:
+        for work, future in self._batch:
             size += len(work.body)
             if take and (take == INTAKE_BATCH or size > INTAKE_BATCH_BYTES):
                 break
@@ -189,23 +189,28 @@ class IntakeStages:
         if self._batch:
             asyncio.get_running_loop().call_soon(self._run_batch)
         if take >= INTAKE_BUSY:
-            for work, _ in batch:
-                work.busy = True
-        for stage in self._stages:
-            going_on = []
             for work, future in batch:
-                if future.done():  # cancelled: the client went away
-                    continue
-                try:
-                    stage(work)
-                except Exception as exc:  # noqa: BLE001 - the request's own error (GatewayError...)
-                    future.set_exception(exc)
-                    continue
-                going_on.append((work, future))
-            batch = going_on
-        for work, future in batch:
-            future.set_result(work.result)
-            work.root = None  # the tree is not needed any more
+                work.busy = True
+        try:
+            for stage in self._stages:
+                going_on = []
+                for work, future in batch:
+                    if future.done():  # cancelled: the client went away
+                        continue
+                    try:
+                        stage(work)
+                    except Exception as exc:  # noqa: BLE001 - the request's own error (GatewayError...)
+                        future.set_exception(exc)
+                        continue
+                    going_on.append((work, future))
+                batch = going_on
+            for work, future in batch:
+                future.set_result(work.result)
+                work.root = None  # the tree is not needed any more
+        finally:
+            # an error's traceback keeps this frame: without its futures (each holding its error) and documents,
+            # or each refused document would wait in a reference cycle for the garbage collector
+            batch = going_on = work = future = None  # type: ignore[assignment]
 
     def _intake_by_worker(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
                           check_recent: bool, busy: bool = False) -> Intake | None:
@@ -222,7 +227,10 @@ class IntakeStages:
             if (isinstance(error, SchemaValidationError) and self.explainer is not None and error.schema
                     and self.registry.lxml_schema(error.schema) is not None):  # the full report, if in time
                 error = self.explainer.explain(body, charset, error.schema, started=started) or error
-            raise error
+            try:
+                raise error
+            finally:
+                error = None  # else this frame (and the body) would wait in a cycle with the error's traceback
         ok = head["ok"]
         route = self.routes.get(ok["route"])
         if route is None:  # pragma: no cover - the worker's routes are the serving process's (fingerprint)
@@ -291,7 +299,10 @@ class IntakeStages:
         if self.explainer is not None and self.registry.lxml_schema(schema) is not None:
             report = self.explainer.explain(work.body, work.charset, schema, started=work.started)
         if report is not None:
-            raise report
+            try:
+                raise report
+            finally:
+                report = None  # no cycle: see _intake_by_worker
         validated = work.validated
         if validated is not None and validated.schema == schema and validated.errors:
             raise self.registry.streamed_error(schema, validated.errors, complete=validated.complete,
