@@ -293,9 +293,12 @@ class IntakeWorkers:
     def _launch(self) -> None:
         worker = None
         try:
+            # a process group of its own (a terminal's ^C is for the serving process, which stops it), not a
+            # session: Linux's autogroups give each session an equal share of the CPUs whatever its nice value,
+            # so a worker in a session of its own would weigh as much as the whole serving process
             process = subprocess.Popen([sys.executable, "-m", "gateway.intake_workers"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=helper_environment(), close_fds=True,
-                                       start_new_session=True)
+                                       process_group=0)
             worker = _Worker(process)
             _write_frame(worker.fd_in, self.init)
             answer, _ = _read_frame(worker.fd_out, time.monotonic() + 300)

@@ -63,6 +63,19 @@ def never_in_this_process(monkeypatch) -> list[str]:
     return seen
 
 
+def assert_nice_counts(pid: int) -> None:
+    """*pid* is scheduled with this process: in its session, so in its autogroup where Linux makes them
+    (sched(7): each session's autogroup gets an equal share of the CPUs, whatever its tasks' nice values), and
+    in a process group of its own, so that a terminal's ^C goes to the serving process alone."""
+    assert os.getsid(pid) == os.getsid(0)
+    assert os.getpgid(pid) == pid != os.getpgid(0)
+    try:
+        with open(f"/proc/{pid}/autogroup") as theirs, open("/proc/self/autogroup") as ours:
+            assert theirs.read().split()[0] == ours.read().split()[0]
+    except FileNotFoundError:  # no autogroups here: the session is what matters elsewhere
+        pass
+
+
 def _comparable(answer: dict) -> dict:
     return {k: v for k, v in answer.items()
             if k not in ("message_id", "received_at", "status_url", "correlation_id", "document_id")}
@@ -79,6 +92,7 @@ async def test_a_worker_takes_a_large_document_in_as_a_thread_would(gw_env, monk
     base = os.getpriority(os.PRIO_PROCESS, 0)
     for worker in gateway.intake_workers._all:  # niced: the serving process comes first
         assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == min(19, base + WORKER_NICE)
+        assert_nice_counts(worker.process.pid)
 
     monkeypatch.setattr(gateway, "intake_workers", None)  # the same document type on a thread, for comparison
     by_thread = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-T"), headers=GLOBEX)
