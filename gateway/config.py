@@ -329,6 +329,8 @@ class Settings:
     processes: int = 1
     #: with several processes, bind each to one CPU (round robin over the usable ones)
     pin_processes: bool = True
+    #: worker processes taking in the bodies over 256 KiB, one at a time each (0: niced threads instead)
+    intake_workers: int = 2
     #: processes working out the error reports of invalid documents at once (0: libxml2's errors only)
     explain_workers: int = 1
     #: how long an invalid document's full report may take before libxml2's errors are answered (s)
@@ -450,7 +452,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
     check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
-                        "explain_workers", "explain_timeout"}, "server")
+                        "intake_workers", "explain_workers", "explain_timeout"}, "server")
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
@@ -466,6 +468,9 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
                                  minimum=0, maximum=256)
     if "pin_processes" in server:
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
+    if "intake_workers" in server:
+        s.intake_workers = expect_int(server["intake_workers"], server.at("intake_workers"), "server.intake_workers",
+                                      minimum=0, maximum=16)
     if "explain_workers" in server:
         s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"),
                                        "server.explain_workers", minimum=0, maximum=16)

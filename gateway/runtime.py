@@ -165,7 +165,8 @@ class Runtime:
                 self.broker = open_broker(self.settings)
             if self._want_gateway:
                 self.gateway = Gateway(self.assembly, self.broker, intake_threads=self.settings.intake_threads,
-                                       intake_facts=self.settings.intake_facts)
+                                       intake_facts=self.settings.intake_facts,
+                                       large_workers=self.settings.intake_workers)
                 self.gateway.start()
             if self._want_reconcile:
                 self.reconciler = Reconciler(self.broker, Ledger(self.broker.engine),

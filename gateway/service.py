@@ -110,7 +110,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         self._intake_threads = intake_threads
         self._in_pool = 0  # documents running or queued on the intake threads
         # larger documents: a few threads of their own, at a lower CPU priority (see LARGE_NICE)
-        self._large_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-large",
+        self._large_pool = concurrent.futures.ThreadPoolExecutor(max(1, large_workers), thread_name_prefix="b2bgw-large",
                                                                  initializer=_lower_priority, initargs=(LARGE_NICE,))
         # the full error reports of invalid documents: worked out in a helper process, within a time budget
         settings = assembly.settings
@@ -121,7 +121,9 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         # threads wait for them at normal priority (a niced thread preempted while it holds the interpreter lock,
         # as it does between two writes to a pipe, would hold up the event loop until it got a CPU again)
         self.intake_workers = IntakeWorkers.shared(assembly, self.limits, workers=large_workers)
-        self._offload_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-offload")
+        # one thread per worker: a document that finds them all busy waits for one, not for a thread of its own
+        self._offload_pool = concurrent.futures.ThreadPoolExecutor(max(1, large_workers),
+                                                                   thread_name_prefix="b2bgw-offload")
         self._schemas_by_root: dict[str, tuple[str, Any]] = {}
         self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)

@@ -407,7 +407,7 @@ def test_every_limit_is_a_key_under_limits_checked_at_its_line() -> None:
     assert (limits.max_attributes, limits.max_name_length, limits.max_text_length) == (20, 64, 1000)
     for bad, line in (("limits:\n  max_attributes: 0\n", 2), ("limits:\n  max_depth: 5\n  max_name_length: many\n", 3),
                       ("limits:\n  max_attribute: 5\n", 2), ("server:\n  explain_timeout: 20s\n", 2),
-                      ("server:\n  explain_workers: -1\n", 2)):
+                      ("server:\n  explain_workers: -1\n", 2), ("server:\n  port: 1\n  intake_workers: 17\n", 3)):
         with pytest.raises(ConfigError) as info:
             settings_from_mapping(load_yaml(text=bad, name="b.yaml"))
         assert (info.value.file, info.value.line) == ("b.yaml", line), bad

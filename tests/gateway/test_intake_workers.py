@@ -203,6 +203,51 @@ async def test_a_worker_that_died_between_documents_costs_no_answer(gw_env):
     assert answer.status_code == 202 and workers.counts["worker"] >= 1
 
 
+async def post_with_server(make_assembly, tmp_path, server: dict, bodies: list[bytes]):
+    """Post *bodies* at once to a gateway whose ``server:`` settings have *server* over the sample's; its
+    answers and the gateway (stopped)."""
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.runtime import Runtime
+    from gwtest import sample_data
+
+    data = sample_data(tmp_path)
+    data["server"].update(server)
+    assembly = make_assembly(data)
+    runtime = Runtime(assembly, workers=False, etl=False, reconcile=False)
+    runtime.start()
+    try:
+        gateway = runtime.gateway
+        if gateway.intake_workers is not None:
+            await ready(gateway)
+        transport = httpx.ASGITransport(app=create_app(assembly, runtime=runtime))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+            answers = await asyncio.gather(*(client.post("/v1/documents", content=body, headers=GLOBEX)
+                                             for body in bodies))
+        return answers, gateway
+    finally:
+        runtime.stop()
+
+
+async def test_documents_that_find_every_worker_busy_wait_for_one(make_assembly, tmp_path, monkeypatch):
+    """``server.intake_workers`` sets how many documents are taken in at once; the others wait for a worker
+    rather than run in the serving process."""
+    seen = never_in_this_process(monkeypatch)
+    answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 1},
+                                              [large_invoice(f"ONE-{i}") for i in range(3)])
+    assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
+    assert gateway.intake_workers.workers == 1
+    assert gateway.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0} and seen == []
+
+
+async def test_no_intake_workers_takes_large_documents_in_on_threads(make_assembly, tmp_path):
+    answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 0},
+                                              [large_invoice("NONE-1")])
+    assert answers[0].status_code == 202, answers[0].text
+    assert gateway.intake_workers is None
+
+
 def test_settings_not_built_from_a_mapping_get_no_workers(make_assembly):
     from gateway.intake_workers import IntakeWorkers
 
