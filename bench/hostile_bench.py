@@ -6,8 +6,8 @@
    request-reply route answered by the sample order responder, paced at ``--rate`` requests/s in all:
    p50 / p99 latency and errors; ``/healthz`` polled every 100 ms meanwhile (its slowest answer); the store's
    commits over 100 ms. It follows ``--warm-up`` seconds (10) of the same load, not measured: a new server's
-   first seconds are slower (on the sample, the first 10 s had twice the p50 and up to ten times the p99 of
-   the next), which would set the quiet tail rather than the server's steady state;
+   first seconds are slower (on the sample, the first 10 s had up to twice the p50 and seven to eight times
+   the p99 of the next), which would set the quiet tail rather than the server's steady state;
 2. each hostile class alone: the answer time and problem code of one document per class (every one up to
    the 10 MiB body limit): many attributes, many namespace declarations (on one element, in the document),
    long names, a huge text node, thousands of validation errors (large, on siblings, small), a combination,
