@@ -110,7 +110,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         self._intake_threads = intake_threads
         self._in_pool = 0  # documents running or queued on the intake threads
         # larger documents: a few threads of their own, at a lower CPU priority (see LARGE_NICE)
-        self._large_pool = concurrent.futures.ThreadPoolExecutor(max(1, large_workers), thread_name_prefix="b2bgw-large",
+        self._large_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-large",
                                                                  initializer=_lower_priority, initargs=(LARGE_NICE,))
         # the full error reports of invalid documents: worked out in a helper process, within a time budget
         settings = assembly.settings
