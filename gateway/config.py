@@ -362,7 +362,7 @@ class Settings:
     rules_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
     #: ``rules.worker_memory_mb``: the memory of one rules worker process (it stops beyond)
     rules_worker_memory_mb: int = 1024
-    #: ``limits.rules_seconds``: the most one document's business rules may take
+    #: ``limits.rules_seconds``: the processor time one document's business rules may take (gateway.rules)
     rules_seconds: float = 2.0
     #: ``admin:`` and ``operators:`` (gateway.opsconfig.AdminSettings), ``logging.format``
     admin: Any = None

@@ -5,8 +5,9 @@ Every error the gateway raises on purpose derives from :class:`GatewayError`. Ea
 ``detail`` that says what to do about it. The classes below go by status: the document's own faults (413,
 415, and 400 under :class:`InvalidDocumentError`, which carries the ``errors`` found: not well-formed,
 forbidden XML and the intake limits, schema, business rules), the request's (400 headers, 401, 403, 404,
-405), idempotency and retention (409, 410), routing and rules (422), rate limits (429 under
-:class:`TooManyRequestsError`, with ``retry_after``), the back end and the store (502, 503, 504), and
+405), idempotency and retention (409, 410), routing and rules (422; 503 with ``retry_after`` when the
+gateway was too busy to run the rules), rate limits (429 under :class:`TooManyRequestsError`, with
+``retry_after``), the back end and the store (502, 503, 504), and
 :class:`ConfigError` for the operator. docs/partner-guide.md lists every code a partner can see.
 
 Whatever a client sends is under its control, size included, so everything these errors can return to it is
@@ -43,6 +44,7 @@ __all__ = [
     "RuleFailureDetail",
     "BusinessRuleViolationError",
     "RulesTimeoutError",
+    "RulesBusyError",
     "RulesEvaluationError",
     "InvalidHeaderError",
     "AuthenticationError",
@@ -519,8 +521,9 @@ class NoRouteError(GatewayError):
 
 
 class RulesTimeoutError(GatewayError):
-    """Raised when a document's business rules did not finish within the gateway's time budget
-    (``limits.rules_seconds``, the ``seconds`` here): the work was stopped and nothing was accepted."""
+    """Raised when a document's business rules used up the gateway's time budget without finishing
+    (``limits.rules_seconds`` of processor time, the ``seconds`` here): the work was stopped and nothing was
+    accepted. The document is the cause: the same document gets the same answer."""
 
     status = 422
     code = "rules-timeout"
@@ -542,6 +545,27 @@ class RulesEvaluationError(GatewayError):
     status = 422
     code = "rules-error"
     default_detail = "The business rules could not be evaluated on this document; check its values."
+
+
+class RulesBusyError(GatewayError):
+    """Raised when a document's business rules did not finish in time because the gateway was overloaded,
+    not because of the document: they had used less than their budget of processor time when the longest
+    wait (:data:`gateway.rules.WALL_FACTOR` times ``limits.rules_seconds``) was up. Nothing was accepted;
+    the same document may be sent again after ``retry_after`` seconds (the ``Retry-After`` header)."""
+
+    status = 503
+    code = "rules-busy"
+    default_detail = ("The gateway is too busy to run the business rules on this document now; nothing was "
+                      "accepted. Send it again in a few seconds.")
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 5) -> None:
+        self.retry_after = max(1, int(retry_after))
+        super().__init__(detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["retry_after"] = self.retry_after
+        return body
 
 
 class TooManyRequestsError(GatewayError):

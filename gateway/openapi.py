@@ -61,7 +61,9 @@ _DESCRIPTIONS = {
          "was read or done: retry after `Retry-After` seconds.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
-    503: "The gateway's store is unavailable, or the gateway is starting or stopping: nothing was accepted, retry.",
+    503: "The gateway's store is unavailable, or the gateway is starting or stopping (`store-unavailable`), or "
+         "too loaded to run the route's business rules in time (`rules-busy`, with `Retry-After`): nothing was "
+         "accepted, retry.",
     504: "Request-reply: no reply in time. The document was accepted (`message_id`, `status_url`): its status "
          "and the reply once it comes are at `status_url`; do not resend it.",
 }
@@ -171,6 +173,9 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
         elif status == 429:
             kwargs["headers"] = _RETRY_AFTER
             kwargs["required"] = ("retry_after",)
+        elif status == 503:
+            kwargs["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False,
+                                                 "description": "`rules-busy`: seconds to wait before retrying."}}
         elif status == 409:
             kwargs["required"] = ("message_id", "status_url")
         elif status in (502, 504):
@@ -233,7 +238,8 @@ def _components() -> dict[str, Any]:
                     "limit": {"type": "string", "description": "400, an intake limit passed: its `limits:` key."},
                     "limit_value": {"type": "integer", "description": "That limit's configured value."},
                     "retry_after": {"type": "integer", "minimum": 1,
-                                    "description": "429: seconds to wait before retrying (also `Retry-After`)."},
+                                    "description": "429 and 503 `rules-busy`: seconds to wait before retrying "
+                                                   "(also `Retry-After`)."},
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "status_url": _STRING,

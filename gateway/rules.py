@@ -9,9 +9,16 @@ after schema validation. :func:`build_rule_book` compiles them at start-up (thro
 hold a thread for good: the transforms run in ``rules.workers`` worker processes (``python -m
 gateway.rules``), each with every rule set compiled, fed one document at a time over a pipe. The intake hands
 a document over (:meth:`RulesRunner.submit`: a future) and goes on with its other stages; a worker that has
-not answered within ``limits.rules_seconds`` is killed and replaced, and the document gets
+spent ``limits.rules_seconds`` of processor time on a document is killed and replaced, and the document gets
 :class:`~gateway.errors.RulesTimeoutError` (422), so that a costly document costs the server that budget and
 no more (a worker that needs more than ``rules.worker_memory_mb`` stops by itself).
+
+The budget is processor time, not time on the clock: on a machine loaded by other work (a burst of large
+documents, another partner's), a worker gets less of the processor, and an honest document would otherwise
+be refused as too costly. Time on the clock is bounded too: at :data:`WALL_FACTOR` times the budget the
+worker is stopped all the same and the document gets :class:`~gateway.errors.RulesBusyError` (503, retry),
+which blames the load and not the document. Where the system gives no process CPU clock, the budget is
+time on the clock.
 
 Findings come back as :class:`~gateway.schematron.Finding`: those of flag ``fatal``, ``error`` or none
 (:attr:`Finding.is_error`) refuse the document (:func:`violation`: 400 ``business-rule-violation``); the
@@ -45,6 +52,7 @@ from .errors import (
     ConfigError,
     GatewayError,
     RuleFailureDetail,
+    RulesBusyError,
     RulesEvaluationError,
     RulesTimeoutError,
     clip,
@@ -63,6 +71,7 @@ from .schematron import (
 
 __all__ = [
     "DEFAULT_RULES_SECONDS",
+    "WALL_FACTOR",
     "RuleBook",
     "RuleSet",
     "RulesRunner",
@@ -76,6 +85,13 @@ log = logging.getLogger(__name__)
 
 #: ``limits.rules_seconds`` by default: the most a document's business rules may take.
 DEFAULT_RULES_SECONDS = 2.0
+#: A document's rules are given at most this many times ``limits.rules_seconds`` on the clock, however little
+#: of the processor the worker got meanwhile (then 503 rules-busy).
+WALL_FACTOR = 5
+#: How often, at least, a document given more time on the clock is looked at again (seconds).
+RECHECK_SECONDS = 0.02
+#: ``Retry-After`` of a 503 rules-busy (seconds).
+BUSY_RETRY_AFTER = 5
 #: How long a new worker may take to compile the rule sets before the gateway gives up on it.
 START_SECONDS = 60.0
 #: The most findings a worker sends back for one document (a report of many is cut here).
@@ -265,6 +281,9 @@ class _Worker:
         self.buffer = bytearray()
         self.pending = b""
         self.timer: asyncio.TimerHandle | None = None
+        self.clock: int | None = None  # the process's CPU clock (None: the budget is time on the clock)
+        self.started = 0.0  # when the job was handed over (loop time)
+        self.cpu_started: float | None = None  # the process's CPU time then
         self.starting = False
         self.reading: tuple[asyncio.AbstractEventLoop, int] | None = None  # where the answers are awaited
 
@@ -288,6 +307,7 @@ class _Worker:
             raise RuntimeError(f"a rules worker did not start: {answer.decode('utf-8', 'replace')[:500]}")
         os.set_blocking(process.stdin.fileno(), False)
         os.set_blocking(process.stdout.fileno(), False)
+        self.clock = _cpu_clock(process.pid)
         self.process = process
 
     @property
@@ -351,7 +371,9 @@ class _Worker:
         if self.reading != (loop, fd):  # registered once per process (and loop), not per document
             loop.add_reader(fd, self._readable)
             self.reading = (loop, fd)
-        self.timer = loop.call_later(self.runner.seconds, self._timed_out)
+        self.started = loop.time()
+        self.cpu_started = self._cpu()
+        self.timer = loop.call_later(self.runner.seconds, self._check)
         self._writable()
 
     def _writable(self) -> None:
@@ -410,15 +432,48 @@ class _Worker:
         self.buffer.clear()
         self.pending = b""
 
-    def _timed_out(self) -> None:
+    def _cpu(self) -> float | None:
+        if self.clock is None:
+            return None
+        try:
+            return time.clock_gettime(self.clock)
+        except OSError:  # the process has gone: its answer (EOF) says so
+            return None
+
+    def _check(self) -> None:
+        """The budget's time on the clock is up: stop the worker if the document has had its processor time
+        (or the longest wait is up), else look again when it could have."""
         self.timer = None
+        loop = self.loop
+        assert loop is not None
+        seconds = self.runner.seconds
+        now = self._cpu()
+        used = None if now is None or self.cpu_started is None else now - self.cpu_started
+        if used is None or used >= seconds:
+            self._stop(RulesTimeoutError(seconds=seconds))
+            return
+        elapsed = loop.time() - self.started
+        longest = seconds * WALL_FACTOR
+        if elapsed >= longest:
+            self.runner.overloads += 1
+            log.warning("business rules: a document had %.2f s of the processor in %.1f s (the machine is "
+                        "overloaded); its worker was stopped", used, elapsed)
+            self._stop(RulesBusyError(retry_after=BUSY_RETRY_AFTER))
+            return
+        if self.job is not None and not self.job.extended:
+            self.job.extended = True
+            self.runner.extended += 1
+        self.timer = loop.call_later(max(RECHECK_SECONDS, min(seconds - used, longest - elapsed)), self._check)
+
+    def _stop(self, error: GatewayError) -> None:
         job, self.job = self.job, None
         self._finish()
-        self.runner.timeouts += 1
-        log.warning("business rules: a document took over %g s; its worker was stopped", self.runner.seconds)
+        if isinstance(error, RulesTimeoutError):
+            self.runner.timeouts += 1
+            log.warning("business rules: a document took over %g s; its worker was stopped", self.runner.seconds)
         self._replace()
         if job is not None:
-            _fail(job.future, RulesTimeoutError(seconds=self.runner.seconds))
+            _fail(job.future, error)
         self.runner._dispatch()
 
     def _failed(self, why: str) -> None:
@@ -431,6 +486,18 @@ class _Worker:
                 "The business rules could not be run on this document: the process running them stopped (out of "
                 f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."))
         self.runner._dispatch()
+
+
+def _cpu_clock(pid: int) -> int | None:
+    """The clock of the processor time of process *pid*, every thread's (Saxon's own too), or None where the
+    system has no such clock (Linux has: ``clock_gettime`` on ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``,
+    a fraction of a microsecond, so it is read for every document)."""
+    clock = ((~pid) << 3) | 2
+    try:
+        time.clock_gettime(clock)
+    except (OSError, OverflowError):
+        return None
+    return clock
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -455,6 +522,7 @@ class _Job:
     names: tuple[str, ...]
     payload: bytes
     future: asyncio.Future[list[Finding]]
+    extended: bool = False  # given more time on the clock than the budget (its worker was starved)
 
 
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
@@ -489,7 +557,11 @@ class RulesRunner:
         self._workers = [_Worker(self, i) for i in range(workers)]
         self._queue: collections.deque[_Job] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest submit
+        #: documents stopped at their budget (422 rules-timeout); stopped at the longest wait (503
+        #: rules-busy); given more time on the clock than the budget since their worker was starved
         self.timeouts = 0
+        self.overloads = 0
+        self.extended = 0
         self._started = False
         self.closed = False
 

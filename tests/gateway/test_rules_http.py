@@ -8,7 +8,10 @@ on every element, run too long, or fail on a value, depending on the order's not
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -24,7 +27,7 @@ from gateway.assemble import assemble, assemble_or_raise
 from gateway.cli import main
 from gateway.config import settings_from_mapping
 from gateway.errors import ConfigError, RulesEvaluationError
-from gateway.rules import RuleBook, RuleSet, RulesRunner
+from gateway.rules import WALL_FACTOR, RuleBook, RuleSet, RulesRunner
 from gateway.schematron import load_schematron
 from gateway.runtime import Runtime
 
@@ -241,6 +244,60 @@ def test_a_worker_that_died_is_replaced(env):
     response = post(env, with_id(ORDER, "rules-after-kill"))
     assert response.status_code == 202, response.text
     assert len(response.json()["warnings"]) == 4
+
+
+def _ready_worker(runner: RulesRunner) -> Any:
+    (worker,) = runner._workers
+    deadline = time.monotonic() + 60
+    while not worker.ready:  # a worker stopped by an earlier test is being replaced
+        assert time.monotonic() < deadline, "the rules worker did not come back"
+        time.sleep(0.05)
+    return worker
+
+
+def test_a_document_whose_worker_is_starved_is_checked_all_the_same(env):
+    """The budget is processor time: a worker that gets none for twice the budget (the machine busy with
+    other work; here, stopped) still checks an honest document, which is accepted."""
+    _, runtime, _ = env
+    runner = runtime.gateway.rules
+    worker = _ready_worker(runner)
+    pid, extended, timeouts = worker.process.pid, runner.extended, runner.timeouts
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(BUDGET * 2, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    started = time.monotonic()
+    try:
+        response = post(env, with_id(ORDER, "rules-starved"))
+    finally:
+        resume.join()
+    assert time.monotonic() - started >= BUDGET * 2
+    assert response.status_code == 202, response.text
+    assert len(response.json()["warnings"]) == 4  # the sample rules did run
+    assert (runner.extended, runner.timeouts) == (extended + 1, timeouts)
+    assert worker.process is not None and worker.process.pid == pid  # not stopped
+
+
+def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_be_sent_again(env):
+    """At WALL_FACTOR times the budget the document is answered 503 rules-busy with Retry-After: the load is
+    the cause, not the document, and nothing was accepted, so the same document is accepted when sent
+    again."""
+    _, runtime, _ = env
+    runner = runtime.gateway.rules
+    worker = _ready_worker(runner)
+    overloads, timeouts = runner.overloads, runner.timeouts
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    document = with_id(ORDER, "rules-overloaded")
+    started = time.monotonic()
+    response = post(env, document)
+    elapsed = time.monotonic() - started
+    body = problem(response, 503, "rules-busy")
+    assert body["retry_after"] >= 1 and response.headers["retry-after"] == str(body["retry_after"])
+    assert "nothing was accepted" in body["detail"]
+    assert BUDGET * WALL_FACTOR <= elapsed < BUDGET * WALL_FACTOR + 3.0
+    assert (runner.overloads, runner.timeouts) == (overloads + 1, timeouts)
+    again = post(env, document)  # the stopped worker was replaced
+    assert again.status_code == 202, again.text
+    assert "idempotent-replayed" not in again.headers
 
 
 def test_rules_run_from_the_intake_threads_too(tmp_path, gw_registry):
