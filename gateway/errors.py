@@ -5,9 +5,8 @@ Every error the gateway raises on purpose derives from :class:`GatewayError`. Ea
 ``detail`` that says what to do about it. The classes below go by status: the document's own faults (413,
 415, and 400 under :class:`InvalidDocumentError`, which carries the ``errors`` found: not well-formed,
 forbidden XML and the intake limits, schema, business rules), the request's (400 headers, 401, 403, 404,
-405), idempotency and retention (409, 410), routing and rules (422; 503 with ``retry_after`` when the
-gateway was too busy to run the rules), rate limits (429 under :class:`TooManyRequestsError`, with
-``retry_after``), the back end and the store (502, 503, 504), and
+405), idempotency and retention (409, 410), routing and rules (422), rate limits (429 under
+:class:`TooManyRequestsError`, with ``retry_after``), the back end, the store and the load (502, 503, 504), and
 :class:`ConfigError` for the operator. docs/partner-guide.md lists every code a partner can see.
 
 Whatever a client sends is under its control, size included, so everything these errors can return to it is
@@ -44,7 +43,6 @@ __all__ = [
     "RuleFailureDetail",
     "BusinessRuleViolationError",
     "RulesTimeoutError",
-    "RulesBusyError",
     "RulesEvaluationError",
     "InvalidHeaderError",
     "AuthenticationError",
@@ -60,6 +58,7 @@ __all__ = [
     "ConcurrencyLimitedError",
     "BackendError",
     "StoreUnavailableError",
+    "GatewayBusyError",
     "ReplyTimeoutError",
     "ConfigError",
     "UnknownSchemaError",
@@ -547,19 +546,14 @@ class RulesEvaluationError(GatewayError):
     default_detail = "The business rules could not be evaluated on this document; check its values."
 
 
-class RulesBusyError(GatewayError):
-    """Raised when a document's business rules did not finish in time because the gateway was overloaded,
-    not because of the document: they had used less than their budget of processor time when the longest
-    wait (:data:`gateway.rules.WALL_FACTOR` times ``limits.rules_seconds``) was up. Nothing was accepted;
-    the same document may be sent again after ``retry_after`` seconds (the ``Retry-After`` header)."""
+class _RetryLaterError(GatewayError):
+    """An answer that tells the client when to retry: ``retry_after`` seconds (also the ``Retry-After``
+    header)."""
 
-    status = 503
-    code = "rules-busy"
-    default_detail = ("The gateway is too busy to run the business rules on this document now; nothing was "
-                      "accepted. Send it again in a few seconds.")
+    default_retry_after: ClassVar[int] = 1
 
-    def __init__(self, detail: str | None = None, *, retry_after: int = 5) -> None:
-        self.retry_after = max(1, int(retry_after))
+    def __init__(self, detail: str | None = None, *, retry_after: int | None = None) -> None:
+        self.retry_after = max(1, int(self.default_retry_after if retry_after is None else retry_after))
         super().__init__(detail)
 
     def to_dict(self) -> dict[str, Any]:
@@ -568,22 +562,13 @@ class RulesBusyError(GatewayError):
         return body
 
 
-class TooManyRequestsError(GatewayError):
+class TooManyRequestsError(_RetryLaterError):
     """Base of the 429 answers: the partner is over one of its request limits; ``retry_after`` is
     the number of seconds after which a retry may succeed (the ``Retry-After`` header)."""
 
     status = 429
     code = "too-many-requests"
     default_detail = "Too many requests from your partner account; retry later."
-
-    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
-        self.retry_after = max(1, int(retry_after))
-        super().__init__(detail)
-
-    def to_dict(self) -> dict[str, Any]:
-        body = super().to_dict()
-        body["retry_after"] = self.retry_after
-        return body
 
 
 class RateLimitedError(TooManyRequestsError):
@@ -648,6 +633,18 @@ class StoreUnavailableError(GatewayError):
     status = 503
     code = "store-unavailable"
     default_detail = "The gateway's store is unavailable; nothing was accepted, retry later."
+
+
+class GatewayBusyError(_RetryLaterError):
+    """Raised when a helper process (the business rules, a large document's intake) did not finish a
+    document's work in time because the machine was overloaded, not because of the document: the work had
+    not spent its budget of processor time when the longest wait for it was up. Nothing was accepted; the
+    same document may be sent again after ``retry_after`` seconds (the ``Retry-After`` header)."""
+
+    status = 503
+    code = "gateway-busy"
+    default_detail = "The gateway is too busy to finish this document now; nothing was accepted. Send it again later."
+    default_retry_after = 5
 
 
 class ReplyTimeoutError(_AcceptedDocumentError, TimeoutError):

@@ -15,8 +15,11 @@ name, detail and plain fields, rebuilt only as one of the gateway's own error cl
 
 Workers start with the first large document (a gateway that never gets one never pays for them). Until one
 is ready, and for settings a worker cannot rebuild (not built from a mapping), large documents are taken in on
-threads as before. A document that takes longer than :data:`WORKER_TIMEOUT` or more than
-:data:`WORKER_MEMORY` kills its worker (another starts) and is refused with a 400.
+threads as before. A document that takes more than :data:`WORKER_TIMEOUT` of processor time or more than
+:data:`WORKER_MEMORY` kills its worker (another starts) and is refused with a 400. Processor time, since the
+workers are niced and a loaded machine gives them little of it; one that is still within that budget after
+:data:`WORKER_LONGEST` on the clock is stopped all the same, and the document gets 503 gateway-busy (the
+load's doing, not the document's: it may be sent again).
 """
 
 from __future__ import annotations
@@ -38,17 +41,29 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import GatewayError, InvalidDocumentError, XMLErrorDetail, XMLSecurityError, clip
-from .pipes import helper_environment, limit_address_space, read_exactly, write_all
+from .errors import GatewayBusyError, GatewayError, InvalidDocumentError, XMLErrorDetail, XMLSecurityError, clip
+from .pipes import (
+    Budget,
+    Overloaded,
+    cpu_clock,
+    helper_environment,
+    limit_address_space,
+    read_exactly,
+    wait_readable,
+    write_all,
+)
 
-__all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_MEMORY", "WORKER_NICE", "error_to_data", "error_from_data",
-           "received_document"]
+__all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_LONGEST", "WORKER_MEMORY", "WORKER_NICE", "error_to_data",
+           "error_from_data", "received_document"]
 
 log = logging.getLogger(__name__)
 
-#: The longest one document may take in a worker before the worker is killed and the document refused (s).
-#: The intake limits keep every document far below it; it bounds what they do not foresee.
+#: The processor time one document may take in a worker before the worker is killed and the document refused
+#: (s). The intake limits keep every document far below it; it bounds what they do not foresee.
 WORKER_TIMEOUT = 10.0
+#: The longest one document waits for a worker on the clock, however little of the processor the worker got
+#: (then 503 gateway-busy, and the worker is replaced).
+WORKER_LONGEST = 20.0
 #: Address space a worker may use beyond what it holds once ready (a 10 MiB document's tree and copies).
 WORKER_MEMORY = 2 * 1024 * 1024 * 1024
 #: Added to the workers' nice value: the serving process and its small documents come first.
@@ -61,6 +76,10 @@ MAX_ANSWER_BYTES = 256 * 1024 * 1024
 #: The pipes' buffer (Linux's default most for a user, /proc/sys/fs/pipe-max-size).
 PIPE_BYTES = 1024 * 1024
 _FRAME = struct.Struct(">II")  # the JSON part's length, then the byte strings'
+
+
+class _Busy(Exception):
+    """The worker had the document, but the machine gave it too little of the processor to finish in time."""
 
 
 class _Lost(Exception):
@@ -154,8 +173,8 @@ def _position(value: Any) -> int | None:
 def _refused(why: str) -> XMLSecurityError:
     log.warning("a large document was refused: its intake %s", why)
     return XMLSecurityError(
-        f"The gateway could not take the document in within its bounds ({WORKER_TIMEOUT:g} s and its memory "
-        "limit for one document); it is refused for safety. Send a smaller or simpler document.")
+        f"The gateway could not take the document in within its bounds ({WORKER_TIMEOUT:g} s of processing and its "
+        "memory limit for one document); it is refused for safety. Send a smaller or simpler document.")
 
 
 # --------------------------------------------------------------------------- the serving process's side
@@ -169,21 +188,30 @@ class _Worker:
         assert process.stdin is not None and process.stdout is not None
         self.fd_in = process.stdin.fileno()
         self.fd_out = process.stdout.fileno()
+        self.clock = cpu_clock(process.pid)
         for fd in (self.fd_in, self.fd_out):  # fewer, larger writes: each takes the interpreter lock again
             try:
                 fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
             except OSError:
                 pass
 
-    def run(self, head: dict[str, Any], body: bytes, timeout: float) -> tuple[dict[str, Any], bytes]:
+    def run(self, head: dict[str, Any], body: bytes, timeout: float,
+            longest: float = WORKER_LONGEST) -> tuple[dict[str, Any], bytes]:
+        """Send the document and read the answer, within *timeout* of the worker's processor time and
+        *longest* on the clock (:class:`gateway.pipes.Budget`; from the start of the sending, which a starved
+        worker slows down too)."""
+        budget = Budget(self.clock, timeout, longest, time.monotonic())
         try:
             _write_frame(self.fd_in, head, body)
         except OSError as exc:
             raise _Lost(f"could not be sent: {exc}", sent=False) from None
         try:
+            wait_readable(self.fd_out, budget)
             answer, payload = _read_frame(self.fd_out, time.monotonic() + timeout)
+        except Overloaded as exc:
+            raise _Busy(str(exc)) from None
         except TimeoutError:
-            raise _Lost(f"took more than {timeout:g} s", sent=True) from None
+            raise _Lost(f"took more than {timeout:g} s of the processor", sent=True) from None
         except (EOFError, OSError, ValueError) as exc:
             why = f"ended its worker ({type(exc).__name__}, exit code {self.process.poll()})"
             raise _Lost(why, sent=True) from None
@@ -262,11 +290,12 @@ class IntakeWorkers:
             workers.close()
 
     def __init__(self, init: dict[str, Any], fingerprint: str, workers: int, *, timeout: float = WORKER_TIMEOUT,
-                 memory: int = WORKER_MEMORY) -> None:
+                 longest: float = WORKER_LONGEST, memory: int = WORKER_MEMORY) -> None:
         self.init = {**init, "memory": memory}
         self.fingerprint = fingerprint
         self.workers = workers
         self.timeout = timeout
+        self.longest = longest
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._alive = 0  # ready, busy or starting
@@ -275,8 +304,9 @@ class IntakeWorkers:
         self._closed = False
         self._users = 0
         self._key = ""
-        #: documents taken in by a worker; refused for its bounds; taken in on a thread (no worker ready)
-        self.counts = {"worker": 0, "refused": 0, "thread": 0}
+        #: documents taken in by a worker; refused for its bounds; taken in on a thread (no worker ready);
+        #: answered 503 since their worker got too little of the processor
+        self.counts = {"worker": 0, "refused": 0, "thread": 0, "busy": 0}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -358,7 +388,15 @@ class IntakeWorkers:
             self._discard(worker)  # it died while waiting: another starts
         head = {"partner": partner_id, "charset": charset, "header": header, "busy": busy, "facts": facts}
         try:
-            answer = worker.run(head, body, self.timeout)
+            answer = worker.run(head, body, self.timeout, self.longest)
+        except _Busy as busy:
+            self._discard(worker)
+            self.counts["busy"] += 1
+            log.warning("a large document's intake had %s (the machine is overloaded); its worker was stopped",
+                        busy)
+            raise GatewayBusyError(
+                "The gateway is too busy to take this document in now; nothing was accepted. Send it again in "
+                f"{GatewayBusyError.default_retry_after} s.") from None
         except _Lost as lost:
             self._discard(worker)
             if not lost.sent:  # it died before it had the document: not the document's doing

@@ -62,7 +62,7 @@ _DESCRIPTIONS = {
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
     503: "The gateway's store is unavailable, or the gateway is starting or stopping (`store-unavailable`), or "
-         "too loaded to run the route's business rules in time (`rules-busy`, with `Retry-After`): nothing was "
+         "too loaded to finish the document's work in time (`gateway-busy`, with `Retry-After`): nothing was "
          "accepted, retry.",
     504: "Request-reply: no reply in time. The document was accepted (`message_id`, `status_url`): its status "
          "and the reply once it comes are at `status_url`; do not resend it.",
@@ -175,7 +175,7 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
             kwargs["required"] = ("retry_after",)
         elif status == 503:
             kwargs["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False,
-                                                 "description": "`rules-busy`: seconds to wait before retrying."}}
+                                                 "description": "`gateway-busy`: seconds to wait before retrying."}}
         elif status == 409:
             kwargs["required"] = ("message_id", "status_url")
         elif status in (502, 504):
@@ -238,7 +238,7 @@ def _components() -> dict[str, Any]:
                     "limit": {"type": "string", "description": "400, an intake limit passed: its `limits:` key."},
                     "limit_value": {"type": "integer", "description": "That limit's configured value."},
                     "retry_after": {"type": "integer", "minimum": 1,
-                                    "description": "429 and 503 `rules-busy`: seconds to wait before retrying "
+                                    "description": "429 and 503 `gateway-busy`: seconds to wait before retrying "
                                                    "(also `Retry-After`)."},
                     "message_id": _STRING,
                     "correlation_id": _STRING,

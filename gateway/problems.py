@@ -6,7 +6,7 @@ software switches on; both are given), ``title`` is the same for every problem o
 what happened and what to do, and ``status`` and ``instance`` are as RFC 9457 has them. The extension
 members come from the error (:meth:`gateway.errors.GatewayError.to_dict`): the document's ``errors``
 (``omitted_errors`` counts those left out), an intake limit's ``limit`` and ``limit_value``, ``retry_after``
-(429 and 503 ``rules-busy``, also the ``Retry-After`` header), ``header``, and for a document accepted before (502, 504, 409, 410)
+(429 and 503 ``gateway-busy``, also the ``Retry-After`` header), ``header``, and for a document accepted before (502, 504, 409, 410)
 its ``message_id``, ``status_url`` and dates. docs/partner-guide.md shows them to partners.
 
 Bodies are bounded: the errors are clipped where they are made (:mod:`gateway.errors`) and
@@ -25,8 +25,6 @@ from .errors import (
     DocumentTooLargeError,
     GatewayError,
     MethodNotAllowedError,
-    RulesBusyError,
-    TooManyRequestsError,
 )
 from .logs import set_problem
 
@@ -56,7 +54,6 @@ TITLES = {
     "business-rule-violation": "Business rule violation",
     "rules-timeout": "Business rules timeout",
     "rules-error": "Business rules error",
-    "rules-busy": "Business rules busy",
     "invalid-header": "Invalid header",
     "unauthenticated": "Unauthenticated",
     "forbidden-route": "Route not allowed",
@@ -68,6 +65,7 @@ TITLES = {
     "no-route": "No route",
     "backend-error": "Back-end error",
     "store-unavailable": "Store unavailable",
+    "gateway-busy": "Gateway busy",
     "reply-timeout": "Reply timeout",
     "config-error": "Configuration error",
     "unknown-schema": "Configuration error",
@@ -114,13 +112,12 @@ def problem_response(error: GatewayError, instance: str | None = None,
         out["Allow"] = ", ".join(error.allowed)
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
-    if isinstance(error, TooManyRequestsError):
-        # answered before the body is read: the server then ends the connection in stages, discarding the
-        # rest of the body as it comes (gateway.http_protocol). Closing it with the body unread would make the
-        # kernel reset the connection, which can destroy this answer before the client reads it.
-        out["Retry-After"] = str(error.retry_after)
-    if isinstance(error, RulesBusyError):
-        out["Retry-After"] = str(error.retry_after)
+    # a 429 is answered before the body is read: the server then ends the connection in stages, discarding the
+    # rest of the body as it comes (gateway.http_protocol). Closing it with the body unread would make the
+    # kernel reset the connection, which can destroy this answer before the client reads it.
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        out["Retry-After"] = str(retry_after)
     message_id = getattr(error, "message_id", None)
     if message_id:
         out["X-Message-ID"] = message_id

@@ -13,12 +13,10 @@ spent ``limits.rules_seconds`` of processor time on a document is killed and rep
 :class:`~gateway.errors.RulesTimeoutError` (422), so that a costly document costs the server that budget and
 no more (a worker that needs more than ``rules.worker_memory_mb`` stops by itself).
 
-The budget is processor time, not time on the clock: on a machine loaded by other work (a burst of large
-documents, another partner's), a worker gets less of the processor, and an honest document would otherwise
-be refused as too costly. Time on the clock is bounded too: at :data:`WALL_FACTOR` times the budget the
-worker is stopped all the same and the document gets :class:`~gateway.errors.RulesBusyError` (503, retry),
-which blames the load and not the document. Where the system gives no process CPU clock, the budget is
-time on the clock.
+The budget is processor time (:class:`gateway.pipes.Budget`): a loaded machine gives a worker less of the
+processor, and an honest document must not be refused as too costly for it. Time on the clock is bounded
+too: at :data:`WALL_FACTOR` times the budget the worker is stopped all the same and the document gets
+:class:`~gateway.errors.GatewayBusyError` (503, retry), which blames the load and not the document.
 
 Findings come back as :class:`~gateway.schematron.Finding`: those of flag ``fatal``, ``error`` or none
 (:attr:`Finding.is_error`) refuse the document (:func:`violation`: 400 ``business-rule-violation``); the
@@ -51,13 +49,13 @@ from .errors import (
     BusinessRuleViolationError,
     ConfigError,
     GatewayError,
+    GatewayBusyError,
     RuleFailureDetail,
-    RulesBusyError,
     RulesEvaluationError,
     RulesTimeoutError,
     clip,
 )
-from .pipes import helper_environment, read_exactly, write_all
+from .pipes import Budget, Overloaded, cpu_clock, helper_environment, read_exactly, write_all
 from .schematron import (
     CompiledSchematron,
     Finding,
@@ -86,12 +84,8 @@ log = logging.getLogger(__name__)
 #: ``limits.rules_seconds`` by default: the most a document's business rules may take.
 DEFAULT_RULES_SECONDS = 2.0
 #: A document's rules are given at most this many times ``limits.rules_seconds`` on the clock, however little
-#: of the processor the worker got meanwhile (then 503 rules-busy).
+#: of the processor the worker got meanwhile (then 503 gateway-busy).
 WALL_FACTOR = 5
-#: How often, at least, a document given more time on the clock is looked at again (seconds).
-RECHECK_SECONDS = 0.02
-#: ``Retry-After`` of a 503 rules-busy (seconds).
-BUSY_RETRY_AFTER = 5
 #: How long a new worker may take to compile the rule sets before the gateway gives up on it.
 START_SECONDS = 60.0
 #: The most findings a worker sends back for one document (a report of many is cut here).
@@ -282,8 +276,7 @@ class _Worker:
         self.pending = b""
         self.timer: asyncio.TimerHandle | None = None
         self.clock: int | None = None  # the process's CPU clock (None: the budget is time on the clock)
-        self.started = 0.0  # when the job was handed over (loop time)
-        self.cpu_started: float | None = None  # the process's CPU time then
+        self.budget: Budget | None = None  # the job's
         self.starting = False
         self.reading: tuple[asyncio.AbstractEventLoop, int] | None = None  # where the answers are awaited
 
@@ -307,7 +300,7 @@ class _Worker:
             raise RuntimeError(f"a rules worker did not start: {answer.decode('utf-8', 'replace')[:500]}")
         os.set_blocking(process.stdin.fileno(), False)
         os.set_blocking(process.stdout.fileno(), False)
-        self.clock = _cpu_clock(process.pid)
+        self.clock = cpu_clock(process.pid)
         self.process = process
 
     @property
@@ -371,9 +364,9 @@ class _Worker:
         if self.reading != (loop, fd):  # registered once per process (and loop), not per document
             loop.add_reader(fd, self._readable)
             self.reading = (loop, fd)
-        self.started = loop.time()
-        self.cpu_started = self._cpu()
-        self.timer = loop.call_later(self.runner.seconds, self._check)
+        runner = self.runner
+        self.budget = Budget(self.clock, runner.seconds, runner.seconds * WALL_FACTOR, loop.time())
+        self.timer = loop.call_later(runner.seconds, self._check)
         self._writable()
 
     def _writable(self) -> None:
@@ -432,38 +425,28 @@ class _Worker:
         self.buffer.clear()
         self.pending = b""
 
-    def _cpu(self) -> float | None:
-        if self.clock is None:
-            return None
-        try:
-            return time.clock_gettime(self.clock)
-        except OSError:  # the process has gone: its answer (EOF) says so
-            return None
-
     def _check(self) -> None:
         """The budget's time on the clock is up: stop the worker if the document has had its processor time
         (or the longest wait is up), else look again when it could have."""
         self.timer = None
-        loop = self.loop
-        assert loop is not None
-        seconds = self.runner.seconds
-        now = self._cpu()
-        used = None if now is None or self.cpu_started is None else now - self.cpu_started
-        if used is None or used >= seconds:
-            self._stop(RulesTimeoutError(seconds=seconds))
+        loop, budget, job = self.loop, self.budget, self.job
+        assert loop is not None and budget is not None
+        try:
+            wait = budget.check(loop.time())
+        except TimeoutError:
+            self._stop(RulesTimeoutError(seconds=self.runner.seconds))
             return
-        elapsed = loop.time() - self.started
-        longest = seconds * WALL_FACTOR
-        if elapsed >= longest:
+        except Overloaded as exc:
             self.runner.overloads += 1
-            log.warning("business rules: a document had %.2f s of the processor in %.1f s (the machine is "
-                        "overloaded); its worker was stopped", used, elapsed)
-            self._stop(RulesBusyError(retry_after=BUSY_RETRY_AFTER))
+            log.warning("business rules: a document had %s (the machine is overloaded); its worker was stopped", exc)
+            self._stop(GatewayBusyError(
+                "The gateway is too busy to run the business rules on this document now; nothing was accepted. "
+                f"Send it again in {GatewayBusyError.default_retry_after} s."))
             return
-        if self.job is not None and not self.job.extended:
-            self.job.extended = True
+        if budget.extended and job is not None and not job.extended:
+            job.extended = True
             self.runner.extended += 1
-        self.timer = loop.call_later(max(RECHECK_SECONDS, min(seconds - used, longest - elapsed)), self._check)
+        self.timer = loop.call_later(wait, self._check)
 
     def _stop(self, error: GatewayError) -> None:
         job, self.job = self.job, None
@@ -486,18 +469,6 @@ class _Worker:
                 "The business rules could not be run on this document: the process running them stopped (out of "
                 f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."))
         self.runner._dispatch()
-
-
-def _cpu_clock(pid: int) -> int | None:
-    """The clock of the processor time of process *pid*, every thread's (Saxon's own too), or None where the
-    system has no such clock (Linux has: ``clock_gettime`` on ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``,
-    a fraction of a microsecond, so it is read for every document)."""
-    clock = ((~pid) << 3) | 2
-    try:
-        time.clock_gettime(clock)
-    except (OSError, OverflowError):
-        return None
-    return clock
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -558,7 +529,7 @@ class RulesRunner:
         self._queue: collections.deque[_Job] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest submit
         #: documents stopped at their budget (422 rules-timeout); stopped at the longest wait (503
-        #: rules-busy); given more time on the clock than the budget since their worker was starved
+        #: gateway-busy); given more time on the clock than the budget since their worker was starved
         self.timeouts = 0
         self.overloads = 0
         self.extended = 0

@@ -1,7 +1,8 @@
 """Large documents (over ``inline_max_bytes``) are taken in by worker processes: the partner sees the same
 answers, the backend the same messages and the ledger the same rows as when a thread of the serving process
-takes them in; a document that outlives its worker is refused and the worker replaced; a worker that dies
-between documents costs nobody an answer; what a worker says is trusted only as plain data."""
+takes them in; a document that outlives its worker is refused and the worker replaced, unless the machine
+starved the worker, which is the load's doing; a worker that dies between documents costs nobody an answer;
+what a worker says is trusted only as plain data."""
 
 from __future__ import annotations
 
@@ -188,6 +189,68 @@ async def test_a_document_that_outlives_its_worker_is_refused_and_the_worker_rep
     assert [row.doc_id for row in gw_env.ledger_rows()] == ["SLOW-1"]
 
 
+def _stopped(workers) -> list[int]:
+    """Stop every worker (SIGSTOP: it gets none of the processor, as on a machine loaded by other work)."""
+    pids = [w.process.pid for w in workers._all]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # killed meanwhile
+            pass
+
+
+async def test_a_document_whose_worker_is_starved_is_taken_in_all_the_same(gw_env, monkeypatch):
+    """The bound is processor time: a worker that gets none for longer than it (here, stopped) still takes
+    an honest document in."""
+    gateway = gw_env.gateway
+    workers = gateway.intake_workers
+    await ready(gateway)
+    monkeypatch.setattr(workers, "timeout", 0.5)
+    pids = _stopped(workers)
+    asyncio.get_running_loop().call_later(1.2, _resume, pids)
+    started = time.monotonic()
+    answer = await gw_env.client.post("/v1/documents", content=large_invoice("STARVED-1"), headers=GLOBEX)
+    assert time.monotonic() - started >= 1.2
+    assert answer.status_code == 202, answer.text
+    assert workers.counts == {"worker": 1, "refused": 0, "thread": 0, "busy": 0}
+    assert {w.process.pid for w in workers._all} == set(pids)  # none was stopped
+
+
+async def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_be_sent_again(gw_env, monkeypatch):
+    """After the longest wait the document is answered 503 gateway-busy with Retry-After, not refused: the
+    load is the cause. Nothing was accepted, so the same document is accepted when sent again."""
+    gateway = gw_env.gateway
+    workers = gateway.intake_workers
+    await ready(gateway)
+    monkeypatch.setattr(workers, "timeout", 0.5)
+    monkeypatch.setattr(workers, "longest", 1.0)
+    pids = _stopped(workers)
+    try:
+        started = time.monotonic()
+        busy = await gw_env.client.post("/v1/documents", content=large_invoice("BUSY-1"), headers=GLOBEX)
+        elapsed = time.monotonic() - started
+    finally:
+        _resume(pids)
+    assert busy.status_code == 503 and busy.json()["code"] == "gateway-busy", busy.text
+    assert busy.headers["retry-after"] == str(busy.json()["retry_after"]) and busy.json()["retry_after"] >= 1
+    assert 1.0 <= elapsed < 4.0
+    assert workers.counts["busy"] == 1 and workers.counts["refused"] == 0
+    assert gw_env.ledger_rows() == []
+    monkeypatch.setattr(workers, "timeout", 10.0)
+    monkeypatch.setattr(workers, "longest", 20.0)
+    await ready(gateway)  # the stopped worker's successor
+    again = await gw_env.client.post("/v1/documents", content=large_invoice("BUSY-1"), headers=GLOBEX)
+    assert again.status_code == 202, again.text
+    assert "idempotent-replayed" not in again.headers
+    assert [row.doc_id for row in gw_env.ledger_rows()] == ["BUSY-1"]
+
+
 async def test_a_worker_that_died_between_documents_costs_no_answer(gw_env):
     gateway = gw_env.gateway
     workers = gateway.intake_workers
@@ -238,7 +301,7 @@ async def test_documents_that_find_every_worker_busy_wait_for_one(make_assembly,
                                               [large_invoice(f"ONE-{i}") for i in range(3)])
     assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
     assert gateway.intake_workers.workers == 1
-    assert gateway.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0} and seen == []
+    assert gateway.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
 
 
 async def test_no_intake_workers_takes_large_documents_in_on_threads(make_assembly, tmp_path):

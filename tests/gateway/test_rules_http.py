@@ -278,7 +278,7 @@ def test_a_document_whose_worker_is_starved_is_checked_all_the_same(env):
 
 
 def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_be_sent_again(env):
-    """At WALL_FACTOR times the budget the document is answered 503 rules-busy with Retry-After: the load is
+    """At WALL_FACTOR times the budget the document is answered 503 gateway-busy with Retry-After: the load is
     the cause, not the document, and nothing was accepted, so the same document is accepted when sent
     again."""
     _, runtime, _ = env
@@ -290,7 +290,7 @@ def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_be_sent
     started = time.monotonic()
     response = post(env, document)
     elapsed = time.monotonic() - started
-    body = problem(response, 503, "rules-busy")
+    body = problem(response, 503, "gateway-busy")
     assert body["retry_after"] >= 1 and response.headers["retry-after"] == str(body["retry_after"])
     assert "nothing was accepted" in body["detail"]
     assert BUDGET * WALL_FACTOR <= elapsed < BUDGET * WALL_FACTOR + 3.0
