@@ -14,19 +14,34 @@ TCP on Linux discards in the kernel; at most every :data:`DRAIN_PAUSE`), and clo
 closed its end, or after :data:`LINGER_SECONDS` or :data:`LINGER_BYTES`, whichever comes first. Closing
 while unread data waits would reset the connection, and a client that is still sending might never read
 the answer; draining first lets it read the answer however it sends.
+
+The draining is done by one thread of the process (:class:`_Drainer`), not by the event loop: a partner
+that keeps sending large bodies over its limits has megabytes discarded for each, and each ``recv`` holds
+up the thread that makes it while the kernel frees them. On the event loop that time would come out of
+every other partner's requests; the drainer's thread holds the interpreter lock only between its system
+calls, and the event loop hears of a drained connection once, to close it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import heapq
+import itertools
+import logging
 import os
+import selectors
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["GatewayHttpProtocol", "LINGER_SECONDS", "LINGER_BYTES", "DRAIN_PAUSE"]
+
+log = logging.getLogger(__name__)
 
 #: The longest a connection lingers after an early answer, draining what its client still sends.
 LINGER_SECONDS = 5.0
@@ -46,42 +61,118 @@ _TRUNC = getattr(socket, "MSG_TRUNC", 0) if sys.platform.startswith("linux") els
 
 
 class _Drain:
-    """Discards what a half-closed connection's client still sends, then closes it."""
+    """A half-closed connection whose client may still be sending: what is left to discard, until when."""
 
     def __init__(self, protocol: GatewayHttpProtocol, sock: socket.socket) -> None:
         self.protocol = protocol
         self.loop: asyncio.AbstractEventLoop = protocol.loop
         self.sock = sock
         self.left = LINGER_BYTES
-        self.timer = self.loop.call_later(LINGER_SECONDS, self.finish)
-        self.resume: asyncio.TimerHandle | None = None
-        self.loop.add_reader(sock.fileno(), self.drain)
+        self.deadline = time.monotonic() + LINGER_SECONDS
+        self.cancelled = False  # the connection was lost meanwhile (set on the event loop)
 
-    def drain(self) -> None:
+    def drain(self) -> bool:
+        """Discard what has come (on the drainer's thread); False once the connection is done with."""
         try:
             while self.left > 0:
                 n = self.sock.recv_into(_DISCARD, min(self.left, _DRAIN_CHUNK), _TRUNC)
                 if n == 0:  # the client closed its end: it has had the answer
-                    break
+                    return False
                 self.left -= n
-            self.finish()
+            return False
         except (BlockingIOError, InterruptedError):  # all drained for now: the next drain after a pause
-            self.loop.remove_reader(self.sock.fileno())
-            self.resume = self.loop.call_later(DRAIN_PAUSE, self.loop.add_reader, self.sock.fileno(), self.drain)
+            return True
         except OSError:
-            self.finish()
+            return False
 
-    def finish(self) -> None:
-        """Stop draining and close the connection (idempotent)."""
-        if self.sock.fileno() < 0:
-            return
-        self.timer.cancel()
-        if self.resume is not None:
-            self.resume.cancel()
-        self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()
-        self.protocol._drain = None
+    def closed(self) -> None:
+        """The drainer has closed its socket: close the transport (on the event loop)."""
+        if self.protocol._drain is self:
+            self.protocol._drain = None
         self.protocol.transport.close()
+
+
+class _Drainer:
+    """The thread that drains every connection of the process answered before its body was read."""
+
+    _instance: _Drainer | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _Drainer:
+        with cls._instance_lock:
+            if cls._instance is None or not cls._instance.thread.is_alive():
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.wake_in, self.wake_out = socket.socketpair()
+        for end in (self.wake_in, self.wake_out):
+            end.setblocking(False)
+        self.selector.register(self.wake_in, selectors.EVENT_READ, None)
+        self.added: collections.deque[_Drain] = collections.deque()
+        self.thread = threading.Thread(target=self._run, name="b2bgw-http-drain", daemon=True)
+        self.thread.start()
+
+    def add(self, drain: _Drain) -> None:
+        self.added.append(drain)
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            self.wake_out.send(b"\0")
+        except (BlockingIOError, OSError):  # a wake-up is pending already
+            pass
+
+    def _run(self) -> None:
+        active: set[_Drain] = set()
+        paused: list[tuple[float, int, _Drain]] = []  # (when to listen again, tie-break, drain)
+        order = itertools.count()
+        while True:
+            try:
+                while self.added:
+                    drain = self.added.popleft()
+                    active.add(drain)
+                    self.selector.register(drain.sock, selectors.EVENT_READ, drain)
+                now = time.monotonic()
+                wait = min([d.deadline for d in active] + [p[0] for p in paused[:1]], default=now + 60) - now
+                for key, _ in self.selector.select(max(0.0, wait)):
+                    drain = key.data
+                    if drain is None:
+                        self.wake_in.recv(4096)
+                        continue
+                    if drain.cancelled:
+                        continue
+                    if drain.drain():
+                        self.selector.unregister(drain.sock)
+                        heapq.heappush(paused, (time.monotonic() + DRAIN_PAUSE, next(order), drain))
+                    else:
+                        self._finish(drain, active)
+                now = time.monotonic()
+                while paused and paused[0][0] <= now:
+                    drain = heapq.heappop(paused)[2]
+                    if drain in active:
+                        self.selector.register(drain.sock, selectors.EVENT_READ, drain)
+                for drain in [d for d in active if d.cancelled or d.deadline <= now]:
+                    self._finish(drain, active)
+            except Exception:  # noqa: BLE001 - a bug here must not leave connections open for ever
+                log.exception("the connection drainer failed; closing what it drained")
+                for drain in list(active):
+                    self._finish(drain, active)
+                paused.clear()
+
+    def _finish(self, drain: _Drain, active: set[_Drain]) -> None:
+        active.discard(drain)
+        try:
+            self.selector.unregister(drain.sock)
+        except (KeyError, ValueError):  # paused: not listened to
+            pass
+        drain.sock.close()
+        try:
+            drain.loop.call_soon_threadsafe(drain.closed)
+        except RuntimeError:  # the event loop has closed: so has the transport
+            pass
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -110,11 +201,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if transport.can_write_eof():
             transport.write_eof()  # after the answer: the client sees the end of the connection
         self._drain = _Drain(self, own)
+        _Drainer.get().add(self._drain)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        drain = self._drain
+        drain, self._drain = self._drain, None
         if drain is not None:
-            drain.finish()
+            drain.cancelled = True
+            _Drainer.get().wake()
         super().connection_lost(exc)
 
 

@@ -116,7 +116,7 @@ def test_a_client_that_keeps_sending_wakes_the_drain_at_most_once_a_pause(port, 
 
     def counted(self):
         calls.append(time.monotonic())
-        drain(self)
+        return drain(self)
 
     monkeypatch.setattr(http_protocol._Drain, "drain", counted)
     monkeypatch.setattr(http_protocol, "LINGER_BYTES", 1 << 40)  # not cut off meanwhile
@@ -132,3 +132,26 @@ def test_a_client_that_keeps_sending_wakes_the_drain_at_most_once_a_pause(port, 
     assert answer.startswith(b"HTTP/1.1 429 ")
     assert calls, "nothing was drained"
     assert len(calls) <= seconds / http_protocol.DRAIN_PAUSE + 3  # not one wake-up per segment
+
+
+def test_the_event_loop_never_drains(port, monkeypatch):
+    """What a client sends after an early answer is discarded by the drainer's thread: the event loop's
+    time is its other requests'."""
+    threads = set()
+    drain = http_protocol._Drain.drain
+
+    def recorded(self):
+        threads.add(threading.current_thread().name)  # the server's event loop runs on its own thread
+        return drain(self)
+
+    monkeypatch.setattr(http_protocol._Drain, "drain", recorded)
+    body = b"x" * (4 * 1024 * 1024)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(_head("/early", len(body)))
+        conn.sendall(body)
+        answer = _read_all(conn)  # the end of the connection comes before the drain (it may start at once)
+    assert answer.startswith(b"HTTP/1.1 429 ")
+    deadline = time.monotonic() + http_protocol.LINGER_SECONDS
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads == {"b2bgw-http-drain"}
