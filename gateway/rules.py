@@ -48,8 +48,8 @@ from lxml import etree
 from .errors import (
     BusinessRuleViolationError,
     ConfigError,
-    GatewayError,
     GatewayBusyError,
+    GatewayError,
     RuleFailureDetail,
     RulesEvaluationError,
     RulesTimeoutError,
@@ -429,8 +429,9 @@ class _Worker:
         """The budget's time on the clock is up: stop the worker if the document has had its processor time
         (or the longest wait is up), else look again when it could have."""
         self.timer = None
-        loop, budget, job = self.loop, self.budget, self.job
+        loop, budget = self.loop, self.budget
         assert loop is not None and budget is not None
+        extended = budget.extended
         try:
             wait = budget.check(loop.time())
         except TimeoutError:
@@ -443,8 +444,7 @@ class _Worker:
                 "The gateway is too busy to run the business rules on this document now; nothing was accepted. "
                 f"Send it again in {GatewayBusyError.default_retry_after} s."))
             return
-        if budget.extended and job is not None and not job.extended:
-            job.extended = True
+        if budget.extended and not extended:
             self.runner.extended += 1
         self.timer = loop.call_later(wait, self._check)
 
@@ -453,7 +453,8 @@ class _Worker:
         self._finish()
         if isinstance(error, RulesTimeoutError):
             self.runner.timeouts += 1
-            log.warning("business rules: a document took over %g s; its worker was stopped", self.runner.seconds)
+            log.warning("business rules: a document took over %g s of the processor; its worker was stopped",
+                        self.runner.seconds)
         self._replace()
         if job is not None:
             _fail(job.future, error)
@@ -493,7 +494,6 @@ class _Job:
     names: tuple[str, ...]
     payload: bytes
     future: asyncio.Future[list[Finding]]
-    extended: bool = False  # given more time on the clock than the budget (its worker was starved)
 
 
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
