@@ -6,8 +6,8 @@ software switches on; both are given), ``title`` is the same for every problem o
 what happened and what to do, and ``status`` and ``instance`` are as RFC 9457 has them. The extension
 members come from the error (:meth:`gateway.errors.GatewayError.to_dict`): the document's ``errors``
 (``omitted_errors`` counts those left out), an intake limit's ``limit`` and ``limit_value``, ``retry_after``
-(429 and 503 ``gateway-busy``, also the ``Retry-After`` header), ``header``, and for a document accepted before (502, 504, 409, 410)
-its ``message_id``, ``status_url`` and dates. docs/partner-guide.md shows them to partners.
+(429 and 503 ``gateway-busy``, also the ``Retry-After`` header), ``header``, and for a document accepted
+before (502, 504, 409, 410) its ``message_id``, ``status_url`` and dates. docs/partner-guide.md shows them to partners.
 
 Bodies are bounded: the errors are clipped where they are made (:mod:`gateway.errors`) and
 :func:`problem_body` drops trailing ``errors`` entries until the body is under :data:`MAX_BODY_BYTES`.
@@ -112,10 +112,7 @@ def problem_response(error: GatewayError, instance: str | None = None,
         out["Allow"] = ", ".join(error.allowed)
     if isinstance(error, DocumentTooLargeError):
         out["Connection"] = "close"  # the rest of the body is never read
-    # a 429 is answered before the body is read: the server then ends the connection in stages, discarding the
-    # rest of the body as it comes (gateway.http_protocol). Closing it with the body unread would make the
-    # kernel reset the connection, which can destroy this answer before the client reads it.
-    retry_after = getattr(error, "retry_after", None)
+    retry_after = getattr(error, "retry_after", None)  # 429s and 503 gateway-busy
     if retry_after is not None:
         out["Retry-After"] = str(retry_after)
     message_id = getattr(error, "message_id", None)
