@@ -146,7 +146,7 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
 
     from ledger_contract import facts as ledger_facts
     from ledger_contract.tables import metadata, pack_xml
-    from gateway.xmlintake import IntakeLimits, parse_document
+    from gateway.intake.xmlsafe import IntakeLimits, parse_document
 
     if db_path.exists():
         db_path.unlink()
@@ -369,7 +369,7 @@ def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
     import statistics
 
     from ledger_contract import facts as ledger_facts
-    from gateway.xmlintake import IntakeLimits, parse_document
+    from gateway.intake.xmlsafe import IntakeLimits, parse_document
 
     xml = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
     root = parse_document(xml, IntakeLimits())

@@ -62,9 +62,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.partners import generate_key, hash_key  # noqa: E402
-from gateway.schemas import SchemaRegistry  # noqa: E402
-from gateway.xmlintake import parse_document  # noqa: E402
+from gateway.routing.partners import generate_key, hash_key  # noqa: E402
+from gateway.intake.schemas import SchemaRegistry  # noqa: E402
+from gateway.intake.xmlsafe import parse_document  # noqa: E402
 
 ORDER_FILE = REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-Order-2.1-Example.xml"
 ORDER = ORDER_FILE.read_bytes()
@@ -160,7 +160,7 @@ class ServerProcess:
         self.log = log
         env = {**os.environ, "B2BGW_NOOP_ENDPOINT": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+            [sys.executable, "-m", "gateway.cli.main", "--log-level", "WARNING", "serve", "--config", str(config),
              "--port", str(port), "--no-access-log", "--no-etl", "--processes", str(processes)],
             cwd=str(config.parent), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )

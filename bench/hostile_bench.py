@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gateway_bench import Connection, ServerProcess, free_port, sample_config  # noqa: E402
 
-from gateway import xmlintake  # noqa: E402
+from gateway.intake import xmlsafe as xmlintake  # noqa: E402
 
 UBL = REPO.parent / "shared" / "ubl-2.1" / "xml"
 ORDER = (UBL / "UBL-Order-2.1-Example.xml").read_bytes()

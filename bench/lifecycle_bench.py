@@ -209,7 +209,7 @@ def pg_vacuum(url: str) -> None:
 def worker(url: str, root: str, after: str, vacuum: bool) -> None:
     """``--worker``: run the archive job once on the store and print what it did as JSON."""
     from broker_core import Broker
-    from gateway.ledger import upgrade_ledger
+    from gateway.ledger.records import upgrade_ledger
     from ledger_contract.retention import RetentionPolicy, Rule
     from spark_etl import archive
 
@@ -276,8 +276,8 @@ def rate_within(done: list[float], start: float, end: float) -> float:
 
 def bench_store(kind: str, url: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     from broker_core import Broker
-    from gateway.ledger import upgrade_ledger
-    from gateway.partners import generate_key
+    from gateway.ledger.records import upgrade_ledger
+    from gateway.routing.partners import generate_key
 
     out: dict[str, Any] = {"store": kind, "rows": args.rows}
     broker = Broker.open(url, sweep_interval=0, auto_upgrade=True)  # creates and migrates the store

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway_bench import ServerProcess, closed_loop, free_port, order_with_id, write_config  # noqa: E402
 
-from gateway.partners import hash_key  # noqa: E402
+from gateway.routing.partners import hash_key  # noqa: E402
 
 POSTGRES_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BENCH_KEY = "bench." + "k" * 43
@@ -200,8 +200,8 @@ def one_way(base: str, seconds: float, scrape: bool) -> tuple[float, int]:
 
 def hot_path_cost() -> tuple[float, float]:
     """Microseconds the metrics observer adds around one request (an accepted one-way document)."""
-    from gateway.logs import set_partner
-    from gateway.metrics import HttpMetrics
+    from gateway.runtime.logs import set_partner
+    from gateway.runtime.metrics import HttpMetrics
 
     observer = HttpMetrics({"acme"})
     start = {"type": "http.response.start", "status": 202,
@@ -270,7 +270,7 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     out: dict[str, object] = {"store": kind}
     try:
-        from gateway.cli import main as cli
+        from gateway.cli.main import main as cli
 
         if cli(["db", "upgrade", "--url", url]) != 0:
             raise RuntimeError("db upgrade failed")

@@ -43,10 +43,10 @@ sys.path.insert(0, str(BENCH))
 
 import gateway_bench as gb  # noqa: E402
 
-from gateway.partners import generate_key, hash_key  # noqa: E402
-from gateway.rules import RuleBook, RuleSet, RulesRunner  # noqa: E402
-from gateway.schematron import SaxonRules, compile_schematron, document_text, load_schematron  # noqa: E402
-from gateway.xmlintake import parse_document_text  # noqa: E402
+from gateway.routing.partners import generate_key, hash_key  # noqa: E402
+from gateway.rules.rulesets import RuleBook, RuleSet, RulesRunner  # noqa: E402
+from gateway.rules.schematron import SaxonRules, compile_schematron, document_text, load_schematron  # noqa: E402
+from gateway.intake.xmlsafe import parse_document_text  # noqa: E402
 
 SAMPLE_RULES = REPO / "rules" / "ubl-order.sch"
 BENCH_RULES = BENCH / "rules" / "order-100.sch"

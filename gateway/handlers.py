@@ -70,7 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The property of an error reply that says why (what the gateway reads: gateway.exchange.ERROR_PROPERTY).
+#: The property of an error reply that says why (what the gateway reads: gateway.exchange.request_reply.ERROR_PROPERTY).
 ERROR_PROPERTY = "B2BError"
 #: The property of an error reply that holds a :class:`BusinessError`'s code alone.
 ERROR_CODE_PROPERTY = "B2BErrorCode"

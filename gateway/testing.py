@@ -35,7 +35,7 @@ from broker_core import (
     reply_correlation_id,
 )
 
-from .handlers import (
+from gateway.handlers import (
     COMMITTED,
     ERROR_CODE_PROPERTY,
     REJECTED,

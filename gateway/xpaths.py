@@ -1,5 +1,5 @@
 """XPath expressions read as text, where the gateway checks what a configured path or a rule context can
-match (:mod:`gateway.schemas`, :mod:`gateway.schematron`)."""
+match (:mod:`gateway.intake.schemas`, :mod:`gateway.rules.schematron`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ledger's retention policy: how long documents stay online, and what happens to them then.
 
-The gateway reads it from its configuration (``ledger.retention``, see :mod:`gateway.retention_config`); the
+The gateway reads it from its configuration (``ledger.retention``, see :mod:`gateway.config.retention`); the
 archive job (:mod:`spark_etl.archive`) applies it. Only documents in a final status
 (:data:`ledger_contract.tables.FINAL_STATUSES`: delivered, replied, failed) are ever due, ``online`` after their
 last status change; ``accepted`` and ``dead_lettered`` documents stay online whatever their age (they still have

@@ -1,6 +1,6 @@
 """Operations: the admin API (``/admin/api/v1``), the web console (``/console``) and ``/metrics``.
 
-:class:`Operations` is what :func:`gateway.app.create_app` adds to the gateway: its routes, the HTTP
+:class:`Operations` is what :func:`gateway.http.app.create_app` adds to the gateway: its routes, the HTTP
 metrics around every request, the store's commit observer, and, when ``admin.port`` is set, a listener of
 its own for the admin side (then the partner API's port serves none of it; with ``--processes N`` process 0
 alone binds it). By default the admin side is served by the partner API's server: simplest where that port
@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
-from ..opsconfig import AdminSettings
-from .api import api_routes
-from .console import console_routes
-from .openapi import merge_admin
-from .service import AdminService
+from gateway.runtime.metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
+from gateway.config.operations import AdminSettings
+from gateway.admin.api import api_routes
+from gateway.admin.console import console_routes
+from gateway.admin.openapi import merge_admin
+from gateway.admin.service import AdminService
 
 __all__ = ["Operations"]
 
@@ -46,7 +46,7 @@ class Operations:
         self._server: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._broker: Any = None
-        self._lifecycle: Any = None  # the retention metrics, read from the store (gateway.lifecycle_metrics)
+        self._lifecycle: Any = None  # the retention metrics, read from the store (gateway.ledger.retention_metrics)
 
     def _snapshot(self) -> Any:
         return self.service.sampler.current()
@@ -86,7 +86,7 @@ class Operations:
             self._broker = broker
             engine = broker.engine
             if engine is not None:
-                from ..lifecycle_metrics import LifecycleCollector
+                from gateway.ledger.retention_metrics import LifecycleCollector
 
                 self._lifecycle = LifecycleCollector(engine)
         if self._listener_wanted:

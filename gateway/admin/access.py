@@ -2,7 +2,7 @@
 
 Operators are configured apart from partners (``operators:``; a partner's API key never opens the admin
 side), each with a role: ``viewer`` reads, ``operator`` also acts. Their secrets are stored as the same
-salted scrypt hashes as partner keys (:func:`gateway.partners.hash_key`). Two ways in:
+salted scrypt hashes as partner keys (:func:`gateway.routing.partners.hash_key`). Two ways in:
 
 * the console logs in with name and secret and gets a session cookie (``HttpOnly``, ``SameSite=Strict``,
   ``Secure`` over https), whose SHA-256 names a ``b2b_admin_sessions`` row shared by every serving process.
@@ -36,10 +36,10 @@ import sqlalchemy as sa
 
 from broker_core import Broker
 
-from ..opsconfig import AdminSettings, Operator
-from ..partners import verify_key
-from .errors import CsrfError, ForbiddenError, OperatorAuthError, TooManyAttemptsError
-from .tables import sessions
+from gateway.config.operations import AdminSettings, Operator
+from gateway.routing.partners import verify_key
+from gateway.admin.errors import CsrfError, ForbiddenError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.tables import sessions
 
 __all__ = ["Access", "Principal", "SESSION_COOKIE"]
 

@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import GatewayError, NotFoundError
-from ..problems import problem_response
-from .access import SESSION_COOKIE, Access, Principal, client_address
-from .errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
-from .service import AdminService, parse_limit, pretty_xml
+from gateway.errors import GatewayError, NotFoundError
+from gateway.http.problems import problem_response
+from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
+from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.service import AdminService, parse_limit, pretty_xml
 
 __all__ = ["PREFIX", "api_routes"]
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from broker_core import Broker
 
-from .tables import audit
+from gateway.admin.tables import audit
 
 __all__ = ["Audit", "AuditEntry"]
 

@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ..errors import GatewayError, NotFoundError
+from gateway.errors import GatewayError, NotFoundError
 from ledger_contract.tables import STATUSES
-from .access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
-from .errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
-from .service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
+from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
+from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
 
 __all__ = ["console_routes"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import AuthenticationError, GatewayError
+from gateway.errors import AuthenticationError, GatewayError
 
 __all__ = ["AdminError", "CsrfError", "ForbiddenError", "InvalidRequestError", "OperatorAuthError",
            "TooManyAttemptsError"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import PREFIX
+from gateway.admin.api import PREFIX
 
 __all__ = ["admin_paths", "merge_admin"]
 

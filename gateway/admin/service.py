@@ -29,15 +29,15 @@ from broker_core import (
     parse_destination,
 )
 
-from ..errors import NotFoundError, StoreUnavailableError
-from ..ledger import Ledger
+from gateway.errors import NotFoundError, StoreUnavailableError
+from gateway.ledger.records import Ledger
 from ledger_contract.tables import STATUSES
-from ..opsconfig import AdminSettings
-from . import queries
-from .access import Access, Principal
-from .audit import Audit
-from .errors import InvalidRequestError
-from .snapshot import StatsSampler
+from gateway.config.operations import AdminSettings
+from gateway.admin import queries
+from gateway.admin.access import Access, Principal
+from gateway.admin.audit import Audit
+from gateway.admin.errors import InvalidRequestError
+from gateway.admin.snapshot import StatsSampler
 
 __all__ = ["AdminService", "pretty_xml"]
 
@@ -360,7 +360,7 @@ class AdminService:
         then follows them as it does any accepted document)."""
         if not message_ids:
             return 0
-        from ..status import Reconciler
+        from gateway.ledger.reconciler import Reconciler
 
         rt = self._started()
         reconciler = rt.reconciler or Reconciler(self.broker, Ledger(self.engine))

@@ -104,7 +104,7 @@ class StatsSampler:
     def _etl_last_run(self) -> dict[str, Any] | None:
         if self.engine is None:
             return None
-        from .queries import etl_runs
+        from gateway.admin.queries import etl_runs
 
         try:
             runs = etl_runs(self.engine, limit=1)

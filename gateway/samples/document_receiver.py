@@ -28,7 +28,7 @@ from lxml import etree
 
 from broker_core import JMSError, Message, TextMessage, XMLMessage
 
-from ..handlers import AsyncHandlerContext, Reject, handler
+from gateway.handlers import AsyncHandlerContext, Reject, handler
 
 __all__ = [
     "DESPATCH_QUEUE",

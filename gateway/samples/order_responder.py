@@ -26,8 +26,8 @@ from lxml import etree
 
 from broker_core import Message, MessageFormatError, TextMessage, XMLMessage
 
-from ..handlers import AsyncHandlerContext, HandlerContext, handler
-from ..schemas import SchemaRegistry
+from gateway.handlers import AsyncHandlerContext, HandlerContext, handler
+from gateway.intake.schemas import SchemaRegistry
 
 __all__ = [
     "ORDERS_QUEUE",

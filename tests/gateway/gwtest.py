@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 
 from broker_core import Broker, Queue, XMLMessage
-from gateway.assemble import Assembly
-from gateway.config import load_yaml
-from gateway.runtime import Runtime
+from gateway.runtime.assemble import Assembly
+from gateway.config.loader import load_yaml
+from gateway.runtime.serving import Runtime
 from gateway.samples.order_responder import build_order_response
 
 REPO = Path(__file__).resolve().parents[2]

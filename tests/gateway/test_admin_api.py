@@ -15,9 +15,9 @@ import pytest
 from gwtest import GLOBEX, INVOICE, GatewayEnv, Responder, with_id
 
 from broker_core import Queue
-from gateway.app import create_app
-from gateway.partners import hash_key
-from gateway.runtime import Runtime
+from gateway.http.app import create_app
+from gateway.routing.partners import hash_key
+from gateway.runtime.serving import Runtime
 
 pytestmark = pytest.mark.anyio
 

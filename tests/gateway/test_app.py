@@ -130,8 +130,8 @@ async def test_a_transformed_document_is_stored_as_the_transform_made_it(make_as
     """The message carries the transform's output; the ledger keeps the document as received."""
     import httpx
 
-    from gateway.app import create_app
-    from gateway.runtime import Runtime
+    from gateway.http.app import create_app
+    from gateway.runtime.serving import Runtime
 
     from gwtest import GatewayEnv, sample_data
 
@@ -557,7 +557,7 @@ async def test_post_documents_direct_path_reads_a_streamed_body_and_refuses_a_la
 async def test_noop_endpoint_uses_the_same_direct_path(make_assembly):
     import httpx
 
-    from gateway.app import create_app
+    from gateway.http.app import create_app
 
     app = create_app(make_assembly(), noop_endpoint=True)
     assert set(app.fast_posts) == {"/v1/documents", "/v1/noop"}
@@ -570,7 +570,7 @@ async def test_noop_endpoint_uses_the_same_direct_path(make_assembly):
 def test_serve_freezes_the_startup_objects_out_of_the_collector(monkeypatch):
     import gc
 
-    from gateway import serve_cli
+    from gateway.cli import serve as serve_cli
 
     calls = []
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
@@ -626,8 +626,8 @@ async def test_serve_runs_the_sample_responder_and_the_nightly_load(make_assembl
     import httpx
 
     import spark_etl.scheduler
-    from gateway.app import create_app
-    from gateway.runtime import Runtime
+    from gateway.http.app import create_app
+    from gateway.runtime.serving import Runtime
 
     started = []
 

@@ -1,4 +1,4 @@
-"""Tests of the b2bgw command line (gateway.cli) on the sample configuration and a temporary store."""
+"""Tests of the b2bgw command line (gateway.cli.main) on the sample configuration and a temporary store."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from broker_core import AckMode, Broker, Queue
-from gateway import cli, queue_cli, serve_cli
-from gateway.ledger import Ledger
-from gateway.partners import verify_key
+from gateway.cli import main as cli
+from gateway.cli import queues as queue_cli
+from gateway.cli import serve as serve_cli
+from gateway.ledger.records import Ledger
+from gateway.routing.partners import verify_key
 from gwtest import FIXTURES, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 
@@ -28,9 +30,9 @@ def store(tmp_path, monkeypatch) -> str:
 @pytest.fixture
 def shared_schemas(gw_registry, monkeypatch) -> None:
     """Commands on the sample schemas reuse the session's compiled registry (saves ~2 s per command)."""
-    import gateway.assemble
+    import gateway.runtime.assemble
 
-    monkeypatch.setattr(gateway.assemble, "build_registry", lambda settings, errors: gw_registry)
+    monkeypatch.setattr(gateway.runtime.assemble, "build_registry", lambda settings, errors: gw_registry)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -98,7 +100,7 @@ def test_db_upgrade(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'up.db'}"
     code, out, _ = run(capsys, "db", "upgrade", "--url", url)
     broker_head = _broker_head_revision()  # the broker's own chain moves with the broker
-    from gateway.ledger import head_revision
+    from gateway.ledger.records import head_revision
 
     assert code == 0 and f"broker tables at revision {broker_head}, ledger tables at revision {head_revision()}" in out
 
@@ -216,7 +218,7 @@ def test_every_configuration_command_takes_c_before_or_after_it(capsys, tmp_path
 
 
 def test_the_configuration_search_order(capsys, tmp_path, monkeypatch):
-    from gateway.config import default_config_path
+    from gateway.config.loader import default_config_path
 
     monkeypatch.delenv("B2BGW_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -264,7 +266,7 @@ def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(capsy
     monkeypatch.delenv("B2BGW_CONFIG", raising=False)
     monkeypatch.setenv("B2BGW_STORE_URL", f"sqlite:///{tmp_path / 'serve.db'}")
     monkeypatch.chdir(REPO)
-    caplog.set_level(logging.INFO, logger="gateway.cli")
+    caplog.set_level(logging.INFO, logger="gateway.cli.main")
     code, _, err = run(capsys, "serve", "--port", "0", "--no-etl", "--no-stomp")
     assert code == 0, err
     assert no_uvicorn["host"] == "127.0.0.1"
@@ -287,7 +289,7 @@ def test_serve_refuses_a_public_address_while_the_demo_keys_are_configured(capsy
 
 
 def test_serve_listens_on_a_public_address_with_keys_of_its_own(capsys, tmp_path, no_uvicorn):
-    from gateway.partners import generate_key, hash_key
+    from gateway.routing.partners import generate_key, hash_key
 
     own = generate_key("acme-demo")  # the demo's key id, a new secret: not the published key
     config = tmp_path / "b2bgw.yaml"
@@ -304,7 +306,7 @@ def test_serve_listens_on_a_public_address_with_keys_of_its_own(capsys, tmp_path
 
 
 def _published_hash(key_id: str) -> str:
-    from gateway.config import load_yaml
+    from gateway.config.loader import load_yaml
 
     partners = load_yaml(REPO / "config" / "partners.yaml")["partners"]
     return next(k["hash"] for p in partners.values() for k in p["keys"] if k["id"] == key_id)
@@ -425,7 +427,7 @@ def test_an_unexpected_failure_keeps_its_traceback(capsys, monkeypatch):
 
 
 def _config_with_stomp(tmp_path, stomp: str) -> str:
-    from gateway.partners import generate_key, hash_key
+    from gateway.routing.partners import generate_key, hash_key
 
     config = tmp_path / "b2bgw.yaml"
     config.write_text(

@@ -1,4 +1,4 @@
-"""Tests of gateway.config: the YAML configuration, with file and line in every error."""
+"""Tests of gateway.config.loader: the YAML configuration, with file and line in every error."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import (
+from gateway.config.loader import (
     DEFAULT_STORE_URL,
     Where,
     load_settings,

@@ -22,11 +22,11 @@ import pytest
 from gwtest import GLOBEX, INVOICE, SAMPLE_CONFIG, sample_data, with_id
 
 from broker_core import Queue
-from gateway.app import create_app
-from gateway.assemble import assemble
-from gateway.config import settings_from_mapping
-from gateway.partners import hash_key
-from gateway.runtime import Runtime
+from gateway.http.app import create_app
+from gateway.runtime.assemble import assemble
+from gateway.config.loader import settings_from_mapping
+from gateway.routing.partners import hash_key
+from gateway.runtime.serving import Runtime
 
 CHROMIUM = os.environ.get("B2BGW_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,4 +1,4 @@
-"""gateway.explainer: the error report of an invalid document, worked out in a helper process within a
+"""gateway.intake.explainer: the error report of an invalid document, worked out in a helper process within a
 time budget. What matters to the serving process: the report comes in time or not at all, the work is
 killed when its time is up, nothing a child sends is trusted beyond a checked list of numbers and strings,
 and the helper goes away with the serving process.
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import SchemaValidationError
-from gateway.explainer import Explainer, error_from_data
-from gateway.xmlintake import DEFAULT_LIMITS
+from gateway.intake.explainer import Explainer, error_from_data
+from gateway.intake.xmlsafe import DEFAULT_LIMITS
 from gwtest import INVOICE
 
 

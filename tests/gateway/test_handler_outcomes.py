@@ -302,6 +302,6 @@ def test_business_error_arguments_are_checked():
 
 
 def test_the_error_property_is_the_one_the_gateway_reads():
-    from gateway import exchange
+    from gateway.exchange import request_reply as exchange
 
     assert ERROR_PROPERTY == exchange.ERROR_PROPERTY

@@ -26,10 +26,10 @@ from gwtest import (
     with_id,
 )
 
-from gateway.app import create_app
-from gateway.config import load_yaml
+from gateway.http.app import create_app
+from gateway.config.loader import load_yaml
 from gateway.handlers import BusinessError, Reject, Worker, handler
-from gateway.runtime import Runtime
+from gateway.runtime.serving import Runtime
 from gateway.samples.order_responder import ORDERS_QUEUE, respond, respond_async
 
 pytestmark = pytest.mark.anyio

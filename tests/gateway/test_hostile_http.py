@@ -93,7 +93,7 @@ def server(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("B2BGW_STORE_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "--log-level", "DEBUG", "serve", "--config", str(tmp / "b2bgw.yaml"),
+        [sys.executable, "-m", "gateway.cli.main", "--log-level", "DEBUG", "serve", "--config", str(tmp / "b2bgw.yaml"),
          "--port", str(port), "--no-etl", "--no-stomp"],
         cwd=str(tmp), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

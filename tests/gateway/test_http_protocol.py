@@ -1,4 +1,4 @@
-"""gateway.http_protocol: a response sent before its request's body was read ends the connection in stages
+"""gateway.http.protocol: a response sent before its request's body was read ends the connection in stages
 (RFC 9112, section 9.6): the answer, then the server's end of the connection, while what the client still
 sends is discarded; the client reads the whole answer however it sends. Over a real uvicorn server with
 the gateway's protocol, driven with raw sockets."""
@@ -12,7 +12,7 @@ import time
 import pytest
 import uvicorn
 
-from gateway import http_protocol
+from gateway.http import protocol as http_protocol
 
 
 async def app(scope, receive, send):

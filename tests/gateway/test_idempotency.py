@@ -16,13 +16,14 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway import idempotency, service
-from gateway.app import create_app
-from gateway.assemble import assemble
-from gateway.config import load_yaml, settings_from_mapping
+from gateway.exchange import idempotency
+from gateway.exchange import submission as service
+from gateway.http.app import create_app
+from gateway.runtime.assemble import assemble
+from gateway.config.loader import load_yaml, settings_from_mapping
 from ledger_contract.tables import documents
-from gateway.routes import SENDER_PARTIES
-from gateway.runtime import Runtime
+from gateway.routing.routes import SENDER_PARTIES
+from gateway.runtime.serving import Runtime
 from gwtest import (
     ACME,
     DESPATCH_ADVICE,
@@ -540,7 +541,7 @@ async def test_a_route_keyed_by_its_own_xpaths(make_assembly, tmp_path):
 
 
 def test_keys_have_the_party_and_stay_as_before_without_one(sample_routes):
-    from gateway.service import Gateway
+    from gateway.exchange.submission import Gateway
 
     route = sample_routes.get("ubl-order")
     key = Gateway.idempotency_key

@@ -14,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway import intake
+from gateway.intake import stages as intake
 from ledger_contract import facts
-from gateway.config import ConfigError, load_yaml, settings_from_mapping
-from gateway.runtime import Runtime
-from gateway.service import Gateway
+from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
+from gateway.runtime.serving import Runtime
+from gateway.exchange.submission import Gateway
 from ledger_contract import facts
 from ledger_contract.tables import unpack_xml
 from gwtest import DESPATCH_ADVICE, INVOICE, with_id

@@ -1,4 +1,4 @@
-"""The intake limits that follow the JDK's XML processing limits (gateway.xmlintake.IntakeLimits):
+"""The intake limits that follow the JDK's XML processing limits (gateway.intake.xmlsafe.IntakeLimits):
 attributes per element, namespace declarations per element and per document, name length, text size.
 
 A document is accepted exactly when it is within every limit, and refused otherwise with the code of
@@ -29,7 +29,7 @@ from gateway.errors import (
     TooManyDocumentNamespacesError,
     XMLSecurityError,
 )
-from gateway.xmlintake import DEFAULT_LIMITS, IntakeLimits, parse_document
+from gateway.intake.xmlsafe import DEFAULT_LIMITS, IntakeLimits, parse_document
 
 CODES = {
     "max_attributes": "too-many-attributes",
@@ -325,7 +325,7 @@ def test_namespaces_per_document_counts_declarations_in_start_tags_only(
     """Only an attribute of a start tag named xmlns or xmlns:* declares a namespace (Namespaces in XML 1.0,
     section 3): the same words in comments, CDATA sections, processing instructions, character data or
     attribute values do not count, however the text is cut into pieces to be counted."""
-    import gateway.xmlintake as xmlintake
+    import gateway.intake.xmlsafe as xmlintake
 
     monkeypatch.setattr(xmlintake, "_SLICE", slice_size)
     declared = sum(n for _, n in pieces)
@@ -396,7 +396,7 @@ def test_a_document_under_every_limit_is_read_at_c_speed() -> None:
 
 
 def test_every_limit_is_a_key_under_limits_checked_at_its_line() -> None:
-    from gateway.config import LIMIT_KEYS, load_settings, load_yaml, settings_from_mapping
+    from gateway.config.loader import LIMIT_KEYS, load_settings, load_yaml, settings_from_mapping
     from gateway.errors import ConfigError
     from gwtest import SAMPLE_CONFIG
 

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 
 from broker_core import Queue
 from ledger_contract import facts
-from gateway.app import create_app
-from gateway.config import ConfigError, load_yaml, settings_from_mapping
+from gateway.http.app import create_app
+from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
 from ledger_contract.tables import unpack_xml
-from gateway.runtime import Runtime
+from gateway.runtime.serving import Runtime
 from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio
@@ -136,7 +136,7 @@ def test_uuid4_str_is_a_random_version_4_uuid_in_every_thread():
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.ids import uuid4_str
+    from gateway.exchange.ids import uuid4_str
 
     def many(_: int) -> list[str]:
         return [uuid4_str() for _ in range(700)]  # more than one 4 KiB pool of random bytes
@@ -180,8 +180,8 @@ async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, m
     runs through the intake on the large-document threads, niced, so that the small documents behind it keep
     the CPU; small documents never run there."""
     monkeypatch.setattr(gw_env.gateway, "intake_workers", None)
-    from gateway import intake
-    from gateway.intake import INLINE_MAX_BYTES, LARGE_NICE
+    from gateway.intake import stages as intake
+    from gateway.intake.stages import INLINE_MAX_BYTES, LARGE_NICE
 
     seen: list[tuple[str, int]] = []
 

@@ -1,4 +1,4 @@
-"""Tests of gateway.ledger: the migration (the contract tables exactly), inserts inside
+"""Tests of gateway.ledger.records: the migration (the contract tables exactly), inserts inside
 the store's commit (recorded iff enqueued), the unique idempotency key under
 concurrency, conditional status moves with events, and the reconciler."""
 
@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from broker_core import AckMode, Broker, Queue, StoreError, XMLMessage
-from gateway.ledger import (
+from gateway.ledger.records import (
     DuplicateDocument,
     Ledger,
     NewDocument,
@@ -20,7 +20,7 @@ from gateway.ledger import (
     now_ms,
     upgrade_ledger,
 )
-from gateway.status import Reconciler
+from gateway.ledger.reconciler import Reconciler
 from ledger_contract.tables import LZ4_MAGIC, documents, events, metadata
 
 
@@ -311,9 +311,9 @@ def test_reconciler_runs_in_the_background_with_a_lease(broker):
 @pytest.mark.postgres
 def test_ledger_on_postgresql(postgres_schema):
     """`b2bgw db upgrade` on PostgreSQL; the driver-SQL insert and duplicate detection work there too."""
-    from gateway import cli
-    from gateway.runtime import open_broker
-    from gateway.config import settings_from_mapping
+    from gateway.cli import main as cli
+    from gateway.runtime.serving import open_broker
+    from gateway.config.loader import settings_from_mapping
 
     assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
     settings = settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}})
@@ -362,9 +362,9 @@ def test_postgresql_store_without_the_ledger_migration_is_refused():
     import psycopg
 
     from broker_core.sql import upgrade_database
-    from gateway.config import settings_from_mapping
+    from gateway.config.loader import settings_from_mapping
     from gateway.errors import ConfigError
-    from gateway.runtime import open_broker
+    from gateway.runtime.serving import open_broker
 
     url_base = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
     dsn = url_base.replace("postgresql+psycopg://", "postgresql://")
@@ -389,7 +389,7 @@ def test_postgresql_store_without_the_ledger_migration_is_refused():
 
 
 def test_iso_ms_formats_milliseconds_across_seconds():
-    from gateway.service import iso_ms
+    from gateway.exchange.submission import iso_ms
 
     assert iso_ms(None) is None
     for epoch_ms, text in [(1710408600123, "2024-03-14T09:30:00.123Z"), (1710408600999, "2024-03-14T09:30:00.999Z"),
@@ -427,7 +427,7 @@ def _migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
 
     from alembic.config import Config
 
-    from gateway.ledger import MIGRATIONS
+    from gateway.ledger.records import MIGRATIONS
 
     cfg = Config()
     cfg.set_main_option("script_location", MIGRATIONS)
@@ -482,9 +482,9 @@ def test_rows_written_before_the_digest_migrate_and_read_without_one(tmp_path):
 @pytest.mark.postgres
 def test_digest_and_rows_without_one_on_postgresql(postgres_schema):
     """g0004 on PostgreSQL: the digest is stored and read back; only rows without one are found as old."""
-    from gateway import cli
-    from gateway.config import settings_from_mapping
-    from gateway.runtime import open_broker
+    from gateway.cli import main as cli
+    from gateway.config.loader import settings_from_mapping
+    from gateway.runtime.serving import open_broker
 
     assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
     broker = open_broker(settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}}))

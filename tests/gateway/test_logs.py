@@ -15,16 +15,16 @@ import httpx
 import pytest
 from gwtest import GLOBEX, INVOICE, with_id
 
-from gateway import logs
-from gateway.app import create_app
-from gateway.config import settings_from_mapping
+from gateway.runtime import logs
+from gateway.http.app import create_app
+from gateway.config.loader import settings_from_mapping
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 @pytest.fixture
 def captured():
-    """The root logger configured by gateway.logs, writing into a buffer; restored afterwards."""
+    """The root logger configured by gateway.runtime.logs, writing into a buffer; restored afterwards."""
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     buffers = []

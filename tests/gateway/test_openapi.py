@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import CheckContext
 from schemathesis.config import SchemathesisConfig
 
-from gateway.app import create_app
-from gateway.assemble import assemble
-from gateway.config import load_settings, settings_from_mapping
+from gateway.http.app import create_app
+from gateway.runtime.assemble import assemble
+from gateway.config.loader import load_settings, settings_from_mapping
 from gateway.errors import GatewayError
-from gateway.openapi import openapi_document, problem_codes
-from gateway.runtime import Runtime
+from gateway.http.openapi import openapi_document, problem_codes
+from gateway.runtime.serving import Runtime
 from gwtest import ACME_KEY, GLOBEX_KEY, SAMPLE_CONFIG, Responder, sample_data
 
 _XML_MEDIA_TYPES = ("application/xml", "text/xml", "application/ubl+xml")

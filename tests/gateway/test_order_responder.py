@@ -18,7 +18,7 @@ from broker_core import Broker, Queue, Requestor, XMLMessage
 from gateway.handlers import HandlerStats, Worker, registry
 from gateway.samples import order_responder
 from gateway.samples.order_responder import ORDER_NS, ORDER_RESPONSE_NS, build_order_response
-from gateway.schemas import UBL_NAMESPACES, SchemaRegistry
+from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
 
 UBL_EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
 ORDER_EXAMPLE = UBL_EXAMPLES / "UBL-Order-2.1-Example.xml"

@@ -1,4 +1,4 @@
-"""Per-partner request limits (gateway.partners.PartnerLimits / PartnerLimiter): requests in progress and
+"""Per-partner request limits (gateway.routing.partners.PartnerLimits / PartnerLimiter): requests in progress and
 a token-bucket rate, configured in partners.yaml (a partner's ``limits:`` over the file's ``defaults:``),
 answered 429 with ``Retry-After`` (RFC 9110 section 10.2.3) before the body is read, and one partner's
 flood never refuses another's requests.
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import load_yaml, settings_from_mapping
+from gateway.config.loader import load_yaml, settings_from_mapping
 from gateway.errors import ConcurrencyLimitedError, ConfigError, RateLimitedError
-from gateway.partners import DEFAULT_PARTNER_LIMITS, Partner, PartnerLimiter, PartnerLimits, PartnerRegistry
+from gateway.routing.partners import DEFAULT_PARTNER_LIMITS, Partner, PartnerLimiter, PartnerLimits, PartnerRegistry
 from gwtest import ACME, GLOBEX, INVOICE, ORDER, REPO, SAMPLE_CONFIG, sample_data, with_id
 
 pytestmark = pytest.mark.anyio
@@ -211,8 +211,8 @@ def test_the_partners_file_may_hold_defaults_beside_its_partners(tmp_path) -> No
 def limited(make_assembly, tmp_path):
     """A gateway whose partner globex may have 2 requests in progress and send one request every 2 s after a
     burst of 3."""
-    from gateway.app import create_app
-    from gateway.runtime import Runtime
+    from gateway.http.app import create_app
+    from gateway.runtime.serving import Runtime
 
     data = sample_data(tmp_path)
     data["partners"]["globex"]["limits"] = {"concurrent_requests": 2, "requests_per_second": 0.5, "burst": 3}
@@ -272,7 +272,7 @@ async def test_over_the_requests_in_progress_is_429_before_the_body_is_read(limi
 
 
 def test_the_sample_configuration_keeps_the_generous_defaults() -> None:
-    from gateway.config import load_settings
+    from gateway.config.loader import load_settings
 
     registry = PartnerRegistry.from_settings(load_settings(SAMPLE_CONFIG))
     for partner in registry.partners.values():

@@ -1,4 +1,4 @@
-"""Tests of gateway.partners: hashed API keys, authentication, the verified-key cache."""
+"""Tests of gateway.routing.partners: hashed API keys, authentication, the verified-key cache."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import load_yaml
+from gateway.config.loader import load_yaml
 from gateway.errors import AuthenticationError, ConfigError
-from gateway.partners import PartnerRegistry, generate_key, hash_key, verify_key
+from gateway.routing.partners import PartnerRegistry, generate_key, hash_key, verify_key
 from gwtest import ACME_KEY, GLOBEX_KEY, REPO
 
 FAST = {"ln": 4}  # cheap scrypt for keys made in these tests

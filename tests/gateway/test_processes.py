@@ -1,4 +1,4 @@
-"""``b2bgw serve --processes N`` (gateway.processes): one port, one store, several serving processes.
+"""``b2bgw serve --processes N`` (gateway.runtime.processes): one port, one store, several serving processes.
 
 The server runs for real (a supervisor and two serving processes, a temporary SQLite store) and is
 driven over HTTP; what must hold is what a partner and an operator expect of one gateway: every
@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import settings_from_mapping
+from gateway.config.loader import settings_from_mapping
 from gateway.errors import ConfigError
-from gateway.processes import Supervisor, process_count, usable_cpus
+from gateway.runtime.processes import Supervisor, process_count, usable_cpus
 from gwtest import ACME, GLOBEX, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 INVOICE = (UBL_EXAMPLES / "UBL-Invoice-2.1-Example.xml").read_bytes()
@@ -64,7 +64,7 @@ def _serve(tmp_path: Path, *extra: str, config: Path = SAMPLE_CONFIG) -> tuple[s
     log = tmp_path / "serve.log"
     env = {**os.environ, "B2BGW_STORE_URL": f"sqlite:///{tmp_path / 'gw.db'}", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "--log-level", "INFO", "serve", "--config", str(config), "--port",
+        [sys.executable, "-m", "gateway.cli.main", "--log-level", "INFO", "serve", "--config", str(config), "--port",
          str(port), "--no-etl", "--no-stomp", "--no-access-log", *extra],
         cwd=str(tmp_path), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}", log

@@ -210,7 +210,7 @@ async def test_replay_racing_the_purge_is_never_enqueued(gw_env, tmp_path):
 def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
     """The insert's own check (PostgreSQL: in the INSERT statement) refuses a key a tombstone holds."""
     from broker_core import Broker
-    from gateway.ledger import DuplicateDocument, Ledger, NewDocument, upgrade_ledger
+    from gateway.ledger.records import DuplicateDocument, Ledger, NewDocument, upgrade_ledger
     from ledger_contract.lifecycle import purge
 
     broker = Broker.open(postgres_schema, sweep_interval=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_settings
+from gateway.config.loader import load_settings
 from gateway.errors import ConfigError
 from ledger_contract.retention import Rule
 from gwtest import REPO
@@ -107,7 +107,7 @@ def test_cli_archive_run_status_get_and_db_stats(tmp_path, capsys):
     sys.path.insert(0, str(REPO / "tests" / "spark_etl"))
     from archivetest import fill, open_store, order
 
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     config = _config(tmp_path)
     broker = open_store(f"sqlite:///{tmp_path / 'gw.db'}")
@@ -146,7 +146,7 @@ def test_cli_archive_run_status_get_and_db_stats(tmp_path, capsys):
 
 
 def test_cli_without_a_policy_says_so(tmp_path, capsys):
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     path = tmp_path / "b2bgw.yaml"
     path.write_text(BASE + f"store: {{url: 'sqlite:///{tmp_path / 'gw.db'}'}}\n")
@@ -174,7 +174,7 @@ def test_metrics_read_the_store(tmp_path):
     sys.path.insert(0, str(REPO / "tests" / "spark_etl"))
     from archivetest import fill, open_store, policy
 
-    from gateway.lifecycle_metrics import LifecycleCollector
+    from gateway.ledger.retention_metrics import LifecycleCollector
     from spark_etl import archive
 
     broker = open_store(f"sqlite:///{tmp_path / 'gw.db'}")

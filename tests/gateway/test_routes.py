@@ -1,4 +1,4 @@
-"""Tests of gateway.routes: matching, typed extraction, XSLT, and every load-time check
+"""Tests of gateway.routing.routes: matching, typed extraction, XSLT, and every load-time check
 (XPaths compile and exist in the schema, destinations, shadowing) with file and line."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from gateway.assemble import assemble
-from gateway.config import load_yaml, settings_from_mapping
+from gateway.runtime.assemble import assemble
+from gateway.config.loader import load_yaml, settings_from_mapping
 from gateway.errors import ConfigError, ForbiddenRouteError, NoRouteError
-from gateway.routes import RouteTable, TransformError
-from gateway.xmlintake import parse_document
+from gateway.routing.routes import RouteTable, TransformError
+from gateway.intake.xmlsafe import parse_document
 from gwtest import DESPATCH_ADVICE, INVOICE, ORDER, ORDER_CANCELLATION, REPO, SAMPLE_CONFIG
 
 PARTNERS = REPO / "config" / "partners.yaml"
@@ -264,7 +264,7 @@ def test_a_partners_own_xsd_is_added_by_configuration(tmp_path):
     </xs:sequence></xs:complexType>
   </xs:element>
 </xs:schema>""")
-    from gateway.schemas import SchemaRegistry
+    from gateway.intake.schemas import SchemaRegistry
 
     data = load_yaml(text="""
 schemas:

@@ -1,4 +1,4 @@
-"""The words a partner reads for a schema-invalid document (gateway.schema_messages through gateway.schemas).
+"""The words a partner reads for a schema-invalid document (gateway.intake.schema_messages through gateway.intake.schemas).
 
 Invalid values of the common UBL types (dates, times, decimal amounts and
 quantities, codes, indicators) must be reported in plain words naming the
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from gateway.errors import MAX_MESSAGE_CHARS, SchemaValidationError
-from gateway.schemas import UBL_NAMESPACES, SchemaRegistry
-from gateway.xmlintake import parse_document
+from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
+from gateway.intake.xmlsafe import parse_document
 
 pytestmark = pytest.mark.filterwarnings("ignore::xmlschema.XMLSchemaImportWarning")
 

@@ -1,4 +1,4 @@
-"""Tests of gateway.schemas: the registry, validation, rich errors, path checks."""
+"""Tests of gateway.intake.schemas: the registry, validation, rich errors, path checks."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from gateway.errors import (
     SchemaValidationError,
     UnknownSchemaError,
 )
-from gateway.schemas import UBL_NAMESPACES, LocalSchemaResolver, SchemaRegistry, element_path
-from gateway.xmlintake import parse_document
+from gateway.intake.schemas import UBL_NAMESPACES, LocalSchemaResolver, SchemaRegistry, element_path
+from gateway.intake.xmlsafe import parse_document
 from xml_schemas import UBL_21_DIR, schema_path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -1,4 +1,4 @@
-"""The Schematron engine (gateway.schematron), one ISO Schematron construct at a time.
+"""The Schematron engine (gateway.rules.schematron), one ISO Schematron construct at a time.
 
 Each test writes a small rule set for its construct and checks what ISO/IEC 19757-3 says the
 findings are: failed asserts, successful reports, their id, flag, location and text.
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from gateway.schematron import (
+from gateway.rules.schematron import (
     SaxonRules,
     SchematronError,
     compile_schematron,

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 import uvicorn
 
 from broker_core import Broker
-from gateway.app import create_app
+from gateway.http.app import create_app
 from ledger_contract.tables import documents, events, unpack_xml
 from gwtest import GLOBEX, INVOICE, sample_data
 
@@ -124,8 +124,8 @@ def server(make_module_assembly) -> Iterator[tuple[Server, Path, LogCapture]]:
 
 @pytest.fixture(scope="module")
 def make_module_assembly(gw_registry, tmp_path_factory):
-    from gateway.assemble import assemble
-    from gateway.config import settings_from_mapping
+    from gateway.runtime.assemble import assemble
+    from gateway.config.loader import settings_from_mapping
     from gwtest import SAMPLE_CONFIG
 
     tmp = tmp_path_factory.mktemp("gw-security")

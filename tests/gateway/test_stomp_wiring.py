@@ -10,7 +10,7 @@ import stomp
 
 from broker_core import Broker, Queue
 from gateway.errors import ConfigError
-from gateway.runtime import start_stomp, stomp_options
+from gateway.runtime.serving import start_stomp, stomp_options
 
 
 class _Settings:
@@ -39,7 +39,7 @@ def test_the_selector_string_numbers_choice_reaches_the_listener():
 
 
 def test_a_wrong_selector_string_numbers_choice_is_reported_at_its_line(tmp_path):
-    from gateway.config import settings_from_mapping
+    from gateway.config.loader import settings_from_mapping
 
     with pytest.raises(ConfigError, match="stomp.selector_string_numbers must be one of convert, strict"):
         settings_from_mapping({"store": {"url": "memory://"}, "stomp": {"selector_string_numbers": "loose"}},

@@ -1,4 +1,4 @@
-"""Tests of gateway.xmlintake: body size, media type, encodings, hostile XML.
+"""Tests of gateway.intake.xmlsafe: body size, media type, encodings, hostile XML.
 
 Every hostile-input test also proves that nothing leaked: the secret a test
 plants in a local file never appears in the error (str, repr, detail, errors,
@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from gateway import errors, xmlintake
+from gateway import errors
+from gateway.intake import xmlsafe as xmlintake
 from gateway.errors import (
     MAX_MESSAGE_CHARS,
     DocumentTooLargeError,
@@ -32,7 +33,7 @@ from gateway.errors import (
     UnsupportedMediaTypeError,
     XMLSecurityError,
 )
-from gateway.xmlintake import (
+from gateway.intake.xmlsafe import (
     LIBXML2_MAX_DEPTH,
     SUPPORTED_ENCODINGS,
     IntakeLimits,
@@ -293,7 +294,7 @@ def test_parse_document_text_gives_the_checked_text_of_utf8_documents_only(data,
 
 
 def test_media_type_results_are_remembered_for_accepted_values_only(monkeypatch) -> None:
-    from gateway import xmlintake
+    from gateway.intake import xmlsafe as xmlintake
 
     monkeypatch.setattr(xmlintake, "_MEDIA_TYPES", {})
     monkeypatch.setattr(xmlintake, "_MEDIA_TYPES_MAX", 3)
@@ -616,7 +617,7 @@ def test_the_hardened_parser_alone_loads_nothing(template: str, secret_file: tup
 def test_why_the_parser_does_not_set_collect_ids_false(secret_file: tuple[Path, str]) -> None:
     """Pins an lxml/libxml2 interaction: collect_ids=False loads an external DTD from a local file
     even with load_dtd=False and no_network=True. Should this start failing, the note in
-    gateway.xmlintake can go; the intake parser stays safe either way (see the test above)."""
+    gateway.intake.xmlsafe can go; the intake parser stays safe either way (see the test above)."""
     path, _ = secret_file
     asked: list[str] = []
 

@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import Broker
-from gateway.ledger import Ledger, NewDocument, upgrade_ledger
+from gateway.ledger.records import Ledger, NewDocument, upgrade_ledger
 from ledger_contract.retention import RetentionPolicy, Rule
-from gateway.service import document_digest
+from gateway.exchange.submission import document_digest
 
 EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
 ORDER = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()

@@ -39,7 +39,7 @@ def gateway_facts(document: bytes, doc_type: str) -> str | None:
     refuses the document; the gateway would not accept it at all)."""
     from ledger_contract import facts
     from gateway.errors import GatewayError
-    from gateway.xmlintake import IntakeLimits, parse_document
+    from gateway.intake.xmlsafe import IntakeLimits, parse_document
 
     try:
         root = parse_document(document, IntakeLimits())

@@ -254,7 +254,7 @@ def test_archive_on_postgresql(postgres_schema, tmp_path):
         assert result.purged == 25 and tombstoned_ids(broker) == set(ids) and not online_ids(broker)
         assert archive.verify(broker.engine, str(root))["ok"]
         assert archive.get(ids[3], root=str(root), engine=broker.engine).request == order(3)
-        from gateway.store_stats import db_stats, format_stats
+        from gateway.ledger.stats import db_stats, format_stats
 
         stats = db_stats(broker.engine, policy())
         assert stats["documents"]["replied"] == 0 and stats["retention"]["last_run"]["purged"] == 25
@@ -285,9 +285,9 @@ def test_serve_schedules_the_archive_when_a_policy_is_configured(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
     from gwtest import SAMPLE_CONFIG, sample_data
 
-    from gateway.assemble import assemble
-    from gateway.config import settings_from_mapping
-    from gateway.runtime import Runtime
+    from gateway.runtime.assemble import assemble
+    from gateway.config.loader import settings_from_mapping
+    from gateway.runtime.serving import Runtime
 
     data = sample_data(tmp_path)
     settings = settings_from_mapping(data, config_path=SAMPLE_CONFIG, base_dir=tmp_path)

@@ -159,7 +159,7 @@ def test_the_load_on_a_standalone_cluster_with_a_relative_store_url(cluster, tmp
         ledger.engine.dispose()
 
     log = tmp_path / "driver.log"
-    run = daemons.start("driver", [sys.executable, "-m", "gateway.cli", "etl", "run", "-c", "gw.yaml",
+    run = daemons.start("driver", [sys.executable, "-m", "gateway.cli.main", "etl", "run", "-c", "gw.yaml",
                                    "--master", master, "--no-progress"],
                         driver, log, env=spark_env())  # fmt: skip
     try:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
 from broker_core.sql import absolute_url, relative_sqlite_path
-from gateway import cli as gateway_cli
+from gateway.cli import main as gateway_cli
 from spark_etl import cli, job, source, state
 
 from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, table

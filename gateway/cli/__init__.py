@@ -1,0 +1,1 @@
+"""The ``b2bgw`` command line: one module per command group."""

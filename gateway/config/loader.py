@@ -1,0 +1,663 @@
+"""The gateway's YAML configuration, with a file and line for every error.
+
+One main file (``config/b2bgw.yaml``) holds the settings; its ``partners:`` and ``routes:`` sections are
+either inline or the name of another YAML file (relative to the main file) whose top level is that section.
+Every mapping and sequence is loaded as a :class:`MarkedDict` / :class:`MarkedList` that remembers where it
+and each of its entries came from (:class:`Where`), so that any later check (a schema that does not load, an
+XPath that does not compile, two routes that shadow each other) points at ``file:line``. Duplicate keys in a
+mapping are an error (plain PyYAML silently keeps the last one).
+
+The sections, all optional: ``store``, ``server``, ``limits``, ``namespaces``, ``schemas``, ``partners``,
+``routes``, ``rules``, ``exchange``, ``workers``, ``etl``, ``stomp``, ``ledger``, ``operators``, ``admin``
+and ``logging`` (the guides under docs/ describe their keys). Parsing checks shapes and types, and the
+``store.options``, ``stomp:`` and ``etl:`` values whole (by ``Broker.check_options`` and
+``spark_etl.config.check_section``, the rules those parts apply themselves), so that a wrong one is reported
+at its line before anything starts; :mod:`gateway.routing.partners` and :mod:`gateway.routing.routes` check the meaning of
+the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from broker_core import Broker, InvalidArgumentError
+from spark_etl.config import EtlSettingError, check_section as check_etl_section
+
+from gateway.errors import ConfigError, clip
+from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
+
+#: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
+LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
+
+#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.intake.stages).
+INTAKE_FACTS = ("always", "when_idle", "never")
+
+__all__ = [
+    "CONFIG_SEARCH",
+    "DEFAULT_CONFIG_NAME",
+    "MarkedDict",
+    "MarkedList",
+    "RuleSetFile",
+    "Settings",
+    "Where",
+    "default_config_path",
+    "load_settings",
+    "load_yaml",
+    "parse_duration",
+    "settings_from_mapping",
+]
+
+DEFAULT_CONFIG_NAME = "config/b2bgw.yaml"
+#: The files ``b2bgw`` looks for in the current directory, in order, when neither ``-c`` nor ``$B2BGW_CONFIG`` names one.
+CONFIG_SEARCH = (DEFAULT_CONFIG_NAME, "b2bgw.yaml")
+DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
+
+_KNOWN_SECTIONS = {
+    "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
+    "ledger",  # gateway.config.retention
+    "rules",
+    "operators", "admin", "logging",  # gateway.config.operations
+}
+
+
+# --------------------------------------------------------------------------- marked YAML
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A place in a configuration file (``line`` is 1-based)."""
+
+    file: str | None
+    line: int | None
+
+    def error(self, detail: str) -> ConfigError:
+        return ConfigError(detail, file=self.file, line=self.line)
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return "<config>"
+        return self.file if self.line is None else f"{self.file}:{self.line}"
+
+
+NOWHERE = Where(None, None)
+
+
+class MarkedDict(dict):
+    """A mapping that knows where it starts (``where``) and where each key is (``at(key)``)."""
+
+    where: Where = NOWHERE
+    key_where: dict[Any, Where]
+
+    def at(self, key: Any) -> Where:
+        return getattr(self, "key_where", {}).get(key, self.where)
+
+
+class MarkedList(list):
+    """A sequence that knows where it starts (``where``) and where each item is (``at(index)``)."""
+
+    where: Where = NOWHERE
+    item_where: list[Where]
+
+    def at(self, index: int) -> Where:
+        items = getattr(self, "item_where", [])
+        return items[index] if 0 <= index < len(items) else self.where
+
+
+class _MarkedLoader(yaml.SafeLoader):
+    """A safe loader whose mappings and sequences remember their file and lines."""
+
+    file_name: str | None = None
+
+    def _where(self, node: yaml.Node) -> Where:
+        return Where(self.file_name, node.start_mark.line + 1)
+
+    def construct_marked_mapping(self, node: yaml.MappingNode) -> MarkedDict:
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(None, None, "expected a mapping", node.start_mark)
+        self.flatten_mapping(node)
+        result = MarkedDict()
+        result.where = self._where(node)
+        result.key_where = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError("a mapping key must be a plain value", file=self.file_name,
+                                  line=key_node.start_mark.line + 1) from None
+            if key in result:
+                raise ConfigError(
+                    f"duplicate key {clip(str(key), 80)!r} (first at line {result.key_where[key].line})",
+                    file=self.file_name, line=key_node.start_mark.line + 1,
+                )
+            result[key] = self.construct_object(value_node, deep=True)
+            result.key_where[key] = self._where(key_node)
+        return result
+
+    def construct_marked_sequence(self, node: yaml.SequenceNode) -> MarkedList:
+        result = MarkedList(self.construct_object(child, deep=True) for child in node.value)
+        result.where = self._where(node)
+        result.item_where = [self._where(child) for child in node.value]
+        return result
+
+
+_MarkedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _MarkedLoader.construct_marked_mapping)
+_MarkedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _MarkedLoader.construct_marked_sequence)
+
+
+def load_yaml(path: str | Path | None = None, *, text: str | None = None, name: str | None = None) -> Any:
+    """Load one YAML document (from *path*, or from *text* named *name*) with marks.
+
+    Raises :class:`ConfigError` with the file and line of a syntax error, a
+    duplicate key, or an unreadable file.
+    """
+    shown = name if name is not None else (str(path) if path is not None else "<config>")
+    if text is None:
+        if path is None:
+            raise ValueError("load_yaml needs a path or a text")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError("no such file", file=shown) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the file: {clip(str(exc), 200)}", file=shown) from None
+    loader = _MarkedLoader(text)
+    loader.file_name = shown
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"YAML syntax error: {clip(problem or str(exc), 300)}", file=shown, line=line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"YAML error: {clip(str(exc), 300)}", file=shown) from None
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------- typed values
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any, where: Where, what: str) -> float:
+    """Seconds from a number (seconds) or a string like ``250ms``, ``10s``, ``5m``, ``1h``, ``7d``."""
+    if isinstance(value, bool):
+        raise where.error(f"{what} must be a duration such as 10s, 250ms, 5m; got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise where.error(f"{what} must not be negative; got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise where.error(f"{what} must be a duration such as 10s, 250ms, 5m, 1h or 7d; got {clip(repr(value), 60)}")
+
+
+def expect_mapping(value: Any, where: Where, what: str) -> MarkedDict:
+    if value is None:
+        empty = MarkedDict()
+        empty.where = where
+        empty.key_where = {}
+        return empty
+    if not isinstance(value, dict):
+        raise where.error(f"{what} must be a mapping, not {_kind(value)}")
+    if not isinstance(value, MarkedDict):
+        marked = MarkedDict(value)
+        marked.where = where
+        marked.key_where = {}
+        return marked
+    return value
+
+
+def expect_list(value: Any, where: Where, what: str) -> MarkedList:
+    if value is None:
+        empty = MarkedList()
+        empty.where = where
+        empty.item_where = []
+        return empty
+    if not isinstance(value, list):
+        raise where.error(f"{what} must be a list, not {_kind(value)}")
+    if not isinstance(value, MarkedList):
+        marked = MarkedList(value)
+        marked.where = where
+        marked.item_where = []
+        return marked
+    return value
+
+
+def expect_str(value: Any, where: Where, what: str, *, pattern: re.Pattern[str] | None = None,
+               hint: str = "") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise where.error(f"{what} must be a non-empty string, not {_kind(value)}")
+    if pattern is not None and not pattern.match(value):
+        raise where.error(f"{what} {clip(value, 80)!r} is not valid{': ' + hint if hint else ''}")
+    return value
+
+
+def expect_int(value: Any, where: Where, what: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(f"{what} must be an integer, not {_kind(value)}")
+    if minimum is not None and value < minimum or maximum is not None and value > maximum:
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+        raise where.error(f"{what} must be {bounds}; got {value}")
+    return value
+
+
+def expect_choice(value: Any, where: Where, what: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise where.error(f"{what} must be one of {', '.join(choices)}, not {clip(repr(value), 80)}")
+    return value
+
+
+def expect_bool(value: Any, where: Where, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise where.error(f"{what} must be true or false, not {_kind(value)}")
+    return value
+
+
+def check_keys(mapping: MarkedDict, allowed: set[str], what: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise mapping.at(key).error(
+                f"unknown key {clip(str(key), 60)!r} in {what}; known keys: {', '.join(sorted(allowed))}"
+            )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return f"the boolean {value}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {clip(value, 40)!r}"
+    return f"{type(value).__name__} {clip(repr(value), 40)}"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass
+class SchemaFile:
+    """A partner's own XSD registered by configuration."""
+
+    name: str
+    path: Path
+    version: str
+    group: str | None
+    where: Where
+
+
+@dataclass
+class RuleSetFile:
+    """A Schematron rule set named by ``rules.sets`` (compiled by gateway.rules.rulesets)."""
+
+    name: str
+    path: Path
+    phase: str | None
+    where: Where
+
+
+@dataclass
+class Settings:
+    """Everything the gateway reads from its configuration (shapes checked, meaning not yet)."""
+
+    config_path: Path | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+    store_url: str = DEFAULT_STORE_URL
+    store_options: dict[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: threads that parse, validate and extract documents (0: on the event loop)
+    intake_threads: int = 0
+    #: when the warehouse facts are extracted at intake: always, when_idle (not while saturated), never
+    intake_facts: str = "when_idle"
+    #: serving processes sharing the listening socket and the store (0: one per usable CPU)
+    processes: int = 1
+    #: with several processes, bind each to one CPU (round robin over the usable ones)
+    pin_processes: bool = True
+    #: worker processes taking in the bodies over 256 KiB, one at a time each (0: niced threads instead)
+    intake_workers: int = 2
+    #: processes working out the error reports of invalid documents at once (0: libxml2's errors only)
+    explain_workers: int = 1
+    #: how long an invalid document's full report may take before libxml2's errors are answered (s)
+    explain_timeout: float = 1.0
+    limits: IntakeLimits = DEFAULT_LIMITS
+    namespaces: dict[str, str] = field(default_factory=dict)
+    ubl_documents: list[str] = field(default_factory=list)
+    schema_files: list[SchemaFile] = field(default_factory=list)
+    schema_dirs: list[Path] = field(default_factory=list)
+    partners: MarkedDict = field(default_factory=MarkedDict)
+    #: the partners file's ``defaults:`` section (what every partner gets unless its entry says otherwise)
+    partner_defaults: MarkedDict = field(default_factory=MarkedDict)
+    routes: MarkedList = field(default_factory=MarkedList)
+    workers: list[str] = field(default_factory=list)
+    #: module -> concurrency override for its handlers (``- {module: m, concurrency: 4}``)
+    worker_concurrency: dict[str, int] = field(default_factory=dict)
+    workers_where: Where = NOWHERE
+    late_reply_window: float = 3600.0
+    reconcile_interval: float = 2.0
+    etl: dict[str, Any] = field(default_factory=dict)
+    stomp: dict[str, Any] | None = None
+    #: ``ledger.retention`` (ledger_contract.retention.RetentionPolicy); None: documents stay online for ever
+    retention: Any = None
+    #: ``rules.sets``: the Schematron rule sets routes may apply
+    rule_sets: list[RuleSetFile] = field(default_factory=list)
+    #: ``rules.cache_dir`` (None: beside a SQLite store, else the user's cache folder)
+    rules_cache_dir: Path | None = None
+    #: ``rules.workers``: processes running the rules (SaxonC cannot be stopped in a thread)
+    rules_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    #: ``rules.worker_memory_mb``: the memory of one rules worker process (it stops beyond)
+    rules_worker_memory_mb: int = 1024
+    #: ``limits.rules_seconds``: the processor time one document's business rules may take (gateway.rules.rulesets)
+    rules_seconds: float = 2.0
+    #: ``admin:`` and ``operators:`` (gateway.config.operations.AdminSettings), ``logging.format``
+    admin: Any = None
+    log_format: str = "text"
+    where: Where = NOWHERE
+    #: the mapping these settings were built from: what rebuilds them in a worker process
+    source: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_sql_store(self) -> bool:
+        return self.store_url.startswith(("sqlite:", "postgresql"))
+
+
+_PREFIX = re.compile(r"^[A-Za-z_][\w.\-]*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def default_config_path() -> Path | None:
+    """Where ``b2bgw`` looks for its configuration when none is given, or None.
+
+    ``$B2BGW_CONFIG`` (used even if the file is missing, so a wrong value is
+    reported, not skipped), else ``./config/b2bgw.yaml``, else ``./b2bgw.yaml``
+    in the current directory. Never a file elsewhere: a command run outside a
+    deployment must not pick up the sample configuration (and its published
+    demo keys) of the source tree it was installed from.
+    """
+    env = os.environ.get("B2BGW_CONFIG")
+    if env:
+        return Path(env)
+    for name in CONFIG_SEARCH:
+        local = Path(name)
+        if local.is_file():
+            return local
+    return None
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load the configuration file at *path* (default: :func:`default_config_path`).
+
+    Raises :class:`ConfigError` when no file is given and none is found there.
+    """
+    config_path = Path(path) if path is not None else default_config_path()
+    if config_path is None:
+        raise ConfigError(
+            f"no configuration file: none given with -c FILE, $B2BGW_CONFIG is not set, and neither "
+            f"{' nor '.join('./' + name for name in CONFIG_SEARCH)} exists in {Path.cwd()}; pass -c FILE, set "
+            f"$B2BGW_CONFIG, or run from the directory that holds config/b2bgw.yaml"
+        )
+    data = load_yaml(config_path, name=str(config_path))
+    return settings_from_mapping(data, config_path=config_path)
+
+
+def _section_file(value: Any, where: Where, base_dir: Path, section: str) -> Any:
+    """An inline section, or the section loaded from the file it names."""
+    if not isinstance(value, str):
+        return value
+    file = base_dir / value
+    data = load_yaml(file, name=str(file))
+    if isinstance(data, dict) and set(data) == {section}:  # the file may wrap the section in its name
+        return data[section]
+    return data
+
+
+def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_dir: Path | None = None) -> Settings:
+    """Build :class:`Settings` from a loaded (marked) mapping."""
+    file_where = Where(str(config_path) if config_path else None, 1)
+    root = expect_mapping(data, file_where, "the configuration")
+    check_keys(root, _KNOWN_SECTIONS, "the configuration")
+    if base_dir is None:
+        base_dir = config_path.resolve().parent if config_path is not None else Path.cwd()
+    s = Settings(config_path=config_path, base_dir=base_dir, where=root.where, source=data)
+
+    store = expect_mapping(root.get("store"), root.at("store"), "store")
+    check_keys(store, {"url", "options"}, "store")
+    if "url" in store:
+        s.store_url = expect_str(store["url"], store.at("url"), "store.url")
+    env_url = os.environ.get("B2BGW_STORE_URL")
+    if env_url:
+        s.store_url = env_url
+    options = expect_mapping(store.get("options"), store.at("options"), "store.options")
+    s.store_options = dict(options)
+    try:  # every option's name and value, now rather than at start-up (and by `b2bgw routes check`)
+        Broker.check_options(s.store_url, **s.store_options)
+    except InvalidArgumentError as error:
+        place = options.at(error.option) if error.option in options else store.at("url")
+        raise place.error(f"store.options: {error}") from None
+
+    server = expect_mapping(root.get("server"), root.at("server"), "server")
+    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
+                        "intake_workers", "explain_workers", "explain_timeout"}, "server")
+    if "host" in server:
+        s.host = expect_str(server["host"], server.at("host"), "server.host")
+    if "port" in server:
+        s.port = expect_int(server["port"], server.at("port"), "server.port", minimum=0, maximum=65535)
+    if "intake_threads" in server:
+        s.intake_threads = expect_int(server["intake_threads"], server.at("intake_threads"), "server.intake_threads",
+                                      minimum=0, maximum=64)
+    if "intake_facts" in server:
+        s.intake_facts = expect_choice(server["intake_facts"], server.at("intake_facts"), "server.intake_facts",
+                                       INTAKE_FACTS)
+    if "processes" in server:
+        s.processes = expect_int(server["processes"], server.at("processes"), "server.processes",
+                                 minimum=0, maximum=256)
+    if "pin_processes" in server:
+        s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
+    if "intake_workers" in server:
+        s.intake_workers = expect_int(server["intake_workers"], server.at("intake_workers"), "server.intake_workers",
+                                      minimum=0, maximum=16)
+    if "explain_workers" in server:
+        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"),
+                                       "server.explain_workers", minimum=0, maximum=16)
+    if "explain_timeout" in server:
+        s.explain_timeout = parse_duration(server["explain_timeout"], server.at("explain_timeout"),
+                                           "server.explain_timeout")
+        if not 0 < s.explain_timeout <= 10:
+            raise server.at("explain_timeout").error("server.explain_timeout must be more than 0 and at most 10s")
+
+    limits = expect_mapping(root.get("limits"), root.at("limits"), "limits")
+    check_keys(limits, set(LIMIT_KEYS) | {"rules_seconds"}, "limits")
+    if "rules_seconds" in limits:
+        s.rules_seconds = parse_duration(limits["rules_seconds"], limits.at("rules_seconds"), "limits.rules_seconds")
+        if not 0 < s.rules_seconds <= 600:
+            raise limits.at("rules_seconds").error("limits.rules_seconds must be more than 0 and at most 600 s")
+    values = {}
+    for key, name in LIMIT_KEYS.items():
+        value = limits.get(key, getattr(DEFAULT_LIMITS, name))
+        values[name] = expect_int(value, limits.at(key), f"limits.{key}", minimum=1)
+    try:
+        s.limits = IntakeLimits(**values)
+    except ValueError as exc:
+        raise limits.where.error(str(exc)) from None
+
+    namespaces = expect_mapping(root.get("namespaces"), root.at("namespaces"), "namespaces")
+    for prefix, uri in namespaces.items():
+        expect_str(prefix, namespaces.at(prefix), "a namespace prefix", pattern=_PREFIX, hint="use an XML name")
+        s.namespaces[prefix] = expect_str(uri, namespaces.at(prefix), f"namespace {prefix!r}")
+
+    _schemas(s, expect_mapping(root.get("schemas"), root.at("schemas"), "schemas"))
+
+    partners = _section_file(root.get("partners"), root.at("partners"), base_dir, "partners")
+    if isinstance(partners, dict) and "partners" in partners and set(partners) <= {"partners", "defaults"}:
+        # a partners file with a defaults: section beside its partners: (the partners' request limits)
+        s.partner_defaults = expect_mapping(partners.get("defaults"), partners.at("defaults"), "defaults")
+        partners = partners["partners"]
+    s.partners = expect_mapping(partners, getattr(partners, "where", root.at("partners")), "partners")
+    routes = _section_file(root.get("routes"), root.at("routes"), base_dir, "routes")
+    s.routes = expect_list(routes, getattr(routes, "where", root.at("routes")), "routes")
+
+    exchange = expect_mapping(root.get("exchange"), root.at("exchange"), "exchange")
+    check_keys(exchange, {"late_reply_window", "reconcile_interval"}, "exchange")
+    if "late_reply_window" in exchange:
+        s.late_reply_window = parse_duration(exchange["late_reply_window"], exchange.at("late_reply_window"),
+                                             "exchange.late_reply_window")
+    if "reconcile_interval" in exchange:
+        s.reconcile_interval = parse_duration(exchange["reconcile_interval"], exchange.at("reconcile_interval"),
+                                              "exchange.reconcile_interval")
+        if s.reconcile_interval <= 0:
+            raise exchange.at("reconcile_interval").error("exchange.reconcile_interval must be positive")
+
+    workers = expect_list(root.get("workers"), root.at("workers"), "workers")
+    s.workers_where = root.at("workers")
+    for i, item in enumerate(workers):
+        if isinstance(item, dict):
+            entry = expect_mapping(item, workers.at(i), "a worker")
+            check_keys(entry, {"module", "concurrency"}, "a worker")
+            module = expect_str(entry.get("module"), entry.at("module"), "a worker module", pattern=_MODULE,
+                                hint="a dotted Python module name")
+            if "concurrency" in entry:
+                s.worker_concurrency[module] = expect_int(entry["concurrency"], entry.at("concurrency"),
+                                                          f"worker {module} concurrency", minimum=1, maximum=64)
+        else:
+            module = expect_str(item, workers.at(i), "a worker module", pattern=_MODULE,
+                                hint="a dotted Python module name")
+        s.workers.append(module)
+
+    if root.get("rules") is not None:
+        _rules(s, expect_mapping(root.get("rules"), root.at("rules"), "rules"))
+
+    etl = expect_mapping(root.get("etl"), root.at("etl"), "etl")
+    try:  # the warehouse load's own rules (spark_etl.config), now rather than when it is scheduled
+        check_etl_section(etl)
+    except EtlSettingError as error:
+        raise etl.at(error.key).error(f"etl.{error.key}: {error}") from None
+    s.etl = dict(etl)
+    if root.get("stomp") is not None:
+        s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+    if root.get("ledger") is not None:
+        _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
+    from gateway.config.operations import apply_sections  # operators:, admin:, logging:
+
+    apply_sections(s, root)
+    return s
+
+
+def _ledger(s: Settings, ledger: MarkedDict) -> None:
+    """The ``ledger:`` section: its ``retention`` policy (gateway.config.retention)."""
+    from gateway.config.retention import parse_retention
+
+    check_keys(ledger, {"retention"}, "ledger")
+    if ledger.get("retention") is not None:
+        route_ids = {item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)}
+        s.retention = parse_retention(ledger["retention"], ledger.at("retention"),
+                                      late_reply_window=s.late_reply_window, route_ids=route_ids)
+
+
+_RULE_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _rules(s: Settings, rules: MarkedDict) -> None:
+    """The ``rules:`` section: Schematron rule sets (``sets``), their cache folder and worker processes."""
+    check_keys(rules, {"sets", "cache_dir", "workers", "worker_memory_mb"}, "rules")
+    sets = expect_mapping(rules.get("sets"), rules.at("sets"), "rules.sets")
+    for name, body in sets.items():
+        where = sets.at(name)
+        set_name = expect_str(name, where, "a rule set name", pattern=_RULE_SET_NAME,
+                              hint="1-100 letters, digits, '.', '-' or '_'")
+        if isinstance(body, str):
+            entry = MarkedDict(file=body)
+            entry.where, entry.key_where = where, {}
+        else:
+            entry = expect_mapping(body, where, f"rule set {set_name!r}")
+        check_keys(entry, {"file", "phase"}, f"rule set {set_name!r}")
+        file = expect_str(entry.get("file"), entry.at("file") if "file" in entry else entry.where,
+                          f"rule set {set_name!r} file")
+        phase = None
+        if entry.get("phase") is not None:
+            phase = expect_str(entry["phase"], entry.at("phase"), f"rule set {set_name!r} phase")
+        s.rule_sets.append(RuleSetFile(set_name, (s.base_dir / file).resolve(), phase,
+                                       entry.at("file") if "file" in entry else where))
+    if rules.get("cache_dir") is not None:
+        s.rules_cache_dir = (s.base_dir / expect_str(rules["cache_dir"], rules.at("cache_dir"),
+                                                     "rules.cache_dir")).resolve()
+    if "workers" in rules:
+        s.rules_workers = expect_int(rules["workers"], rules.at("workers"), "rules.workers", minimum=1, maximum=64)
+    if "worker_memory_mb" in rules:
+        s.rules_worker_memory_mb = expect_int(rules["worker_memory_mb"], rules.at("worker_memory_mb"),
+                                              "rules.worker_memory_mb", minimum=128)
+
+
+STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size", "selector_string_numbers"}
+
+
+def _stomp(stomp: MarkedDict) -> dict[str, Any]:
+    """The ``stomp:`` section, each value checked at its line (gateway.runtime.serving.stomp_options reads it)."""
+    check_keys(stomp, STOMP_KEYS, "stomp")
+    if "enabled" in stomp:
+        expect_bool(stomp["enabled"], stomp.at("enabled"), "stomp.enabled")
+    if "host" in stomp:
+        expect_str(stomp["host"], stomp.at("host"), "stomp.host")
+    if "port" in stomp:
+        expect_int(stomp["port"], stomp.at("port"), "stomp.port", minimum=0, maximum=65535)
+    if "users" in stomp:
+        users = expect_mapping(stomp["users"], stomp.at("users"), "stomp.users")
+        for login, passcode in users.items():
+            if not isinstance(login, str) or not isinstance(passcode, str) or not login or not passcode:
+                raise users.at(login).error(f"stomp.users maps logins to passcodes, both non-empty strings (quote "
+                                            f"one that YAML reads as a number); got {clip(repr(login), 40)}: "
+                                            f"{_kind(passcode)}")
+    if "heartbeat" in stomp:
+        beats = expect_list(stomp["heartbeat"], stomp.at("heartbeat"), "stomp.heartbeat")
+        if len(beats) != 2:
+            raise stomp.at("heartbeat").error("stomp.heartbeat must be [send_ms, receive_ms], e.g. [10000, 10000]")
+        for i, beat in enumerate(beats):
+            expect_int(beat, beats.at(i), "a stomp.heartbeat interval (ms, 0: none)", minimum=0, maximum=3_600_000)
+    if "prefetch" in stomp:
+        expect_int(stomp["prefetch"], stomp.at("prefetch"), "stomp.prefetch", minimum=1)
+    if "max_frame_size" in stomp:
+        expect_int(stomp["max_frame_size"], stomp.at("max_frame_size"), "stomp.max_frame_size", minimum=1024)
+    if "selector_string_numbers" in stomp:
+        expect_choice(stomp["selector_string_numbers"], stomp.at("selector_string_numbers"),
+                      "stomp.selector_string_numbers", ("convert", "strict"))
+    return dict(stomp)
+
+
+def _schemas(s: Settings, schemas: MarkedDict) -> None:
+    check_keys(schemas, {"ubl-2.1", "files", "dirs"}, "schemas")
+    ubl = expect_list(schemas.get("ubl-2.1"), schemas.at("ubl-2.1"), "schemas.ubl-2.1")
+    for i, doc in enumerate(ubl):
+        s.ubl_documents.append(expect_str(doc, ubl.at(i), "a UBL 2.1 document name"))
+    dirs = expect_list(schemas.get("dirs"), schemas.at("dirs"), "schemas.dirs")
+    for i, d in enumerate(dirs):
+        path = (s.base_dir / expect_str(d, dirs.at(i), "a schema directory")).resolve()
+        if not path.is_dir():
+            raise dirs.at(i).error(f"schema directory {path} does not exist")
+        s.schema_dirs.append(path)
+    files = expect_list(schemas.get("files"), schemas.at("files"), "schemas.files")
+    for i, item in enumerate(files):
+        entry = expect_mapping(item, files.at(i), "a schema file entry")
+        check_keys(entry, {"name", "path", "version", "group"}, "a schema file entry")
+        name = expect_str(entry.get("name"), entry.at("name"), "schema name")
+        path = (s.base_dir / expect_str(entry.get("path"), entry.at("path"), "schema path")).resolve()
+        version = str(entry.get("version", "1.0"))
+        if version not in ("1.0", "1.1"):
+            raise entry.at("version").error(f"schema version must be '1.0' or '1.1', not {version!r}")
+        group = entry.get("group")
+        if group is not None:
+            group = expect_str(group, entry.at("group"), "schema group")
+        s.schema_files.append(SchemaFile(name, path, version, group, entry.where))

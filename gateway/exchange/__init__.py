@@ -1,0 +1,1 @@
+"""A document's exchange: the submission, idempotency, request-reply, receipts and ids."""

@@ -1,0 +1,1 @@
+"""The HTTP edge: the Starlette app, its OpenAPI document, uvicorn's protocol tweaks and the problem format."""

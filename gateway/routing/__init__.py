@@ -1,0 +1,1 @@
+"""Which document goes where (routes) and who may send it (partners and their keys)."""
