@@ -34,6 +34,15 @@ from __future__ import annotations
 import zoneinfo
 from typing import Any
 
+from gateway.config.marked import (
+    check_keys,
+    expect_bool,
+    expect_choice,
+    expect_int,
+    expect_mapping,
+    expect_str,
+    parse_duration,
+)
 from ledger_contract.retention import AFTER, DEFAULT_ONLINE, RetentionPolicy, Rule
 
 __all__ = ["parse_retention"]
@@ -47,8 +56,6 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
     """The :class:`RetentionPolicy` of a marked ``ledger.retention`` mapping; :class:`~gateway.errors.ConfigError`
     at the line of the first wrong value. *route_ids*: the configured routes' ids (a rule for another is a
     mistake)."""
-    from gateway.config.loader import check_keys, expect_bool, expect_choice, expect_int, expect_mapping, expect_str, parse_duration
-
     retention = expect_mapping(section, where, "ledger.retention")
     check_keys(retention, _KEYS, "ledger.retention")
 
