@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.runtime.assemble import assemble_or_raise  # noqa: E402
+from gateway.exchange.assemble import assemble_or_raise  # noqa: E402
 from gateway.config.loader import load_settings  # noqa: E402
 from gateway.exchange.submission import Gateway, document_digest  # noqa: E402
 from gateway.intake.xmlsafe import parse_document_text  # noqa: E402

@@ -29,7 +29,7 @@ from gateway.cli import serve as serve_cli
 from gateway.cli.support import CommandError, one_line, shown_url, to_stderr
 from gateway.config.loader import default_config_path
 from gateway.errors import ConfigError, GatewayError
-from gateway.runtime.logs import own as own_log_handler
+from gateway.telemetry.logs import own as own_log_handler
 
 __all__ = ["main", "build_parser"]
 

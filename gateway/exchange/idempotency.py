@@ -35,10 +35,10 @@ from gateway.routing.routes import Route, RouteTable
 from gateway.intake.xmlsafe import parse_document_text
 
 if TYPE_CHECKING:
-    from gateway.intake.stages import Intake
+    from gateway.exchange.stages import Intake
     from gateway.intake.xmlsafe import IntakeLimits
 
-__all__ = ["LEGACY_KEY_WINDOW", "Idempotency", "document_digest"]
+__all__ = ["LEGACY_KEY_WINDOW", "Idempotency"]
 
 log = logging.getLogger("gateway.exchange.submission")  # the gateway's log, whichever part of it writes
 
@@ -48,13 +48,6 @@ log = logging.getLogger("gateway.exchange.submission")  # the gateway's log, whi
 LEGACY_KEY_WINDOW = 7 * 24 * 3600
 #: The most keys of such rows kept in memory for that (the newest).
 LEGACY_KEYS_MAX = 1_000_000
-
-
-def document_digest(body: bytes) -> str:
-    """The ledger's digest of a request body as received (the prefix names the algorithm).
-
-    SHA-256 rather than BLAKE2: with the CPU's SHA instructions, which OpenSSL uses, it is the faster."""
-    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 class Idempotency:

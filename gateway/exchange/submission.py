@@ -3,7 +3,7 @@
 :meth:`Gateway.submit` takes an authenticated partner's request body and returns an :class:`Outcome` (a
 receipt, or a reply) or raises a typed :class:`~gateway.errors.GatewayError`:
 
-1. the staged intake (:mod:`gateway.intake.stages`): parse, route, validate, extract, transform, warehouse facts;
+1. the staged intake (:mod:`gateway.exchange.stages`): parse, route, validate, extract, transform, warehouse facts;
 2. idempotency (:mod:`gateway.exchange.idempotency`): a document posted again under a taken key gets the first answer,
    another document under it a conflict;
 3. business rules, when the route applies a rule set (:mod:`gateway.rules.rulesets`): failures refuse the document;
@@ -32,15 +32,16 @@ from broker_core import (
     XMLMessage,
 )
 
-from gateway.runtime.assemble import Assembly
+from gateway.exchange.assemble import Assembly
 from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
 from gateway.exchange.request_reply import Exchange, RequestReply
 from gateway.intake.explainer import Explainer
-from gateway.exchange.idempotency import Idempotency, LEGACY_KEY_WINDOW, document_digest
+from gateway.exchange.idempotency import Idempotency, LEGACY_KEY_WINDOW
+from gateway.intake.documents import document_digest
 from gateway.exchange.ids import iso_ms, uuid4_str
-from gateway.intake.workers import IntakeWorkers
-from gateway.intake.stages import (
+from gateway.exchange.intake_workers import IntakeWorkers
+from gateway.exchange.stages import (
     INLINE_MAX_BYTES,
     INTAKE_BUSY,
     INTAKE_THREADS,
@@ -49,10 +50,10 @@ from gateway.intake.stages import (
     TREE_VALIDATION_MAX_BYTES,
     Intake,
     IntakeStages,
-    Invalid,
+    IntakeInvalidError,
     Work,
 )
-from gateway.ledger.records import DuplicateDocument, Ledger, LedgerRecord, Tombstone, now_ms
+from gateway.ledger.records import DuplicateDocumentError, Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
 from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.routing.routes import Route
@@ -227,7 +228,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             try:
                 intake = await self._intake_on_loop(Work(partner, body, charset, idempotency_key,
                                                            check_recent=True, on_loop=True))
-            except Invalid as invalid:
+            except IntakeInvalidError as invalid:
                 await asyncio.to_thread(self._explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
         else:  # a larger document would hold the event loop or an intake thread for long
@@ -277,7 +278,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                                                  received_at, digest, facts, warnings)
             return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
                                        digest, facts, warnings)
-        except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
+        except DuplicateDocumentError:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # purged by retention since: its tombstone holds the key
                 tombstone = await asyncio.to_thread(self.ledger.tombstone_for_key, key)

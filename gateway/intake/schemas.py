@@ -118,7 +118,7 @@ class LocalSchemaResolver(etree.Resolver):
     was refused, for the error message.
     """
 
-    class Refused(Exception):
+    class RefusedError(Exception):
         pass
 
     def __init__(self, allowed_dirs: Iterable[Path]) -> None:
@@ -130,7 +130,7 @@ class LocalSchemaResolver(etree.Resolver):
         path = self._allowed.check(system_url or "")
         if path is None:
             self.refused.append(clip(str(system_url), 200))
-            raise self.Refused(system_url)
+            raise self.RefusedError(system_url)
         return self.resolve_filename(str(path), context)
 
 
@@ -367,7 +367,7 @@ class SchemaRegistry:
         parser, resolver = self._schema_parser()
         try:
             doc = etree.parse(str(path), parser)
-        except (etree.XMLSyntaxError, OSError, LocalSchemaResolver.Refused) as exc:
+        except (etree.XMLSyntaxError, OSError, LocalSchemaResolver.RefusedError) as exc:
             why = clip(str(exc), 200)
             if resolver.refused:
                 why = f"refused to load {', '.join(resolver.refused[:3])}: only local files under the allowed schema directories are read"
@@ -453,7 +453,7 @@ class SchemaRegistry:
                 parser, resolver = self._schema_parser()
                 try:
                     entry.lxml = etree.XMLSchema(etree.parse(str(entry.path), parser))
-                except (etree.XMLSchemaParseError, etree.XMLSyntaxError, OSError, LocalSchemaResolver.Refused) as exc:
+                except (etree.XMLSchemaParseError, etree.XMLSyntaxError, OSError, LocalSchemaResolver.RefusedError) as exc:
                     why = clip(str(exc), 300)
                     if resolver.refused:
                         why += f" (refused to load {', '.join(resolver.refused[:3])}: only local files under the allowed schema directories are read)"

@@ -18,7 +18,7 @@
    schema while libxml2 parses, so that every error costs the same and their number is capped.
 
 A pass over a long text goes a megabyte at a time and lxml parses without the interpreter lock, so no call
-here holds the lock for long (see :mod:`gateway.intake.stages`). What these functions put in an error is bounded
+here holds the lock for long (see :mod:`gateway.exchange.stages`). What these functions put in an error is bounded
 (:mod:`gateway.errors`) and never holds an entity expansion or the content of a file: none is ever loaded.
 """
 
@@ -804,7 +804,7 @@ def _check_tree(root: etree._Element, text: str, limits: IntakeLimits, flags: in
 _local = threading.local()
 
 
-class ExternalLoadRefused(Exception):
+class ExternalLoadRefusedError(Exception):
     """Raised by the intake parser's resolver for any external resource."""
 
 
@@ -813,7 +813,7 @@ class _RefuseExternal(etree.Resolver):
     aborts the parse before libxml2's default loader could open a file."""
 
     def resolve(self, system_url: str, public_id: str, context: object) -> None:
-        raise ExternalLoadRefused("external resources are never loaded")
+        raise ExternalLoadRefusedError("external resources are never loaded")
 
 
 def _parser(encoding: str | None, schema: etree.XMLSchema | None = None) -> etree.XMLParser:
@@ -916,7 +916,7 @@ def parse_document_text(
         root = etree.fromstring(data, parser)
     except etree.XMLSyntaxError:
         raise _syntax_error(parser.error_log, limits) from None
-    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+    except ExternalLoadRefusedError:  # unreachable unless the prolog scan was fooled
         raise _security(_DOCTYPE_MESSAGE) from None
     _finish(root, decoded, limits, tree_checks)
     return root, (decoded.text if decoded.utf8 else None)
@@ -1037,7 +1037,7 @@ def parse_and_validate(
                 root = parser.close()
             except etree.XMLSyntaxError:
                 return _invalid_or_raise(list(parser.feed_error_log), key, text, redo, complete=True)
-    except ExternalLoadRefused:  # unreachable unless the prolog scan was fooled
+    except ExternalLoadRefusedError:  # unreachable unless the prolog scan was fooled
         raise _security(_DOCTYPE_MESSAGE) from None
     _finish(root, decoded, limits, tree_checks)
     return Validated(root, text, key)

@@ -49,7 +49,6 @@ from gateway.config.loader import (
 from gateway.errors import (
     AuthenticationError,
     ConcurrencyLimitedError,
-    ConfigError,
     RateLimitedError,
     TooManyRequestsError,
     clip,

@@ -55,7 +55,7 @@ from gateway.errors import (
     RulesTimeoutError,
     clip,
 )
-from gateway.helpers.pipes import Budget, Overloaded, cpu_clock, helper_environment, read_exactly, write_all
+from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, helper_environment, read_exactly, write_all
 from gateway.rules.schematron import (
     CompiledSchematron,
     Finding,
@@ -437,7 +437,7 @@ class _Worker:
         except TimeoutError:
             self._stop(RulesTimeoutError(seconds=self.runner.seconds))
             return
-        except Overloaded as exc:
+        except OverloadedError as exc:
             self.runner.overloads += 1
             log.warning("business rules: a document had %s (the machine is overloaded); its worker was stopped", exc)
             self._stop(GatewayBusyError(

@@ -22,7 +22,7 @@ from gwtest import GLOBEX, INVOICE
 
 pytestmark = pytest.mark.anyio
 
-#: What the probes may see at worst. The gateway's own bound (gateway.intake.stages) is a few milliseconds per
+#: What the probes may see at worst. The gateway's own bound (gateway.exchange.stages) is a few milliseconds per
 #: slice, tens for freeing a tree at max_elements; these leave room for a commit carrying a 9 MB document
 #: and for the operating system's scheduling of a two-CPU machine shared with other work (a document whose
 #: report ran in the serving process held the lock for minutes).

@@ -30,9 +30,9 @@ def store(tmp_path, monkeypatch) -> str:
 @pytest.fixture
 def shared_schemas(gw_registry, monkeypatch) -> None:
     """Commands on the sample schemas reuse the session's compiled registry (saves ~2 s per command)."""
-    import gateway.runtime.assemble
+    import gateway.exchange.assemble
 
-    monkeypatch.setattr(gateway.runtime.assemble, "build_registry", lambda settings, errors: gw_registry)
+    monkeypatch.setattr(gateway.exchange.assemble, "build_registry", lambda settings, errors: gw_registry)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -23,7 +23,7 @@ from gwtest import GLOBEX, INVOICE, SAMPLE_CONFIG, sample_data, with_id
 
 from broker_core import Queue
 from gateway.http.app import create_app
-from gateway.runtime.assemble import assemble
+from gateway.exchange.assemble import assemble
 from gateway.config.loader import settings_from_mapping
 from gateway.routing.partners import hash_key
 from gateway.runtime.serving import Runtime

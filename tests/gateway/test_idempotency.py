@@ -19,7 +19,7 @@ from lxml import etree
 from gateway.exchange import idempotency
 from gateway.exchange import submission as service
 from gateway.http.app import create_app
-from gateway.runtime.assemble import assemble
+from gateway.exchange.assemble import assemble
 from gateway.config.loader import load_yaml, settings_from_mapping
 from ledger_contract.tables import documents
 from gateway.routing.routes import SENDER_PARTIES

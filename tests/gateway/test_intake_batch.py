@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gateway.intake import stages as intake
+from gateway.exchange import stages as intake
 from ledger_contract import facts
 from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
 from ledger_contract import facts

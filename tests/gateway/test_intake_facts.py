@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from lxml import etree
 
-from gateway.intake import stages as intake
+from gateway.exchange import stages as intake
 from ledger_contract import facts
 from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
 from gateway.runtime.serving import Runtime

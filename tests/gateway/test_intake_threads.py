@@ -18,7 +18,7 @@ from gateway.http.app import create_app
 from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
 from ledger_contract.tables import unpack_xml
 from gateway.runtime.serving import Runtime
-from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, with_id
+from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER_CANCELLATION, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -180,8 +180,8 @@ async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, m
     runs through the intake on the large-document threads, niced, so that the small documents behind it keep
     the CPU; small documents never run there."""
     monkeypatch.setattr(gw_env.gateway, "intake_workers", None)
-    from gateway.intake import stages as intake
-    from gateway.intake.stages import INLINE_MAX_BYTES, LARGE_NICE
+    from gateway.exchange import stages as intake
+    from gateway.exchange.stages import INLINE_MAX_BYTES, LARGE_NICE
 
     seen: list[tuple[str, int]] = []
 

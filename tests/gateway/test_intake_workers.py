@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gateway.intake import stages as intake
+from gateway.exchange import stages as intake
 from gateway.errors import (
     GatewayError,
     NotWellFormedError,
@@ -22,8 +22,9 @@ from gateway.errors import (
     TooManyAttributesError,
     XMLErrorDetail,
 )
-from gateway.intake.stages import INLINE_MAX_BYTES
-from gateway.intake.workers import WORKER_NICE, error_from_data, error_to_data
+from gateway.exchange.stages import INLINE_MAX_BYTES
+from gateway.helpers.errors import error_from_data, error_to_data
+from gateway.exchange.intake_workers import WORKER_NICE
 from gwtest import ACME, GLOBEX, INVOICE, with_id
 
 pytestmark = pytest.mark.anyio
@@ -40,7 +41,7 @@ def large_invoice(doc_id: str, *, line_extra: bytes = b"") -> bytes:
 
 
 async def ready(gateway) -> None:
-    workers = gateway.intake.workers
+    workers = gateway.exchange.intake_workers
     assert workers is not None
     workers.start()
     deadline = time.monotonic() + 60
@@ -89,9 +90,9 @@ async def test_a_worker_takes_a_large_document_in_as_a_thread_would(gw_env, monk
 
     by_worker = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-W"), headers=GLOBEX)
     assert by_worker.status_code == 202, by_worker.text
-    assert seen == [] and gateway.intake.workers.counts["worker"] == 1
+    assert seen == [] and gateway.exchange.intake_workers.counts["worker"] == 1
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    for worker in gateway.intake.workers._all:  # niced: the serving process comes first
+    for worker in gateway.exchange.intake_workers._all:  # niced: the serving process comes first
         assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == min(19, base + WORKER_NICE)
         assert_nice_counts(worker.process.pid)
 
@@ -150,7 +151,7 @@ async def test_a_worker_refuses_what_a_thread_refuses_with_the_same_answer(gw_en
     monkeypatch.setattr(gateway, "explainer", None)  # libxml2's errors either way: the same report to compare
     await ready(gateway)
     answers = {}
-    for workers in (gateway.intake.workers, None):
+    for workers in (gateway.exchange.intake_workers, None):
         monkeypatch.setattr(gateway, "intake_workers", workers)
         for name, body in REFUSED.items():
             response = await gw_env.client.post("/v1/documents", content=body,
@@ -172,7 +173,7 @@ async def test_a_worker_refuses_what_a_thread_refuses_with_the_same_answer(gw_en
 
 async def test_a_document_that_outlives_its_worker_is_refused_and_the_worker_replaced(gw_env, monkeypatch):
     gateway = gw_env.gateway
-    workers = gateway.intake.workers
+    workers = gateway.exchange.intake_workers
     await ready(gateway)
     before = {w.process.pid for w in workers._all}
     monkeypatch.setattr(workers, "timeout", 0.0)  # no document can be taken in within no time
@@ -209,7 +210,7 @@ async def test_a_document_whose_worker_is_starved_is_taken_in_all_the_same(gw_en
     """The bound is processor time: a worker that gets none for longer than it (here, stopped) still takes
     an honest document in."""
     gateway = gw_env.gateway
-    workers = gateway.intake.workers
+    workers = gateway.exchange.intake_workers
     await ready(gateway)
     monkeypatch.setattr(workers, "timeout", 0.5)
     pids = _stopped(workers)
@@ -226,7 +227,7 @@ async def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_b
     """After the longest wait the document is answered 503 gateway-busy with Retry-After, not refused: the
     load is the cause. Nothing was accepted, so the same document is accepted when sent again."""
     gateway = gw_env.gateway
-    workers = gateway.intake.workers
+    workers = gateway.exchange.intake_workers
     await ready(gateway)
     monkeypatch.setattr(workers, "timeout", 0.5)
     monkeypatch.setattr(workers, "longest", 1.0)
@@ -253,7 +254,7 @@ async def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_b
 
 async def test_a_worker_that_died_between_documents_costs_no_answer(gw_env):
     gateway = gw_env.gateway
-    workers = gateway.intake.workers
+    workers = gateway.exchange.intake_workers
     await ready(gateway)
     for worker in list(workers._all):
         os.kill(worker.process.pid, signal.SIGKILL)
@@ -282,7 +283,7 @@ async def post_with_server(make_assembly, tmp_path, server: dict, bodies: list[b
     runtime.start()
     try:
         gateway = runtime.gateway
-        if gateway.intake.workers is not None:
+        if gateway.exchange.intake_workers is not None:
             await ready(gateway)
         transport = httpx.ASGITransport(app=create_app(assembly, runtime=runtime))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
@@ -300,19 +301,19 @@ async def test_documents_that_find_every_worker_busy_wait_for_one(make_assembly,
     answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 1},
                                               [large_invoice(f"ONE-{i}") for i in range(3)])
     assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
-    assert gateway.intake.workers.workers == 1
-    assert gateway.intake.workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
+    assert gateway.exchange.intake_workers.workers == 1
+    assert gateway.exchange.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
 
 
 async def test_no_intake_workers_takes_large_documents_in_on_threads(make_assembly, tmp_path):
     answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 0},
                                               [large_invoice("NONE-1")])
     assert answers[0].status_code == 202, answers[0].text
-    assert gateway.intake.workers is None
+    assert gateway.exchange.intake_workers is None
 
 
 def test_settings_not_built_from_a_mapping_get_no_workers(make_assembly):
-    from gateway.intake.workers import IntakeWorkers
+    from gateway.exchange.intake_workers import IntakeWorkers
 
     assembly = make_assembly()
     assert IntakeWorkers.shared(assembly, assembly.settings.limits, workers=0) is None

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from broker_core import AckMode, Broker, Queue, StoreError, XMLMessage
 from gateway.ledger.records import (
-    DuplicateDocument,
+    DuplicateDocumentError,
     Ledger,
     NewDocument,
     current_revision,
@@ -109,7 +109,7 @@ def test_duplicate_key_fails_the_whole_commit_message_included(broker):
     producer.send(XMLMessage("<a/>"))
     session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:a", "k"))])
     producer.send(XMLMessage("<b/>"))
-    with pytest.raises(DuplicateDocument):
+    with pytest.raises(DuplicateDocumentError):
         session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:b", "k"))])
     assert [m.text for m in broker.browse(Queue("q"))] == ["<a/>"]
     with broker.engine.connect() as c:
@@ -140,8 +140,8 @@ def test_writes_through_the_driver_stay_in_the_store_transaction(broker):
     with pytest.raises(StoreError, match=r"IntegrityError: \(sqlite3.IntegrityError\) UNIQUE constraint failed: "
                                          r"b2b_ledger.message_id") as info:
         broker.write(lambda conn: ledger.insert(conn, record("ID:1", "k2")))
-    assert not isinstance(info.value, DuplicateDocument)
-    with pytest.raises(DuplicateDocument):
+    assert not isinstance(info.value, DuplicateDocumentError)
+    with pytest.raises(DuplicateDocumentError):
         broker.write(lambda conn: ledger.insert(conn, record("ID:2", "k1")))
     assert ledger.find("k1").message_id == "ID:1" and ledger.find("k2") is None
 
@@ -161,7 +161,7 @@ def test_concurrent_duplicates_commit_once(broker):
         try:
             session.commit(in_transaction=[lambda c: ledger.insert(c, record(message.jms_message_id, "same"))])
             results.append("won")
-        except DuplicateDocument:
+        except DuplicateDocumentError:
             results.append("lost")
         finally:
             conn.close()
@@ -328,7 +328,7 @@ def test_ledger_on_postgresql(postgres_schema):
         doc = record(message.jms_message_id, "pg-key")
         session.commit(in_transaction=[lambda c: ledger.insert(c, doc)])
         producer.send(XMLMessage("<b/>"))
-        with pytest.raises(DuplicateDocument):
+        with pytest.raises(DuplicateDocumentError):
             session.commit(in_transaction=[lambda c: ledger.insert(c, record("ID:other", "pg-key"))])
         assert [m.text for m in broker.browse(Queue("pg"))] == ["<a/>"]
         got = ledger.get(doc.message_id, history=True, document=True)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from gwtest import GLOBEX, INVOICE, with_id
 
-from gateway.runtime import logs
+from gateway.telemetry import logs
 from gateway.http.app import create_app
 from gateway.config.loader import settings_from_mapping
 
@@ -24,7 +24,7 @@ TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 @pytest.fixture
 def captured():
-    """The root logger configured by gateway.runtime.logs, writing into a buffer; restored afterwards."""
+    """The root logger configured by gateway.telemetry.logs, writing into a buffer; restored afterwards."""
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     buffers = []

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core import Queue
 from gateway.http.app import create_app
-from gateway.runtime.metrics import scrape
+from gateway.telemetry.metrics import scrape
 from gateway.runtime.serving import Runtime
 
 pytestmark = pytest.mark.anyio
@@ -175,7 +175,7 @@ async def test_the_retention_metrics_come_from_the_store(env):
 
 
 def test_multiprocess_mode_sums_what_every_serving_process_counted(tmp_path, monkeypatch):
-    code = ("from gateway.runtime.metrics import HTTP_REQUESTS, INTAKE\n"
+    code = ("from gateway.telemetry.metrics import HTTP_REQUESTS, INTAKE\n"
             "HTTP_REQUESTS.labels('/v1/documents', 'POST', '202', 'acme').inc(3)\n"
             "INTAKE.labels('ubl-order').observe(0.004)\n")
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}

@@ -24,7 +24,7 @@ from schemathesis.checks import CheckContext
 from schemathesis.config import SchemathesisConfig
 
 from gateway.http.app import create_app
-from gateway.runtime.assemble import assemble
+from gateway.exchange.assemble import assemble
 from gateway.config.loader import load_settings, settings_from_mapping
 from gateway.errors import GatewayError
 from gateway.http.openapi import openapi_document, problem_codes

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.helpers.pipes import Budget, Overloaded, cpu_clock, wait_readable
+from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, wait_readable
 
 BUSY = "while True: pass"
 IDLE = "import time; time.sleep(60)"
@@ -44,7 +44,7 @@ def _waited(fd: int, budget: Budget) -> tuple[type[BaseException] | None, float]
     started = time.monotonic()
     try:
         wait_readable(fd, budget)
-    except (TimeoutError, Overloaded) as exc:
+    except (TimeoutError, OverloadedError) as exc:
         return type(exc), time.monotonic() - started
     return None, time.monotonic() - started
 
@@ -64,7 +64,7 @@ def test_a_process_that_gets_no_processor_time_is_given_the_longest_wait_then_ov
     process = child(IDLE)  # asleep: like a process the machine gives no processor time
     budget = Budget(cpu_clock(process.pid), 0.2, 1.0, time.monotonic())
     started = time.monotonic()
-    with pytest.raises(Overloaded) as raised:
+    with pytest.raises(OverloadedError) as raised:
         wait_readable(silent_pipe, budget)
     assert 1.0 <= time.monotonic() - started < 2.0
     assert raised.value.used < 0.2 and raised.value.elapsed >= 1.0
@@ -75,7 +75,7 @@ def test_the_longest_wait_is_never_shorter_than_the_budget(child, silent_pipe):
     process = child(IDLE)
     budget = Budget(cpu_clock(process.pid), 0.5, 0.1, time.monotonic())
     raised, took = _waited(silent_pipe, budget)
-    assert raised is Overloaded and took >= 0.5
+    assert raised is OverloadedError and took >= 0.5
 
 
 def test_without_a_clock_the_budget_is_time_on_the_clock(silent_pipe):

@@ -210,7 +210,7 @@ async def test_replay_racing_the_purge_is_never_enqueued(gw_env, tmp_path):
 def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
     """The insert's own check (PostgreSQL: in the INSERT statement) refuses a key a tombstone holds."""
     from broker_core import Broker
-    from gateway.ledger.records import DuplicateDocument, Ledger, NewDocument, upgrade_ledger
+    from gateway.ledger.records import DuplicateDocumentError, Ledger, NewDocument, upgrade_ledger
     from ledger_contract.lifecycle import purge
 
     broker = Broker.open(postgres_schema, sweep_interval=0)
@@ -227,7 +227,7 @@ def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
         with broker.engine.connect() as conn:
             updated = conn.execute(sa.select(documents.c.updated_at)).scalar()
         broker.write(lambda conn: purge(conn, [("ID:1", updated)], 1, True, 2000))
-        with pytest.raises(DuplicateDocument):
+        with pytest.raises(DuplicateDocumentError):
             broker.write(lambda conn: ledger.insert(conn, doc("ID:2", "k1")))
         broker.write(lambda conn: ledger.insert(conn, doc("ID:3", "k2")))  # another key: accepted
         with broker.engine.connect() as conn:

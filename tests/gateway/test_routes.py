@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from gateway.runtime.assemble import assemble
+from gateway.exchange.assemble import assemble
 from gateway.config.loader import load_yaml, settings_from_mapping
 from gateway.errors import ConfigError, ForbiddenRouteError, NoRouteError
 from gateway.routing.routes import RouteTable, TransformError

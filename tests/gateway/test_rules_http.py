@@ -23,7 +23,7 @@ from broker_core import Queue
 from gwtest import ACME, ORDER, REPO, SAMPLE_CONFIG, UBL_EXAMPLES, Responder, sample_data, with_id
 
 from gateway.http.app import create_app
-from gateway.runtime.assemble import assemble, assemble_or_raise
+from gateway.exchange.assemble import assemble, assemble_or_raise
 from gateway.cli.main import main
 from gateway.config.loader import settings_from_mapping
 from gateway.errors import ConfigError, RulesEvaluationError
@@ -60,9 +60,9 @@ TEST_RULES = """\
 @pytest.fixture
 def shared_schemas(gw_registry, monkeypatch) -> None:
     """Commands on the sample schemas reuse the session's compiled registry."""
-    import gateway.runtime.assemble
+    import gateway.exchange.assemble
 
-    monkeypatch.setattr(gateway.runtime.assemble, "build_registry", lambda settings, errors: gw_registry)
+    monkeypatch.setattr(gateway.exchange.assemble, "build_registry", lambda settings, errors: gw_registry)
 
 
 def noted(note: str, order_id: str) -> bytes:
@@ -195,7 +195,7 @@ def test_an_order_breaking_the_rules_is_refused_with_every_failure(env):
 
 def test_a_large_order_is_checked_by_the_rules_too(env):
     """Bodies over the size validated on their tree are validated while they are parsed: the rules still run."""
-    from gateway.intake.stages import TREE_VALIDATION_MAX_BYTES
+    from gateway.exchange.stages import TREE_VALIDATION_MAX_BYTES
 
     padding = b"<!--" + b" " * TREE_VALIDATION_MAX_BYTES + b"-->"
     small = with_id(ORDER, "rules-400-small").replace(b'currencyID="SEK">225<', b'currencyID="SEK">226<')

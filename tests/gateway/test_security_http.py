@@ -124,7 +124,7 @@ def server(make_module_assembly) -> Iterator[tuple[Server, Path, LogCapture]]:
 
 @pytest.fixture(scope="module")
 def make_module_assembly(gw_registry, tmp_path_factory):
-    from gateway.runtime.assemble import assemble
+    from gateway.exchange.assemble import assemble
     from gateway.config.loader import settings_from_mapping
     from gwtest import SAMPLE_CONFIG
 

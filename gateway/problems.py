@@ -26,7 +26,7 @@ from gateway.errors import (
     GatewayError,
     MethodNotAllowedError,
 )
-from gateway.runtime.logs import set_problem
+from gateway.telemetry.logs import set_problem
 
 __all__ = ["MAX_BODY_BYTES", "PROBLEM_MEDIA_TYPE", "problem_body", "problem_response", "TITLES"]
 

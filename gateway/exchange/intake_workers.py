@@ -25,7 +25,6 @@ load's doing, not the document's: it may be sent again).
 from __future__ import annotations
 
 import atexit
-import codecs
 import fcntl
 import json
 import logging
@@ -41,10 +40,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from gateway.errors import GatewayBusyError, GatewayError, InvalidDocumentError, XMLErrorDetail, XMLSecurityError, clip
+from gateway.errors import GatewayBusyError, GatewayError, XMLSecurityError, clip
+from gateway.helpers.errors import error_to_data
+from gateway.intake.documents import received_document
 from gateway.helpers.pipes import (
     Budget,
-    Overloaded,
+    OverloadedError,
     cpu_clock,
     helper_environment,
     limit_address_space,
@@ -53,8 +54,7 @@ from gateway.helpers.pipes import (
     write_all,
 )
 
-__all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_LONGEST", "WORKER_MEMORY", "WORKER_NICE", "error_to_data",
-           "error_from_data", "received_document"]
+__all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_LONGEST", "WORKER_MEMORY", "WORKER_NICE", ]
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,11 @@ PIPE_BYTES = 1024 * 1024
 _FRAME = struct.Struct(">II")  # the JSON part's length, then the byte strings'
 
 
-class _Busy(Exception):
+class _WorkerBusyError(Exception):
     """The worker had the document, but the machine gave it too little of the processor to finish in time."""
 
 
-class _Lost(Exception):
+class _WorkerLostError(Exception):
     """The worker died, answered nonsense or ran out of time: *sent* says whether it had the document."""
 
     def __init__(self, why: str, sent: bool) -> None:
@@ -106,68 +106,6 @@ def _read_frame(fd: int, deadline: float | None = None, *, max_head: int = MAX_A
         raise ValueError(f"a frame of {head_len} + {payload_len} bytes is over the limit")
     head = json.loads(read_exactly(fd, head_len, deadline))
     return head, read_exactly(fd, payload_len, deadline) if payload_len else b""
-
-
-# --------------------------------------------------------------------------- errors across the pipe
-
-
-def error_to_data(error: GatewayError) -> dict[str, Any]:
-    """A gateway error as plain data: its class, detail, listed errors and plain fields."""
-    data: dict[str, Any] = {"type": f"{type(error).__module__}.{type(error).__qualname__}", "detail": error.detail}
-    if isinstance(error, InvalidDocumentError):
-        data["errors"] = [[e.line, e.column, e.path, e.message] for e in error.errors]
-        data["omitted"] = error.omitted
-    data["fields"] = {name: value for name, value in vars(error).items()
-                      if name not in ("detail", "errors", "omitted")
-                      and (value is None or isinstance(value, (str, int, float, bool)))}
-    return data
-
-
-def _error_classes() -> dict[str, type[GatewayError]]:
-    found: dict[str, type[GatewayError]] = {}
-    todo: list[type[GatewayError]] = [GatewayError]
-    while todo:
-        cls = todo.pop()
-        found[f"{cls.__module__}.{cls.__qualname__}"] = cls
-        todo.extend(cls.__subclasses__())
-    return found
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, str):
-        return clip(value, 1000)
-    return value if value is None or isinstance(value, (int, float, bool)) else None
-
-
-def error_from_data(data: Any) -> GatewayError:
-    """The error :func:`error_to_data` described, as its own class (one of the gateway's); anything else, or
-    anything malformed, is a plain :class:`GatewayError` (a 500: the worker failed)."""
-    try:
-        cls = _error_classes().get(data["type"])
-        if cls is None:
-            return GatewayError()
-        error = cls.__new__(cls)
-        fields = {name: _plain(value) for name, value in dict(data.get("fields") or {}).items()
-                  if isinstance(name, str) and name.isidentifier() and not name.startswith("_")
-                  and name not in ("detail", "errors", "omitted")}
-        for name, value in fields.items():
-            setattr(error, name, value)
-        detail = clip(str(data["detail"]) or cls.default_detail, 4000)
-        error.detail = detail
-        Exception.__init__(error, detail)
-        if isinstance(error, InvalidDocumentError):
-            error.errors = [XMLErrorDetail(_position(line), _position(column), path if isinstance(path, str) else None,
-                                           str(message))
-                            for line, column, path, message in list(data["errors"])[:cls.max_errors]]
-            omitted = data.get("omitted")
-            error.omitted = omitted if isinstance(omitted, int) and omitted >= 0 else 0
-        return error
-    except (KeyError, TypeError, ValueError):
-        return GatewayError()
-
-
-def _position(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _refused(why: str) -> XMLSecurityError:
@@ -204,19 +142,19 @@ class _Worker:
         try:
             _write_frame(self.fd_in, head, body)
         except OSError as exc:
-            raise _Lost(f"could not be sent: {exc}", sent=False) from None
+            raise _WorkerLostError(f"could not be sent: {exc}", sent=False) from None
         try:
             wait_readable(self.fd_out, budget)
             answer, payload = _read_frame(self.fd_out, time.monotonic() + timeout)
-        except Overloaded as exc:
-            raise _Busy(str(exc)) from None
+        except OverloadedError as exc:
+            raise _WorkerBusyError(str(exc)) from None
         except TimeoutError:
-            raise _Lost(f"took more than {timeout:g} s of the processor", sent=True) from None
+            raise _WorkerLostError(f"took more than {timeout:g} s of the processor", sent=True) from None
         except (EOFError, OSError, ValueError) as exc:
             why = f"ended its worker ({type(exc).__name__}, exit code {self.process.poll()})"
-            raise _Lost(why, sent=True) from None
+            raise _WorkerLostError(why, sent=True) from None
         if not isinstance(answer, dict):
-            raise _Lost("got an answer that is not an object", sent=True)
+            raise _WorkerLostError("got an answer that is not an object", sent=True)
         return answer, payload
 
     def kill(self) -> None:
@@ -326,7 +264,7 @@ class IntakeWorkers:
             # a process group of its own (a terminal's ^C is for the serving process, which stops it), not a
             # session: Linux's autogroups give each session an equal share of the CPUs whatever its nice value,
             # so a worker in a session of its own would weigh as much as the whole serving process
-            process = subprocess.Popen([sys.executable, "-m", "gateway.intake.workers"], stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, "-m", "gateway.exchange.intake_workers"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=helper_environment(), close_fds=True,
                                        process_group=0)
             worker = _Worker(process)
@@ -389,7 +327,7 @@ class IntakeWorkers:
         head = {"partner": partner_id, "charset": charset, "header": header, "busy": busy, "facts": facts}
         try:
             answer = worker.run(head, body, self.timeout, self.longest)
-        except _Busy as busy:
+        except _WorkerBusyError as busy:
             self._discard(worker)
             self.counts["busy"] += 1
             log.warning("a large document's intake had %s (the machine is overloaded); its worker was stopped",
@@ -397,7 +335,7 @@ class IntakeWorkers:
             raise GatewayBusyError(
                 "The gateway is too busy to take this document in now; nothing was accepted. Send it again in "
                 f"{GatewayBusyError.default_retry_after} s.") from None
-        except _Lost as lost:
+        except _WorkerLostError as lost:
             self._discard(worker)
             if not lost.sent:  # it died before it had the document: not the document's doing
                 self.counts["thread"] += 1
@@ -411,11 +349,6 @@ class IntakeWorkers:
         self._idle.put(worker)
         self.counts["worker"] += 1
         return answer
-
-
-def received_document(body: bytes) -> bytes:
-    """The ledger's document of a body received in UTF-8: the body without its byte order mark."""
-    return body[3:] if body.startswith(codecs.BOM_UTF8) else body
 
 
 def fingerprint(registry: Any, routes: Any) -> str:
@@ -432,7 +365,7 @@ def _build(init: dict[str, Any]) -> Any:
     """The intake stages of the serving process's configuration (without its state)."""
     from gateway.config.loader import settings_from_mapping
     from gateway.exchange.idempotency import Idempotency
-    from gateway.intake.stages import IntakeStages
+    from gateway.exchange.stages import IntakeStages
     from gateway.routing.partners import PartnerRegistry
     from gateway.routing.routes import RouteTable
     from gateway.intake.schemas import SchemaRegistry
@@ -515,7 +448,7 @@ def _worker_main() -> None:
                 pass
             return  # its state is not to be trusted any more
         except Exception as exc:  # noqa: BLE001 - a bug: say what kind, never what the document held
-            print(f"gateway.intake.workers: the intake failed: {type(exc).__name__}", file=sys.stderr)
+            print(f"gateway.exchange.intake_workers: the intake failed: {type(exc).__name__}", file=sys.stderr)
             answer, payload = {"error": {"type": "bug"}}, b""
         del body
         try:

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
-from gateway.runtime.logs import fresh, restore
+from gateway.telemetry.logs import fresh, restore
 
 __all__ = ["HttpMetrics", "StoreMetrics", "observe_commit", "scrape", "store_exposition"]
 
@@ -86,7 +86,7 @@ class HttpMetrics:
         started = time.perf_counter()
         state = [500, None]  # status, B2B route id
         path = scope["path"]
-        fields: dict[str, str] = {}  # the request's log context (gateway.runtime.logs), filled here directly
+        fields: dict[str, str] = {}  # the request's log context (gateway.telemetry.logs), filled here directly
 
         async def sending(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -125,7 +125,7 @@ class HttpMetrics:
             except Exception:  # noqa: BLE001 - a metrics bug must not stop the counting
                 import logging
 
-                logging.getLogger("gateway.runtime.metrics").exception("updating the HTTP metrics failed")
+                logging.getLogger("gateway.telemetry.metrics").exception("updating the HTTP metrics failed")
 
     def flush(self) -> None:
         """Add what the requests since the last flush counted to the metrics."""

@@ -9,7 +9,7 @@ parser's, the schema's and the extractor's code and data stay in the CPU's cache
 ``server.intake_threads`` intake threads, where libxml2 works without holding the GIL while the event loop
 serves HTTP and the broker. Threads pay off only when other work keeps the cores busy (every hand-over wakes a
 core), hence none by default. Bodies over :data:`INLINE_MAX_BYTES` are taken in by worker processes
-(:mod:`gateway.intake.workers`; :meth:`IntakeStages._intake_by_worker`), so that one large document holds up
+(:mod:`gateway.exchange.intake_workers`; :meth:`IntakeStages._intake_by_worker`), so that one large document holds up
 neither the small ones nor the event loop; threads wait for them, and the niced large-document threads take a
 document in while no worker is ready.
 
@@ -44,8 +44,8 @@ from lxml import etree
 from ledger_contract import facts as warehouse_facts
 
 from gateway.errors import GatewayError, SchemaValidationError
-from gateway.exchange.idempotency import document_digest
-from gateway.intake.workers import error_from_data, received_document
+from gateway.helpers.errors import error_from_data
+from gateway.intake.documents import document_digest, received_document
 from gateway.routing.partners import Partner
 from gateway.routing.routes import Route
 from gateway.rules.schematron import document_utf8
@@ -53,7 +53,7 @@ from gateway.intake.xmlsafe import Validated, parse_and_validate, parse_document
 
 if TYPE_CHECKING:
     from gateway.intake.explainer import Explainer
-    from gateway.intake.workers import IntakeWorkers
+    from gateway.exchange.intake_workers import IntakeWorkers
     from gateway.routing.routes import RouteTable
     from gateway.rules.rulesets import RulesRunner
     from gateway.intake.schemas import SchemaRegistry
@@ -130,7 +130,7 @@ class Work:
     started: float = field(default_factory=time.monotonic)  # the error report's time budget counts from here
 
 
-class Invalid(Exception):
+class IntakeInvalidError(Exception):
     """Raised by the event loop's intake for a document its schema refuses: :meth:`Gateway.submit`
     works out the errors in a thread."""
 
@@ -214,7 +214,7 @@ class IntakeStages:
 
     def _intake_by_worker(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
                           check_recent: bool, busy: bool = False) -> Intake | None:
-        """:meth:`_intake` by an intake worker process (:mod:`gateway.intake.workers`); None while none is
+        """:meth:`_intake` by an intake worker process (:mod:`gateway.exchange.intake_workers`); None while none is
         ready. A thread runs it: it waits for the worker without the interpreter lock."""
         started = time.monotonic()
         answer = self.intake_workers.take_in(partner.id, body, charset, idempotency_key, busy=busy,
@@ -285,7 +285,7 @@ class IntakeStages:
                 self._explain_invalid(work)
         elif not self.registry.is_valid(work.root, schema):
             if work.on_loop:  # the report takes milliseconds at least: not on the event loop
-                raise Invalid(work)
+                raise IntakeInvalidError(work)
             self._explain_invalid(work)
         if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
             data = document_utf8(work.root, work.body, work.decoded is not None)
