@@ -325,9 +325,9 @@ def test_namespaces_per_document_counts_declarations_in_start_tags_only(
     """Only an attribute of a start tag named xmlns or xmlns:* declares a namespace (Namespaces in XML 1.0,
     section 3): the same words in comments, CDATA sections, processing instructions, character data or
     attribute values do not count, however the text is cut into pieces to be counted."""
-    import gateway.intake.xmlsafe as xmlintake
+    import gateway.intake.scan as scan
 
-    monkeypatch.setattr(xmlintake, "_SLICE", slice_size)
+    monkeypatch.setattr(scan, "_SLICE", slice_size)
     declared = sum(n for _, n in pieces)
     assume(declared > 0)
     limit = declared - 1 if over else declared

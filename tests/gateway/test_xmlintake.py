@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from gateway import errors
+from gateway.intake import parse
 from gateway.intake import xmlsafe as xmlintake
 from gateway.errors import (
     MAX_MESSAGE_CHARS,
@@ -294,10 +295,10 @@ def test_parse_document_text_gives_the_checked_text_of_utf8_documents_only(data,
 
 
 def test_media_type_results_are_remembered_for_accepted_values_only(monkeypatch) -> None:
-    from gateway.intake import xmlsafe as xmlintake
+    from gateway.intake import media
 
-    monkeypatch.setattr(xmlintake, "_MEDIA_TYPES", {})
-    monkeypatch.setattr(xmlintake, "_MEDIA_TYPES_MAX", 3)
+    monkeypatch.setattr(media, "_MEDIA_TYPES", {})
+    monkeypatch.setattr(media, "_MEDIA_TYPES_MAX", 3)
     for _ in range(2):
         assert check_media_type("text/xml; charset=latin1") == "ISO-8859-1"
         assert check_media_type("application/xml") is None
@@ -305,10 +306,10 @@ def test_media_type_results_are_remembered_for_accepted_values_only(monkeypatch)
             check_media_type("text/plain")
         with pytest.raises(UnsupportedMediaTypeError):
             check_media_type(None)
-    assert xmlintake._MEDIA_TYPES == {"text/xml; charset=latin1": "ISO-8859-1", "application/xml": None}
+    assert media._MEDIA_TYPES == {"text/xml; charset=latin1": "ISO-8859-1", "application/xml": None}
     for n in range(5):
         assert check_media_type(f"application/xml; v={n}") is None
-    assert len(xmlintake._MEDIA_TYPES) == 3
+    assert len(media._MEDIA_TYPES) == 3
 
 
 def test_media_type_error_is_bounded() -> None:
@@ -605,7 +606,7 @@ def test_the_hardened_parser_alone_loads_nothing(template: str, secret_file: tup
     with listening_socket() as (port, connections):
         data = template.format(file=path.as_uri(), port=port).encode()
         try:
-            root = etree.fromstring(data, xmlintake._parser(None))
+            root = etree.fromstring(data, parse._parser(None))
         except (xmlintake.ExternalLoadRefusedError, etree.XMLSyntaxError) as exc:
             assert_no_leak(exc, secret)
         else:
