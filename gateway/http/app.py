@@ -85,10 +85,6 @@ def _checked(value: str | None, name: str, pattern: re.Pattern[str], rule: str) 
     return value
 
 
-def _content_length(request: Request) -> int | None:
-    return _length(request.headers.get("content-length"))
-
-
 def _length(value: str | None) -> int | None:
     if value is None:
         return None

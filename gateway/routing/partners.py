@@ -423,7 +423,3 @@ class PartnerLimiter:
         return self._in_progress.get(partner_id, 0)
 
 
-def key_entry_yaml(key_id: str, key: str) -> str:
-    """The YAML lines to paste under a partner's ``keys:`` for *key*."""
-    return f"      - id: {key_id}\n        hash: \"{hash_key(key)}\"\n"
-
