@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from gateway.errors import GatewayBusyError, GatewayError, XMLSecurityError, clip
@@ -364,39 +363,27 @@ def fingerprint(registry: Any, routes: Any) -> str:
 def _build(init: dict[str, Any]) -> Any:
     """The intake stages of the serving process's configuration (without its state)."""
     from gateway.config.loader import settings_from_mapping
-    from gateway.exchange.idempotency import Idempotency
     from gateway.exchange.stages import IntakeStages
-    from gateway.routing.partners import PartnerRegistry
-    from gateway.routing.routes import RouteTable
     from gateway.intake.schemas import SchemaRegistry
     from gateway.intake.xmlsafe import IntakeLimits
+    from gateway.routing.partners import PartnerRegistry
+    from gateway.routing.routes import RouteTable
 
     config_path = Path(init["config_path"]) if init["config_path"] else None
     settings = settings_from_mapping(init["source"], config_path=config_path, base_dir=Path(init["base_dir"]))
     registry = SchemaRegistry.from_registrations(init["registry"])  # each schema compiled when first used
-    # the serving process checked the routes' paths against the schemas (xmlschema: seconds): not again
-    registry.check_path = lambda *args, **kwargs: None  # type: ignore[method-assign]
     partners = PartnerRegistry.from_settings(settings)
-    routes, errors = RouteTable.compile(settings, registry, partners)
+    # the serving process checked the routes' paths against the schemas (xmlschema: seconds): not again
+    routes, errors = RouteTable.compile(settings, registry, partners, check_paths=False)
     if errors:
         raise ValueError(f"the routes did not compile: {errors[0]}")
-
-    class Stages(IntakeStages):
-        idempotency_key = staticmethod(Idempotency.idempotency_key)
-
-    stages = Stages()
-    stages.registry, stages.routes, stages.limits = registry, routes, IntakeLimits(**init["limits"])
-    stages.rules = stages.explainer = None
-    stages._recent, stages._legacy_keys, stages._schemas_by_root = {}, None, {}  # type: ignore[assignment]
-    stages._stages = (stages._parse_stage, stages._validate_stage, stages._extract_stage, stages._facts_stage)
-    return stages
+    return IntakeStages(registry, routes, IntakeLimits(**init["limits"]))
 
 
 def _take_in(stages: Any, head: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
     """One document through the stages; the answer's JSON part and byte strings."""
-    stages.intake_facts = head["facts"]
-    result = stages._intake(SimpleNamespace(id=head["partner"]), body, head["charset"], head["header"], False,
-                            busy=bool(head["busy"]))
+    result = stages.run(head["partner"], body, head["charset"], head["header"], False, busy=bool(head["busy"]),
+                        facts=head["facts"])
     parts: list[bytes] = []
     sizes: dict[str, int] = {}
     own_document = result.document == received_document(body)

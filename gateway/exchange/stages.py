@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import collections
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,13 +44,14 @@ from ledger_contract import facts as warehouse_facts
 
 from gateway.errors import GatewayError, SchemaValidationError
 from gateway.helpers.errors import error_from_data
+from gateway.exchange.keys import idempotency_key
 from gateway.intake.documents import document_digest, received_document
-from gateway.routing.partners import Partner
 from gateway.routing.routes import Route
 from gateway.rules.schematron import document_utf8
 from gateway.intake.xmlsafe import Validated, parse_and_validate, parse_document_text
 
 if TYPE_CHECKING:
+    from gateway.exchange.idempotency import Idempotency
     from gateway.intake.explainer import Explainer
     from gateway.exchange.intake_workers import IntakeWorkers
     from gateway.routing.routes import RouteTable
@@ -114,13 +114,14 @@ class Intake:
 class Work:
     """One request body on its way through the intake's stages (:meth:`Gateway._intake`)."""
 
-    partner: Partner
+    partner_id: str
     body: bytes
     charset: str | None
     idempotency_key: str | None
     check_recent: bool
     on_loop: bool = False  # the event loop's batched intake (an invalid document's details go to a thread)
     busy: bool = False  # the intake is saturated (see INTAKE_BUSY)
+    facts: str = "when_idle"  # ``server.intake_facts`` for this document
     root: etree._Element | None = None
     decoded: str | None = None
     route: Route | None = None
@@ -140,34 +141,42 @@ class IntakeInvalidError(Exception):
 
 
 class IntakeStages:
-    """The intake stages of a :class:`gateway.exchange.submission.Gateway` (it holds the state they use)."""
+    """A document's way from its body to an :class:`Intake`: parse, route, validate, key, properties, facts.
 
-    registry: SchemaRegistry
-    routes: RouteTable
-    limits: IntakeLimits
-    rules: RulesRunner | None
-    explainer: Explainer | None
-    intake_workers: IntakeWorkers | None
-    intake_facts: str
-    _stages: tuple[Any, ...]
-    _batch: list[tuple[Work, asyncio.Future[Intake]]]
-    _recent: collections.OrderedDict[str, tuple[str, str]]
-    _legacy_keys: frozenset[str] | None
-    _schemas_by_root: dict[str, tuple[str, Any]]
+    The serving process runs them on its event loop, its intake threads or (large bodies) in an intake
+    worker process, which builds the same stages from the configuration (without *idempotency*: the worker
+    does not know the keys accepted lately, the serving process checks them)."""
 
-    def _intake(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                check_recent: bool, busy: bool = False) -> Intake:
+    def __init__(self, registry: SchemaRegistry, routes: RouteTable, limits: IntakeLimits, *,
+                 rules: RulesRunner | None = None, explainer: Explainer | None = None,
+                 intake_workers: IntakeWorkers | None = None, intake_facts: str = "when_idle",
+                 idempotency: Idempotency | None = None) -> None:
+        self.registry = registry
+        self.routes = routes
+        self.limits = limits
+        self.rules = rules
+        self.explainer = explainer
+        self.intake_workers = intake_workers
+        self.intake_facts = intake_facts
+        self.idempotency = idempotency
+        self._stages = (self._parse_stage, self._validate_stage, self._extract_stage, self._facts_stage)
+        self._batch: list[tuple[Work, asyncio.Future[Intake]]] = []  # waiting for the event loop's intake
+        self._schemas_by_root: dict[str, tuple[str, Any]] = {}
+
+    def run(self, partner_id: str, body: bytes, charset: str | None, idempotency_key: str | None,
+            check_recent: bool, busy: bool = False, facts: str | None = None) -> Intake:
         """Everything done with the parsed tree, in one call (an intake thread runs it): parse, route,
         validate, the document id and idempotency key, then (unless the key was accepted lately) the
         properties, message text, ledger document and warehouse facts. The tree never leaves this call."""
-        work = Work(partner, body, charset, idempotency_key, check_recent, busy=busy)
+        work = Work(partner_id, body, charset, idempotency_key, check_recent, busy=busy,
+                    facts=self.intake_facts if facts is None else facts)
         for stage in self._stages:
             stage(work)
         assert work.result is not None
         return work.result
 
-    def _intake_on_loop(self, work: Work) -> "asyncio.Future[Intake]":
-        """:meth:`_intake` on the event loop, together with the other documents that arrive before it runs."""
+    def run_on_loop(self, work: Work) -> "asyncio.Future[Intake]":
+        """:meth:`run` on the event loop, together with the other documents that arrive before it runs."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Intake] = loop.create_future()
         self._batch.append((work, future))
@@ -212,12 +221,12 @@ class IntakeStages:
             # or each refused document would wait in a reference cycle for the garbage collector
             batch = going_on = work = future = None  # type: ignore[assignment]
 
-    def _intake_by_worker(self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None,
-                          check_recent: bool, busy: bool = False) -> Intake | None:
-        """:meth:`_intake` by an intake worker process (:mod:`gateway.exchange.intake_workers`); None while none is
+    def run_by_worker(self, partner_id: str, body: bytes, charset: str | None, idempotency_key: str | None,
+                      check_recent: bool, busy: bool = False) -> Intake | None:
+        """:meth:`run` by an intake worker process (:mod:`gateway.exchange.intake_workers`); None while none is
         ready. A thread runs it: it waits for the worker without the interpreter lock."""
         started = time.monotonic()
-        answer = self.intake_workers.take_in(partner.id, body, charset, idempotency_key, busy=busy,
+        answer = self.intake_workers.take_in(partner_id, body, charset, idempotency_key, busy=busy,
                                              facts=self.intake_facts)
         if answer is None:
             return None
@@ -247,7 +256,7 @@ class IntakeStages:
         result = Intake(route, ok["doc_id"], ok["key"], ok["digest"], None, ok["party"], None, properties, text,
                         document, ok["facts"], text_is_document=bool(ok["own"]),
                         facts_deferred=bool(ok["facts_deferred"]), rules=parts.get("rules"))
-        return self._keyed(partner.id, result, idempotency_key) if check_recent else result
+        return self._keyed(partner_id, result, idempotency_key) if check_recent else result
 
     def _parse_stage(self, work: Work) -> None:
         if len(work.body) <= TREE_VALIDATION_MAX_BYTES:
@@ -259,7 +268,7 @@ class IntakeStages:
                 work.root, work.decoded = work.validated.root, work.validated.text
             else:  # invalid: the validating parse keeps no tree, and the route is chosen on one
                 work.root, work.decoded = parse_document_text(work.body, self.limits, declared_charset=work.charset)
-        work.route = self.routes.select(work.root, work.partner.id)
+        work.route = self.routes.select(work.root, work.partner_id)
 
     def _schema_for_root(self, root_name: str) -> tuple[str, Any] | None:
         """The schema registered for a root element, as :func:`parse_and_validate` asks for it (XSD 1.0 only)."""
@@ -282,16 +291,16 @@ class IntakeStages:
         validated = work.validated
         if validated is not None and validated.schema == schema:
             if validated.errors:
-                self._explain_invalid(work)
+                self.explain_invalid(work)
         elif not self.registry.is_valid(work.root, schema):
             if work.on_loop:  # the report takes milliseconds at least: not on the event loop
                 raise IntakeInvalidError(work)
-            self._explain_invalid(work)
+            self.explain_invalid(work)
         if work.route.rules:  # business rules: worker processes run them while the intake goes on (submit waits)
             data = document_utf8(work.root, work.body, work.decoded is not None)
             work.rules = self.rules.submit(work.route.rules, data) if work.on_loop else data
 
-    def _explain_invalid(self, work: Work) -> None:
+    def explain_invalid(self, work: Work) -> None:
         """Raise the SchemaValidationError of an invalid document: the full report when the helper process
         works it out in time (:class:`gateway.intake.explainer.Explainer`), else libxml2's errors."""
         schema = work.route.schema
@@ -321,10 +330,10 @@ class IntakeStages:
             values = route.extract_key_values(root)
             if values is None:
                 party = route.extract_sender_party(root)
-        key = self.idempotency_key(work.partner.id, route, doc_id, header, party, values)
+        key = idempotency_key(work.partner_id, route, doc_id, header, party, values)
         result = Intake(route, doc_id, key, document_digest(body), None, party)
         if work.check_recent:
-            result = self._keyed(work.partner.id, result, header)
+            result = self._keyed(work.partner_id, result, header)
             if result.known is not None:
                 work.result = result
                 return
@@ -335,24 +344,13 @@ class IntakeStages:
         work.result = result
 
     def _keyed(self, partner_id: str, result: Intake, header: str | None) -> Intake:
-        """*result* checked against the keys accepted lately: the first's Intake (``known``) for the same
-        document again, IdempotencyConflictError for another; else *result*, with the key it had before
-        sender parties were part of keys when a recent row may hold that one."""
-        route, doc_id, party = result.route, result.doc_id, result.party
-        known = self._recent.get(result.key)
-        if known is not None:
-            if known[1] != result.digest:
-                raise self._conflict(route, doc_id, party, header, known[0])
-            return Intake(route, doc_id, result.key, result.digest, known[0])
-        keyed_by_values = header is None and route.key_xpaths is not None
-        if self._legacy_keys is not None and doc_id is not None and (party is not None or keyed_by_values):
-            result.legacy = self._legacy_key(partner_id, route, doc_id)
-        return result
+        """*result* checked against the keys this process accepted lately (see :meth:`Idempotency.keyed`)."""
+        return result if self.idempotency is None else self.idempotency.keyed(partner_id, result, header)
 
     def _facts_stage(self, work: Work) -> None:
-        if work.result.known is not None or self.intake_facts == "never":
+        if work.result.known is not None or work.facts == "never":
             return
-        if self.intake_facts == "when_idle" and (work.busy or len(work.body) > FACTS_MAX_BYTES):
+        if work.facts == "when_idle" and (work.busy or len(work.body) > FACTS_MAX_BYTES):
             work.result.facts_deferred = work.route.doc_type in warehouse_facts.LOADED_TYPES
             return
         # what the warehouse keeps of it, from this very tree (None when not loaded or on any failure)

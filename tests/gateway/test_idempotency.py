@@ -347,7 +347,7 @@ async def test_rows_without_a_digest_keep_replaying(make_assembly, tmp_path):
         await holder.stop()
         _make_legacy(env)
         env = await holder.start()  # the upgraded gateway: the rows are recent, their old keys are checked
-        assert env.gateway._legacy_keys is not None and len(env.gateway._legacy_keys) == 3
+        assert env.gateway.idempotency._legacy_keys is not None and len(env.gateway.idempotency._legacy_keys) == 3
         assert all("|party=" not in row.idempotency_key and row.digest is None for row in env.ledger_rows())
 
         # the same documents replay their first answers
@@ -387,7 +387,7 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
             conn.execute(documents.update().values(received_at=documents.c.received_at
                                                    - 2 * service.LEGACY_KEY_WINDOW * 1000))
         env = await holder.start()
-        assert env.gateway._legacy_keys is None
+        assert env.gateway.idempotency._legacy_keys is None
         # beyond the window the old key is not looked for: the document is taken under its new key
         again = await post(env, despatch("7302347231110", "DA-WIN"), GLOBEX)
         assert again.status_code == 202 and again.json()["message_id"] != d.json()["message_id"]
@@ -397,10 +397,10 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
             conn.execute(documents.update().where(documents.c.message_id == d.json()["message_id"])
                          .values(received_at=service.now_ms()))
         env = await holder.start()
-        assert env.gateway._legacy_keys is not None
-        monkeypatch.setattr(idempotency.time, "time", lambda: env.gateway._legacy_until + 1)
-        assert env.gateway._legacy_key("globex", env.assembly.routes.get("ubl-despatch-advice"), "DA-WIN") is None
-        assert env.gateway._legacy_keys is None
+        assert env.gateway.idempotency._legacy_keys is not None
+        monkeypatch.setattr(idempotency.time, "time", lambda: env.gateway.idempotency._legacy_until + 1)
+        assert env.gateway.idempotency.legacy_key("globex", env.assembly.routes.get("ubl-despatch-advice"), "DA-WIN") is None
+        assert env.gateway.idempotency._legacy_keys is None
     finally:
         await holder.stop()
 
@@ -541,10 +541,9 @@ async def test_a_route_keyed_by_its_own_xpaths(make_assembly, tmp_path):
 
 
 def test_keys_have_the_party_and_stay_as_before_without_one(sample_routes):
-    from gateway.exchange.submission import Gateway
+    from gateway.exchange.keys import idempotency_key as key
 
     route = sample_routes.get("ubl-order")
-    key = Gateway.idempotency_key
     assert key("acme", route, "34", None) == f"acme|{route.root}|34"  # the key every document had before
     assert key("acme", route, "34", None, "GLN:1") == f"acme|{route.root}|34|party=GLN:1"
     assert key("acme", route, "34", None, "GLN:1") != key("acme", route, "34", None, "GLN:2")

@@ -109,13 +109,13 @@ async def test_an_invalid_documents_error_details_are_worked_out_off_the_event_l
     _, acme = _partners(gw_env)
     gateway = gw_env.gateway
     where: list[str] = []
-    explain = gateway._explain_invalid
+    explain = gateway.intake.explain_invalid
 
     def spy(*args, **kwargs):
         where.append(threading.current_thread().name)
         return explain(*args, **kwargs)
 
-    monkeypatch.setattr(gateway, "_explain_invalid", spy)
+    monkeypatch.setattr(gateway.intake, "explain_invalid", spy)
     with pytest.raises(SchemaValidationError) as info:
         await gw_env.gateway.submit(acme, INVALID)
 

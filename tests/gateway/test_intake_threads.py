@@ -179,7 +179,7 @@ async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, m
     """Without intake workers (none ready, or settings they cannot rebuild), a body over INLINE_MAX_BYTES
     runs through the intake on the large-document threads, niced, so that the small documents behind it keep
     the CPU; small documents never run there."""
-    monkeypatch.setattr(gw_env.gateway, "intake_workers", None)
+    monkeypatch.setattr(gw_env.gateway.intake, "intake_workers", None)
     from gateway.exchange import stages as intake
     from gateway.exchange.stages import INLINE_MAX_BYTES, LARGE_NICE
 

@@ -41,7 +41,7 @@ def large_invoice(doc_id: str, *, line_extra: bytes = b"") -> bytes:
 
 
 async def ready(gateway) -> None:
-    workers = gateway.exchange.intake_workers
+    workers = gateway.intake_workers
     assert workers is not None
     workers.start()
     deadline = time.monotonic() + 60
@@ -90,13 +90,13 @@ async def test_a_worker_takes_a_large_document_in_as_a_thread_would(gw_env, monk
 
     by_worker = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-W"), headers=GLOBEX)
     assert by_worker.status_code == 202, by_worker.text
-    assert seen == [] and gateway.exchange.intake_workers.counts["worker"] == 1
+    assert seen == [] and gateway.intake_workers.counts["worker"] == 1
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    for worker in gateway.exchange.intake_workers._all:  # niced: the serving process comes first
+    for worker in gateway.intake_workers._all:  # niced: the serving process comes first
         assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == min(19, base + WORKER_NICE)
         assert_nice_counts(worker.process.pid)
 
-    monkeypatch.setattr(gateway, "intake_workers", None)  # the same document type on a thread, for comparison
+    monkeypatch.setattr(gateway.intake, "intake_workers", None)  # the same document type on a thread, for comparison
     by_thread = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-T"), headers=GLOBEX)
     assert by_thread.status_code == 202, by_thread.text
     assert seen  # the thread parsed it here
@@ -148,11 +148,11 @@ REFUSED = {
 
 async def test_a_worker_refuses_what_a_thread_refuses_with_the_same_answer(gw_env, monkeypatch):
     gateway = gw_env.gateway
-    monkeypatch.setattr(gateway, "explainer", None)  # libxml2's errors either way: the same report to compare
+    monkeypatch.setattr(gateway.intake, "explainer", None)  # libxml2's errors either way: the same report to compare
     await ready(gateway)
     answers = {}
-    for workers in (gateway.exchange.intake_workers, None):
-        monkeypatch.setattr(gateway, "intake_workers", workers)
+    for workers in (gateway.intake_workers, None):
+        monkeypatch.setattr(gateway.intake, "intake_workers", workers)
         for name, body in REFUSED.items():
             response = await gw_env.client.post("/v1/documents", content=body,
                                                 headers=ACME if name == "route" else GLOBEX)
@@ -173,7 +173,7 @@ async def test_a_worker_refuses_what_a_thread_refuses_with_the_same_answer(gw_en
 
 async def test_a_document_that_outlives_its_worker_is_refused_and_the_worker_replaced(gw_env, monkeypatch):
     gateway = gw_env.gateway
-    workers = gateway.exchange.intake_workers
+    workers = gateway.intake_workers
     await ready(gateway)
     before = {w.process.pid for w in workers._all}
     monkeypatch.setattr(workers, "timeout", 0.0)  # no document can be taken in within no time
@@ -210,7 +210,7 @@ async def test_a_document_whose_worker_is_starved_is_taken_in_all_the_same(gw_en
     """The bound is processor time: a worker that gets none for longer than it (here, stopped) still takes
     an honest document in."""
     gateway = gw_env.gateway
-    workers = gateway.exchange.intake_workers
+    workers = gateway.intake_workers
     await ready(gateway)
     monkeypatch.setattr(workers, "timeout", 0.5)
     pids = _stopped(workers)
@@ -227,7 +227,7 @@ async def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_b
     """After the longest wait the document is answered 503 gateway-busy with Retry-After, not refused: the
     load is the cause. Nothing was accepted, so the same document is accepted when sent again."""
     gateway = gw_env.gateway
-    workers = gateway.exchange.intake_workers
+    workers = gateway.intake_workers
     await ready(gateway)
     monkeypatch.setattr(workers, "timeout", 0.5)
     monkeypatch.setattr(workers, "longest", 1.0)
@@ -254,7 +254,7 @@ async def test_a_document_whose_worker_gets_no_processor_time_gets_503_and_may_b
 
 async def test_a_worker_that_died_between_documents_costs_no_answer(gw_env):
     gateway = gw_env.gateway
-    workers = gateway.exchange.intake_workers
+    workers = gateway.intake_workers
     await ready(gateway)
     for worker in list(workers._all):
         os.kill(worker.process.pid, signal.SIGKILL)
@@ -283,7 +283,7 @@ async def post_with_server(make_assembly, tmp_path, server: dict, bodies: list[b
     runtime.start()
     try:
         gateway = runtime.gateway
-        if gateway.exchange.intake_workers is not None:
+        if gateway.intake_workers is not None:
             await ready(gateway)
         transport = httpx.ASGITransport(app=create_app(assembly, runtime=runtime))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
@@ -301,15 +301,15 @@ async def test_documents_that_find_every_worker_busy_wait_for_one(make_assembly,
     answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 1},
                                               [large_invoice(f"ONE-{i}") for i in range(3)])
     assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
-    assert gateway.exchange.intake_workers.workers == 1
-    assert gateway.exchange.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
+    assert gateway.intake_workers.workers == 1
+    assert gateway.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
 
 
 async def test_no_intake_workers_takes_large_documents_in_on_threads(make_assembly, tmp_path):
     answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 0},
                                               [large_invoice("NONE-1")])
     assert answers[0].status_code == 202, answers[0].text
-    assert gateway.exchange.intake_workers is None
+    assert gateway.intake_workers is None
 
 
 def test_settings_not_built_from_a_mapping_get_no_workers(make_assembly):

@@ -50,7 +50,7 @@ def no_collection():
 async def test_a_refused_document_leaves_no_cycle_behind(gw_env, no_collection, monkeypatch, explain):
     gateway = gw_env.gateway
     if not explain:
-        monkeypatch.setattr(gateway, "explainer", None)
+        monkeypatch.setattr(gateway.intake, "explainer", None)
     await ready(gateway)
     refused = [("small schema", ACME_ID, SMALL_INVALID), ("small route", GLOBEX_ID, SMALL_INVALID)]
     refused += [(f"large {name}", ACME_ID if name == "route" else GLOBEX_ID, body) for name, body in REFUSED.items()]

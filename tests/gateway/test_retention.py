@@ -199,7 +199,7 @@ async def test_replay_racing_the_purge_is_never_enqueued(gw_env, tmp_path):
     """A replay whose key this process remembers (it skips the ledger insert) after the purge: refused."""
     first = await post(gw_env, with_id(ORDER, "RET-8"), ACME)
     assert first.status_code == 200
-    assert gw_env.gateway._recent  # the key is remembered, as after any accepted document
+    assert gw_env.gateway.idempotency._recent  # the key is remembered, as after any accepted document
     run_archive(gw_env, tmp_path)
     seen = len(gw_env.responder.seen)
     replay = await post(gw_env, with_id(ORDER, "RET-8"), ACME)
