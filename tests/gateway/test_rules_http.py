@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from broker_core import Queue
-from gwtest import ACME, ORDER, REPO, SAMPLE_CONFIG, UBL_EXAMPLES, Responder, sample_data, with_id
+from gwtest import ACME, FIXTURES, ORDER, REPO, SAMPLE_CONFIG, UBL_EXAMPLES, Responder, sample_data, with_id
 
 from gateway.http.app import create_app
 from gateway.exchange.assemble import assemble, assemble_or_raise
@@ -168,6 +168,16 @@ def test_an_order_without_warnings_has_none_in_its_receipt(env):
     assert response.status_code == 202, response.text
     assert "warnings" not in response.json()
     assert checked(env)[-1].get_int_property("B2BRuleWarnings") == 0
+
+
+def test_an_order_with_tax_is_accepted(env):
+    """The payable amount of an order that states its tax includes it: lines 115.00 EUR, 25% VAT, payable
+    143.75 (as in Peppol BIS 3's order example)."""
+    before = len(checked(env))
+    response = post(env, (FIXTURES / "UBL-Order-2.1-With-Tax.xml").read_bytes())
+    assert response.status_code == 202, response.text
+    assert "warnings" not in response.json()
+    assert len(checked(env)) == before + 1
 
 
 # --------------------------------------------------------------------------- refused: 400
@@ -419,7 +429,7 @@ def test_the_sample_configuration_compiles_its_rules_once(capsys, tmp_path, shar
     config = config_with(tmp_path, f"{REPO}/rules/ubl-order.sch")
     code, out, err = run_cli(capsys, "routes", "check", "--config", str(config))
     assert code == 0, err
-    assert "rule set ubl-order: 18 assertions" in out
+    assert "rule set ubl-order: 22 assertions" in out
     assert list((tmp_path / "rules-cache").glob("*.json"))  # beside the SQLite store
 
 
