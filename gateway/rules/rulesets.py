@@ -177,7 +177,7 @@ def violation(findings: list[Finding], body: bytes | None, parse: Any = None) ->
 
 
 def _positions(failures: list[Finding], body: bytes, parse: Any) -> dict[int, tuple[int | None, int | None]]:
-    from gateway.intake.schemas import _decode_source, _locate  # the schema errors' own way of placing an element
+    from gateway.intake.locations import _decode_source, _locate  # the schema errors' own way of placing an element
 
     try:
         root = parse(body)

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from gateway.schematron import SaxonRules, document_text, load_schematron
+from gateway.rules.schematron import SaxonRules, document_text, load_schematron
 
 RULES_FILE = REPO / "rules" / "ubl-order.sch"
 ORDER_NS = "urn:oasis:names:specification:ubl:schema:xsd:Order-2"
