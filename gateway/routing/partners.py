@@ -12,7 +12,7 @@ so the event loop never waits on it, at most ``max_parallel_verifications``
 at a time) and a constant-time comparison. A key that verified is then
 remembered by a keyed BLAKE2b digest (a random key per process, so the cache
 holds nothing an attacker could test offline), so that every later request
-with it costs a digest instead of a scrypt (see ``tests/gateway/test_partners.py``).
+with it costs a digest instead of a scrypt (see ``tests/gateway/routing/test_partners.py``).
 A key id that is not configured fails at once, without a hash: key ids are
 not secrets (a client learns no more from timing than from the id itself).
 Every failure is the same :class:`~gateway.errors.AuthenticationError`.

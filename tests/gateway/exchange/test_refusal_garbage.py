@@ -14,7 +14,7 @@ import pytest
 import gateway as gateway_package
 from gateway.errors import GatewayError
 from gwtest import ACME, GLOBEX, ORDER, with_id
-from test_intake_workers import REFUSED, ready
+from exchange.test_intake_workers import REFUSED, ready
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import pytest
 
 mypy_api = pytest.importorskip("mypy.api", reason="mypy is a test dependency (pip install -e '.[test]')")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 GOOD = '''
 from lxml import etree

@@ -20,7 +20,7 @@ from gateway.samples import order_responder
 from gateway.samples.order_responder import ORDER_NS, ORDER_RESPONSE_NS, build_order_response
 from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
 
-UBL_EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
+UBL_EXAMPLES = Path(__file__).resolve().parents[3].parent / "shared" / "ubl-2.1" / "xml"
 ORDER_EXAMPLE = UBL_EXAMPLES / "UBL-Order-2.1-Example.xml"
 ORDER_RESPONSE_EXAMPLE = UBL_EXAMPLES / "UBL-OrderResponse-2.1-Example.xml"
 CAC = UBL_NAMESPACES["cac"]

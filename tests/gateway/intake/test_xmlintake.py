@@ -44,8 +44,8 @@ from gateway.intake.xmlsafe import (
     read_body,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-UBL_EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+UBL_EXAMPLES = Path(__file__).resolve().parents[3].parent / "shared" / "ubl-2.1" / "xml"
 ORDER_EXAMPLE = UBL_EXAMPLES / "UBL-Order-2.1-Example.xml"
 
 

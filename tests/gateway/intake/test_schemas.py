@@ -25,8 +25,8 @@ from gateway.intake.schemas import UBL_NAMESPACES, LocalSchemaResolver, SchemaRe
 from gateway.intake.xmlsafe import parse_document
 from xml_schemas import UBL_21_DIR, schema_path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-UBL_EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+UBL_EXAMPLES = Path(__file__).resolve().parents[3].parent / "shared" / "ubl-2.1" / "xml"
 ORDER_EXAMPLE = UBL_EXAMPLES / "UBL-Order-2.1-Example.xml"
 ORDER = ORDER_EXAMPLE.read_bytes()
 ORDER_NS = "urn:oasis:names:specification:ubl:schema:xsd:Order-2"

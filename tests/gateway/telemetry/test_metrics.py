@@ -207,7 +207,7 @@ async def test_the_sample_dashboard_uses_only_metrics_a_scrape_has(env):
     await env.client.post("/v1/documents", content=b"<x", headers=GLOBEX)
     metrics = await scraped(env)
     samples = set(metrics) | {name for family in metrics.values() for name, _, _ in family["samples"]}
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).resolve().parents[3] / "docs" / "grafana-dashboard.json").read_text())
     used = set()
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
