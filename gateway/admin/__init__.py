@@ -30,7 +30,7 @@ from gateway.admin.service import AdminService
 
 __all__ = ["Operations"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 
 class Operations:

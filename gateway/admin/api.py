@@ -25,7 +25,7 @@ from gateway.admin.service import AdminService, parse_limit, pretty_xml
 
 __all__ = ["PREFIX", "api_routes"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 PREFIX = "/admin/api/v1"
 MAX_BODY = 256 * 1024

@@ -15,7 +15,7 @@ from gateway.config.loader import Settings
 
 __all__ = ["register", "is_loopback", "demo_keys_configured"]
 
-log = logging.getLogger("gateway.cli.main")
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]) -> None:

@@ -266,7 +266,7 @@ def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(capsy
     monkeypatch.delenv("B2BGW_CONFIG", raising=False)
     monkeypatch.setenv("B2BGW_STORE_URL", f"sqlite:///{tmp_path / 'serve.db'}")
     monkeypatch.chdir(REPO)
-    caplog.set_level(logging.INFO, logger="gateway.cli.main")
+    caplog.set_level(logging.INFO, logger="gateway.cli")
     code, _, err = run(capsys, "serve", "--port", "0", "--no-etl", "--no-stomp")
     assert code == 0, err
     assert no_uvicorn["host"] == "127.0.0.1"
