@@ -1,5 +1,5 @@
-"""``b2bgw archive run|status|get|verify`` and ``b2bgw db stats|vacuum``: the ledger's retention from the
-command line (docs/retention.md). :func:`register` adds them to the gateway's parser."""
+"""``b2bgw archive run|status|get|verify``: the ledger's archive from the command line (docs/retention.md).
+:func:`register` adds them to the gateway's parser."""
 
 from __future__ import annotations
 
@@ -9,25 +9,15 @@ import json
 import sys
 from typing import Any, Callable
 
-from gateway.cli.support import CommandError, settings_for, shown_url
+from gateway.cli.support import CommandError, existing_store_engine, settings_for
 from gateway.config.loader import Settings
 
 __all__ = ["register"]
 
 
-def register(sub: Any, db: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
              needs_action: Callable[[argparse.ArgumentParser, str], Any]) -> None:
-    """Add ``archive ...`` to the commands (*sub*) and ``stats`` / ``vacuum`` to ``db``'s actions (*db*)."""
-    p = with_config(db.add_parser("stats", help="table sizes and rows, the oldest online document, the next purge"))
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_db_stats)
-    p = with_config(db.add_parser("vacuum", help="give the space freed by purges back to the file system"))
-    p.add_argument("--full", action="store_true",
-                   help="SQLite: rewrite the file once to switch on incremental vacuum (the gateway stopped)")
-    p.add_argument("--force", action="store_true", help="with --full: even though gateway processes seem to run")
-    p.add_argument("--pages", type=int, default=None, metavar="N", help="give back at most N pages")
-    p.set_defaults(func=cmd_db_vacuum)
-
+    """Add ``archive ...`` to the commands (*sub*)."""
     archive = needs_action(sub.add_parser("archive", help="the ledger's archive: run it, list its runs, get a "
                                                            "document back, check it"), "archive")
     p = with_config(archive.add_parser("run", help="archive and purge the documents due under ledger.retention"))
@@ -49,23 +39,6 @@ def register(sub: Any, db: Any, with_config: Callable[[argparse.ArgumentParser],
     p.set_defaults(func=cmd_archive_verify)
 
 
-def _engine(settings: Settings) -> Any:
-    """An engine on the configured store, which must exist (these commands only read it)."""
-    import os
-
-    import sqlalchemy as sa
-
-    from broker_core.sql import make_engine
-
-    url = settings.store_url
-    if url.startswith("sqlite"):
-        path = sa.engine.make_url(url.split("?", 1)[0]).database
-        if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
-            raise CommandError(f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
-                               "check store.url and the current directory")
-    return make_engine(url, sqlite_pooled=False)
-
-
 def _policy(settings: Settings) -> Any:
     if settings.retention is None:
         raise CommandError(f"{settings.config_path}: no ledger.retention section: documents stay online for ever; "
@@ -83,74 +56,6 @@ def _iso(ms: int | None) -> str:
     if not ms:
         return "-"
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-# --------------------------------------------------------------------------- db
-
-
-def cmd_db_stats(args: argparse.Namespace) -> int:
-    from gateway.ledger import stats as store_stats
-
-    settings = settings_for(args)
-    engine = _engine(settings)
-    try:
-        stats = store_stats.db_stats(engine, settings.retention)
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(stats, indent=2, default=str))
-    else:
-        print(store_stats.format_stats(stats))
-    return 0
-
-
-def cmd_db_vacuum(args: argparse.Namespace) -> int:
-    from ledger_contract import space as store_space
-
-    from gateway.ledger import stats as store_stats
-
-    settings = settings_for(args)
-    engine = _engine(settings)
-    try:
-        pg = engine.dialect.name == "postgresql"
-        if pg:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                for table in ("b2b_ledger", "b2b_ledger_events", "b2b_ledger_tombstones"):
-                    conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
-            print("PostgreSQL: VACUUM (ANALYZE) of the ledger's tables done (autovacuum does the same on its own; "
-                  "the space is reused by new rows, not given back to the file system)")
-            return 0
-        space = store_space.sqlite_space(engine)
-        if args.full:
-            alive = store_stats.live_instances(engine)
-            if alive and not args.force:
-                raise CommandError(f"{alive} gateway process(es) use this store (heartbeats within 30 s): stop them "
-                                   "first (VACUUM holds the write lock while it rewrites the whole file), or pass "
-                                   "--force")
-            engine.dispose()
-            done = store_space.full_vacuum(settings.store_url.split("?", 1)[0])
-            print(f"rewrote {space['file']}: {done['before']:,} -> {done['after']:,} bytes; auto_vacuum is now "
-                  f"{ {0: 'none', 1: 'full', 2: 'incremental'}.get(done['auto_vacuum'], done['auto_vacuum'])}")
-            return 0
-        if space["auto_vacuum"] != "incremental":
-            print(f"{space['file']}: auto_vacuum is {space['auto_vacuum']}: its {space['free_pages']:,} free pages "
-                  f"({space['free_bytes']:,} bytes) are reused by new documents but cannot be given back a few at a "
-                  "time; run `b2bgw db vacuum --full` once, with the gateway stopped, to switch to incremental vacuum")
-            return 0
-    finally:
-        engine.dispose()
-    from gateway.runtime.serving import open_broker
-    from spark_etl.archive import store_writer
-
-    broker = open_broker(settings, sweep_interval=0)
-    try:
-        freed = store_space.vacuum(broker.engine, store_writer(broker, durable=False), max_pages=args.pages)
-        after = store_space.sqlite_space(broker.engine)
-    finally:
-        broker.close()
-    print(f"gave {freed:,} free pages ({freed * after['page_size']:,} bytes) back; the file is cut to size at the "
-          f"next checkpoint; {after['free_pages']:,} free pages left")
-    return 0
 
 
 # --------------------------------------------------------------------------- archive
@@ -190,7 +95,7 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
     from ledger_contract import lifecycle
 
     settings = settings_for(args)
-    engine = _engine(settings)
+    engine = existing_store_engine(settings)
     try:
         runs = lifecycle.list_runs(engine, args.limit)
         pending = lifecycle.open_batches(engine) if runs else []
@@ -225,7 +130,7 @@ def cmd_archive_get(args: argparse.Namespace) -> int:
     from spark_etl.archive import get
 
     settings = settings_for(args)
-    engine = _engine(settings)
+    engine = existing_store_engine(settings)
     try:
         found = get(args.message_id, root=_root(settings), engine=engine)
     finally:
@@ -263,7 +168,7 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
     from spark_etl.archive import verify
 
     settings = settings_for(args)
-    engine = _engine(settings)
+    engine = existing_store_engine(settings)
     try:
         report = verify(engine, _root(settings))
     finally:
