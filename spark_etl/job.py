@@ -2,8 +2,8 @@
 -> staged Parquet -> reconciliation -> publish -> watermark.
 
 Run it with ``b2bgw etl run``, ``python -m spark_etl run`` or, on a cluster,
-``spark-submit ... spark_etl/job.py run --db-url ... --warehouse ...`` (this
-file is also a spark-submit entry point; see the README section).
+``spark-submit ... spark_etl/__main__.py run --db-url ... --warehouse ...``
+(:mod:`spark_etl.cli` is on top: it imports this module, never the reverse).
 """
 
 from __future__ import annotations
@@ -899,18 +899,3 @@ def _json(value: Any) -> str:
 # Test hooks: called around publication (a test makes one raise to simulate a crash).
 _before_publish: Callable[[_Job], None] = lambda job: None
 _after_publish: Callable[[_Job], None] = lambda job: None
-
-
-# --------------------------------------------------------------------------- spark-submit
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spark_etl.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":  # spark-submit spark_etl/job.py run --db-url ... --warehouse ...
-    import sys
-
-    sys.exit(main())
