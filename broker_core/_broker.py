@@ -17,7 +17,8 @@ from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDErr
 from ._message import Message, message_from_envelope
 from ._options import check_options, store_kind
 from ._session import Session
-from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, now_ms, queue_box
+from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, queue_box
+from .clock import now_ms
 
 if TYPE_CHECKING:
     import sqlalchemy as sa

@@ -12,8 +12,9 @@ from ._commit import store_commit_async
 from ._destinations import Destination
 from ._errors import IllegalStateError, RequestTimeoutError
 from ._message import Message, message_from_envelope
-from ._store import now_ms, queue_box
+from ._store import queue_box
 from ._waiters import AsyncWaiter, ThreadWaiter
+from .clock import now_ms
 
 __all__ = ["Requestor", "reply_correlation_id"]
 

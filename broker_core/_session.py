@@ -31,8 +31,9 @@ from ._message import (
     XMLMessage,
     message_from_envelope,
 )
-from ._store import Delivery, Subscription, now_ms, queue_box, subscription_box
+from ._store import Delivery, Subscription, queue_box, subscription_box
 from ._waiters import AsyncWaiter, ThreadWaiter
+from .clock import now_ms
 
 if TYPE_CHECKING:
     import sqlalchemy as sa

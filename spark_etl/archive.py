@@ -37,6 +37,7 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from broker_core import Broker
+from broker_core.clock import now_ms
 from ledger_contract import lifecycle, space
 from ledger_contract.retention import PolicyClass, RetentionPolicy
 from ledger_contract.tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
@@ -325,7 +326,7 @@ class _Job:
     def clock(self) -> int:
         """Now (epoch ms), or the time the job was asked to apply the policy at: purges and tombstone
         expiry are counted on the same clock."""
-        return self.now if self.now is not None else lifecycle.now_ms()
+        return self.now if self.now is not None else now_ms()
 
     def _stop(self) -> bool:
         return (self.lease is not None and self.lease.lost) or self.should_stop()
@@ -343,7 +344,7 @@ class _Job:
         result = self.result = ArchiveResult(run_id, "running")
         try:
             result.recovered = self._recover(run_id)
-            now = self.now if self.now is not None else lifecycle.now_ms()
+            now = self.now if self.now is not None else now_ms()
             watermark = lifecycle.warehouse_watermark(self.engine) if self.wait_for_warehouse else None
             if self.wait_for_warehouse and watermark is None:
                 watermark = 0
@@ -391,7 +392,7 @@ class _Job:
         assert r is not None
         stats = dict(r.stats, batches=r.batches, recovered=r.recovered, vacuumed_pages=r.vacuumed_pages,
                      seconds=round(r.seconds, 3))
-        lifecycle.update_run(self.write, run_id, status=r.status, finished_at=lifecycle.now_ms(), archived=r.archived,
+        lifecycle.update_run(self.write, run_id, status=r.status, finished_at=now_ms(), archived=r.archived,
                              purged=r.purged, waiting=r.waiting, tombstones_expired=r.tombstones_expired,
                              bytes=r.bytes, error=error, stats=stats)
 

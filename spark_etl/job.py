@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from broker_core.clock import now_ms
 from broker_core.sql import absolute_url
 from ledger_contract.tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
@@ -257,7 +258,7 @@ def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> l
             )  # fmt: skip
         else:
             warehouse.remove_staging(storage, storage.path("_staging", f"run-{rec.run_id}"))
-            state.update_run(engine, rec.run_id, status="failed", finished_at=state.now_ms(),
+            state.update_run(engine, rec.run_id, status="failed", finished_at=now_ms(),
                              error=rec.error or "abandoned: the process ended before publishing")  # fmt: skip
         done.append(rec.run_id)
     return done
@@ -360,7 +361,7 @@ class _Job:
                 warehouse.remove_staging(self.storage, self.staging)
             except Exception:  # pragma: no cover - best effort
                 log.exception("could not remove %s", self.staging)
-            state.update_run(self.engine, self.run_id, status="failed", finished_at=state.now_ms(), error=error[:8000],
+            state.update_run(self.engine, self.run_id, status="failed", finished_at=now_ms(), error=error[:8000],
                              stats=getattr(self, "stats", None))  # fmt: skip
             raise
         finally:

@@ -33,7 +33,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -41,6 +40,7 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from broker_core import sql
+from broker_core.clock import now_ms
 from broker_core.sql import write_connection
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "LockLostError",
     "RunRecord",
     "metadata",
-    "now_ms",
     "upgrade",
 ]
 
@@ -103,10 +102,6 @@ lock = sa.Table(
 )
 
 VERSION_TABLE = "b2b_etl_version"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def owner_id() -> str:

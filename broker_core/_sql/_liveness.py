@@ -12,7 +12,7 @@ from typing import Callable
 
 import sqlalchemy as sa
 
-from .._store import now_ms
+from ..clock import now_ms
 from ..sql import split_url
 from ._common import _CHANNEL, _IN_FLIGHT
 from ._schema import box_depth, consumers, entries, instances, leases, subscriptions, temporaries

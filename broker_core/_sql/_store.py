@@ -53,8 +53,8 @@ from .._store import (
     Store,
     Subscription,
     expired_envelope,
-    now_ms,
 )
+from ..clock import now_ms
 from ..sql import (
     MIGRATIONS,
     PG_WRITE_LOCK,
