@@ -43,8 +43,9 @@ from ledger_contract.retention import PolicyClass, RetentionPolicy
 from ledger_contract.tables import FINAL_STATUSES, archive_batches, documents, tombstones, unpack_xml
 
 from . import state
+from .errors import SparkEtlError
 
-__all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStopped", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
+__all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStoppedError", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
            "archive_root", "get", "run", "store_writer", "verify"]
 
 log = logging.getLogger("spark_etl.archive")
@@ -58,7 +59,7 @@ ROW_GROUP = 1000
 Write = Callable[[Callable[[sa.Connection], Any]], Any]
 
 
-class ArchiveError(RuntimeError):
+class ArchiveError(SparkEtlError, RuntimeError):
     """The archive job could not do its work (recorded in ``b2b_archive_runs``; nothing unverified was
     purged): files that do not read back as written, a lost lease, a store error."""
 
@@ -67,7 +68,7 @@ class ArchiveBusyError(ArchiveError):
     """Another process holds the archive lease (it is running the job): nothing was done."""
 
 
-class ArchiveStopped(ArchiveError):
+class ArchiveStoppedError(ArchiveError):
     """The run was asked to stop (the gateway is stopping): it ended between two steps, recorded as
     interrupted; the next run goes on from there."""
 
@@ -333,7 +334,7 @@ class _Job:
 
     def _check_lease(self) -> None:
         if self.should_stop():
-            raise ArchiveStopped("stopped on request (the gateway is stopping); the next run goes on")
+            raise ArchiveStoppedError("stopped on request (the gateway is stopping); the next run goes on")
         if self.lease is not None and self.lease.lost:
             raise ArchiveError("the archive lease was lost (expired or taken over); the next run goes on")
 
@@ -364,7 +365,7 @@ class _Job:
                 self._drain()  # a purge under way ends (or fails) before the run is recorded
             except BaseException:  # noqa: BLE001 - the first error is the one to report
                 pass
-            result.status = "interrupted" if isinstance(exc, ArchiveStopped) else "failed"
+            result.status = "interrupted" if isinstance(exc, ArchiveStoppedError) else "failed"
             result.seconds = time.perf_counter() - t0
             self._record(run_id, f"{type(exc).__name__}: {exc}"[:4000])
             raise
@@ -595,7 +596,7 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
     when the load is enabled). *now* (epoch ms): the time the policy is applied at. Without *lease* the
     ``archive`` lease is taken here for *lease_ttl* seconds, renewed while the job runs (a crashed run's
     lease expires after that). *limit*: purge at
-    most about this many documents. *stop*: asked between steps; true ends the run (:class:`ArchiveStopped`,
+    most about this many documents. *stop*: asked between steps; true ends the run (:class:`ArchiveStoppedError`,
     recorded as interrupted). Raises :class:`ArchiveError` (run recorded as failed) when a batch does not
     read back as written or the lease is lost, :class:`ArchiveBusyError` when another process runs the job."""
     own = lease is None

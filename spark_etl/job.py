@@ -23,6 +23,7 @@ from broker_core.clock import now_ms
 from broker_core.sql import absolute_url
 from ledger_contract.tables import events as ledger_events
 from spark_etl import source, stage, state, ubl, warehouse
+from spark_etl.errors import SparkEtlError
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
 __all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "plan_window", "run"]
@@ -30,7 +31,7 @@ __all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "pla
 log = logging.getLogger("spark_etl.job")
 
 
-class EtlError(RuntimeError):
+class EtlError(SparkEtlError, RuntimeError):
     """The load failed (recorded in ``etl_runs``; the watermark did not move)."""
 
 

@@ -43,6 +43,8 @@ from broker_core import sql
 from broker_core.clock import now_ms
 from broker_core.sql import write_connection
 
+from .errors import SparkEtlError
+
 __all__ = [
     "Lease",
     "LockLostError",
@@ -238,7 +240,7 @@ def list_quarantine(conn: sa.Connection, limit: int = 100) -> list[dict[str, Any
 # --------------------------------------------------------------------------- lock
 
 
-class LockLostError(RuntimeError):
+class LockLostError(SparkEtlError, RuntimeError):
     """The lease expired or was taken over while the job ran."""
 
 
