@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from spark_etl import warehouse
+from spark_etl.progress import Steps
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
 __all__ = ["WindowRead", "read_spark", "staged_tables"]
@@ -26,7 +27,7 @@ class WindowRead:
 
 
 def read_spark(spark: Any, db_url: str, ranges: Any, *, reparse: bool, batch_size: int, partitions: int,
-               keep: Callable[[Any], Any], steps: Any, total: int) -> WindowRead:
+               keep: Callable[[Any], Any], steps: Steps, total: int) -> WindowRead:
     """The window read by the ``b2b_ledger`` data source in *ranges*: the documents hash-partitioned by issue
     date into *partitions* and kept by *keep* (a local checkpoint or the cache), then one query for what the
     driver must know. *steps* is the run's progress: ``steps.docs`` counts documents while they are read, and
