@@ -113,7 +113,7 @@ def _checked_ids(message_ids: Any) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 _POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
 

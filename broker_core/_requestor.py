@@ -18,7 +18,7 @@ from .clock import now_ms
 
 __all__ = ["Requestor", "reply_correlation_id"]
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 
 def reply_correlation_id(request: Message) -> str | None:

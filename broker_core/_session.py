@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Session", "MessageProducer", "MessageConsumer", "QueueBrowser"]
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 MessageListener = Callable[[Message], Any]
 

@@ -50,7 +50,7 @@ __all__ = [
     "for_ledger",
 ]
 
-log = logging.getLogger("ledger_contract.facts")
+log = logging.getLogger(__name__)
 
 #: Version of this extractor. Bump it whenever what :func:`extract` returns
 #: for some document changes: the warehouse load then parses the XML of every

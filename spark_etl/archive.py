@@ -48,7 +48,7 @@ from .errors import SparkEtlError
 __all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStoppedError", "ArchiveResult", "ArchiveSchedule", "ArchivedDocument", "LEASE_NAME",
            "archive_root", "get", "run", "store_writer", "verify"]
 
-log = logging.getLogger("spark_etl.archive")
+log = logging.getLogger(__name__)
 
 ARCHIVE_TABLE = "archive_document"
 PARTITION = "received_date"

@@ -53,7 +53,7 @@ __all__ = [
     "upgrade",
 ]
 
-log = logging.getLogger("spark_etl.state")
+log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
 

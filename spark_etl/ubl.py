@@ -39,7 +39,7 @@ from ledger_contract.facts import KINDS, LOADED_TYPES, BadDocumentError
 
 from .errors import SparkEtlError
 
-log = logging.getLogger("spark_etl.ubl")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AMOUNT_TYPE",

@@ -20,7 +20,7 @@ from ._wakeups import LocalWakeups
 from ._wakeups import supported as _local_wakeups_supported
 from ._writer import Batch
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: SQLite: seconds between looks for other processes' commits when they also wake us with datagrams.
 SAFETY_POLL_INTERVAL = 0.5

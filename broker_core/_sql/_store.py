@@ -86,7 +86,7 @@ from ._writer import Batch, GroupCommitter
 
 __all__ = ["SQLStore", "make_engine", "upgrade_database"]
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: SQLite: seconds between WAL checkpoints, which the writer runs after its transactions, outside the write turn.
 CHECKPOINT_INTERVAL = 0.1
