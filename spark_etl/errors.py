@@ -11,7 +11,7 @@ Each error lives with the module that raises it::
     ├── LockLostError (RuntimeError)         spark_etl.state: the run's lease was taken over
     ├── BadFactsError (ValueError)           spark_etl.ubl: stored facts that do not read as their schema
     ├── RelativeStorePathError (ValueError)  spark_etl.source: a relative SQLite path on a cluster
-    ├── ArchiveError (RuntimeError)          spark_etl.archive: the archive job could not do its work
+    ├── ArchiveError (RuntimeError)          spark_etl.archive.errors: the archive job could not do its work
     │   ├── ArchiveBusyError                 another process runs it
     │   └── ArchiveStoppedError              asked to stop between two steps
     └── _UsageError                          spark_etl.cli: a configuration the command cannot use
