@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from broker_core.clock import now_ms
 from broker_core.sql import absolute_url
 from ledger_contract.tables import events as ledger_events
-from spark_etl import readers, reconcile, source, stage, state, ubl, warehouse
+from spark_etl import readers, reconcile, source, stage, state, warehouse
 from spark_etl.errors import SparkEtlError
 from spark_etl.progress import Steps
 from spark_etl.warehouse import KEY, PARTITION, Storage

@@ -15,15 +15,14 @@ from .properties import (
     check_float,
     check_int,
     check_object,
+    check_property_name,
     check_str,
     to_bool,
     to_double,
     to_float,
     to_integer,
     to_string,
-    check_property_name,
 )
-
 
 _DELIVERY_MODES = (DeliveryMode.NON_PERSISTENT, DeliveryMode.PERSISTENT)
 

@@ -11,7 +11,6 @@ from .._errors import MessageEOFError, MessageFormatError, MessageNotReadableErr
 from .base import Message
 from .properties import BodyValue, Char, check_bool, check_float, check_int, check_str
 
-
 _S_BYTE, _S_UBYTE, _S_SHORT, _S_USHORT = struct.Struct(">b"), struct.Struct(">B"), struct.Struct(">h"), struct.Struct(">H")
 _S_INT, _S_LONG, _S_FLOAT, _S_DOUBLE = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">f"), struct.Struct(">d")
 

@@ -12,7 +12,6 @@ from .object_message import ObjectMessage
 from .stream import StreamMessage
 from .text import TextMessage, XMLMessage
 
-
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls for cls in (Message, TextMessage, XMLMessage, MapMessage, BytesMessage, StreamMessage, ObjectMessage)
 }

@@ -17,7 +17,6 @@ from .error_text import _describe, _error, _shorten
 from .runtime import _LONG_MAX, _LONG_MIN, _chain
 from .xpath import compile_xpath
 
-
 # Static types: a value whose type is known at compile time is "num", "str" or
 # "bool" (a condition or boolean literal); an identifier is "any".
 _NUM, _STR, _BOOL, _ANY = "num", "str", "bool", "any"

@@ -12,7 +12,6 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from .._errors import InvalidSelectorError
 from .grammar import _parser
 
-
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _QUOTE_WIDTH = 100  # longest stretch of a selector line quoted in a message
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from lark import Lark
 
-
 _GRAMMAR_FILE = Path(__file__).with_name("selector.lark")
 _parser_instance: Lark | None = None
 _parser_lock = threading.Lock()

@@ -23,7 +23,6 @@ from .errors import ArchiveBusyError, ArchiveError, ArchiveStoppedError
 from .files import _check, _day, _read_back, _remove_files, _sha, _table, _write_file
 from .model import ARCHIVE_TABLE, LEASE_NAME, PARTITION, ArchiveResult, Write
 
-
 log = logging.getLogger(__name__)
 
 

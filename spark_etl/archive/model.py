@@ -10,7 +10,6 @@ import sqlalchemy as sa
 
 from ledger_contract.retention import RetentionPolicy
 
-
 ARCHIVE_TABLE = "archive_document"
 PARTITION = "received_date"
 LEASE_NAME = "archive"

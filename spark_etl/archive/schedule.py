@@ -16,7 +16,6 @@ from .. import state
 from .job import run
 from .model import LEASE_NAME, ArchiveResult, Write
 
-
 log = logging.getLogger(__name__)
 
 
