@@ -27,7 +27,7 @@ from .._constants import AckMode, DeliveryMode
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
 from .._errors import InvalidDestinationError, JMSError
 from .._memory import MemoryStore
-from .._session import _store_commit_async
+from .._commit import store_commit_async as _store_commit_async
 from .._store import Delivery, now_ms
 from .._waiters import AsyncWaiter
 from ._frames import Frame, FrameError, FrameParser, encode

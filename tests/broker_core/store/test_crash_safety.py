@@ -33,7 +33,7 @@ KILLS = 20
 
 
 def _spawn(role: str, url: str, log: Path, incarnation: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     return subprocess.Popen([sys.executable, str(WORKER), role, url, str(log), str(incarnation), *extra], env=env)
 
 

@@ -23,7 +23,7 @@ def _committer(slow: float, serialize=None) -> GroupCommitter:
 
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "broker_core.sql" and r.levelno == logging.WARNING and "slow commit" in r.getMessage()]
+            if r.name == "broker_core._sql._writer" and r.levelno == logging.WARNING and "slow commit" in r.getMessage()]
 
 
 def _parts(message: str) -> dict[str, int]:
@@ -34,7 +34,7 @@ def _parts(message: str) -> dict[str, int]:
 
 
 def test_a_slow_operation_is_reported_as_such(caplog):
-    caplog.set_level(logging.WARNING, "broker_core.sql")
+    caplog.set_level(logging.WARNING, "broker_core._sql._writer")
     writer = _committer(slow=0.1)
     try:
         writer.submit(lambda batch: time.sleep(0.2))
@@ -51,7 +51,7 @@ def test_a_slow_operation_is_reported_as_such(caplog):
 
 
 def test_waiting_for_the_write_turn_is_told_apart(caplog):
-    caplog.set_level(logging.WARNING, "broker_core.sql")
+    caplog.set_level(logging.WARNING, "broker_core._sql._writer")
 
     @contextlib.contextmanager
     def busy_turn():
@@ -70,7 +70,7 @@ def test_waiting_for_the_write_turn_is_told_apart(caplog):
 
 
 def test_zero_turns_the_warning_off(caplog):
-    caplog.set_level(logging.WARNING, "broker_core.sql")
+    caplog.set_level(logging.WARNING, "broker_core._sql._writer")
     writer = _committer(slow=0)
     try:
         writer.submit(lambda batch: time.sleep(0.06))
@@ -81,7 +81,7 @@ def test_zero_turns_the_warning_off(caplog):
 
 
 def test_the_store_option_reaches_the_writer(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, "broker_core.sql")
+    caplog.set_level(logging.WARNING, "broker_core._sql._writer")
     with Broker.open(f"sqlite:///{tmp_path / 'b.db'}", slow_commit_warning=0.05) as broker:
         writer = broker.store._writer
         assert writer.slow_commit == 0.05
