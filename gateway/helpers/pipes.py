@@ -19,7 +19,7 @@ RECHECK_SECONDS = 0.02
 def helper_environment() -> dict[str, str]:
     """This process's environment, with the gateway's packages importable first: what ``python -m
     gateway.<helper>`` needs wherever the serving process was started from."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the gateway package
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 

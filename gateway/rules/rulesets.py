@@ -284,7 +284,7 @@ class _Worker:
 
     def spawn(self) -> None:
         """Start the process and wait until it has compiled the rule sets (blocking: call it off the loop)."""
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the gateway package
         process = subprocess.Popen([sys.executable, "-m", "gateway.rules.rulesets"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=helper_environment(),
                                    cwd=root, start_new_session=True)
