@@ -107,9 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         settings, url = _settings(args)
-    except _UsageError as exc:
+    except _UsageError as exc:  # a user error, as for every b2bgw command
         print(f"etl: {exc}", file=sys.stderr)
-        return 1
+        return 2
     try:
         since = parse_since(args.since, settings.get("timezone") or "UTC") if args.since else None
     except argparse.ArgumentTypeError as exc:
@@ -182,9 +182,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     try:
         _, url = _settings(args)
-    except _UsageError as exc:
+    except _UsageError as exc:  # a user error, as for every b2bgw command
         print(f"etl: {exc}", file=sys.stderr)
-        return 1
+        return 2
     engine = state.open_store(url)
     try:
         with engine.connect() as conn:
