@@ -102,7 +102,7 @@ def parse_since(text: str, timezone: str = "UTC") -> _dt.datetime:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .job import EtlError, LockBusyError, run
-    from .jvm_output import quiet_jvm
+    from .jvm_output import keep_jvm_output, quiet_jvm
     from .state import LockLostError
 
     try:
@@ -124,10 +124,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"etl: {exc}; nothing done", file=sys.stderr)
         return 3
     except (EtlError, LockLostError) as exc:
-        print(f"etl: FAILED: {exc}" + (f" (Spark's own log: {spark_log})" if spark_log else ""), file=sys.stderr)
-        spark_log = None  # kept for the operator
+        kept = spark_log is not None and os.path.exists(spark_log) and os.path.getsize(spark_log) > 0
+        print(f"etl: FAILED: {exc}" + (f" (Spark's own log: {spark_log})" if kept else ""), file=sys.stderr)
+        if kept:
+            spark_log = None  # kept for the operator
         return 1
     finally:
+        keep_jvm_output()  # a later JVM of this process (a test's, say) writes where Spark writes
         if spark_log is not None and os.path.exists(spark_log):
             os.unlink(spark_log)
     if result.nothing_new:
