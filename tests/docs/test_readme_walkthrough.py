@@ -162,7 +162,7 @@ def test_try_it_in_order_against_a_real_server(checkout, server):
         script.append(block)
     env = {**_env(), "ANSWERS": str(answers)}
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, f"the README's commands failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     count = int((answers / "count").read_text())
