@@ -2,7 +2,8 @@
 
 ``run [--full] [--reparse] [--since ISO] [-c/--config FILE] [--db-url URL]
 [--warehouse DIR] [--master MASTER] [--no-progress] [--verbose]`` runs the load
-once and answers in one line (progress bar on a terminal; Spark's own log lines only with ``--verbose``; ``--full --reparse`` rebuilds the warehouse from
+once and answers in one line (progress bar on a terminal; Spark's own log
+lines only with ``--verbose``; ``--full --reparse`` rebuilds the warehouse from
 the raw XML alone, ignoring the facts the gateway extracted at intake; with
 nothing new since the last run it answers so without starting Spark);
 ``status [-c/--config FILE] [--limit N] [--quarantine] [--json]`` lists the

@@ -76,8 +76,8 @@ COMMON = CLI_PAGE.read_text(encoding="utf-8").split("## Options of every command
 
 def test_b2bgw_help_lists_the_documented_groups():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "gateway.cli.main", "--help"], capture_output=True, text=True, check=False,
-                          env=env, cwd=ROOT, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "gateway.cli.main", "--help"], capture_output=True, text=True,
+                          check=False, env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     listed = _listed_in_help(done.stdout)
     assert {"serve", "send", "db", "archive", "rules", "operator"} <= set(listed)

@@ -87,7 +87,8 @@ def code_keys() -> list[Key]:
     from spark_etl.config import DEFAULTS
 
     keys = _check_keys_calls()
-    keys += [Key(f"store.options.{name}", "broker_core/_options.py") for name in {**BROKER_OPTIONS, **SQL_STORE_OPTIONS}]
+    options = {**BROKER_OPTIONS, **SQL_STORE_OPTIONS}
+    keys += [Key(f"store.options.{name}", "broker_core/_options.py") for name in options]
     keys += [Key(f"etl.{name}", "spark_etl/config.py DEFAULTS") for name in DEFAULTS]
     return sorted(set(keys), key=lambda key: key.path)
 

@@ -97,7 +97,8 @@ def checkout(tmp_path):
     (top / "var").mkdir()
     venv_bin = top / ".venv" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "b2bgw").write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m gateway.cli.main "$@"\n')
+    launcher = f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m gateway.cli.main "$@"\n'
+    (venv_bin / "b2bgw").write_text(launcher)
     (venv_bin / "b2bgw").chmod(0o755)
     return top
 
