@@ -1,8 +1,9 @@
 """Command line: ``b2bgw etl run|status`` and ``python -m spark_etl run|status``.
 
 ``run [--full] [--reparse] [--since ISO] [-c/--config FILE] [--db-url URL]
-[--warehouse DIR] [--master MASTER] [--no-progress]`` runs the load once
-(progress bar on a terminal; ``--full --reparse`` rebuilds the warehouse from
+[--warehouse DIR] [--master MASTER] [--no-progress] [--verbose]`` runs the load
+once and answers in one line (progress bar on a terminal; Spark's own log
+lines only with ``--verbose``; ``--full --reparse`` rebuilds the warehouse from
 the raw XML alone, ignoring the facts the gateway extracted at intake; with
 nothing new since the last run it answers so without starting Spark);
 ``status [-c/--config FILE] [--limit N] [--quarantine] [--json]`` lists the
@@ -18,6 +19,7 @@ import argparse
 import datetime as _dt
 import json
 import logging
+import os
 import sys
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -54,6 +56,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--warehouse", metavar="DIR", help="warehouse root (overrides etl.warehouse)")
     run.add_argument("--master", metavar="MASTER", help="Spark master (overrides etl.spark_master)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Spark's own log lines (by default they go to a temporary file, named on failure)")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="list the load's runs")
     _common(status)
@@ -101,13 +105,14 @@ def parse_since(text: str, timezone: str = "UTC") -> _dt.datetime:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .job import EtlError, LockBusyError, run
+    from .jvm_output import keep_jvm_output, quiet_jvm
     from .state import LockLostError
 
     try:
         settings, url = _settings(args)
-    except _UsageError as exc:
+    except _UsageError as exc:  # a user error, as for every b2bgw command
         print(f"etl: {exc}", file=sys.stderr)
-        return 1
+        return 2
     try:
         since = parse_since(args.since, settings.get("timezone") or "UTC") if args.since else None
     except argparse.ArgumentTypeError as exc:
@@ -115,14 +120,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     progress = not args.no_progress and sys.stderr.isatty()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spark_log = None if getattr(args, "verbose", False) else quiet_jvm()
     try:
         result = run(settings, url, full=args.full, since=since, progress=progress, reparse=args.reparse)
     except LockBusyError as exc:
         print(f"etl: {exc}; nothing done", file=sys.stderr)
         return 3
     except (EtlError, LockLostError) as exc:
-        print(f"etl: FAILED: {exc}", file=sys.stderr)
+        kept = spark_log is not None and os.path.exists(spark_log) and os.path.getsize(spark_log) > 0
+        print(f"etl: FAILED: {exc}" + (f" (Spark's own log: {spark_log})" if kept else ""), file=sys.stderr)
+        if kept:
+            spark_log = None  # kept for the operator
         return 1
+    finally:
+        keep_jvm_output()  # a later JVM of this process (a test's, say) writes where Spark writes
+        if spark_log is not None and os.path.exists(spark_log):
+            os.unlink(spark_log)
     if result.nothing_new:
         print(f"etl run {result.run_id} ({result.mode}) {result.status}: nothing new: no document was delivered in "
               f"ledger seq ({result.seq_from}, {result.seq_to}]" + ("" if result.spark_started else "; Spark not started"))
@@ -175,9 +188,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     try:
         _, url = _settings(args)
-    except _UsageError as exc:
+    except _UsageError as exc:  # a user error, as for every b2bgw command
         print(f"etl: {exc}", file=sys.stderr)
-        return 1
+        return 2
     engine = state.open_store(url)
     try:
         with engine.connect() as conn:

@@ -5,8 +5,8 @@ They come from the ``etl:`` section of the gateway's YAML configuration
 present, as for the gateway's other commands) and the store URL from
 its top-level ``store.url`` (the ``B2BGW_STORE_URL`` environment variable
 wins, as in the gateway); ``--db-url`` and the other command-line options
-override them. :data:`DEFAULTS` lists the keys of ``etl:``; the data guide
-(docs/data-guide.md, "Configuration") explains them to operators.
+override them. :data:`DEFAULTS` lists the keys of ``etl:``; the configuration
+reference (docs/configuration.md) documents each, with its default and unit.
 """
 
 from __future__ import annotations

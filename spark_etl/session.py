@@ -58,7 +58,10 @@ def get_spark(settings: dict[str, Any] | None = None):
     for key, value in conf.items():
         builder = builder.config(key, value)
     _unpin_for_jvm()
-    spark = builder.getOrCreate()
+    from .jvm_output import started_with_output
+
+    with started_with_output():  # `etl run` without --verbose: Spark's own output into a file
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _register(spark)
     return spark

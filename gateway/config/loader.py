@@ -9,7 +9,8 @@ mapping are an error (plain PyYAML silently keeps the last one).
 
 The sections, all optional: ``store``, ``server``, ``limits``, ``namespaces``, ``schemas``, ``partners``,
 ``routes``, ``rules``, ``exchange``, ``workers``, ``etl``, ``stomp``, ``ledger``, ``operators``, ``admin``
-and ``logging`` (the guides under docs/ describe their keys). Parsing checks shapes and types, and the
+and ``logging`` (docs/configuration.md documents every key; tests/docs/test_configuration_reference.py
+reads the keys from the ``check_keys`` calls and fails on one it does not find there). Parsing checks shapes and types, and the
 ``store.options``, ``stomp:`` and ``etl:`` values whole (by ``Broker.check_options`` and
 ``spark_etl.config.check_section``, the rules those parts apply themselves), so that a wrong one is reported
 at its line before anything starts; :mod:`gateway.routing.partners` and :mod:`gateway.routing.routes` check the meaning of

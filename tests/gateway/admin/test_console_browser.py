@@ -1,6 +1,9 @@
 """The console in a real browser: Debian's chromium driven by Playwright, against a gateway served by
 uvicorn on a loopback port.
 
+The screenshots of docs/operations-console.md are taken here, at the moments the tests reach the pages they
+show, into docs/img/console-*.png: every run with a browser brings them up to date with the console.
+
 Skipped, with the reason, where chromium or Playwright is not installed, unless B2BGW_REQUIRE_BROWSER=1
 (.ci/run sets it), which makes their absence a failure. Nothing is downloaded: Playwright launches
 /usr/bin/chromium (never `playwright install`).
@@ -32,6 +35,16 @@ CHROMIUM = os.environ.get("B2BGW_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REQUIRE_BROWSER = os.environ.get("B2BGW_REQUIRE_BROWSER") == "1"
+#: where the documentation's console screenshots go (docs/operations-console.md shows them)
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+def screenshot(page, name: str) -> None:
+    """Save the page as docs/img/console-NAME.png for the documentation, and check it was written."""
+    SCREENSHOTS.mkdir(exist_ok=True)
+    target = SCREENSHOTS / f"console-{name}.png"
+    page.screenshot(path=str(target), full_page=False)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def browser_missing() -> str | None:
@@ -130,6 +143,7 @@ def test_log_in_and_see_a_queue_fill_up_then_browse_it_and_open_a_message(browse
     expect(depth_cell(page, "queue://invoices.inbound")).to_have_text("0")
     ids = [served.post_invoice(f"INV-B{i}") for i in range(3)]
     expect(depth_cell(page, "queue://invoices.inbound")).to_have_text("3")  # the overview refreshes itself
+    screenshot(page, "overview")
     page.click('#destinations a:text-is("queue://invoices.inbound")')
     expect(page.locator("h1")).to_contain_text("queue://invoices.inbound")
     rows = page.locator("#messages a.message-link")
@@ -138,9 +152,11 @@ def test_log_in_and_see_a_queue_fill_up_then_browse_it_and_open_a_message(browse
     page.fill("input[name=selector]", "InvoiceID = 'INV-B1'")
     page.click("button:text-is('Browse')")
     expect(rows).to_have_count(1)
+    screenshot(page, "browse")
     rows.first.click()
     expect(page.locator("h1")).to_have_text(ids[1])
     expect(page.locator("#body")).to_contain_text("<cbc:ID>INV-B1</cbc:ID>")
+    screenshot(page, "message")
     expect(page.locator("#size")).to_contain_text(f"({len(with_id(INVOICE, 'INV-B1'))} bytes)")
     page.context.close()
 
@@ -164,6 +180,7 @@ def test_replay_a_dead_letter_and_see_it_leave_the_dead_letter_queue(browser, se
     page.click('#dead-letter-queues a:text-is("queue://DLQ.invoices.inbound")')
     rows = page.locator("#messages a.message-link")
     expect(rows).to_have_text([mid])
+    screenshot(page, "dead-letters")
     page.check(f'input[name=message_id][value="{mid}"]')
     page.click("#replay")
     expect(page.locator(".flash")).to_contain_text("Replayed 1 message")
@@ -192,6 +209,7 @@ def test_search_the_ledger_by_document_id_and_open_its_timeline(browser, served)
     expect(timeline.first).to_have_text("received")
     expect(page.locator("#timeline")).to_contain_text("accepted")
     expect(page.locator("#request")).to_contain_text("<cbc:ID>INV-FIND-ME</cbc:ID>")
+    screenshot(page, "document")
     assert mid in page.content()
     page.context.close()
 
