@@ -1,4 +1,4 @@
-"""The budget of a helper process's job (gateway.helpers.pipes.Budget): processor time, waited for at most the
+"""The budget of a helper process's job (gateway.helpers.budget.Budget): processor time, waited for at most the
 longest wait on the clock; on a real child process, busy or stopped."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, wait_readable
+from gateway.helpers.budget import Budget, OverloadedError, cpu_clock, wait_readable
 
 BUSY = "while True: pass"
 IDLE = "import time; time.sleep(60)"
