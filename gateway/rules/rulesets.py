@@ -577,7 +577,7 @@ class RulesRunner:
                 return
             if worker.helper is not None and worker.helper.poll() is not None:  # died while idle
                 log.error("business rules: worker %d exited (status %s); starting another", worker.number,
-                          worker.process.returncode)
+                          worker.helper.returncode)
                 worker._replace()
                 continue
             job = queue_.popleft()
