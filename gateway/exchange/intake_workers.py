@@ -24,14 +24,10 @@ load's doing, not the document's: it may be sent again).
 
 from __future__ import annotations
 
-import atexit
-import fcntl
 import json
 import logging
 import os
 import queue
-import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -40,18 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayBusyError, GatewayError, XMLSecurityError, clip
+from gateway.helpers.budget import OverloadedError, wait_readable
 from gateway.helpers.errors import error_to_data
+from gateway.helpers.framing import read_frame, write_frame
+from gateway.helpers.workers import HelperProcess, SharedHelpers, helper_pipes, limit_address_space
 from gateway.intake.documents import received_document
-from gateway.helpers.pipes import (
-    Budget,
-    OverloadedError,
-    cpu_clock,
-    helper_environment,
-    limit_address_space,
-    read_exactly,
-    wait_readable,
-    write_all,
-)
 
 __all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_LONGEST", "WORKER_MEMORY", "WORKER_NICE", ]
 
@@ -74,7 +63,6 @@ MAX_ANSWER_HEAD = 16 * 1024 * 1024
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 #: The pipes' buffer (Linux's default most for a user, /proc/sys/fs/pipe-max-size).
 PIPE_BYTES = 1024 * 1024
-_FRAME = struct.Struct(">II")  # the JSON part's length, then the byte strings'
 
 
 class _WorkerBusyError(Exception):
@@ -90,21 +78,18 @@ class _WorkerLostError(Exception):
 
 
 # --------------------------------------------------------------------------- frames on the pipes
+#
+# Frames (:mod:`gateway.helpers.framing`): the serving process sends the start frame (its settings), the worker
+# answers with the fingerprint of what it built; then per document the head and the body, and the worker
+# answers ``ok`` (the byte strings in the payload), ``error`` or ``refused``.
 
 
 def _write_frame(fd: int, head: dict[str, Any], payload: bytes = b"") -> None:
-    data = json.dumps(head, separators=(",", ":"), default=str).encode("utf-8")
-    write_all(fd, _FRAME.pack(len(data), len(payload)) + data)
-    write_all(fd, payload)  # not joined to the header: a copy of megabytes, under the interpreter lock
+    write_frame(fd, head, payload, default=str)
 
 
-def _read_frame(fd: int, deadline: float | None = None, *, max_head: int = MAX_ANSWER_HEAD,
-                max_payload: int = MAX_ANSWER_BYTES) -> tuple[Any, bytes]:
-    head_len, payload_len = _FRAME.unpack(read_exactly(fd, _FRAME.size, deadline))
-    if head_len > max_head or payload_len > max_payload:
-        raise ValueError(f"a frame of {head_len} + {payload_len} bytes is over the limit")
-    head = json.loads(read_exactly(fd, head_len, deadline))
-    return head, read_exactly(fd, payload_len, deadline) if payload_len else b""
+def _read_answer(fd: int, deadline: float | None = None) -> tuple[Any, bytes]:
+    return read_frame(fd, deadline, max_head=MAX_ANSWER_HEAD, max_payload=MAX_ANSWER_BYTES)
 
 
 def _refused(why: str) -> XMLSecurityError:
@@ -120,31 +105,26 @@ def _refused(why: str) -> XMLSecurityError:
 class _Worker:
     """One worker process; used by one thread at a time (the pool hands it out)."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        assert process.stdin is not None and process.stdout is not None
-        self.fd_in = process.stdin.fileno()
-        self.fd_out = process.stdout.fileno()
-        self.clock = cpu_clock(process.pid)
-        for fd in (self.fd_in, self.fd_out):  # fewer, larger writes: each takes the interpreter lock again
-            try:
-                fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
-            except OSError:
-                pass
+    def __init__(self, helper: HelperProcess) -> None:
+        self.helper = helper
+        self.process: subprocess.Popen[bytes] = helper.process
+        self.fd_in = helper.fd_in
+        self.fd_out = helper.fd_out
+        helper.set_pipe_size(PIPE_BYTES)  # fewer, larger writes: each takes the interpreter lock again
 
     def run(self, head: dict[str, Any], body: bytes, timeout: float,
             longest: float = WORKER_LONGEST) -> tuple[dict[str, Any], bytes]:
         """Send the document and read the answer, within *timeout* of the worker's processor time and
-        *longest* on the clock (:class:`gateway.helpers.pipes.Budget`; from the start of the sending, which a starved
-        worker slows down too)."""
-        budget = Budget(self.clock, timeout, longest, time.monotonic())
+        *longest* on the clock (:class:`gateway.helpers.budget.Budget`; from the start of the sending, which a
+        starved worker slows down too)."""
+        budget = self.helper.budget(timeout, longest, time.monotonic())
         try:
             _write_frame(self.fd_in, head, body)
         except OSError as exc:
             raise _WorkerLostError(f"could not be sent: {exc}", sent=False) from None
         try:
             wait_readable(self.fd_out, budget)
-            answer, payload = _read_frame(self.fd_out, time.monotonic() + timeout)
+            answer, payload = _read_answer(self.fd_out, time.monotonic() + timeout)
         except OverloadedError as exc:
             raise _WorkerBusyError(str(exc)) from None
         except TimeoutError:
@@ -157,16 +137,7 @@ class _Worker:
         return answer, payload
 
     def kill(self) -> None:
-        try:
-            self.process.kill()
-        except OSError:
-            pass
-        for stream in (self.process.stdin, self.process.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-        self.process.wait()
+        self.helper.kill()
 
 
 class IntakeWorkers:
@@ -176,8 +147,7 @@ class IntakeWorkers:
     document's intake; it returns None, and starts the workers, when none is ready.
     """
 
-    _shared: dict[str, IntakeWorkers] = {}
-    _shared_lock = threading.Lock()
+    _shared: SharedHelpers[IntakeWorkers] = SharedHelpers()
 
     @classmethod
     def shared(cls, assembly: Any, limits: Any, *, workers: int) -> IntakeWorkers | None:
@@ -199,32 +169,17 @@ class IntakeWorkers:
             key = json.dumps([init, workers], sort_keys=True, default=str)
         except ValueError:  # a circular mapping: not from YAML
             return None
-        with cls._shared_lock:
-            found = cls._shared.get(key)
-            if found is None or found._closed:
-                found = cls._shared[key] = cls(init, fingerprint(assembly.registry, assembly.routes), workers)
-                found._key = key
-                if len(cls._shared) == 1:
-                    atexit.register(cls._close_shared)
-            found._users += 1
-            return found
+
+        def make() -> IntakeWorkers:
+            made = cls(init, fingerprint(assembly.registry, assembly.routes), workers)
+            made._key = key
+            return made
+
+        return cls._shared.acquire(key, make)
 
     def release(self) -> None:
         """One gateway of :meth:`shared` is done with the workers: the last one stops them."""
-        with self._shared_lock:
-            self._users -= 1
-            if self._users > 0:
-                return
-            if self._shared.get(self._key) is self:
-                del self._shared[self._key]
-        self.close()
-
-    @classmethod
-    def _close_shared(cls) -> None:
-        with cls._shared_lock:
-            found, cls._shared = list(cls._shared.values()), {}
-        for workers in found:
-            workers.close()
+        self._shared.release(self._key, self)
 
     def __init__(self, init: dict[str, Any], fingerprint: str, workers: int, *, timeout: float = WORKER_TIMEOUT,
                  longest: float = WORKER_LONGEST, memory: int = WORKER_MEMORY) -> None:
@@ -239,7 +194,6 @@ class IntakeWorkers:
         self._all: set[_Worker] = set()
         self._failed_at = float("-inf")
         self._closed = False
-        self._users = 0
         self._key = ""
         #: documents taken in by a worker; refused for its bounds; taken in on a thread (no worker ready);
         #: answered 503 since their worker got too little of the processor
@@ -263,12 +217,8 @@ class IntakeWorkers:
             # a process group of its own (a terminal's ^C is for the serving process, which stops it), not a
             # session: Linux's autogroups give each session an equal share of the CPUs whatever its nice value,
             # so a worker in a session of its own would weigh as much as the whole serving process
-            process = subprocess.Popen([sys.executable, "-m", "gateway.exchange.intake_workers"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=helper_environment(), close_fds=True,
-                                       process_group=0)
-            worker = _Worker(process)
-            _write_frame(worker.fd_in, self.init)
-            answer, _ = _read_frame(worker.fd_out, time.monotonic() + 300)
+            worker = _Worker(HelperProcess("gateway.exchange.intake_workers", process_group=True))
+            answer, _ = worker.helper.handshake(lambda fd: _write_frame(fd, self.init), _read_answer, 300)
             if answer.get("fingerprint") != self.fingerprint:
                 raise ValueError(answer.get("error") or "its schemas and routes differ from the serving process's")
         except (OSError, ValueError, EOFError, TimeoutError) as exc:
@@ -298,6 +248,10 @@ class IntakeWorkers:
     def idle(self) -> int:
         """Workers ready and waiting for a document."""
         return self._idle.qsize()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         with self._lock:
@@ -401,15 +355,9 @@ def _take_in(stages: Any, head: dict[str, Any], body: bytes) -> tuple[dict[str, 
 
 def _worker_main() -> None:
     """A worker: rebuild the stages from the start frame, then take documents in until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process stops it
-    fin, fout = sys.stdin.fileno(), sys.stdout.fileno()
-    sys.stdout = sys.stderr  # nothing but frames goes to the serving process
+    fin, fout = helper_pipes(nice=WORKER_NICE, ignore_interrupts=True)  # the serving process stops it
     try:
-        os.nice(WORKER_NICE)
-    except OSError:
-        pass
-    try:
-        init, _ = _read_frame(fin, max_head=1 << 30)
+        init, _ = read_frame(fin, max_head=1 << 30, max_payload=MAX_ANSWER_BYTES)
         stages = _build(init)
     except (EOFError, OSError):
         return
@@ -420,7 +368,7 @@ def _worker_main() -> None:
     limit_address_space(int(init.get("memory", WORKER_MEMORY)))
     while True:
         try:
-            head, body = _read_frame(fin, max_head=64 * 1024, max_payload=1 << 31)
+            head, body = read_frame(fin, max_head=64 * 1024, max_payload=1 << 31)
         except (EOFError, OSError):
             return
         try:

@@ -1,13 +1,16 @@
 """Gateway errors across a helper process's pipe: a refusal made in a worker reaches the partner as the
-same class, detail and fields, and anything malformed becomes a plain 500 rather than a trusted error."""
+same class, detail and fields, and anything malformed becomes a plain 500 rather than a trusted error
+(:func:`error_to_data`, :func:`error_from_data`); and a schema error report worked out by a child that parsed
+hostile bytes, trusted with nothing more than a bounded list of numbers and strings (:func:`report_to_data`,
+:func:`report_from_data`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import GatewayError, InvalidDocumentError, XMLErrorDetail, clip
+from gateway.errors import GatewayError, InvalidDocumentError, SchemaValidationError, XMLErrorDetail, clip
 
-__all__ = ["error_from_data", "error_to_data"]
+__all__ = ["error_from_data", "error_to_data", "report_from_data", "report_to_data"]
 
 
 def error_to_data(error: GatewayError) -> dict[str, Any]:
@@ -67,3 +70,35 @@ def error_from_data(data: Any) -> GatewayError:
 
 def _position(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+# --------------------------------------------------------------------------- schema error reports
+
+
+def report_to_data(error: SchemaValidationError) -> dict[str, Any]:
+    """A schema error report as plain data: its detail, errors, omitted count and schema."""
+    return {
+        "detail": error.detail,
+        "errors": [[e.line, e.column, e.path, e.message] for e in error.errors],
+        "omitted": error.omitted,
+        "schema": error.schema,
+    }
+
+
+def report_from_data(data: Any) -> SchemaValidationError | None:
+    """The report :func:`report_to_data` described, checked field by field and bounded as the error's own
+    constructor bounds it (None for anything malformed, or a report without errors)."""
+    try:
+        details = []
+        for item in data["errors"][: SchemaValidationError.max_errors]:
+            line, column, path, message = item
+            details.append(XMLErrorDetail(_position(line), _position(column),
+                                          path if isinstance(path, str) else None, str(message)))
+        omitted = _position(data.get("omitted")) or 0
+        schema = data.get("schema")
+        if not details or not isinstance(data["detail"], str):
+            return None
+        return SchemaValidationError(data["detail"], details, omitted=omitted,
+                                     schema=schema if isinstance(schema, str) else None)
+    except (KeyError, TypeError, ValueError):
+        return None

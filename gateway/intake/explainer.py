@@ -23,23 +23,23 @@ more than a bounded list of numbers and strings.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
-from gateway.errors import SchemaValidationError, XMLErrorDetail
-from gateway.helpers.pipes import helper_environment, limit_address_space
+from gateway.errors import SchemaValidationError
+from gateway.helpers.errors import report_from_data, report_to_data
+from gateway.helpers.framing import read_frame, take_frame, write_frame
+from gateway.helpers.workers import HelperProcess, SharedHelpers, helper_pipes, limit_address_space
 
 __all__ = ["Explainer", "DEFAULT_TIMEOUT", "DEFAULT_WORKERS", "EXPLAIN_MAX_BYTES"]
 
@@ -56,72 +56,9 @@ EXPLAIN_MAX_BYTES = 1024 * 1024
 CHILD_MEMORY = 1024 * 1024 * 1024
 #: The most a child may send back for one job (its report is at most max_errors clipped entries).
 MAX_REPLY_BYTES = 1024 * 1024
-_HEADER = struct.Struct(">II")
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def _write_frame(stream: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    stream.write(_HEADER.pack(len(head), len(payload)) + head + payload)
-    stream.flush()
-
-
-def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
-    chunks = []
-    while n:
-        chunk = stream.read(n)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(stream: BinaryIO, max_header: int = MAX_REPLY_BYTES) -> tuple[dict[str, Any], bytes] | None:
-    raw = _read_exactly(stream, _HEADER.size)
-    if raw is None:
-        return None
-    head_len, payload_len = _HEADER.unpack(raw)
-    if head_len > max_header:
-        raise ValueError(f"a frame header of {head_len} bytes is over the limit")
-    head = _read_exactly(stream, head_len)
-    payload = _read_exactly(stream, payload_len) if payload_len else b""
-    if head is None or payload is None:
-        return None
-    return json.loads(head), payload
-
-
-def error_to_data(error: SchemaValidationError) -> dict[str, Any]:
-    return {
-        "detail": error.detail,
-        "errors": [[e.line, e.column, e.path, e.message] for e in error.errors],
-        "omitted": error.omitted,
-        "schema": error.schema,
-    }
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def error_from_data(data: Any) -> SchemaValidationError | None:
-    """The report a child sent, checked field by field (None for anything malformed)."""
-    try:
-        details = []
-        for item in data["errors"][: SchemaValidationError.max_errors]:
-            line, column, path, message = item
-            details.append(XMLErrorDetail(_int_or_none(line), _int_or_none(column),
-                                          path if isinstance(path, str) else None, str(message)))
-        omitted = _int_or_none(data.get("omitted")) or 0
-        schema = data.get("schema")
-        if not details or not isinstance(data["detail"], str):
-            return None
-        return SchemaValidationError(data["detail"], details, omitted=omitted,
-                                     schema=schema if isinstance(schema, str) else None)
-    except (KeyError, TypeError, ValueError):
-        return None
+#: The most the serving process sends the helper: its start frame's JSON, and a job's (its body apart).
+MAX_START_BYTES = 64 * 1024 * 1024
+MAX_JOB_HEAD = 64 * 1024
 
 
 # --------------------------------------------------------------------------- the serving process's side
@@ -143,8 +80,7 @@ class Explainer:
     started again on the next job, at most once every ``restart_interval`` seconds.
     """
 
-    _shared: dict[str, Explainer] = {}
-    _shared_lock = threading.Lock()
+    _shared: SharedHelpers[Explainer] = SharedHelpers()
 
     @classmethod
     def shared(cls, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT,
@@ -152,20 +88,7 @@ class Explainer:
         """One explainer (one helper process) for every gateway of this process with the same schemas,
         limits and settings; closed when the process exits."""
         key = json.dumps([registry.registrations(), repr(limits), timeout, workers], sort_keys=True)
-        with cls._shared_lock:
-            explainer = cls._shared.get(key)
-            if explainer is None or explainer._closed:
-                explainer = cls._shared[key] = cls(registry, limits, timeout=timeout, workers=workers)
-                if len(cls._shared) == 1:
-                    atexit.register(cls._close_shared)
-            return explainer
-
-    @classmethod
-    def _close_shared(cls) -> None:
-        with cls._shared_lock:
-            explainers, cls._shared = list(cls._shared.values()), {}
-        for explainer in explainers:
-            explainer.close()
+        return cls._shared.acquire(key, lambda: cls(registry, limits, timeout=timeout, workers=workers))
 
     def __init__(self, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT,
                  workers: int = DEFAULT_WORKERS, max_bytes: int = EXPLAIN_MAX_BYTES,
@@ -179,7 +102,7 @@ class Explainer:
         self._lock = threading.Lock()
         self._jobs: dict[int, _Job] = {}
         self._next_id = 0
-        self._process: subprocess.Popen[bytes] | None = None
+        self._helper: HelperProcess | None = None
         self._ready = False
         self._closed = False
         self._started_at = float("-inf")
@@ -188,10 +111,15 @@ class Explainer:
 
     # ----------------------------------------------------------------- lifecycle
 
+    @property
+    def _process(self) -> subprocess.Popen[bytes] | None:
+        helper = self._helper
+        return helper.process if helper is not None else None
+
     def start(self) -> None:
         """Start the helper in the background, unless it runs or was started lately."""
         with self._lock:
-            if self._closed or self._process is not None and self._process.poll() is None:
+            if self._closed or self._helper is not None and self._helper.poll() is None:
                 return
             if time.monotonic() - self._started_at < self.restart_interval:
                 return
@@ -200,11 +128,10 @@ class Explainer:
         threading.Thread(target=self._launch, name="b2bgw-explainer", daemon=True).start()
 
     def _launch(self) -> None:
+        helper = None
         try:
-            process = subprocess.Popen([sys.executable, "-m", "gateway.intake.explainer"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=helper_environment(), close_fds=True)
-            assert process.stdin is not None and process.stdout is not None
-            _write_frame(process.stdin, {
+            helper = HelperProcess("gateway.intake.explainer")
+            write_frame(helper.fd_in, {
                 "registry": self.registry.registrations(),
                 "limits": {name: getattr(self.limits, name) for name in _limit_fields()},
                 "workers": self.workers,
@@ -212,44 +139,42 @@ class Explainer:
             })
         except (OSError, ValueError) as exc:
             log.warning("the error-report helper did not start: %s", exc)
+            if helper is not None:
+                helper.kill()
             return
         with self._lock:
             if self._closed:
-                process.kill()
+                helper.signal()
                 return
-            self._process = process
-        self._read(process)
+            self._helper = helper
+        self._read(helper)
 
-    def _read(self, process: subprocess.Popen[bytes]) -> None:
+    def _read(self, helper: HelperProcess) -> None:
         """The helper's answers, until it exits (runs in the launching thread)."""
-        assert process.stdout is not None
         try:
             while True:
-                frame = _read_frame(process.stdout)
-                if frame is None:
+                try:
+                    message, _ = read_frame(helper.fd_out, max_head=MAX_REPLY_BYTES, max_payload=None)
+                except EOFError:
                     break
-                message, _ = frame
                 if message.get("ready"):
                     self._ready = True
-                    log.info("error-report helper ready (pid %d)", process.pid)
+                    log.info("error-report helper ready (pid %d)", helper.pid)
                     continue
                 self._answer(message)
         except (OSError, ValueError) as exc:
             log.warning("the error-report helper's answer was unreadable: %s", exc)
         finally:
             with self._lock:
-                if self._process is process:
-                    self._process, self._ready = None, False
+                if self._helper is helper:
+                    self._helper, self._ready = None, False
                 pending = list(self._jobs.values())
             for job in pending:  # their reports will not come: the callers fall back now
                 job.done.set()
             if not self._closed:
-                log.warning("the error-report helper exited (code %s)", process.poll())
-            try:
-                process.kill()
-            except OSError:
-                pass
-            process.wait()
+                log.warning("the error-report helper exited (code %s)", helper.poll())
+            helper.signal()  # its pipes stay open: a writer may hold their descriptors
+            helper.process.wait()
 
     def _answer(self, message: dict[str, Any]) -> None:
         job = self._jobs.get(message.get("id"))  # type: ignore[arg-type]
@@ -257,22 +182,31 @@ class Explainer:
             return
         stage = message.get("stage")
         if stage in ("libxml2", "final"):
-            report = error_from_data(message.get("error"))
+            report = report_from_data(message.get("error"))
             if report is not None and not job.final:
                 job.report, job.final = report, stage == "final"
         if stage != "libxml2":  # final, valid, failed, timeout: nothing more will come
             job.done.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        with self._lock:
+        with self._lock:  # not while a job is being written to the helper
             self._closed = True
-            process, self._process = self._process, None
-        if process is not None:
+            helper, self._helper = self._helper, None
             try:
-                process.stdin.close()  # type: ignore[union-attr]  # the helper kills its children and exits
-                process.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                process.kill()
+                if helper is not None:
+                    helper.process.stdin.close()  # type: ignore[union-attr]  # the helper kills its children, exits
+            except OSError:
+                helper.signal()  # type: ignore[union-attr]
+                return
+        if helper is not None:
+            try:
+                helper.process.wait(5)
+            except subprocess.TimeoutExpired:
+                helper.signal()
 
     @property
     def ready(self) -> bool:
@@ -296,8 +230,8 @@ class Explainer:
         timeout = self.timeout if started is None else self.timeout - (time.monotonic() - started)
         if len(body) > self.max_bytes or timeout <= 0:
             return None, "fallback"
-        process = self._process
-        if process is None or not self._ready:
+        helper = self._helper
+        if helper is None or not self._ready:
             self.start()
             return None, "fallback"
         with self._lock:
@@ -307,8 +241,10 @@ class Explainer:
         try:
             try:
                 header = {"id": job_id, "charset": charset, "schema": schema, "timeout": timeout}
-                with self._lock:  # one writer at a time on the pipe
-                    _write_frame(process.stdin, header, body)  # type: ignore[arg-type]
+                with self._lock:  # one writer at a time on the pipe, and not once it is closed
+                    if helper.process.stdin.closed:  # type: ignore[union-attr]
+                        raise ValueError("the helper is closed")
+                    write_frame(helper.fd_in, header, body)
             except (OSError, ValueError):
                 return None, "fallback"
             job.done.wait(timeout + 0.05)
@@ -340,17 +276,11 @@ class _Running:
 
 def _helper() -> None:
     """The helper's main loop: build the schemas, then fork a child per job (see the module docstring)."""
-    stdin = os.fdopen(sys.stdin.fileno(), "rb", buffering=0)  # unbuffered: select() sees what is unread
-    stdout = sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but frames goes to the serving process
+    stdin_fd, stdout = helper_pipes(nice=10)  # the serving process comes first; the children inherit this
     try:
-        os.nice(10)  # the serving process comes first; the children inherit this
-    except OSError:
-        pass
-    frame = _read_frame(stdin, max_header=64 * 1024 * 1024)
-    if frame is None:
+        init, _ = read_frame(stdin_fd, max_head=MAX_START_BYTES, max_payload=None)
+    except EOFError:
         return
-    init, _ = frame
     from gateway.intake.schemas import SchemaRegistry
     from gateway.intake.xmlsafe import IntakeLimits
 
@@ -358,25 +288,24 @@ def _helper() -> None:
     registry.compile(details=True)
     limits = IntakeLimits(**init["limits"])
     workers, memory = max(1, int(init["workers"])), int(init["memory"])
-    _write_frame(stdout, {"ready": True})
+    write_frame(stdout, {"ready": True})
 
     queue: deque[tuple[dict[str, Any], bytes, float]] = deque()
     running: dict[int, _Running] = {}
-    stdin_fd = stdin.fileno()
     while True:
         now = time.monotonic()
         for job in [r for r in running.values() if r.deadline <= now]:
             os.kill(job.pid, signal.SIGKILL)
             _reap(job, running)
-            _write_frame(stdout, {"id": job.job_id, "stage": "timeout"})
+            write_frame(stdout, {"id": job.job_id, "stage": "timeout"})
         while queue and queue[0][2] <= now:  # waited its whole time in the queue
             header, _, _ = queue.popleft()
-            _write_frame(stdout, {"id": header["id"], "stage": "timeout"})
+            write_frame(stdout, {"id": header["id"], "stage": "timeout"})
         while queue and len(running) < workers:
             header, body, deadline = queue.popleft()
-            child = _fork(header, body, registry, limits, memory, [stdin_fd, stdout.fileno()])
+            child = _fork(header, body, registry, limits, memory, [stdin_fd, stdout])
             if child is None:
-                _write_frame(stdout, {"id": header["id"], "stage": "failed"})
+                write_frame(stdout, {"id": header["id"], "stage": "failed"})
             else:
                 running[child[0]] = _Running(header["id"], child[0], child[1], deadline)
         deadlines = [r.deadline for r in running.values()] + [q[2] for q in queue]
@@ -384,13 +313,13 @@ def _helper() -> None:
         readable, _, _ = select.select([stdin_fd] + [r.fd for r in running.values()], [], [], wait)
         for fd in readable:
             if fd == stdin_fd:
-                frame = _read_frame(stdin, max_header=64 * 1024)
-                if frame is None:  # the serving process is gone: so are we, and our children
+                try:
+                    header, body = read_frame(stdin_fd, max_head=MAX_JOB_HEAD, max_payload=None)
+                except EOFError:  # the serving process is gone: so are we, and our children
                     for job in list(running.values()):
                         os.kill(job.pid, signal.SIGKILL)
                         _reap(job, running)
                     return
-                header, body = frame
                 timeout = min(float(header.get("timeout", DEFAULT_TIMEOUT)), 60.0)
                 queue.append((header, body, time.monotonic() + timeout))
                 continue
@@ -403,7 +332,7 @@ def _helper() -> None:
                 if len(job.buffer) > MAX_REPLY_BYTES:
                     os.kill(job.pid, signal.SIGKILL)
                     _reap(job, running)
-                    _write_frame(stdout, {"id": job.job_id, "stage": "failed"})
+                    write_frame(stdout, {"id": job.job_id, "stage": "failed"})
                     continue
                 _forward(job, stdout)
             else:  # the child is done
@@ -411,25 +340,24 @@ def _helper() -> None:
                     _forward(job, stdout)
                 _reap(job, running)
                 if job.buffer is not None:  # it ended without a last word
-                    _write_frame(stdout, {"id": job.job_id, "stage": "failed"})
+                    write_frame(stdout, {"id": job.job_id, "stage": "failed"})
 
 
-def _forward(job: _Running, stdout: BinaryIO) -> None:
+def _forward(job: _Running, stdout: int) -> None:
     """Send on each complete frame the child wrote (its header only: a child sends no payload)."""
     buffer = job.buffer
     assert buffer is not None
-    while len(buffer) >= _HEADER.size:
-        head_len, payload_len = _HEADER.unpack_from(buffer)
-        if payload_len or len(buffer) < _HEADER.size + head_len:
+    while True:
+        frame = take_frame(buffer, max_head=MAX_REPLY_BYTES, max_payload=0)
+        if frame is None:
             break
-        head = bytes(buffer[_HEADER.size:_HEADER.size + head_len])
-        del buffer[:_HEADER.size + head_len]
+        head, _ = frame
         try:
             message = json.loads(head)
         except ValueError:
             continue
         message["id"] = job.job_id  # whatever the child said, it answers its own job
-        _write_frame(stdout, message)
+        write_frame(stdout, message)
         if message.get("stage") in ("final", "valid", "failed"):
             job.buffer = None  # answered: nothing more to say when it exits
             return
@@ -465,12 +393,12 @@ def _fork(header: dict[str, Any], body: bytes, registry: Any, limits: Any, memor
         for fd in close:
             os.close(fd)
         limit_address_space(memory)
-        _child(header, body, registry, limits, os.fdopen(write_fd, "wb"))
+        _child(header, body, registry, limits, write_fd)
     finally:
         os._exit(0)
 
 
-def _child(header: dict[str, Any], body: bytes, registry: Any, limits: Any, out: BinaryIO) -> None:
+def _child(header: dict[str, Any], body: bytes, registry: Any, limits: Any, out: int) -> None:
     from gateway.errors import GatewayError
     from gateway.intake.xmlsafe import parse_document_text
 
@@ -479,18 +407,18 @@ def _child(header: dict[str, Any], body: bytes, registry: Any, limits: Any, out:
         root, _ = parse_document_text(body, limits, declared_charset=header.get("charset"))
 
         def libxml2(report: SchemaValidationError) -> None:
-            _write_frame(out, {"id": job_id, "stage": "libxml2", "error": error_to_data(report)})
+            write_frame(out, {"id": job_id, "stage": "libxml2", "error": report_to_data(report)})
 
         report = registry.explain(root, header["schema"], source=body, on_libxml2=libxml2)
         if report is None:
-            _write_frame(out, {"id": job_id, "stage": "valid"})
+            write_frame(out, {"id": job_id, "stage": "valid"})
         else:
-            _write_frame(out, {"id": job_id, "stage": "final", "error": error_to_data(report)})
+            write_frame(out, {"id": job_id, "stage": "final", "error": report_to_data(report)})
     except (GatewayError, MemoryError, RecursionError):
-        _write_frame(out, {"id": job_id, "stage": "failed"})
+        write_frame(out, {"id": job_id, "stage": "failed"})
     except Exception as exc:  # noqa: BLE001 - a bug: say what kind, never what the document held
         print(f"gateway.intake.explainer: the report failed: {type(exc).__name__}", file=sys.stderr)
-        _write_frame(out, {"id": job_id, "stage": "failed"})
+        write_frame(out, {"id": job_id, "stage": "failed"})
 
 
 if __name__ == "__main__":

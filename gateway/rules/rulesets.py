@@ -13,7 +13,7 @@ spent ``limits.rules_seconds`` of processor time on a document is killed and rep
 :class:`~gateway.errors.RulesTimeoutError` (422), so that a costly document costs the server that budget and
 no more (a worker that needs more than ``rules.worker_memory_mb`` stops by itself).
 
-The budget is processor time (:class:`gateway.helpers.pipes.Budget`): a loaded machine gives a worker less of the
+The budget is processor time (:class:`gateway.helpers.budget.Budget`): a loaded machine gives a worker less of the
 processor, and an honest document must not be refused as too costly for it. Time on the clock is bounded
 too: at :data:`WALL_FACTOR` times the budget the worker is stopped all the same and the document gets
 :class:`~gateway.errors.GatewayBusyError` (503, retry), which blames the load and not the document.
@@ -32,12 +32,8 @@ import json
 import logging
 import os
 import resource
-import signal
-import struct
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +51,9 @@ from gateway.errors import (
     RulesTimeoutError,
     clip,
 )
-from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, helper_environment, read_exactly, write_all
+from gateway.helpers.budget import Budget, OverloadedError
+from gateway.helpers.framing import pack_record, read_record, take_record, write_record
+from gateway.helpers.workers import HelperProcess, helper_pipes
 from gateway.rules.schematron import (
     CompiledSchematron,
     Finding,
@@ -203,29 +201,18 @@ def warnings_of(findings: list[Finding]) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- worker processes
 #
-# Frames on the pipes: a 4-byte big-endian length, then the payload. The parent sends one start frame (the
-# rule sets, JSON), the worker answers b"ok" or b"error:" + why; then per document the parent sends
-# b"<set numbers, comma-separated>\n" + the document's UTF-8 text, and the worker answers b"R" + the raw
-# outputs (joined by NUL, which no XML text holds), b"P" + a parse error or b"E" + an error of the rules.
-
-_LEN = struct.Struct(">I")
-
-
-def _write_frame(fd: int, payload: bytes) -> None:
-    write_all(fd, _LEN.pack(len(payload)) + payload)
-
-
-def _read_frame(fd: int, deadline: float | None = None) -> bytes:
-    (size,) = _LEN.unpack(read_exactly(fd, 4, deadline))
-    return read_exactly(fd, size, deadline)
+# Records on the pipes (:mod:`gateway.helpers.framing`: a 4-byte big-endian length, then the bytes). The parent
+# sends one start record (the rule sets, JSON), the worker answers b"ok" or b"error:" + why; then per document
+# the parent sends b"<set numbers, comma-separated>\n" + the document's UTF-8 text, and the worker answers
+# b"R" + the raw outputs (joined by NUL, which no XML text holds), b"P" + a parse error or b"E" + an error of
+# the rules.
 
 
 def _worker_main() -> None:
-    """A worker process: compile the rule sets of the start frame, then run documents until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes to the whole group)
-    fin, fout = sys.stdin.fileno(), sys.stdout.fileno()
+    """A worker process: compile the rule sets of the start record, then run documents until EOF."""
+    fin, fout = helper_pipes(ignore_interrupts=True)  # the parent stops it (Ctrl-C goes to the whole group)
     try:
-        start = json.loads(_read_frame(fin))
+        start = json.loads(read_record(fin))
         if start.get("memory"):  # Saxon's heap is mapped memory: RLIMIT_DATA bounds it (RLIMIT_AS would not:
             limit = int(start["memory"])  # the native image reserves far more address space than it uses)
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -234,13 +221,13 @@ def _worker_main() -> None:
             rules.add(CompiledSchematron.from_json(text))
         rules.lock()
     except Exception as exc:  # noqa: BLE001 - told to the parent
-        _write_frame(fout, b"error:" + str(exc).encode("utf-8", "replace")[:2000])
+        write_record(fout, b"error:" + str(exc).encode("utf-8", "replace")[:2000])
         return
-    _write_frame(fout, b"ok")
+    write_record(fout, b"ok")
     saxon_error = rules._saxon.PySaxonApiError
     while True:
         try:
-            frame = _read_frame(fin)
+            frame = read_record(fin)
         except EOFError:
             return
         head, _, document = frame.partition(b"\n")
@@ -248,7 +235,7 @@ def _worker_main() -> None:
         try:
             node = rules.parse(document.decode("utf-8"))
         except saxon_error as exc:
-            _write_frame(fout, b"P" + str(exc).encode("utf-8", "replace")[:2000])
+            write_record(fout, b"P" + str(exc).encode("utf-8", "replace")[:2000])
             continue
         try:
             outputs = []
@@ -257,9 +244,9 @@ def _worker_main() -> None:
                 executable.set_global_context_item(xdm_item=node)
                 outputs.append(executable.apply_templates_returning_string(xdm_value=node, encoding="UTF-8") or "")
         except saxon_error as exc:
-            _write_frame(fout, b"E" + str(exc).encode("utf-8", "replace")[:2000])
+            write_record(fout, b"E" + str(exc).encode("utf-8", "replace")[:2000])
             continue
-        _write_frame(fout, b"R" + "\0".join(outputs).encode("utf-8"))
+        write_record(fout, b"R" + "\0".join(outputs).encode("utf-8"))
 
 
 class _Worker:
@@ -269,69 +256,71 @@ class _Worker:
     def __init__(self, runner: RulesRunner, number: int) -> None:
         self.runner = runner
         self.number = number
-        self.process: subprocess.Popen[bytes] | None = None
+        self.helper: HelperProcess | None = None
         self.job: _Job | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.buffer = bytearray()
         self.pending = b""
         self.timer: asyncio.TimerHandle | None = None
-        self.clock: int | None = None  # the process's CPU clock (None: the budget is time on the clock)
         self.budget: Budget | None = None  # the job's
         self.starting = False
         self.reading: tuple[asyncio.AbstractEventLoop, int] | None = None  # where the answers are awaited
 
     # ----------------------------------------------------------------- the process
 
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        helper = self.helper
+        return helper.process if helper is not None else None
+
     def spawn(self) -> None:
         """Start the process and wait until it has compiled the rule sets (blocking: call it off the loop)."""
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds the gateway package
-        process = subprocess.Popen([sys.executable, "-m", "gateway.rules.rulesets"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=helper_environment(),
-                                   cwd=root, start_new_session=True)
-        assert process.stdin is not None and process.stdout is not None
+        helper = HelperProcess("gateway.rules.rulesets", new_session=True, cwd=root, quiet=True)
         try:
-            _write_frame(process.stdin.fileno(), self.runner.start_frame)
-            answer = _read_frame(process.stdout.fileno(), time.monotonic() + START_SECONDS)
+            answer = helper.handshake(lambda fd: write_record(fd, self.runner.start_frame), read_record,
+                                      START_SECONDS)
         except (OSError, EOFError, TimeoutError) as exc:
-            _kill(process)
             raise RuntimeError(f"a rules worker did not start: {exc!r}") from None
         if answer != b"ok":
-            _kill(process)
+            helper.kill(timeout=5)
             raise RuntimeError(f"a rules worker did not start: {answer.decode('utf-8', 'replace')[:500]}")
-        os.set_blocking(process.stdin.fileno(), False)
-        os.set_blocking(process.stdout.fileno(), False)
-        self.clock = cpu_clock(process.pid)
-        self.process = process
+        helper.set_blocking(False)
+        self.helper = helper
 
     @property
     def ready(self) -> bool:
-        return self.process is not None and self.job is None and not self.starting
+        return self.helper is not None and self.job is None and not self.starting
+
+    def _forget(self) -> HelperProcess | None:
+        """Take the process out of the worker and its pipes off the loop."""
+        helper, self.helper = self.helper, None
+        loop, self.reading = self.loop, None
+        if helper is not None and loop is not None and not loop.is_closed():
+            for fd in (helper.fd_out, helper.fd_in):
+                try:
+                    loop.remove_reader(fd)
+                    loop.remove_writer(fd)
+                except (RuntimeError, ValueError):  # pragma: no cover - the loop is going away
+                    pass
+        return helper
 
     def _replace(self) -> None:
         """Stop the process (the document it runs has had its time) and start another off the loop."""
-        loop = self.loop
-        process, self.process = self.process, None
-        self.reading = None
-        if process is not None and loop is not None:
-            for fd in (process.stdout.fileno(), process.stdin.fileno()):  # type: ignore[union-attr]
-                loop.remove_reader(fd)
-                loop.remove_writer(fd)
-        if process is not None:
-            try:
-                process.kill()
-            except OSError:
-                pass
+        helper = self._forget()
+        if helper is not None:
+            helper.signal()
         self.buffer.clear()
         self.pending = b""
         if self.runner.closed:
-            if process is not None:
-                threading.Thread(target=_kill, args=(process,), daemon=True).start()
+            if helper is not None:
+                threading.Thread(target=helper.kill, args=(5,), daemon=True).start()
             return
         self.starting = True
 
         def restart() -> None:
-            if process is not None:
-                _kill(process)
+            if helper is not None:
+                helper.kill(timeout=5)
             error = None
             for _ in range(3):
                 try:
@@ -343,9 +332,9 @@ class _Worker:
             if error is not None:
                 log.error("%s", error)
             self.starting = False
-            if self.runner.closed and self.process is not None:
-                _kill(self.process)
-                self.process = None
+            if self.runner.closed and self.helper is not None:
+                self.helper.kill(timeout=5)
+                self.helper = None
             self.runner._wake()
 
         threading.Thread(target=restart, name=f"b2bgw-rules-restart-{self.number}", daemon=True).start()
@@ -354,26 +343,26 @@ class _Worker:
 
     def run(self, job: _Job) -> None:
         loop = asyncio.get_running_loop()
-        process = self.process
-        assert process is not None and process.stdin is not None and process.stdout is not None
+        helper = self.helper
+        assert helper is not None
         self.loop = loop
         self.job = job
         self.buffer.clear()
-        self.pending = _LEN.pack(len(job.payload)) + job.payload
-        fd = process.stdout.fileno()
+        self.pending = pack_record(job.payload)
+        fd = helper.fd_out
         if self.reading != (loop, fd):  # registered once per process (and loop), not per document
             loop.add_reader(fd, self._readable)
             self.reading = (loop, fd)
         runner = self.runner
-        self.budget = Budget(self.clock, runner.seconds, runner.seconds * WALL_FACTOR, loop.time())
+        self.budget = helper.budget(runner.seconds, runner.seconds * WALL_FACTOR, loop.time())
         self.timer = loop.call_later(runner.seconds, self._check)
         self._writable()
 
     def _writable(self) -> None:
-        process = self.process
-        if process is None or not self.pending:
+        helper = self.helper
+        if helper is None or not self.pending:
             return
-        fd = process.stdin.fileno()  # type: ignore[union-attr]
+        fd = helper.fd_in
         try:
             written = os.write(fd, self.pending)
         except BlockingIOError:
@@ -389,11 +378,11 @@ class _Worker:
             self.loop.remove_writer(fd)
 
     def _readable(self) -> None:
-        process = self.process
-        if process is None:
+        helper = self.helper
+        if helper is None:
             return
         try:
-            chunk = os.read(process.stdout.fileno(), 1 << 20)  # type: ignore[union-attr]
+            chunk = os.read(helper.fd_out, 1 << 20)
         except BlockingIOError:
             return
         except OSError:
@@ -404,12 +393,9 @@ class _Worker:
         if self.job is None:  # nothing asked: not an answer
             return
         self.buffer += chunk
-        if len(self.buffer) < 4:
+        answer = take_record(self.buffer)
+        if answer is None:
             return
-        (size,) = _LEN.unpack_from(self.buffer)
-        if len(self.buffer) < 4 + size:
-            return
-        answer = bytes(self.buffer[4:4 + size])
         self._finish()
         job, self.job = self.job, None
         assert job is not None
@@ -419,9 +405,9 @@ class _Worker:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        process = self.process
-        if process is not None and self.loop is not None and self.pending:
-            self.loop.remove_writer(process.stdin.fileno())  # type: ignore[union-attr]
+        helper = self.helper
+        if helper is not None and self.loop is not None and self.pending:
+            self.loop.remove_writer(helper.fd_in)
         self.buffer.clear()
         self.pending = b""
 
@@ -470,23 +456,6 @@ class _Worker:
                 "The business rules could not be run on this document: the process running them stopped (out of "
                 f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."))
         self.runner._dispatch()
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    try:
-        process.kill()
-    except OSError:
-        pass
-    for stream in (process.stdin, process.stdout):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
-    try:
-        process.wait(5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait for anything
-        pass
 
 
 @dataclass(eq=False)
@@ -554,16 +523,9 @@ class RulesRunner:
         for worker in self._workers:
             if worker.timer is not None:
                 worker.timer.cancel()
-            process, worker.process = worker.process, None
-            if process is not None:
-                if worker.loop is not None and not worker.loop.is_closed():
-                    for fd in (process.stdout.fileno(), process.stdin.fileno()):  # type: ignore[union-attr]
-                        try:
-                            worker.loop.remove_reader(fd)
-                            worker.loop.remove_writer(fd)
-                        except (RuntimeError, ValueError):  # pragma: no cover - the loop is going away
-                            pass
-                _kill(process)
+            helper = worker._forget()
+            if helper is not None:
+                helper.kill(timeout=5)
         for job in self._queue:
             _fail(job.future, RulesEvaluationError("The gateway is stopping; retry in a moment."))
         self._queue.clear()
@@ -605,7 +567,7 @@ class RulesRunner:
         while queue_:
             worker = next((w for w in self._workers if w.ready), None)
             if worker is None:
-                if all(w.process is None and not w.starting for w in self._workers):  # none would start
+                if all(w.helper is None and not w.starting for w in self._workers):  # none would start
                     while queue_:
                         _fail(queue_.popleft().future, GatewayError(
                             "The business rules cannot be run right now (their processes do not start); retry "
@@ -613,9 +575,9 @@ class RulesRunner:
                     for w in self._workers:  # and try again for the next documents
                         w._replace()
                 return
-            if worker.process is not None and worker.process.poll() is not None:  # died while idle
+            if worker.helper is not None and worker.helper.poll() is not None:  # died while idle
                 log.error("business rules: worker %d exited (status %s); starting another", worker.number,
-                          worker.process.returncode)
+                          worker.helper.returncode)
                 worker._replace()
                 continue
             job = queue_.popleft()

@@ -1,5 +1,6 @@
-"""The budget of a helper process's job (gateway.helpers.pipes.Budget): processor time, waited for at most the
-longest wait on the clock; on a real child process, busy or stopped."""
+"""The budget of a helper process's job (gateway.helpers.budget.Budget): processor time, waited for at most the
+longest wait on the clock; on a real child process, busy or stopped. And the messages on a helper's pipes
+(gateway.helpers.framing): read whole, within their caps and deadlines."""
 
 from __future__ import annotations
 
@@ -10,7 +11,18 @@ import time
 
 import pytest
 
-from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, wait_readable
+from gateway.helpers.budget import Budget, OverloadedError, cpu_clock, wait_readable
+from gateway.helpers.framing import (
+    FRAME,
+    pack_record,
+    read_frame,
+    read_record,
+    take_frame,
+    take_record,
+    write_frame,
+    write_record,
+)
+from gateway.helpers.workers import SharedHelpers
 
 BUSY = "while True: pass"
 IDLE = "import time; time.sleep(60)"
@@ -100,3 +112,72 @@ def test_a_process_that_has_gone_has_no_clock():
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     assert cpu_clock(process.pid) is None
+
+
+# --------------------------------------------------------------------------- messages on the pipes
+
+
+@pytest.fixture
+def pipe():
+    read, write = os.pipe()
+    yield read, write
+    for fd in (read, write):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_a_frame_and_a_record_come_back_as_they_were_sent(pipe):
+    read, write = pipe
+    write_frame(write, {"id": 7, "stage": "final"}, b"body")
+    write_record(write, b"R\0out")
+    assert read_frame(read, time.monotonic() + 5, max_head=1024, max_payload=1024) == ({"id": 7, "stage": "final"},
+                                                                                      b"body")
+    assert read_record(read, time.monotonic() + 5) == b"R\0out"
+
+
+def test_a_frame_over_its_caps_is_refused(pipe):
+    read, write = pipe
+    write_frame(write, {"x": "y" * 100}, b"z" * 100)
+    with pytest.raises(ValueError):
+        read_frame(read, max_head=1024, max_payload=10)
+
+
+def test_a_message_that_does_not_come_whole_in_time_or_at_all(pipe):
+    read, write = pipe
+    os.write(write, FRAME.pack(10, 0) + b"{")
+    with pytest.raises(TimeoutError):
+        read_frame(read, time.monotonic() + 0.2, max_head=1024, max_payload=None)
+    os.close(write)
+    with pytest.raises(EOFError):
+        read_record(read)
+
+
+def test_messages_are_taken_from_a_buffer_only_whole_and_within_their_caps():
+    frames = bytearray()
+    whole = FRAME.pack(2, 0) + b"{}"
+    frames += whole + whole[:5]
+    assert take_frame(frames, max_head=1024, max_payload=0) == (b"{}", b"")
+    assert take_frame(frames, max_head=1024, max_payload=0) is None and len(frames) == 5  # incomplete: kept
+    with_payload = bytearray(FRAME.pack(2, 1) + b"{}x")
+    assert take_frame(with_payload, max_head=1024, max_payload=0) is None and len(with_payload) == 11
+    record = pack_record(b"answer")
+    assert take_record(record[:-1]) is None and take_record(record + b"more") == b"answer"
+
+
+def test_a_shared_helper_is_closed_by_its_last_user():
+    class Owner:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    shared: SharedHelpers[Owner] = SharedHelpers()
+    first = shared.acquire("k", Owner)
+    assert shared.acquire("k", Owner) is first
+    shared.release("k", first)
+    assert not first.closed
+    shared.release("k", first)
+    assert first.closed and shared.acquire("k", Owner) is not first
+    shared.close_all()

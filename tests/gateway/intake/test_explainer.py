@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import SchemaValidationError
-from gateway.intake.explainer import Explainer, error_from_data
+from gateway.helpers.errors import report_from_data
+from gateway.intake.explainer import Explainer
 from gateway.intake.xmlsafe import DEFAULT_LIMITS
 from gwtest import INVOICE
 
@@ -104,12 +105,12 @@ def test_documents_over_the_size_budget_are_left_to_the_caller(gw_registry):
     {"errors": [], "detail": "d"}, {"errors": [[1, 2, None, "m"]], "detail": 5},
 ])
 def test_what_a_child_sends_is_checked(data):
-    assert error_from_data(data) is None
+    assert report_from_data(data) is None
 
 
 def test_what_a_child_sends_is_bounded():
-    report = error_from_data({"errors": [[-1, "x", 7, "m" * 10_000]] * 500, "detail": "d" * 10_000, "omitted": -5,
-                              "schema": ["not", "a", "string"]})
+    report = report_from_data({"errors": [[-1, "x", 7, "m" * 10_000]] * 500, "detail": "d" * 10_000, "omitted": -5,
+                               "schema": ["not", "a", "string"]})
     assert report is not None and len(report.errors) == SchemaValidationError.max_errors
     first = report.errors[0]
     assert (first.line, first.column, first.path) == (None, None, None) and len(first.message) <= 300

@@ -1,66 +1,15 @@
-"""What the gateway's helper processes (error reports, business rules, large documents' intake) share:
-their environment, writing and reading a pipe (against a deadline), bounding a process's memory, and the
-budget of processor time a helper may spend on one document (:class:`Budget`)."""
+"""The budget of processor time a helper process may spend on one job (:class:`Budget`), read on the
+process's own clock (:func:`cpu_clock`), and waiting for its answer within it (:func:`wait_readable`)."""
 
 from __future__ import annotations
 
-import os
 import select
 import time
-from pathlib import Path
 
-__all__ = ["Budget", "OverloadedError", "cpu_clock", "helper_environment", "limit_address_space", "read_exactly",
-           "wait_readable", "write_all"]
+__all__ = ["RECHECK_SECONDS", "Budget", "OverloadedError", "cpu_clock", "wait_readable"]
 
 #: A job given more time on the clock than its budget is looked at again at least this often (seconds).
 RECHECK_SECONDS = 0.02
-
-
-def helper_environment() -> dict[str, str]:
-    """This process's environment, with the gateway's packages importable first: what ``python -m
-    gateway.<helper>`` needs wherever the serving process was started from."""
-    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the gateway package
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of *data* to *fd* (a pipe takes at most its buffer per write)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
-    """*size* bytes from *fd*; TimeoutError once ``time.monotonic()`` passes *deadline* (None: no
-    deadline), EOFError when the other end closes first."""
-    chunks = []
-    while size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError()
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError()
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def limit_address_space(extra: int) -> None:
-    """Let this process map at most *extra* bytes more than it has now (RLIMIT_AS): past that an allocation
-    fails (MemoryError) instead of taking the machine's memory. Best effort: a no-op where unsupported."""
-    try:
-        import resource
-
-        with open("/proc/self/statm") as statm:
-            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
-    except (OSError, ValueError, ImportError):
-        pass
-
-
-# --------------------------------------------------------------------------- processor time
 
 
 def cpu_clock(pid: int) -> int | None:
