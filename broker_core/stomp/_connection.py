@@ -55,6 +55,7 @@ VERSIONS = ("1.2", "1.1", "1.0")
 MAX_INFLIGHT = 512  # pipelined store writes per connection before reading pauses
 WRITE_HIGH_WATER = 256 * 1024
 BATCH = 64  # messages claimed and written per socket write
+BUSY_SLICE = 0.005  # seconds a connection with data waiting handles frames before it lets others run
 MAX_CLIENT_IDS = 100000  # client ids remembered with their owner
 _VERBS = {"send": "send to", "consume": "consume from", "browse": "browse", "reply-to": "name in reply-to"}
 
@@ -299,12 +300,17 @@ class StompConnection:
     async def _read_loop(self) -> None:
         reader = self.reader
         parser = self.parser
+        busy_since = time.monotonic()
         while not self.closed:
             data = await reader.read(65536)
             if not data:
                 return
-            await asyncio.sleep(0)  # one busy client does not hold the event loop (which may serve HTTP too)
-            self.last_read = time.monotonic()
+            now = self.last_read = time.monotonic()
+            if len(data) < 65536:  # the buffer is drained: the next read waits, giving the loop to others
+                busy_since = now
+            elif now - busy_since > BUSY_SLICE:  # one busy client does not hold the loop (it may serve HTTP too)
+                await asyncio.sleep(0)
+                busy_since = time.monotonic()
             try:
                 frames = parser.feed(data)
             except FrameError as error:
