@@ -471,3 +471,19 @@ def test_stomp_hash_passcode_prints_a_hash_the_listener_takes(monkeypatch, capsy
     monkeypatch.setattr("sys.stdin", io.StringIO("s3cret passcode\n"))
     code, out, _ = run(capsys, "stomp", "--hash-passcode")
     assert code == 0 and verify_passcode("s3cret passcode", out.strip())
+
+
+def test_a_serving_process_given_its_socket_refuses_a_stomp_listener_without_users(capsys, tmp_path, monkeypatch):
+    """``serve --listen-fd`` (a supervisor's serving process) runs the same refusal before serving."""
+    import socket
+
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(sockets))
+    config = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        line = user_error(run(capsys, "serve", "-c", config, "--listen-fd", str(sock.fileno()), "--process-index", "0"))
+    assert "needs stomp.users" in line and not served
