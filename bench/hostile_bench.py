@@ -1,7 +1,7 @@
 """Benchmark of the gateway under hostile documents, driven over loopback. Prints, in one run:
 
 0. the cost of the intake limit checks on the UBL Order example (14 KB): its parse, in one process, with
-   and without the checks (``xmlintake._check_markup``), interleaved rounds, and the checks alone;
+   and without the checks (``gateway.intake.scan._check_markup``), interleaved rounds, and the checks alone;
 1. honest clients alone: ``--honest`` clients (16) posting valid UBL Orders, each a fresh ``cbc:ID``, on the
    request-reply route answered by the sample order responder, paced at ``--rate`` requests/s in all:
    p50 / p99 latency and errors; ``/healthz`` polled every 100 ms meanwhile (its slowest answer); the store's
@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gateway_bench import Connection, ServerProcess, free_port, sample_config  # noqa: E402
 
+from gateway.intake import parse as intake_parse  # noqa: E402
 from gateway.intake import xmlsafe as xmlintake  # noqa: E402
 from broker_core.stomp import hash_passcode  # noqa: E402
 import stomp_flood  # noqa: E402
@@ -141,13 +142,13 @@ def checks_cost(rounds: int = 15, number: int = 1000) -> tuple[float, float, flo
     """Median microseconds per parse of the Order example without and with the intake limit checks
     (interleaved rounds), and of the checks alone on its decoded text (steadier on a busy machine: the
     difference of two parses drowns in their noise)."""
-    check = xmlintake._check_markup
+    check = intake_parse._check_markup
     text = ORDER.decode("utf-8")
     with_, without, alone = [], [], []
     for _ in range(rounds):
-        xmlintake._check_markup = lambda text, limits: 0  # type: ignore[assignment]
+        intake_parse._check_markup = lambda text, limits: 0  # type: ignore[assignment]
         without.append(min(timeit.repeat(lambda: xmlintake.parse_document_text(ORDER), number=number, repeat=3)))
-        xmlintake._check_markup = check  # type: ignore[assignment]
+        intake_parse._check_markup = check  # type: ignore[assignment]
         with_.append(min(timeit.repeat(lambda: xmlintake.parse_document_text(ORDER), number=number, repeat=3)))
         alone.append(min(timeit.repeat(lambda: check(text, xmlintake.DEFAULT_LIMITS), number=5 * number, repeat=3)) / 5)
     return tuple(statistics.median(v) / number * 1e6 for v in (without, with_, alone))  # type: ignore[return-value]

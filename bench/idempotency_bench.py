@@ -26,9 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.runtime.assemble import assemble_or_raise  # noqa: E402
+from gateway.exchange.assemble import assemble_or_raise  # noqa: E402
 from gateway.config.loader import load_settings  # noqa: E402
-from gateway.exchange.submission import Gateway, document_digest  # noqa: E402
+from gateway.exchange.keys import idempotency_key  # noqa: E402
+from gateway.exchange.submission import document_digest  # noqa: E402
 from gateway.intake.xmlsafe import parse_document_text  # noqa: E402
 
 ORDER = REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-Order-2.1-Example.xml"
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         ("digest sha256 (used)", lambda: document_digest(body)),
         ("digest blake2b-256", lambda: "blake2b:" + hashlib.blake2b(body, digest_size=32).hexdigest()),
         ("sender party (XPath)", lambda: route.extract_sender_party(root)),
-        ("key with party", lambda: Gateway.idempotency_key("acme", route, doc_id, None, party)),
-        ("key without party", lambda: Gateway.idempotency_key("acme", route, doc_id, None)),
+        ("key with party", lambda: idempotency_key("acme", route, doc_id, None, party)),
+        ("key without party", lambda: idempotency_key("acme", route, doc_id, None)),
         ("parse (for scale)", lambda: parse_document_text(body, limits)),
         ("validate (for scale)", lambda: assembly.registry.is_valid(root, route.schema)),
     ]

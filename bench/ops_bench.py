@@ -200,8 +200,8 @@ def one_way(base: str, seconds: float, scrape: bool) -> tuple[float, int]:
 
 def hot_path_cost() -> tuple[float, float]:
     """Microseconds the metrics observer adds around one request (an accepted one-way document)."""
-    from gateway.runtime.logs import set_partner
-    from gateway.runtime.metrics import HttpMetrics
+    from gateway.telemetry.logs import set_partner
+    from gateway.telemetry.metrics import HttpMetrics
 
     observer = HttpMetrics({"acme"})
     start = {"type": "http.response.start", "status": 202,

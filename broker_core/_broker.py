@@ -10,17 +10,18 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
+from ._commit import close_off_loop, store_commit_async
 from ._constants import AckMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, parse_destination
 from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDError, InvalidDestinationError
 from ._message import Message, message_from_envelope
 from ._options import check_options, store_kind
-from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, now_ms, queue_box
+from ._session import Session
+from ._store import DestinationStats, RedeliveryPolicy, Store, StoredMessage, queue_box
+from .clock import now_ms
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
-
-    from ._session import Session
 
 __all__ = ["BrowsePage", "BrowsedMessage", "Broker", "Connection"]
 
@@ -112,7 +113,7 @@ def _checked_ids(message_ids: Any) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 _POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
 
@@ -221,9 +222,7 @@ class Broker:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        from ._session import _close_off_loop
-
-        await _close_off_loop(self.store, self.close)
+        await close_off_loop(self.store, self.close)
 
     def connect(self, client_id: str | None = None, user: str | None = None) -> "Connection":
         """A new, stopped connection. ``client_id`` (needed for durable
@@ -271,10 +270,8 @@ class Broker:
 
     async def write_async(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True) -> list[Any]:
         """Like :meth:`write`, for asyncio: waits for the commit without blocking the event loop."""
-        from ._session import _store_commit_async
-
         results: list[Any] = [None] * len(fns)
-        await _store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
+        await store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
         return results
 
     def acquire_lease(self, name: str, seconds: float) -> bool:
@@ -558,9 +555,7 @@ class Connection:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        from ._session import _close_off_loop
-
-        await _close_off_loop(self._broker.store, self.close)
+        await close_off_loop(self._broker.store, self.close)
 
     def __repr__(self) -> str:
         return f"<Connection {self._id} client_id={self._client_id!r}>"
@@ -633,8 +628,6 @@ class Connection:
 
     def create_session(self, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO) -> Session:
         """A session: transacted (its ack mode is then ignored) or not."""
-        from ._session import Session
-
         self._check_open()
         self._used = True
         session = Session(self, bool(transacted), ack_mode)

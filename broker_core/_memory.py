@@ -28,8 +28,8 @@ from ._store import (
     body_size,
     dead_letter_envelope,
     expired_envelope,
-    now_ms,
 )
+from .clock import now_ms
 
 __all__ = ["MemoryStore"]
 

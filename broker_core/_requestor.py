@@ -8,16 +8,17 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from ._commit import store_commit_async
 from ._destinations import Destination
 from ._errors import IllegalStateError, RequestTimeoutError
 from ._message import Message, message_from_envelope
-from ._session import _store_commit_async
-from ._store import now_ms, queue_box
+from ._store import queue_box
 from ._waiters import AsyncWaiter, ThreadWaiter
+from .clock import now_ms
 
 __all__ = ["Requestor", "reply_correlation_id"]
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 
 def reply_correlation_id(request: Message) -> str | None:
@@ -158,7 +159,7 @@ class Requestor:
             env = producer._envelope(self.destination, message, options.get("delivery_mode"),
                                      options.get("priority"), options.get("time_to_live"), message_id)
             producer._stamp(message, env)  # ``in_transaction`` code can read message.jms_message_id
-            await _store_commit_async(self._broker.store, (env,), (), in_transaction)
+            await store_commit_async(self._broker.store, (env,), (), in_transaction)
         except BaseException:
             self._forget(key, slot)
             raise

@@ -9,6 +9,7 @@ import uuid
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
+from ._commit import close_off_loop, store_commit_async
 from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
 from ._destinations import Destination, Queue, Topic
 from ._envelope import NON_PERSISTENT
@@ -30,8 +31,9 @@ from ._message import (
     XMLMessage,
     message_from_envelope,
 )
-from ._store import Delivery, Subscription, now_ms, queue_box, subscription_box
-from ._waiters import AsyncWaiter, ThreadWaiter, loop_completion
+from ._store import Delivery, Subscription, queue_box, subscription_box
+from ._waiters import AsyncWaiter, ThreadWaiter
+from .clock import now_ms
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -40,29 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Session", "MessageProducer", "MessageConsumer", "QueueBrowser"]
 
-log = logging.getLogger("broker_core")
+log = logging.getLogger(__name__)
 
 MessageListener = Callable[[Message], Any]
-
-
-def _store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence[Delivery],
-                        in_transaction: Sequence[Callable[[Any], Any]] = (), *,
-                        durable: bool = True) -> "asyncio.Future[None]":
-    """Start a store commit and return a future of the running loop that
-    completes when it is durable."""
-    future, complete, post = loop_completion()
-    store.commit(sends, acks, in_transaction, complete, durable=durable, finish_on=post)
-    return future
-
-
-async def _close_off_loop(store: Any, close: Callable[[], None]) -> None:
-    """``close()`` for ``async with``: inline on a store whose calls never
-    wait (memory), in a thread on one whose may (SQL: giving back prefetched
-    rows, rolling back, is a write)."""
-    if getattr(store, "shared", False):
-        await asyncio.to_thread(close)
-    else:
-        close()
 
 
 class Session:
@@ -110,7 +92,7 @@ class Session:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await _close_off_loop(self._store, self.close)
+        await close_off_loop(self._store, self.close)
 
     @property
     def connection(self) -> "Connection":
@@ -387,7 +369,7 @@ class Session:
         without blocking the event loop (concurrent commits share one fsync)."""
         staged, consumed = self._take_transaction()
         if staged or consumed or in_transaction:
-            await _store_commit_async(self._store, staged, consumed, in_transaction)
+            await store_commit_async(self._store, staged, consumed, in_transaction)
 
     def _take_transaction(self) -> tuple[list[Any], list[Delivery]]:
         self._check_open()
@@ -566,7 +548,7 @@ class MessageProducer:
             self._stage(env)
             future.set_result(None)
             return future
-        return _store_commit_async(self._broker.store, (env,), ())
+        return store_commit_async(self._broker.store, (env,), ())
 
     def _target(self, args: tuple[Any, ...]) -> tuple[Destination, Message]:
         if len(args) == 1:
@@ -687,7 +669,7 @@ class MessageConsumer:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await _close_off_loop(self._session._store, self.close)
+        await close_off_loop(self._session._store, self.close)
 
     def __aiter__(self) -> "MessageConsumer":
         return self

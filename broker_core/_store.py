@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import time
 from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 from ._destinations import Destination
 from ._envelope import Envelope
+from .clock import now_ms
 
 __all__ = [
     "Store",
@@ -39,12 +39,7 @@ __all__ = [
     "StoredMessage",
     "queue_box",
     "subscription_box",
-    "now_ms",
 ]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def queue_box(destination: Destination) -> str:

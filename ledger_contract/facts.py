@@ -13,7 +13,7 @@ evaluates them as one ``concat()`` of the header and one per line, joined by
 a private-use character (faster in the gateway's event loop than a walk of
 the tree in Python); the walk (:func:`_walk`) takes over when a value holds
 that character. Amounts and quantities must fit ``decimal(18,6)`` and dates
-be ``YYYY-MM-DD``, else :class:`BadDocument` (the warehouse quarantines the
+be ``YYYY-MM-DD``, else :class:`BadDocumentError` (the warehouse quarantines the
 document; the gateway accepts it without facts).
 
 ``b2b_ledger.facts`` is one JSON object per document, for a bulk
@@ -33,9 +33,11 @@ from typing import Any
 import orjson
 from lxml import etree
 
+from .errors import LedgerContractError
+
 __all__ = [
     "AMOUNT_FIELDS",
-    "BadDocument",
+    "BadDocumentError",
     "HEADER_FIELDS",
     "KINDS",
     "LINE_AMOUNT_FIELDS",
@@ -48,7 +50,7 @@ __all__ = [
     "for_ledger",
 ]
 
-log = logging.getLogger("ledger_contract.facts")
+log = logging.getLogger(__name__)
 
 #: Version of this extractor. Bump it whenever what :func:`extract` returns
 #: for some document changes: the warehouse load then parses the XML of every
@@ -99,7 +101,7 @@ _SIX = Decimal("0.000001")
 _STRING = etree.XPath("string()", smart_strings=False)
 
 
-class BadDocument(ValueError):
+class BadDocumentError(LedgerContractError, ValueError):
     """A document the warehouse cannot take (the message is the reason)."""
 
 
@@ -339,29 +341,29 @@ def _collect(root: etree._Element, kind: str) -> tuple[dict[str, str | None], li
 
 def _date(value: str | None, what: str) -> str:
     if value is None:
-        raise BadDocument(f"missing {what}")
+        raise BadDocumentError(f"missing {what}")
     m = _DATE.fullmatch(value)
     if m is None:
-        raise BadDocument(f"{what} {value[:40]!r} is not a date (YYYY-MM-DD)")
+        raise BadDocumentError(f"{what} {value[:40]!r} is not a date (YYYY-MM-DD)")
     try:
         _dt.date.fromisoformat(m.group(1))
     except ValueError:
-        raise BadDocument(f"{what} {value[:40]!r} is not a valid date") from None
+        raise BadDocumentError(f"{what} {value[:40]!r} is not a valid date") from None
     return m.group(1)
 
 
 def _num(value: str | None, what: str) -> None:
     if value is not None and _NUMBER.fullmatch(value) is None:
-        raise BadDocument(f"{what} {value[:40]!r} is not a number with at most 12 digits and 6 decimals")
+        raise BadDocumentError(f"{what} {value[:40]!r} is not a number with at most 12 digits and 6 decimals")
 
 
 def check_root(root: etree._Element, doc_type: str) -> str:
-    """The fact kind of *root*, after checking it is the UBL 2 *doc_type* (BadDocument otherwise)."""
+    """The fact kind of *root*, after checking it is the UBL 2 *doc_type* (BadDocumentError otherwise)."""
     qname = etree.QName(root)
     if qname.localname != doc_type:
-        raise BadDocument(f"the root element is {qname.localname}, the ledger says {doc_type}")
+        raise BadDocumentError(f"the root element is {qname.localname}, the ledger says {doc_type}")
     if qname.namespace != _ROOT_NS.format(doc_type):
-        raise BadDocument(f"the root namespace {qname.namespace!r} is not UBL 2 {doc_type}")
+        raise BadDocumentError(f"the root namespace {qname.namespace!r} is not UBL 2 {doc_type}")
     return KINDS[doc_type]
 
 
@@ -372,12 +374,12 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
     as the document spells them, ``issue_date`` ``YYYY-MM-DD``, the control
     totals computed with :class:`~decimal.Decimal`); *lines* maps
     :data:`LINE_FIELDS` to one value per line (empty when there is none).
-    Raises :class:`BadDocument` with the reason.
+    Raises :class:`BadDocumentError` with the reason.
     """
     if doc_type not in KINDS:
-        raise BadDocument(f"{doc_type} is not loaded into the warehouse")
+        raise BadDocumentError(f"{doc_type} is not loaded into the warehouse")
     if root.getroottree().docinfo.doctype:
-        raise BadDocument("a DOCTYPE is not allowed")
+        raise BadDocumentError("a DOCTYPE is not allowed")
     kind = check_root(root, doc_type)
     raw, raw_lines = _collect(root, kind)
 
@@ -386,17 +388,17 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
     h["kind"] = kind
     doc_id = get("doc_id")
     if not doc_id:
-        raise BadDocument("missing cbc:ID")
+        raise BadDocumentError("missing cbc:ID")
     h["doc_id"] = doc_id
     h["issue_date"] = _date(get("issue_date"), "cbc:IssueDate")
     order_ref = get("order_ref")
     if kind in ("change", "cancellation"):
         if not order_ref:
-            raise BadDocument("missing cac:OrderReference/cbc:ID (the order it refers to)")
+            raise BadDocumentError("missing cac:OrderReference/cbc:ID (the order it refers to)")
         seqno = get("sequence_number")
         if seqno is not None:
             if not seqno.isdigit() or len(seqno) > 18:
-                raise BadDocument(f"cbc:SequenceNumberID {seqno[:40]!r} is not a whole number")
+                raise BadDocumentError(f"cbc:SequenceNumberID {seqno[:40]!r} is not a whole number")
             h["sequence_number"] = int(seqno)
     h["order_ref"] = order_ref
     if kind == "invoice":
@@ -417,7 +419,7 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
     if n:
         ids = [r.get("line_id") for r in raw_lines]
         if None in ids:
-            raise BadDocument(f"line {ids.index(None) + 1} has no cbc:ID")
+            raise BadDocumentError(f"line {ids.index(None) + 1} has no cbc:ID")
         amounts = [r.get("line_amount") for r in raw_lines]
         std = [r.get("item_std_id") for r in raw_lines]
         lines = {
@@ -454,7 +456,7 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
 
 
 def _bad_number(h: dict[str, Any], n: int, lines: dict[str, list[Any]]) -> None:
-    """Raise BadDocument for the first decimal that does not fit, in reading order."""
+    """Raise BadDocumentError for the first decimal that does not fit, in reading order."""
     if n:
         for line_id, amount in zip(lines["line_id"], lines["line_amount"]):
             _num(amount, f"line {line_id} LineExtensionAmount")
@@ -465,7 +467,7 @@ def _bad_number(h: dict[str, Any], n: int, lines: dict[str, list[Any]]) -> None:
         for name in LINE_AMOUNT_FIELDS:
             for line_id, value in zip(lines["line_id"], lines[name]):
                 _num(value, f"line {line_id} {name}")
-    raise BadDocument("a decimal does not fit decimal(18,6)")  # pragma: no cover - one of the above raised
+    raise BadDocumentError("a decimal does not fit decimal(18,6)")  # pragma: no cover - one of the above raised
 
 
 def encode(header: dict[str, Any], lines: dict[str, list[Any]]) -> str:
@@ -488,7 +490,7 @@ def for_ledger(root: etree._Element, doc_type: str) -> str | None:
     try:
         header, _, lines = extract(root, doc_type)
         return encode(header, lines)
-    except BadDocument as exc:
+    except BadDocumentError as exc:
         log.debug("no warehouse facts for a %s: %s", doc_type, exc)
     except Exception:  # noqa: BLE001 - never fail an intake for the warehouse's sake
         log.warning("extracting the warehouse facts of a %s failed", doc_type, exc_info=True)

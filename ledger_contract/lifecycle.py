@@ -19,6 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from broker_core.clock import now_ms
+
 from .retention import PolicyClass, RetentionPolicy
 from .tables import FINAL_STATUSES, archive_batches, archive_cursors, archive_runs, documents, events, tombstones
 
@@ -38,7 +40,7 @@ __all__ = [
     "list_runs",
     "load_cursor",
     "new_batch",
-    "now_ms",
+    "now_ms",  # broker_core.clock's, still imported from here by gateway/store_stats.py
     "open_batches",
     "purge",
     "save_cursor",
@@ -55,10 +57,6 @@ ARCHIVE_COLUMNS = [c for c in documents.c if c.name not in ("facts", "facts_vers
 PURGE_COLUMNS = [documents.c.message_id, documents.c.updated_at]
 
 Write = Callable[[Callable[[sa.Connection], Any]], Any]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # --------------------------------------------------------------------------- due documents

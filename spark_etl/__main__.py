@@ -1,4 +1,7 @@
-"""``python -m spark_etl run|status ...``: the load without the gateway."""
+"""``python -m spark_etl run|status ...``: the load without the gateway.
+
+Also the ``spark-submit`` entry point: ``spark-submit ... spark_etl/__main__.py run ...``.
+"""
 
 import sys
 

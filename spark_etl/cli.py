@@ -22,6 +22,8 @@ import sys
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from .errors import SparkEtlError
+
 __all__ = ["format_status", "main", "register"]
 
 
@@ -61,7 +63,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     status.set_defaults(func=cmd_status)
 
 
-class _UsageError(Exception):
+class _UsageError(SparkEtlError):
     """A configuration the command cannot use (its message says what to fix)."""
 
 

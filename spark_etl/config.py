@@ -18,6 +18,8 @@ import zoneinfo
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import SparkEtlError
+
 __all__ = ["DEFAULT_CONFIG_FILE", "DEFAULT_DB_URL", "DEFAULTS", "EtlSettingError", "check_section", "load_settings",
            "resolve"]
 
@@ -68,7 +70,7 @@ def load_settings(path: str | os.PathLike | None = None) -> tuple[dict[str, Any]
     return resolve(section), url or DEFAULT_DB_URL
 
 
-class EtlSettingError(ValueError):
+class EtlSettingError(SparkEtlError, ValueError):
     """Raised by :func:`check_section` (and so by :func:`resolve`) for an
     unknown key of the ``etl:`` section or a value it cannot take; ``key``
     names it."""

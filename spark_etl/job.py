@@ -2,8 +2,8 @@
 -> staged Parquet -> reconciliation -> publish -> watermark.
 
 Run it with ``b2bgw etl run``, ``python -m spark_etl run`` or, on a cluster,
-``spark-submit ... spark_etl/job.py run --db-url ... --warehouse ...`` (this
-file is also a spark-submit entry point; see the README section).
+``spark-submit ... spark_etl/__main__.py run --db-url ... --warehouse ...``
+(:mod:`spark_etl.cli` is on top: it imports this module, never the reverse).
 """
 
 from __future__ import annotations
@@ -14,22 +14,24 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from broker_core.clock import now_ms
 from broker_core.sql import absolute_url
 from ledger_contract.tables import events as ledger_events
-from spark_etl import source, stage, state, ubl, warehouse
+from spark_etl import readers, reconcile, source, stage, state, warehouse
+from spark_etl.errors import SparkEtlError
+from spark_etl.progress import Steps
 from spark_etl.warehouse import KEY, PARTITION, Storage
 
 __all__ = ["EtlError", "LockBusyError", "ReconciliationError", "RunResult", "plan_window", "run"]
 
-log = logging.getLogger("spark_etl.job")
+log = logging.getLogger(__name__)
 
 
-class EtlError(RuntimeError):
+class EtlError(SparkEtlError, RuntimeError):
     """The load failed (recorded in ``etl_runs``; the watermark did not move)."""
 
 
@@ -67,61 +69,6 @@ class RunResult:
     nothing_new: bool = False
     #: whether the run needed Spark (a run with nothing new answers from SQL alone)
     spark_started: bool = True
-
-
-class _Steps:
-    """A step-level progress bar (tqdm) for hand runs; silent otherwise."""
-
-    def __init__(self, enabled: bool, total: int = 9) -> None:
-        self.bar = None
-        self.timings: dict[str, float] = {}
-        self.jobs: dict[str, int] = {}
-        self._t = time.perf_counter()
-        self._tracker = None
-        self._group = None
-        self._jobs_seen = 0
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="etl", unit="step", leave=True,
-                            bar_format="{desc}: {n_fmt}/{total_fmt} steps |{bar}| {elapsed} {postfix}")  # fmt: skip
-
-    def count_jobs(self, spark, group: str) -> None:
-        """Count the Spark jobs of each step (the run's jobs carry *group*)."""
-        spark.sparkContext.setJobGroup(group, "b2bgw warehouse load")
-        self._tracker, self._group = spark.sparkContext.statusTracker(), group
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.timings[name] = round(now - self._t, 3)
-        self._t = now
-        if self._tracker is not None:
-            seen = len(self._tracker.getJobIdsForGroup(self._group))
-            self.jobs[name], self._jobs_seen = seen - self._jobs_seen, seen
-        log.info("etl: %s (%.2fs, %d Spark jobs)", name, self.timings[name], self.jobs.get(name, 0))
-        if self.bar is not None:
-            self.bar.set_postfix_str(name)
-            self.bar.update(1)
-
-    def docs(self, spark, total: int, done: threading.Event) -> None:
-        """While the read stage runs, show documents parsed (from task progress)."""
-        if self.bar is None or total <= 0:
-            return
-        tracker = spark.sparkContext.statusTracker()
-
-        def poll() -> None:
-            while not done.wait(0.5):
-                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-                stages = [s for s in stages if s is not None and s.numTasks]
-                if stages:
-                    s = stages[0]
-                    self.bar.set_postfix_str(f"read & parse: ~{total * s.numCompletedTasks // s.numTasks:,}/{total:,} documents")
-
-        threading.Thread(target=poll, daemon=True).start()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # --------------------------------------------------------------------------- entry point
@@ -257,7 +204,7 @@ def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> l
             )  # fmt: skip
         else:
             warehouse.remove_staging(storage, storage.path("_staging", f"run-{rec.run_id}"))
-            state.update_run(engine, rec.run_id, status="failed", finished_at=state.now_ms(),
+            state.update_run(engine, rec.run_id, status="failed", finished_at=now_ms(),
                              error=rec.error or "abandoned: the process ended before publishing")  # fmt: skip
         done.append(rec.run_id)
     return done
@@ -266,13 +213,8 @@ def recover(engine: sa.Engine, storage: Storage, lease: state.Lease | None) -> l
 # --------------------------------------------------------------------------- the job
 
 
-_HEADER_TABLES = ("fact_order", "fact_invoice", "fact_order_change")
 #: Documents per Arrow record batch the ledger reader hands to the JVM.
 READ_BATCH_DOCS = 1000
-
-
-def _dec(value: Any) -> Decimal:
-    return Decimal(value) if value is not None else Decimal(0)
 
 
 @dataclass
@@ -308,7 +250,7 @@ class _Job:
         self.full = full
         self.reparse = reparse
         self.since = since
-        self.steps = _Steps(progress)
+        self.steps = Steps(progress)
         self.mode = "full" if full else ("since" if since is not None else "incremental")
         self.publishing = False
         self.n_docs = 0
@@ -360,7 +302,7 @@ class _Job:
                 warehouse.remove_staging(self.storage, self.staging)
             except Exception:  # pragma: no cover - best effort
                 log.exception("could not remove %s", self.staging)
-            state.update_run(self.engine, self.run_id, status="failed", finished_at=state.now_ms(), error=error[:8000],
+            state.update_run(self.engine, self.run_id, status="failed", finished_at=now_ms(), error=error[:8000],
                              stats=getattr(self, "stats", None))  # fmt: skip
             raise
         finally:
@@ -624,61 +566,26 @@ class _Job:
         return usable
 
     def _read_spark(self, ranges, total: int, max_files: int):
-        """The window read by the Python Data Source on the executors (any
-        master): the documents hash-partitioned by issue date and kept (local
-        checkpoint or cache), then one query for what the driver must know."""
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
+        """The window read by the Python Data Source on the executors (any master): see
+        :func:`spark_etl.readers.read_spark`."""
+        read = readers.read_spark(self.spark, self.db_url, ranges, reparse=self.reparse, batch_size=READ_BATCH_DOCS,
+                                  partitions=max_files, keep=self._keep, steps=self.steps, total=total)
+        self.repeated_keys = read.repeated_keys
+        control = self._control(read.summary)
+        quarantined = read.quarantined() if control["quarantined"] else []
+        return read.new, quarantined, control
 
-        spark = self.spark
-        docs = (
-            spark.read.format("b2b_ledger").option("url", self.db_url).option("ranges", _json(ranges))
-            .option("mode", "parsed").option("reparse", str(self.reparse).lower())
-            .option("batch_size", str(READ_BATCH_DOCS)).load()
-        )  # fmt: skip
-        done = threading.Event()
-        self.steps.docs(spark, total, done)
-        try:
-            # The parsed documents feed every table: materialise them once. In
-            # local mode a local checkpoint (rows kept as they are, lineage cut)
-            # is cheaper than the columnar cache; on a cluster the cache
-            # survives the loss of an executor (it can be recomputed).
-            docs = docs.repartition(max_files, PARTITION)
-            if spark.sparkContext.master.startswith("local"):
-                docs = self._checkpoint(docs)
-            else:
-                docs = docs.persist(StorageLevel.MEMORY_AND_DISK)
-                self._cached.append(docs)
-            self.steps("read")
-            # One job for what the driver needs to know about the window: the
-            # control totals per type, outcome and date, and the order keys
-            # sent more than once in it (usually none; the correction rule's).
-            none = F.lit(None).cast("string")
-            summary = (
-                docs.groupBy("doc_type", "outcome", "kind", PARTITION)
-                .agg(F.count(F.lit(1)).alias("n"), F.sum("ctl_lines").alias("lines"),
-                     F.sum("ctl_line_amount").alias("line_amount"), F.sum("ctl_payable_amount").alias("payable"))
-                .withColumns({"partner": none, "order_id": none})
-            )  # fmt: skip
-            repeated = (
-                docs.where((F.col("outcome") == "ok") & (F.col("kind") == "order"))
-                .groupBy("partner", F.col("doc_id").alias("order_id")).count().where("count > 1")
-                .select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in summary.schema.fields[:-2]), *KEY)
-            )  # fmt: skip
-            rows = summary.unionByName(repeated).collect()
-        finally:
-            done.set()
-        self.steps("summary")
-        summary = [r for r in rows if r["n"] is not None]
-        self.repeated_keys = [(r["partner"], r["order_id"]) for r in rows if r["n"] is None]
-        control = self._control(summary)
-        quarantined = [
-            r.asDict()
-            for r in docs.where(F.col("outcome") == "quarantined")
-            .select("message_id", "partner", "doc_type", "ledger_seq", "reason")
-            .collect()
-        ] if control["quarantined"] else []  # fmt: skip
-        return warehouse.fact_rows(docs), quarantined, control
+    def _keep(self, docs):
+        """The parsed documents, materialised once: they feed every table. In local mode a local checkpoint
+        (rows kept as they are, lineage cut) is cheaper than the columnar cache; on a cluster the cache
+        survives the loss of an executor (it can be recomputed). Released when the run ends."""
+        from pyspark import StorageLevel
+
+        if self.spark.sparkContext.master.startswith("local"):
+            return self._checkpoint(docs)
+        docs = docs.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(docs)
+        return docs
 
     def _read_arrow(self, ranges):
         """The window staged with Arrow on the driver (:mod:`spark_etl.stage`,
@@ -693,11 +600,7 @@ class _Job:
         self.repeated_keys = list(staged.repeated_keys)
         control = self._control(staged.summary)
         self.steps("summary")
-        new_path = f"{self.staging}/new"
-        new = warehouse._Tables({t: (lambda t=t: self.storage.read(t, f"{new_path}/{t}")) for t in warehouse.FACT_TABLES},
-                                conform=False)  # fmt: skip
-        return new, staged.quarantined, control
-
+        return readers.staged_tables(self.storage, f"{self.staging}/new"), staged.quarantined, control
 
     def _checkpoint(self, df):
         """``df.localCheckpoint(eager=True)``, released when the run ends."""
@@ -707,28 +610,7 @@ class _Job:
 
     def _control(self, summary: list) -> dict[str, Any]:
         """Totals computed while parsing (Python Decimal), per fact table."""
-        c: dict[str, Any] = {"docs": 0, "ok": 0, "quarantined": 0, "skipped": 0, "read_by_type": {}, "dates": {}}
-        totals = {t: {"rows": 0, "amount": Decimal(0), "payable": Decimal(0), "lines": 0} for t in warehouse.FACT_TABLES}
-        for r in summary:
-            c["docs"] += r["n"]
-            c[r["outcome"]] += r["n"]
-            c["read_by_type"][r["doc_type"]] = c["read_by_type"].get(r["doc_type"], 0) + r["n"]
-            if r["outcome"] != "ok":
-                continue
-            day = str(r[PARTITION])
-            kind = r["kind"]
-            header = {"order": "fact_order", "change": "fact_order_change", "cancellation": "fact_order_change",
-                      "invoice": "fact_invoice"}[kind]  # fmt: skip
-            line_table = {"order": "fact_order_line", "change": "fact_order_line", "invoice": "fact_invoice_line"}.get(kind)
-            totals[header]["rows"] += r["n"]
-            totals[header]["payable"] += _dec(r["payable"])
-            totals[header]["lines"] += int(r["lines"] or 0)
-            c["dates"].setdefault(header, set()).add(day)
-            if line_table and (r["lines"] or 0) > 0:
-                totals[line_table]["rows"] += int(r["lines"])
-                totals[line_table]["amount"] += _dec(r["line_amount"])
-                c["dates"].setdefault(line_table, set()).add(day)
-        c["totals"] = totals
+        c = reconcile.control_totals(summary)
         self.stats["parsed"] = {"docs": c["docs"], "ok": c["ok"], "quarantined": c["quarantined"],
                                 "skipped": c["skipped"]}  # fmt: skip
         return c
@@ -759,74 +641,12 @@ class _Job:
         return kc, kc.count()
 
     def _reconcile(self, control: dict[str, Any], staged: dict[str, str], in_win, result: RunResult) -> None:
-        from pyspark.sql import functions as F
-
-        mismatches: list[str] = []
         window = (self.window.lo, self.window.hi)
         self.stats["ledger"] = self.ledger_counts
-        for doc_type in sorted(set(self.ledger_counts) | set(control["read_by_type"])):
-            want, got = self.ledger_counts.get(doc_type, 0), control["read_by_type"].get(doc_type, 0)
-            if want != got:
-                mismatches.append(f"{doc_type}: the ledger has {want} delivered documents, the load read {got}")
-        wrote: dict[str, dict[str, Any]] = {}
-        rows_written = 0
-        # The staged files of every table read back in ONE Spark job (a union of per-table aggregates).
-        total = "decimal(38,6)"
-        null = F.lit(None)
-        per_table = []
-        for t in warehouse.FACT_TABLES:
-            if t not in staged or self.arrow:
-                continue
-            df = self.storage.read(t, staged[t]).where(in_win)
-            header, amounts = t in _HEADER_TABLES, t in ("fact_order", "fact_invoice")
-            lines = t in ("fact_order_line", "fact_invoice_line")
-            per_table.append(df.agg(
-                F.lit(t).alias("table"), F.count(F.lit(1)).alias("rows"),
-                # one row per document: count the documents too (duplicates?)
-                (F.countDistinct("message_id") if header else null.cast("bigint")).alias("docs"),
-                (F.sum("payable_amount") if amounts else null).cast(total).alias("payable"),
-                (F.sum("line_count") if amounts else null).cast("bigint").alias("lines"),
-                (F.sum("line_amount") if lines else null).cast(total).alias("amount"),
-            ))  # fmt: skip
-        read_back = {}
-        if self.arrow:  # local files: read back with pyarrow (no Spark job)
-            read_back = {t: stage.read_back(stage.local_path(staged[t]), t, self.window.lo, self.window.hi)
-                         for t in warehouse.FACT_TABLES if t in staged}  # fmt: skip
-        if per_table:
-            union = per_table[0]
-            for df in per_table[1:]:
-                union = union.unionByName(df)
-            read_back = {r["table"]: r.asDict() for r in union.collect()}
-        for t in warehouse.FACT_TABLES:
-            want = control["totals"][t]
-            if t in staged:
-                got = {k: v for k, v in read_back[t].items() if k != "table" and (v is not None or k == "docs")}
-                if t not in _HEADER_TABLES:
-                    got.pop("docs", None)
-                got["files"] = sum(len(self.storage.data_files(f"{staged[t]}/{p}")) for p, d in self.storage.list(staged[t]) if d)
-            else:
-                got = {"rows": 0, "docs": 0, "payable": None, "lines": None, "amount": None, "files": 0}
-            wrote[t] = {k: (str(v) if isinstance(v, Decimal) else v) for k, v in got.items()}
-            rows_written += got["rows"]
-            if got["rows"] != want["rows"]:
-                mismatches.append(f"{t}: {got['rows']} rows for the window, the ledger documents give {want['rows']}")
-            if t in _HEADER_TABLES and got["docs"] != got["rows"]:
-                mismatches.append(f"{t}: {got['rows'] - got['docs']} duplicate rows for the window")
-            if t in ("fact_order", "fact_invoice"):
-                if _dec(got.get("payable")) != want["payable"]:
-                    mismatches.append(f"{t}: payable amounts sum to {_dec(got.get('payable'))}, the ledger documents to {want['payable']}")
-                if int(got.get("lines") or 0) != want["lines"]:
-                    mismatches.append(f"{t}: line counts sum to {got.get('lines') or 0}, the ledger documents have {want['lines']} lines")
-            if t in ("fact_order_line", "fact_invoice_line") and _dec(got.get("amount")) != want["amount"]:
-                mismatches.append(f"{t}: line amounts sum to {_dec(got.get('amount'))}, the ledger documents to {want['amount']}")
-        self.stats["reconciliation"] = {
-            "window": list(window),
-            "ledger": self.ledger_counts,
-            "expected": {t: {k: str(v) for k, v in d.items()} for t, d in control["totals"].items()},
-            "written": wrote,
-            "ok": not mismatches,
-        }
-        result.rows_written = rows_written
+        report, result.rows_written, mismatches = reconcile.compare(
+            control, staged, in_win, ledger_counts=self.ledger_counts, window=window, storage=self.storage,
+            arrow=self.arrow)
+        self.stats["reconciliation"] = report
         if mismatches:
             raise ReconciliationError(mismatches, window)
 
@@ -890,27 +710,6 @@ def _release_checkpoint(df: Any) -> None:
         log.debug("could not release a local checkpoint", exc_info=True)
 
 
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
-
-
 # Test hooks: called around publication (a test makes one raise to simulate a crash).
 _before_publish: Callable[[_Job], None] = lambda job: None
 _after_publish: Callable[[_Job], None] = lambda job: None
-
-
-# --------------------------------------------------------------------------- spark-submit
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spark_etl.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":  # spark-submit spark_etl/job.py run --db-url ... --warehouse ...
-    import sys
-
-    sys.exit(main())

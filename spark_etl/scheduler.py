@@ -27,7 +27,7 @@ from . import config, state
 
 __all__ = ["NightlyLoad"]
 
-log = logging.getLogger("spark_etl.scheduler")
+log = logging.getLogger(__name__)
 
 JOB_ID = "b2bgw-etl-nightly"
 

@@ -32,6 +32,7 @@ from ledger_contract import facts as ledger_facts
 from ledger_contract.tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
 
 from . import ubl
+from .errors import SparkEtlError
 
 __all__ = [
     "LedgerDataSource",
@@ -267,7 +268,7 @@ class LedgerDataSource(DataSource):  # type: ignore[misc]
         return LedgerReader(dict(self.options))
 
 
-class RelativeStorePathError(ValueError):
+class RelativeStorePathError(SparkEtlError, ValueError):
     """Raised when the reader is planned (on the driver) with a SQLite URL
     whose path is relative: every executor would resolve it against its own
     working directory and open another file, or none."""

@@ -33,7 +33,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -41,18 +40,20 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from broker_core import sql
+from broker_core.clock import now_ms
 from broker_core.sql import write_connection
+
+from .errors import SparkEtlError
 
 __all__ = [
     "Lease",
     "LockLostError",
     "RunRecord",
     "metadata",
-    "now_ms",
     "upgrade",
 ]
 
-log = logging.getLogger("spark_etl.state")
+log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
 
@@ -103,10 +104,6 @@ lock = sa.Table(
 )
 
 VERSION_TABLE = "b2b_etl_version"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def owner_id() -> str:
@@ -243,7 +240,7 @@ def list_quarantine(conn: sa.Connection, limit: int = 100) -> list[dict[str, Any
 # --------------------------------------------------------------------------- lock
 
 
-class LockLostError(RuntimeError):
+class LockLostError(SparkEtlError, RuntimeError):
     """The lease expired or was taken over while the job ran."""
 
 

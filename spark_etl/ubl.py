@@ -35,9 +35,11 @@ import pyarrow.json as pa_json
 from lxml import etree
 
 from ledger_contract import facts
-from ledger_contract.facts import KINDS, LOADED_TYPES, BadDocument
+from ledger_contract.facts import KINDS, LOADED_TYPES, BadDocumentError
 
-log = logging.getLogger("spark_etl.ubl")
+from .errors import SparkEtlError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AMOUNT_TYPE",
@@ -173,11 +175,11 @@ def extract(
         try:
             root = etree.fromstring(document, _parser())
         except etree.XMLSyntaxError as exc:
-            raise BadDocument(f"not well-formed XML: {str(exc)[:200]}") from None
+            raise BadDocumentError(f"not well-formed XML: {str(exc)[:200]}") from None
         header, n, lines = facts.extract(root, doc_type)
         header["issue_date"] = _dt.date.fromisoformat(header["issue_date"])
         doc.header, doc.lines, doc.n_lines = header, lines, n
-    except BadDocument as exc:
+    except BadDocumentError as exc:
         doc.outcome, doc.reason = "quarantined", str(exc)
     except (ValueError, TypeError, AttributeError) as exc:  # anything else the content provokes
         doc.outcome, doc.reason = "quarantined", f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -265,17 +267,17 @@ FACTS_SCHEMA = pa.schema(
 _FACTS_PARSE = pa_json.ParseOptions(explicit_schema=FACTS_SCHEMA, unexpected_field_behavior="error")
 
 
-class BadFacts(ValueError):
+class BadFactsError(SparkEtlError, ValueError):
     """Stored facts that do not read as :data:`FACTS_SCHEMA` says."""
 
 
-_FACTS_ERRORS = (BadFacts, pa.ArrowException, ValueError, TypeError)
+_FACTS_ERRORS = (BadFactsError, pa.ArrowException, ValueError, TypeError)
 
 
 def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     """``(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms,
     facts)`` tuples (facts: the JSON the gateway stored) to one record batch
-    of :data:`DOC_SCHEMA`, every document ``ok``. Raises :class:`BadFacts`
+    of :data:`DOC_SCHEMA`, every document ``ok``. Raises :class:`BadFactsError`
     (or an Arrow error) when a facts value does not read or cast."""
     n = len(rows)
     mid, partner, doc_type, seq, received, delivered, fact = zip(*rows)
@@ -286,7 +288,7 @@ def from_facts(rows: list[tuple]) -> pa.RecordBatch:
         parse_options=_FACTS_PARSE,
     )
     if table.num_rows != n:
-        raise BadFacts(f"{n} facts values gave {table.num_rows} rows")
+        raise BadFactsError(f"{n} facts values gave {table.num_rows} rows")
     arrays = [
         pa.array(mid, pa.string()), pa.array(partner, pa.string()), pa.array(doc_type, pa.string()),
         pa.array(seq, pa.int64()), pa.array(received, pa.int64()), pa.array(delivered, pa.int64()),
@@ -300,7 +302,7 @@ def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     children = []
     for f, values in zip(LINE_TYPE, lines):
         if not pc.all(pc.equal(pc.fill_null(pc.list_value_length(values), 0), lengths)).as_py():
-            raise BadFacts(f"the line column {f.name} does not have one value per line")
+            raise BadFactsError(f"the line column {f.name} does not have one value per line")
         flat = values.flatten()
         children.append(flat if flat.type == f.type else flat.cast(f.type))
     offsets = pa.array(pc.cumulative_sum(pa.concat_arrays([pa.array([0], pa.int64()), lengths.cast(pa.int64())])),

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
-log = logging.getLogger("spark_etl.warehouse")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DIM_TABLES",

@@ -12,7 +12,7 @@ from typing import Callable
 
 import sqlalchemy as sa
 
-from .._store import now_ms
+from ..clock import now_ms
 from ..sql import split_url
 from ._common import _CHANNEL, _IN_FLIGHT
 from ._schema import box_depth, consumers, entries, instances, leases, subscriptions, temporaries
@@ -20,7 +20,7 @@ from ._wakeups import LocalWakeups
 from ._wakeups import supported as _local_wakeups_supported
 from ._writer import Batch
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: SQLite: seconds between looks for other processes' commits when they also wake us with datagrams.
 SAFETY_POLL_INTERVAL = 0.5

@@ -12,7 +12,8 @@ from typing import Any, Iterable, Sequence
 import sqlalchemy as sa
 
 from .._envelope import Envelope
-from .._store import Delivery, dead_letter_envelope, expired_envelope, now_ms
+from .._store import Delivery, dead_letter_envelope, expired_envelope
+from ..clock import now_ms
 from . import _codec
 from ._common import _CHANNEL, _CLAIMED, _COPY_COLS, _IN_FLIGHT, _WAITING, DLQ, ENQ, EXP, RED, _body_size, _Claimed
 from ._reader import _SQLReader

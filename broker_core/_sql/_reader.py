@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["_SQLReader"]
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: How many candidates beyond its prefetch a selective consumer offers to one claim.
 _CLAIM_WINDOW = 15

@@ -9,7 +9,8 @@ import lz4.frame
 import sqlalchemy as sa
 
 from .._envelope import Envelope
-from .._store import DestinationStats, StoredMessage, now_ms
+from .._store import DestinationStats, StoredMessage
+from ..clock import now_ms
 from . import _codec
 from ._common import _IN_FLIGHT, _JOINED, _MESSAGE_COLS, _WAITING, DEQ, DLQ, ENQ, EXP, RED
 from ._schema import box_counters, box_depth, consumers, entries, messages, subscriptions

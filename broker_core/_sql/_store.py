@@ -53,9 +53,8 @@ from .._store import (
     Store,
     Subscription,
     expired_envelope,
-    now_ms,
 )
-from .._waiters import loop_future
+from ..clock import now_ms
 from ..sql import (
     MIGRATIONS,
     PG_WRITE_LOCK,
@@ -69,6 +68,7 @@ from ..sql import (
 from . import _codec
 from ._common import _CLAIMED, _EXPIRING, _WAITING, DEQ, EXP, _Counters
 from ._engine import _WriteTurn
+from ._claims import _Claims
 from ._liveness import _Liveness
 from ._operations import _Operations
 from ._reader import _SQLReader
@@ -86,7 +86,7 @@ from ._writer import Batch, GroupCommitter
 
 __all__ = ["SQLStore", "make_engine", "upgrade_database"]
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: SQLite: seconds between WAL checkpoints, which the writer runs after its transactions, outside the write turn.
 CHECKPOINT_INTERVAL = 0.1
@@ -100,11 +100,11 @@ WAL_LIMIT_BYTES = 64 << 20
 COMMIT_DELAY = 0.0005
 
 
-class SQLStore(_Liveness, _Operations, _Reads, Store):
+class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
     """Persistent store on SQLAlchemy 2 (``sqlite:///path`` or
     ``postgresql+psycopg://user@host/db``), made of its liveness among other
-    processes (``_liveness``), its writer's operations (``_operations``) and
-    its reads (``_reads``).
+    processes (``_liveness``), its writer's operations (``_operations``), its
+    consumers' claims (``_claims``) and its reads (``_reads``).
 
     Options (names and values checked by ``_options``; defaults below):
     ``sqlite_synchronous`` (``"FULL"``; ``"NORMAL"`` survives a killed process
@@ -319,24 +319,6 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
         if self._pg and not batch.ordered:
             self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (PG_WRITE_LOCK,))
             batch.ordered = True
-
-    def _touched(self, boxes: set[str]) -> None:
-        for box in boxes:
-            self._available(box)
-        if self._wakeups is not None and boxes:
-            self._wakeups.boxes_available(boxes)
-
-    def _available(self, box: str) -> None:
-        if box == "*":
-            self._all_version = next(self._tick)
-            self._next_ready.clear()
-        else:
-            self._versions[box] = next(self._tick)
-        self._broker_wake(box)
-
-    def _version(self, box: str) -> int:
-        """Changes whenever messages may have become available in ``box``."""
-        return max(self._versions.get(box, 0), self._all_version)
 
     def _write(self, fn: Callable[[Batch], Any], wait: bool = True,
                callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> Any:
@@ -627,52 +609,6 @@ class SQLStore(_Liveness, _Operations, _Reads, Store):
             if sub is not None:
                 self._mem.create_subscription(sub)
         return _SQLReader(self, box, compiled, self._mem.reader(box, selector), prefetch)
-
-    def _claim_rows(self, box: str, limit: int, ids: list[int] | None, now: int) -> list[Delivery]:
-        result = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)
-        return self._claimed(box, ids, result)
-
-    async def _claim_rows_async(self, reader: "_SQLReader", limit: int, now: int) -> int:
-        """:meth:`_claim_rows` for an event loop: the writer's completion wakes it (no thread waits). The rows
-        go to *reader* from the writer's thread, as a hand-over does (back to the box if it closed meanwhile),
-        so that a claim whose task is cancelled while it waits loses nothing. How many it got."""
-        future, settle = loop_future()
-        if self._closed or self._writer is None:
-            raise StoreError("the store is closed")
-        box = reader._box
-
-        def landed(result: Any, error: BaseException | None) -> None:
-            got = 0
-            if error is None:
-                try:
-                    rows = self._claimed(box, None, result)
-                    if rows:  # the task awaiting the claim is woken by its future, not by the reader
-                        self._hand_over({reader: rows}, wake=False)
-                    got = len(rows)
-                except Exception as exc:  # noqa: BLE001 - the waiting task gets it
-                    error = exc
-            settle(got, error)
-
-        self._writer.submit(lambda batch: self._op_claim(batch, box, limit, None, now), callback=landed,
-                            durable=False, awaited=True)
-        return int(await future)
-
-    def _claimed(self, box: str, ids: list[int] | None, result: Any) -> list[Delivery]:
-        claimed, next_ready = result
-        if next_ready is not None:
-            self._next_ready[box] = next_ready
-        elif ids is None:
-            self._next_ready.pop(box, None)
-        out = []
-        for entry_box, entry_id, count, priority, expiration, found in claimed:
-            if type(found) is not Envelope:  # a message row
-                env = _codec.row_envelope(found, priority, expiration, 1)
-            elif found.priority != priority or found.expiration != expiration:
-                env = found.replace(priority=priority, expiration=expiration)
-            else:
-                env = found
-            out.append(Delivery(entry_box, entry_id, env, count))
-        return out
 
     #: The seq of the first waiting entry of each counted box in delivery order (one seek of the claim
     #: index per box): when the message the box's consumers get next came in.

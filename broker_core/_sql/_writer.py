@@ -28,7 +28,7 @@ from sqlalchemy import exc as sa_exc
 from .._errors import StoreError, StoreUnavailableError
 from .._waiters import ThreadWaiter
 
-log = logging.getLogger("broker_core.sql")
+log = logging.getLogger(__name__)
 
 #: Weight of the newest gap in the writer's moving average of the gaps between
 #: asynchronous operations (see GroupCommitter's ``commit_delay``).

@@ -38,7 +38,7 @@ from .._envelope import NON_PERSISTENT
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
 from .._errors import InvalidDestinationError, JMSError
 from .._memory import MemoryStore
-from .._session import _store_commit_async
+from .._commit import store_commit_async as _store_commit_async
 from .._store import Delivery, now_ms
 from .._waiters import AsyncWaiter
 from ._auth import AuthenticationError

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.runtime.metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
+from gateway.telemetry.metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
 from gateway.config.operations import AdminSettings
 from gateway.admin.api import api_routes
 from gateway.admin.console import console_routes
@@ -30,7 +30,7 @@ from gateway.admin.service import AdminService
 
 __all__ = ["Operations"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 
 class Operations:

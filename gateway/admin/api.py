@@ -14,18 +14,18 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFoundError
-from gateway.http.problems import problem_response
+from gateway.problems import problem_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
 
 __all__ = ["PREFIX", "api_routes"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 PREFIX = "/admin/api/v1"
 MAX_BODY = 256 * 1024

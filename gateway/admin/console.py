@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.errors import GatewayError, NotFoundError
+from gateway.errors import GatewayError
 from ledger_contract.tables import STATUSES
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
@@ -388,9 +388,6 @@ def console_routes(service: AdminService) -> list[Route]:
             return Response(status_code=404)
         data, media, _ = found
         return Response(data, media_type=media, headers={"Cache-Control": "public, max-age=86400"})
-
-    async def unknown_message(request: Request, principal: Principal) -> Response:
-        raise NotFoundError()
 
     return [
         Route("/console", page(overview), methods=["GET"]),

@@ -29,7 +29,7 @@ from ledger_contract.tables import DELIVERED_STATUSES, STATUSES, documents, even
 
 __all__ = ["Counts", "LedgerQuery", "lineage", "search"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 SCAN_LIMIT = 5000
 _SUMMARY = [documents.c.message_id, documents.c.partner, documents.c.doc_type, documents.c.doc_id,

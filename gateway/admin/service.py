@@ -41,7 +41,7 @@ from gateway.admin.snapshot import StatsSampler
 
 __all__ = ["AdminService", "pretty_xml"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 #: Bodies up to this size are shown whole (pretty-printed when XML); longer ones are cut there.
 SHOW_BYTES = 1 << 20

@@ -25,7 +25,7 @@ from broker_core import Broker, DestinationStats
 
 __all__ = ["Snapshot", "StatsSampler"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 IDLE_AFTER = 120.0
 HISTORY = 120

@@ -48,7 +48,7 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
 
 
 def cmd_routes_check(args: argparse.Namespace) -> int:
-    from gateway.runtime.assemble import assemble
+    from gateway.exchange.assemble import assemble
 
     settings = settings_for(args)
     assembly = assemble(settings)

@@ -2,8 +2,8 @@
 
 The commands live in modules of their own, each with a ``register`` that adds its parsers:
 :mod:`gateway.cli.serve` (serve, stomp, worker), :mod:`gateway.cli.send` (send), :mod:`gateway.cli.queues`
-(queues, browse, dlq), :mod:`gateway.cli.db` (db upgrade), :mod:`gateway.cli.lifecycle` (db stats, db vacuum,
-archive), :mod:`gateway.cli.config` (routes check, rules check, key new, operator new), and ``spark_etl.cli``
+(queues, browse, dlq), :mod:`gateway.cli.db` (db upgrade, stats, vacuum), :mod:`gateway.cli.archive`
+(archive), :mod:`gateway.cli.config` (routes check, rules check, key new, operator new), and ``spark_etl.cli``
 (etl) when the warehouse load is installed.
 
 ``-c/--config FILE`` and ``--log-level`` go before or after the command. Exit status: 0 done, 1 failed (a
@@ -22,14 +22,14 @@ from typing import Any, NoReturn
 
 from gateway.cli import config as config_cli
 from gateway.cli import db as db_cli
-from gateway.cli import lifecycle as lifecycle_cli
+from gateway.cli import archive as archive_cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import send as send_cli
 from gateway.cli import serve as serve_cli
 from gateway.cli.support import CommandError, one_line, shown_url, to_stderr
 from gateway.config.loader import default_config_path
 from gateway.errors import ConfigError, GatewayError
-from gateway.runtime.logs import own as own_log_handler
+from gateway.telemetry.logs import own as own_log_handler
 
 __all__ = ["main", "build_parser"]
 
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = needs_action(sub.add_parser("db", help="database"), "db")
     db_cli.register(db, with_config)  # db upgrade
-    lifecycle_cli.register(sub, db, with_config, needs_action)  # db stats, db vacuum, archive ...
+    archive_cli.register(sub, with_config, needs_action)  # archive ...
 
     config_cli.register(sub, with_config, with_log_level, needs_action)  # routes check, rules check, key, operator
 

@@ -93,8 +93,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     if not args.partner:
         raise CommandError("send needs --partner P (or --url URL --key KEY to post to a running gateway)")
 
-    from gateway.runtime.assemble import assemble_or_raise
-    from gateway.http.problems import problem_body
+    from gateway.exchange.assemble import assemble_or_raise
+    from gateway.problems import problem_body
     from gateway.runtime.serving import Runtime
 
     settings = settings_for(args)

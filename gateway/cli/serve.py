@@ -15,7 +15,7 @@ from gateway.config.loader import Settings
 
 __all__ = ["register", "is_loopback", "demo_keys_configured"]
 
-log = logging.getLogger("gateway.cli.main")
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]) -> None:
@@ -145,7 +145,7 @@ def _probe_listen(host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.runtime.logs import configure
+    from gateway.telemetry.logs import configure
 
     settings = settings_for(args)
     configure(settings.log_format, getattr(logging, args.log_level, logging.INFO), args.process_index)
@@ -174,7 +174,7 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
 
     from gateway.http.app import create_app
     from gateway.http.protocol import protocol_options
-    from gateway.runtime.logs import uvicorn_log_config
+    from gateway.telemetry.logs import uvicorn_log_config
 
     index = args.process_index
     if args.cpu is not None:
@@ -290,7 +290,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from gateway.runtime.assemble import Assembly
+    from gateway.exchange.assemble import Assembly
     from gateway.routing.partners import PartnerRegistry
     from gateway.routing.routes import RouteTable
     from gateway.runtime.serving import Runtime

@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.config.loader import Settings, load_settings
 
-__all__ = ["CommandError", "settings_for", "to_stderr", "shown_url", "one_line", "config_shown", "int_at_least",
+__all__ = ["CommandError", "existing_store_engine", "settings_for", "to_stderr", "shown_url", "one_line", "config_shown", "int_at_least",
            "port_number", "positive_seconds"]
 
 
@@ -83,3 +83,20 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
+
+
+def existing_store_engine(settings: Settings) -> Any:
+    """An engine on the configured store, which must exist (these commands only read it)."""
+    import os
+
+    import sqlalchemy as sa
+
+    from broker_core.sql import make_engine
+
+    url = settings.store_url
+    if url.startswith("sqlite"):
+        path = sa.engine.make_url(url.split("?", 1)[0]).database
+        if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
+            raise CommandError(f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
+                               "check store.url and the current directory")
+    return make_engine(url, sqlite_pooled=False)

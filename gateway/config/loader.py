@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from broker_core import Broker, InvalidArgumentError
 from spark_etl.config import EtlSettingError, check_section as check_etl_section
@@ -52,7 +51,7 @@ from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
 #: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
 LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
 
-#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.intake.stages).
+#: ``server.intake_facts``: when the gateway extracts the warehouse facts at intake (see gateway.exchange.stages).
 INTAKE_FACTS = ("always", "when_idle", "never")
 
 __all__ = [

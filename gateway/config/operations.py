@@ -15,7 +15,7 @@
       login_window: 5m          # ... within this window, then 429 until it passes
       stats_interval: 5s        # how often the destinations' counters are read from the store
     logging:
-      format: text              # or json: one JSON object per line (gateway.runtime.logs)
+      format: text              # or json: one JSON object per line (gateway.telemetry.logs)
 
 Each value is checked at its line when the configuration loads (a wrong one
 is a :class:`~gateway.errors.ConfigError` with ``file:line``).

@@ -75,8 +75,8 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
     if "online" in retention:
         default_online = online(retention["online"], retention.at("online"), "ledger.retention.online")
     elif DEFAULT_ONLINE < late_reply_window:
-        raise retention.where.error(f"ledger.retention.online (default 90d) is shorter than "
-                                    f"exchange.late_reply_window; set ledger.retention.online")
+        raise retention.where.error("ledger.retention.online (default 90d) is shorter than "
+                                    "exchange.late_reply_window; set ledger.retention.online")
     default = Rule(default_online, default_after)
 
     def rules(key: str, known: dict[str, Any] | None) -> dict[str, Rule]:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import json
 import logging
 import time
 from typing import TYPE_CHECKING
 
+from gateway.exchange.keys import idempotency_key
+from gateway.exchange.stages import Intake
 from gateway.errors import ArchivedReplayError, BackendError, GatewayError, IdempotencyConflictError, ReplyTimeoutError, clip
-from gateway.exchange.ids import iso_ms, uuid4_str
+from gateway.exchange.ids import iso_ms
 from gateway.ledger.records import Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
 from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome
@@ -35,12 +36,12 @@ from gateway.routing.routes import Route, RouteTable
 from gateway.intake.xmlsafe import parse_document_text
 
 if TYPE_CHECKING:
-    from gateway.intake.stages import Intake
+    from gateway.exchange.replies import PendingReplies
     from gateway.intake.xmlsafe import IntakeLimits
 
-__all__ = ["LEGACY_KEY_WINDOW", "Idempotency", "document_digest"]
+__all__ = ["LEGACY_KEY_WINDOW", "Idempotency"]
 
-log = logging.getLogger("gateway.exchange.submission")  # the gateway's log, whichever part of it writes
+log = logging.getLogger(__name__)
 
 #: For this long (s) after the newest ledger row without a digest (accepted before the ledger kept them, under
 #: a key without the sender party), a document is also checked against the key it would have had then: a
@@ -50,26 +51,26 @@ LEGACY_KEY_WINDOW = 7 * 24 * 3600
 LEGACY_KEYS_MAX = 1_000_000
 
 
-def document_digest(body: bytes) -> str:
-    """The ledger's digest of a request body as received (the prefix names the algorithm).
-
-    SHA-256 rather than BLAKE2: with the CPU's SHA instructions, which OpenSSL uses, it is the faster."""
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
 class Idempotency:
-    """The idempotency checks and replays of a :class:`gateway.exchange.submission.Gateway` (it holds the state they use)."""
+    """The keys a gateway process accepted lately, and the answers to a document whose key is taken."""
 
-    ledger: Ledger
-    routes: RouteTable
-    limits: IntakeLimits
-    recent_keys: int
-    duplicate_poll: float
-    _recent: collections.OrderedDict[str, tuple[str, str]]
-    _legacy_keys: frozenset[str] | None
-    _legacy_until: float
+    def __init__(self, ledger: Ledger, routes: RouteTable, limits: IntakeLimits, replies: PendingReplies, *,
+                 recent_keys: int = 100_000, duplicate_poll: float = 0.05) -> None:
+        self.ledger = ledger
+        self.routes = routes
+        self.limits = limits
+        self.replies = replies
+        self.recent_keys = recent_keys
+        self.duplicate_poll = duplicate_poll
+        # idempotency key -> (message id, digest) of documents this process accepted lately (a replay then skips
+        # the insert that the unique key would refuse: a refused insert fails its whole group commit, which the
+        # store then redoes one operation at a time)
+        self._recent: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        # the keys of recent ledger rows without a digest (see LEGACY_KEY_WINDOW), until _legacy_until (epoch s)
+        self._legacy_keys: frozenset[str] | None = None
+        self._legacy_until = 0.0
 
-    def _load_legacy_keys(self) -> None:
+    def load_legacy_keys(self) -> None:
         """Read the keys of the rows accepted without a digest within :data:`LEGACY_KEY_WINDOW` (none once
         the ledger has kept digests that long: an index range of those rows alone)."""
         rows = self.ledger.undigested_keys(now_ms() - LEGACY_KEY_WINDOW * 1000, LEGACY_KEYS_MAX)
@@ -84,35 +85,28 @@ class Idempotency:
         log.info("checking documents against the keys of %d recent documents accepted before the ledger kept "
                  "digests, until %s", len(rows), iso_ms(int(self._legacy_until * 1000)))
 
-    def _remember(self, key: str, message_id: str, digest: str) -> None:
+    def remember(self, key: str, message_id: str, digest: str) -> None:
         recent = self._recent
         recent[key] = (message_id, digest)
         if len(recent) > self.recent_keys:
             recent.popitem(last=False)
 
-    @staticmethod
-    def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: str | None,
-                        party: str | None = None, values: list[str] | None = None) -> str:
-        """The ledger's idempotency key, per partner: from the header; else from the route's own key XPaths'
-        *values*; else document type + id, with the sender *party* when there is one (a key without it is
-        the one every document had before parties were part of it). A document that has none of these gets
-        a key of its own: it is never a replay."""
-        if header is not None:
-            key = f"{partner_id}|key|{header}"
-        elif values is not None:
-            if not any(values):
-                return f"{partner_id}|unique|{uuid4_str()}"
-            key = f"{partner_id}|{route.root}|xpath|" + "|".join(f"{len(v)}:{v}" for v in values)
-        elif doc_id is not None:
-            key = (f"{partner_id}|{route.root}|{doc_id}" if party is None
-                   else f"{partner_id}|{route.root}|{doc_id}|party={party}")
-        else:
-            return f"{partner_id}|unique|{uuid4_str()}"
-        if len(key) > 500:
-            key = f"{partner_id}|sha256|{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
-        return key
+    def keyed(self, partner_id: str, result: Intake, header: str | None) -> Intake:
+        """*result* checked against the keys accepted lately: the first's Intake (``known``) for the same
+        document again, IdempotencyConflictError for another; else *result*, with the key it had before
+        sender parties were part of keys when a recent row may hold that one."""
+        route, doc_id, party = result.route, result.doc_id, result.party
+        known = self._recent.get(result.key)
+        if known is not None:
+            if known[1] != result.digest:
+                raise self.conflict(route, doc_id, party, header, known[0])
+            return Intake(route, doc_id, result.key, result.digest, known[0])
+        keyed_by_values = header is None and route.key_xpaths is not None
+        if self._legacy_keys is not None and doc_id is not None and (party is not None or keyed_by_values):
+            result.legacy = self.legacy_key(partner_id, route, doc_id)
+        return result
 
-    def _legacy_key(self, partner_id: str, route: Route, doc_id: str) -> str | None:
+    def legacy_key(self, partner_id: str, route: Route, doc_id: str) -> str | None:
         """The default key without the sender party, when a recent row without a digest holds it."""
         keys = self._legacy_keys
         if keys is None:
@@ -120,10 +114,10 @@ class Idempotency:
         if time.time() > self._legacy_until:
             self._legacy_keys = None
             return None
-        legacy = self.idempotency_key(partner_id, route, doc_id, None)
+        legacy = idempotency_key(partner_id, route, doc_id, None)
         return legacy if legacy in keys else None
 
-    def _conflict(self, route: Route, doc_id: str | None, party: str | None, header: str | None,
+    def conflict(self, route: Route, doc_id: str | None, party: str | None, header: str | None,
                   first: str) -> IdempotencyConflictError:
         if header is not None:
             basis = "its Idempotency-Key"
@@ -139,13 +133,13 @@ class Idempotency:
             first_message_id=first, first_status_url=url,
         )
 
-    def _archived_duplicate(self, tombstone: Tombstone, intake: Intake, header: str | None) -> GatewayError:
+    def archived_duplicate(self, tombstone: Tombstone, intake: Intake, header: str | None) -> GatewayError:
         """The answer to a document whose key the tombstone of an archived (purged) document holds: never
         accepted again. Another document under that key is the conflict it would have been while the first
         was online; the same one (or one the first cannot be compared with: no digest) is told the first
         was archived. Its key is not remembered: nothing online answers it any more."""
         if tombstone.digest is not None and tombstone.digest != intake.digest:
-            return self._conflict(intake.route, intake.doc_id, intake.party, header, tombstone.message_id)
+            return self.conflict(intake.route, intake.doc_id, intake.party, header, tombstone.message_id)
         url = DOCUMENTS_PATH + tombstone.message_id
         archived = iso_ms(tombstone.purged_at)
         how = "archived" if tombstone.archived else "purged"
@@ -156,7 +150,7 @@ class Idempotency:
             message_id=tombstone.message_id, status_url=url, received_at=iso_ms(tombstone.received_at) or "",
             archived_at=archived or "")
 
-    async def _duplicate(self, existing: LedgerRecord, intake: Intake, header: str | None,
+    async def duplicate(self, existing: LedgerRecord, intake: Intake, header: str | None,
                          body: bytes) -> Outcome:
         """The answer to a document whose key *existing* holds: the first answer when it is the same
         document, else :class:`IdempotencyConflictError`."""
@@ -166,11 +160,11 @@ class Idempotency:
             stored = await asyncio.to_thread(self.ledger.get, existing.message_id, document=True)
             same = stored is not None and stored.document in (intake.document, body)
         if not same:
-            raise self._conflict(intake.route, intake.doc_id, intake.party, header, existing.message_id)
-        self._remember(intake.key, existing.message_id, intake.digest)
-        return await self._replay(existing)
+            raise self.conflict(intake.route, intake.doc_id, intake.party, header, existing.message_id)
+        self.remember(intake.key, existing.message_id, intake.digest)
+        return await self.replay(existing)
 
-    async def _legacy_duplicate(self, partner: Partner, intake: Intake, body: bytes) -> Outcome | None:
+    async def legacy_duplicate(self, partner: Partner, intake: Intake, body: bytes) -> Outcome | None:
         """The answer to a document whose key before the upgrade (:attr:`Intake.legacy`) a row without a
         digest holds, if it is that row's document or a variant of it from the same sender; None when that
         row is another party's document (accept this one under its own key)."""
@@ -181,9 +175,9 @@ class Idempotency:
         if first_key != intake.key:
             return None
         if existing.document not in (intake.document, body):
-            raise self._conflict(intake.route, intake.doc_id, intake.party, None, existing.message_id)
-        self._remember(intake.key, existing.message_id, intake.digest)
-        return await self._replay(existing)
+            raise self.conflict(intake.route, intake.doc_id, intake.party, None, existing.message_id)
+        self.remember(intake.key, existing.message_id, intake.digest)
+        return await self.replay(existing)
 
     def _key_of_stored(self, partner: Partner, route: Route, document: bytes) -> str | None:
         """The key a stored document has today (None if it no longer parses)."""
@@ -193,11 +187,11 @@ class Idempotency:
             return None
         values = route.extract_key_values(root)
         party = route.extract_sender_party(root) if values is None else None
-        return self.idempotency_key(partner.id, route, route.extract_document_id(root), None, party, values)
+        return idempotency_key(partner.id, route, route.extract_document_id(root), None, party, values)
 
-    async def _replay(self, record: LedgerRecord) -> Outcome:
+    async def replay(self, record: LedgerRecord) -> Outcome:
         """The first answer to a document accepted before (same idempotency key)."""
-        record = self._with_unrecorded(record)
+        record = self.replies.merged(record)
         route = self.routes.get(record.route)
         receipt = json.loads(record.receipt) if record.receipt else {  # the receipt _receipt made
             "message_id": record.message_id, "correlation_id": record.correlation_id, "route": record.route,
@@ -210,11 +204,11 @@ class Idempotency:
             deadline = record.received_at / 1000 + timeout
             while record.reply is None and time.time() < deadline:  # the first request may still be waiting
                 await asyncio.sleep(self.duplicate_poll)
-                before = self._unrecorded.get(record.message_id)
+                before = self.replies.get(record.message_id)
                 fresh = await asyncio.to_thread(self.ledger.get, record.message_id)
                 if fresh is None:  # pragma: no cover - ledger rows are never deleted
                     break
-                record = self._with_unrecorded(fresh, before)
+                record = self.replies.merged(fresh, before)
             if record.reply is None:
                 raise ReplyTimeoutError(
                     f"This document was accepted before as {record.message_id} and no reply has come yet; "

@@ -15,22 +15,24 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
 
 from gateway.errors import BackendError, ReplyTimeoutError
-from gateway.ledger.records import Ledger, LedgerRecord, now_ms
+from gateway.exchange.replies import ERROR_PROPERTY, PendingReplies, reply_parts
+from gateway.ledger.records import Ledger
 from gateway.routing.partners import Partner
 from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.routing.routes import Route
 
+if TYPE_CHECKING:
+    from gateway.exchange.idempotency import Idempotency
+
 __all__ = ["ERROR_PROPERTY", "MAX_LATE", "Exchange", "RequestReply"]
 
-log = logging.getLogger("gateway.exchange.submission")  # the gateway's log, whichever part of it writes
+log = logging.getLogger(__name__)
 
-#: The property a back end sets on a reply to say it failed (its value: why).
-ERROR_PROPERTY = "B2BError"
 #: At most this many timed-out requests per route wait for a late reply.
 MAX_LATE = 100_000
 
@@ -48,15 +50,33 @@ class Exchange:
 
 
 class RequestReply:
-    """The request-reply exchanges of a :class:`gateway.exchange.submission.Gateway` (it holds the state they use)."""
+    """The request-reply routes' exchanges: one requestor per route, the requests that may still get a reply."""
 
-    ledger: Ledger
-    store: Any
-    late_reply_window: float
-    _exchanges: dict[str, Exchange]
-    _unrecorded: dict[str, tuple[str, bytes, str | None, str | None]]
+    def __init__(self, ledger: Ledger, replies: PendingReplies, idempotency: Idempotency, *,
+                 late_reply_window: float) -> None:
+        self.ledger = ledger
+        self.replies = replies
+        self.idempotency = idempotency
+        self.late_reply_window = late_reply_window
+        self._exchanges: dict[str, Exchange] = {}
 
-    async def _request_reply(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
+    def start(self, connection: Any, routes: Any) -> None:
+        """Open one requestor per request-reply route of *routes*, on sessions of *connection*."""
+        for route in routes:
+            if route.request_reply:
+                session = connection.create_session(False)
+
+                def late(reply: Message, _route: Route = route) -> None:
+                    self._late_reply(self._exchanges[_route.id], reply)
+
+                requestor = Requestor(session, route.destination, on_late_reply=late)
+                self._exchanges[route.id] = Exchange(route, requestor)
+
+    def close(self) -> None:
+        for exchange in self._exchanges.values():
+            exchange.requestor.close()
+
+    async def send(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
                              key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
                              facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
         exchange = self._exchanges[route.id]
@@ -83,7 +103,7 @@ class RequestReply:
             )
         except RequestTimeoutError:
             message_id = message.jms_message_id
-            self._remember(key, message_id, digest)
+            self.idempotency.remember(key, message_id, digest)
             with exchange.lock:
                 entry = exchange.open.get(correlation)
                 if entry is not None:  # keep the id (not the message and its document) for a late reply
@@ -101,24 +121,15 @@ class RequestReply:
         with exchange.lock:
             exchange.open.pop(correlation, None)
         message_id = message.jms_message_id
-        self._remember(key, message_id, digest)
-        reply_bytes, reply_type, error = self._reply_parts(reply)
-        self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered"))
+        self.idempotency.remember(key, message_id, digest)
+        reply_bytes, reply_type, error = reply_parts(reply)
+        self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered"))
         if error is not None:
             raise BackendError(
                 f"The back end could not process the document: {error}",
                 message_id=message_id, correlation_id=correlation, status_url=DOCUMENTS_PATH + message_id,
             )
         return Outcome(message_id, correlation, route.id, holder["receipt"], reply=reply_bytes, reply_type=reply_type)
-
-    @staticmethod
-    def _reply_parts(reply: Message) -> tuple[bytes, str | None, str | None]:
-        text = getattr(reply, "text", None)
-        error = reply.get_string_property(ERROR_PROPERTY) if reply.property_exists(ERROR_PROPERTY) else None
-        if text is None:
-            text = ""
-            error = error or "the reply has no text body"
-        return text.encode("utf-8"), (reply.jms_type or None), error
 
     # ----------------------------------------------------------------- late replies
 
@@ -147,39 +158,7 @@ class RequestReply:
             log.warning("route %s: a reply (correlation id %r) matches no request of this gateway; dropped",
                         exchange.route.id, (correlation or "")[:100])
             return
-        reply_bytes, reply_type, error = self._reply_parts(reply)
-        self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
+        reply_bytes, reply_type, error = reply_parts(reply)
+        self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
         log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
 
-    def _record_reply(self, message_id: str, reply: bytes, reply_type: str | None, error: str | None,
-                      from_statuses: tuple[str, ...]) -> None:
-        """Record a reply in the ledger without waiting for the commit (any thread).
-
-        The HTTP answer does not wait for this write (it would add a commit to every round trip); until it
-        lands, the reply is kept in memory so a replay or a GET of the document already sees it."""
-        status = "failed" if error is not None else "replied"
-        ledger = self.ledger
-        self._unrecorded[message_id] = (status, reply, reply_type, error)
-
-        def done(err: BaseException | None) -> None:
-            self._unrecorded.pop(message_id, None)
-            if err is not None:
-                log.error("could not record the reply to %s: %s", message_id, err)
-
-        try:
-            self.broker.write(lambda conn: ledger.transition(
-                conn, message_id, status, from_statuses=from_statuses, reply=reply, reply_type=reply_type,
-                error=error), callback=done)
-        except Exception as exc:  # noqa: BLE001 - the store is closing: the reply is only in memory now
-            self._unrecorded.pop(message_id, None)
-            log.error("could not record the reply to %s: %s", message_id, exc)
-
-    def _with_unrecorded(self, record: LedgerRecord, before: Any = None) -> LedgerRecord:
-        """*record* with a reply that is still on its way to the ledger (*before*: what was pending before
-        the record was read, in case the write landed between the read and now)."""
-        pending = self._unrecorded.get(record.message_id) or before
-        if pending is not None and record.reply is None:
-            record.status, record.reply, record.reply_type, record.error = pending
-            if record.history is not None:
-                record.history.append((record.status, now_ms()))
-        return record

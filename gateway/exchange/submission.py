@@ -3,7 +3,7 @@
 :meth:`Gateway.submit` takes an authenticated partner's request body and returns an :class:`Outcome` (a
 receipt, or a reply) or raises a typed :class:`~gateway.errors.GatewayError`:
 
-1. the staged intake (:mod:`gateway.intake.stages`): parse, route, validate, extract, transform, warehouse facts;
+1. the staged intake (:mod:`gateway.exchange.stages`): parse, route, validate, extract, transform, warehouse facts;
 2. idempotency (:mod:`gateway.exchange.idempotency`): a document posted again under a taken key gets the first answer,
    another document under it a conflict;
 3. business rules, when the route applies a rule set (:mod:`gateway.rules.rulesets`): failures refuse the document;
@@ -26,21 +26,21 @@ from typing import Any
 
 from broker_core import (
     Broker,
-    Message,
-    Requestor,
     StoreUnavailableError as BrokerStoreUnavailable,
     XMLMessage,
 )
 
-from gateway.runtime.assemble import Assembly
+from gateway.exchange.assemble import Assembly
 from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
-from gateway.exchange.request_reply import Exchange, RequestReply
+from gateway.exchange.replies import PendingReplies
+from gateway.exchange.request_reply import RequestReply
 from gateway.intake.explainer import Explainer
-from gateway.exchange.idempotency import Idempotency, LEGACY_KEY_WINDOW, document_digest
+from gateway.exchange.idempotency import Idempotency, LEGACY_KEY_WINDOW
+from gateway.intake.documents import document_digest
 from gateway.exchange.ids import iso_ms, uuid4_str
-from gateway.intake.workers import IntakeWorkers
-from gateway.intake.stages import (
+from gateway.exchange.intake_workers import IntakeWorkers
+from gateway.exchange.stages import (
     INLINE_MAX_BYTES,
     INTAKE_BUSY,
     INTAKE_THREADS,
@@ -49,10 +49,10 @@ from gateway.intake.stages import (
     TREE_VALIDATION_MAX_BYTES,
     Intake,
     IntakeStages,
-    Invalid,
+    IntakeInvalidError,
     Work,
 )
-from gateway.ledger.records import DuplicateDocument, Ledger, LedgerRecord, Tombstone, now_ms
+from gateway.ledger.records import DuplicateDocumentError, Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
 from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.routing.routes import Route
@@ -66,8 +66,12 @@ __all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_K
 log = logging.getLogger(__name__)
 
 
-class Gateway(IntakeStages, Idempotency, RequestReply):
-    """Accepts documents for one broker, with the routes, schemas and partners of an :class:`Assembly`."""
+class Gateway:
+    """Accepts documents for one broker, with the routes, schemas and partners of an :class:`Assembly`.
+
+    Made of parts with their own state: the intake's stages (:attr:`intake`), the idempotency checks and
+    replays (:attr:`idempotency`), the request-reply exchanges (:attr:`request_reply`) and the replies on
+    their way to the ledger (:attr:`replies`); this class runs a document through them."""
 
     def __init__(self, assembly: Assembly, broker: Broker, *, late_reply_window: float | None = None,
                  inline_max_bytes: int = INLINE_MAX_BYTES, duplicate_poll: float = 0.05,
@@ -78,32 +82,16 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         if broker.engine is None:
             raise GatewayError("the gateway needs a SQL store (sqlite:///PATH or postgresql+psycopg://...)")
         self.assembly = assembly
-        self.settings = assembly.settings
+        self.settings = settings = assembly.settings
         self.registry = assembly.registry
         self.routes = assembly.routes
         self.partners = assembly.partners
         self.broker = broker
         self.ledger = Ledger(broker.engine)
-        self.limits = assembly.settings.limits
-        self.late_reply_window = (assembly.settings.late_reply_window if late_reply_window is None
-                                  else late_reply_window)
+        self.limits = settings.limits
         self.inline_max_bytes = inline_max_bytes
-        self._batch: list[tuple[Work, asyncio.Future[Intake]]] = []  # waiting for the event loop's intake
-        self._stages = (self._parse_stage, self._validate_stage, self._extract_stage, self._facts_stage)
-        self.duplicate_poll = duplicate_poll
         self._connection: Any = None
         self._sessions: collections.deque[tuple[Any, Any]] = collections.deque()
-        # idempotency key -> (message id, digest) of documents this process accepted lately (a replay then skips
-        # the insert that the unique key would refuse: a refused insert fails its whole group commit, which the
-        # store then redoes one operation at a time)
-        self._recent: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
-        # the keys of recent ledger rows without a digest (see LEGACY_KEY_WINDOW), until _legacy_until (epoch s)
-        self._legacy_keys: frozenset[str] | None = None
-        self._legacy_until = 0.0
-        # message id -> (status, reply, reply type, error) of replies whose ledger write is under way
-        self._unrecorded: dict[str, tuple[str, bytes, str | None, str | None]] = {}
-        self.recent_keys = recent_keys
-        self._exchanges: dict[str, Exchange] = {}
         # parse, validate, facts: off the event loop (libxml2 runs without the GIL, on another core)
         self._intake_pool = (concurrent.futures.ThreadPoolExecutor(intake_threads, thread_name_prefix="b2bgw-intake")
                              if intake_threads > 0 else None)
@@ -112,29 +100,50 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         # larger documents: a few threads of their own, at a lower CPU priority (see LARGE_NICE)
         self._large_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-large",
                                                                  initializer=_lower_priority, initargs=(LARGE_NICE,))
-        # the full error reports of invalid documents: worked out in a helper process, within a time budget
-        settings = assembly.settings
-        self.explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
-                                           workers=settings.explain_workers)
-                          if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
-        # larger documents' intake: worker processes, so that their work never holds this process's interpreter;
-        # threads wait for them at normal priority (a niced thread preempted while it holds the interpreter lock,
-        # as it does between two writes to a pipe, would hold up the event loop until it got a CPU again)
-        self.intake_workers = IntakeWorkers.shared(assembly, self.limits, workers=large_workers)
-        # one thread per worker: a document that finds them all busy waits for one, not for a thread of its own
+        # one thread per intake worker: a document that finds them all busy waits for one, not for a thread of its own
         self._offload_pool = concurrent.futures.ThreadPoolExecutor(max(1, large_workers),
                                                                    thread_name_prefix="b2bgw-offload")
-        self._schemas_by_root: dict[str, tuple[str, Any]] = {}
-        self.intake_facts = intake_facts
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
         self.facts_deferred = 0
         # business rules (gateway.rules.rulesets): worker processes, when a route applies a rule set
-        self.rules = (RulesRunner(assembly.rules, workers=self.settings.rules_workers,
-                                  seconds=self.settings.rules_seconds,
-                                  memory_mb=self.settings.rules_worker_memory_mb)
+        self.rules = (RulesRunner(assembly.rules, workers=settings.rules_workers, seconds=settings.rules_seconds,
+                                  memory_mb=settings.rules_worker_memory_mb)
                       if any(route.rules for route in self.routes) else None)
+        self.replies = PendingReplies(self.ledger, broker)
+        self.idempotency = Idempotency(self.ledger, self.routes, self.limits, self.replies,
+                                       recent_keys=recent_keys, duplicate_poll=duplicate_poll)
+        self.request_reply = RequestReply(self.ledger, self.replies, self.idempotency,
+                                          late_reply_window=(settings.late_reply_window if late_reply_window is None
+                                                             else late_reply_window))
+        # the full error reports of invalid documents: worked out in a helper process, within a time budget;
+        # larger documents' intake: worker processes, so that their work never holds this process's interpreter
+        # (threads wait for them at normal priority: a niced thread preempted while it holds the interpreter
+        # lock, as it does between two writes to a pipe, would hold up the event loop until it got a CPU again)
+        explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
+                                      workers=settings.explain_workers)
+                     if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
+        self.intake = IntakeStages(self.registry, self.routes, self.limits, rules=self.rules, explainer=explainer,
+                                   intake_workers=IntakeWorkers.shared(assembly, self.limits, workers=large_workers),
+                                   intake_facts=intake_facts, idempotency=self.idempotency)
         self._started = False
         self._closed = False
+
+    @property
+    def intake_facts(self) -> str:
+        """``server.intake_facts``: when the warehouse facts are made at intake."""
+        return self.intake.intake_facts
+
+    @intake_facts.setter
+    def intake_facts(self, value: str) -> None:
+        self.intake.intake_facts = value
+
+    @property
+    def intake_workers(self) -> IntakeWorkers | None:
+        return self.intake.intake_workers
+
+    @property
+    def explainer(self) -> Explainer | None:
+        return self.intake.explainer
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -142,36 +151,27 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         """Connect to the broker and open one requestor per request-reply route."""
         if self._started:
             return
-        self._load_legacy_keys()
+        self.idempotency.load_legacy_keys()
         if self.rules is not None:
             self.rules.start()
         self._connection = self.broker.connect()
         self._connection.start()
-        for route in self.routes:
-            if route.request_reply:
-                session = self._connection.create_session(False)
-
-                def late(reply: Message, _route: Route = route) -> None:
-                    self._late_reply(self._exchanges[_route.id], reply)
-
-                requestor = Requestor(session, route.destination, on_late_reply=late)
-                self._exchanges[route.id] = Exchange(route, requestor)
+        self.request_reply.start(self._connection, self.routes)
         self._started = True
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for exchange in self._exchanges.values():
-            exchange.requestor.close()
+        self.request_reply.close()
         if self._connection is not None:
             self._connection.close()
         if self._intake_pool is not None:
             self._intake_pool.shutdown(wait=False)
         self._large_pool.shutdown(wait=False)
         self._offload_pool.shutdown(wait=False)
-        if self.intake_workers is not None:
-            self.intake_workers.release()
+        if self.intake.intake_workers is not None:
+            self.intake.intake_workers.release()
         if self.rules is not None:
             self.rules.close()
 
@@ -194,15 +194,15 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         executor."""
         loop = asyncio.get_running_loop()
         if len(body) <= self.inline_max_bytes:
-            return await loop.run_in_executor(None, self._intake, partner, body, charset, idempotency_key,
+            return await loop.run_in_executor(None, self.intake.run, partner.id, body, charset, idempotency_key,
                                               check_recent)
-        if self.intake_workers is not None:
-            intake = await loop.run_in_executor(self._offload_pool, self._intake_by_worker, partner, body, charset,
-                                                idempotency_key, check_recent)
+        if self.intake.intake_workers is not None:
+            intake = await loop.run_in_executor(self._offload_pool, self.intake.run_by_worker, partner.id, body,
+                                                charset, idempotency_key, check_recent)
             if intake is not None:
                 return intake
-        return await loop.run_in_executor(self._large_pool, self._intake, partner, body, charset, idempotency_key,
-                                          check_recent)
+        return await loop.run_in_executor(self._large_pool, self.intake.run, partner.id, body, charset,
+                                          idempotency_key, check_recent)
 
     async def submit(
         self,
@@ -220,26 +220,27 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             busy = self._in_pool >= self._intake_threads + INTAKE_BUSY  # that many queued behind the threads
             try:
                 intake = await asyncio.get_running_loop().run_in_executor(
-                    self._intake_pool, self._intake, partner, body, charset, idempotency_key, True, busy)
+                    self._intake_pool, self.intake.run, partner.id, body, charset, idempotency_key, True, busy)
             finally:
                 self._in_pool -= 1
         elif len(body) <= min(self.inline_max_bytes, TREE_VALIDATION_MAX_BYTES):
             try:
-                intake = await self._intake_on_loop(Work(partner, body, charset, idempotency_key,
-                                                           check_recent=True, on_loop=True))
-            except Invalid as invalid:
-                await asyncio.to_thread(self._explain_invalid, invalid.work)
+                intake = await self.intake.run_on_loop(Work(partner.id, body, charset, idempotency_key,
+                                                            check_recent=True, on_loop=True,
+                                                            facts=self.intake.intake_facts))
+            except IntakeInvalidError as invalid:
+                await asyncio.to_thread(self.intake.explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
         else:  # a larger document would hold the event loop or an intake thread for long
             intake = await self._threaded_intake(partner, body, charset, idempotency_key, True)
         if intake.known is not None:  # accepted by this process lately, the same document: replay, no insert
-            before = self._unrecorded.get(intake.known)
+            before = self.replies.get(intake.known)
             existing = await asyncio.to_thread(self.ledger.get, intake.known)
             if existing is not None:
-                return await self._replay(self._with_unrecorded(existing, before))
+                return await self.idempotency.replay(self.replies.merged(existing, before))
             intake = await self._threaded_intake(partner, body, charset, idempotency_key, False)
         if intake.legacy is not None:
-            answer = await self._legacy_duplicate(partner, intake, body)
+            answer = await self.idempotency.legacy_duplicate(partner, intake, body)
             if answer is not None:
                 return answer
         route, doc_id, key, digest = intake.route, intake.doc_id, intake.key, intake.digest
@@ -273,18 +274,18 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
 
         try:
             if route.request_reply:
-                return await self._request_reply(route, partner, message, correlation, key, doc_id, document,
+                return await self.request_reply.send(route, partner, message, correlation, key, doc_id, document,
                                                  received_at, digest, facts, warnings)
             return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
                                        digest, facts, warnings)
-        except DuplicateDocument:  # accepted before (another process, or long ago), or a concurrent twin won
+        except DuplicateDocumentError:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # purged by retention since: its tombstone holds the key
                 tombstone = await asyncio.to_thread(self.ledger.tombstone_for_key, key)
                 if tombstone is None:  # pragma: no cover - the winner's row is committed before we fail
                     raise StoreUnavailableError() from None
-                raise self._archived_duplicate(tombstone, intake, idempotency_key) from None
-            return await self._duplicate(existing, intake, idempotency_key, body)
+                raise self.idempotency.archived_duplicate(tombstone, intake, idempotency_key) from None
+            return await self.idempotency.duplicate(existing, intake, idempotency_key, body)
         except BrokerStoreUnavailable as exc:
             log.warning("store unavailable while accepting a document: %s", exc)
             raise StoreUnavailableError() from None
@@ -303,7 +304,7 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
                                   digest, facts)
             ledger = self.ledger
             await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
-            self._remember(key, message_id, digest)
+            self.idempotency.remember(key, message_id, digest)
         except BaseException:
             try:
                 session.rollback()
@@ -333,15 +334,15 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
         out of the ledger; NotFoundError for any other (or none)."""
         if not message_id or len(message_id) > 128:
             raise NotFoundError()
-        before = self._unrecorded.get(message_id)
+        before = self.replies.get(message_id)
         record = await asyncio.to_thread(self.ledger.get, message_id, history=True)
-        if record is None and message_id not in self._unrecorded:
+        if record is None and message_id not in self.replies:
             tombstone = await asyncio.to_thread(self.ledger.tombstone, message_id)
             if tombstone is not None and tombstone.partner == partner.id:
                 raise self._gone(tombstone)
         if record is None or record.partner != partner.id:
             raise NotFoundError(f"No document {message_id[:128]!r} was accepted from your partner account.")
-        record = self._with_unrecorded(record, before)
+        record = self.replies.merged(record, before)
         if refresh is not None and record.status in ("accepted", "dead_lettered"):
             await asyncio.to_thread(refresh, [(record.message_id, record.status)])
             # read again even if this refresh moved nothing: the background reconciler may have moved the

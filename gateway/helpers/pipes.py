@@ -9,7 +9,7 @@ import select
 import time
 from pathlib import Path
 
-__all__ = ["Budget", "Overloaded", "cpu_clock", "helper_environment", "limit_address_space", "read_exactly",
+__all__ = ["Budget", "OverloadedError", "cpu_clock", "helper_environment", "limit_address_space", "read_exactly",
            "wait_readable", "write_all"]
 
 #: A job given more time on the clock than its budget is looked at again at least this often (seconds).
@@ -75,7 +75,7 @@ def cpu_clock(pid: int) -> int | None:
     return clock
 
 
-class Overloaded(Exception):
+class OverloadedError(Exception):
     """Raised by :meth:`Budget.check` when the longest wait is up before the job has spent its processor
     time: the machine gave the helper too little of it, which is the load's doing, not the job's."""
 
@@ -114,7 +114,7 @@ class Budget:
 
     def check(self, now: float) -> float:
         """Seconds to wait before looking again (*now*: the same clock as the one given at the start);
-        TimeoutError once the job has spent its processor time, :class:`Overloaded` once the longest wait
+        TimeoutError once the job has spent its processor time, :class:`OverloadedError` once the longest wait
         is up."""
         elapsed = now - self.started
         cpu = self._cpu()
@@ -126,7 +126,7 @@ class Budget:
         if used >= self.seconds:
             raise TimeoutError()
         if elapsed >= self.longest:
-            raise Overloaded(used, elapsed)
+            raise OverloadedError(used, elapsed)
         if elapsed >= self.seconds:
             self.extended = True
         return max(RECHECK_SECONDS, min(self.seconds - used, self.longest - elapsed))
@@ -134,7 +134,7 @@ class Budget:
 
 def wait_readable(fd: int, budget: Budget) -> None:
     """Wait until *fd* (the pipe of the helper process the budget is about) can be read: TimeoutError or
-    :class:`Overloaded` as :meth:`Budget.check` raises them."""
+    :class:`OverloadedError` as :meth:`Budget.check` raises them."""
     while True:
         wait = budget.check(time.monotonic())
         if select.select([fd], [], [], wait)[0]:

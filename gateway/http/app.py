@@ -9,7 +9,7 @@
 ``GET  /openapi.json``                      the OpenAPI 3.1 description
 ``/console``, ``/admin/api/v1/...``         the operators' console and admin API (:mod:`gateway.admin`,
                                             when operators are configured; or on ``admin.port``)
-``GET  /metrics``                           Prometheus metrics (:mod:`gateway.runtime.metrics`)
+``GET  /metrics``                           Prometheus metrics (:mod:`gateway.telemetry.metrics`)
 ==========================================  ==========================================================
 
 Checks on ``POST``, in order: the API key (401), the partner's request limits
@@ -18,7 +18,7 @@ type (415), the declared length then the streamed size (413), the
 ``X-Correlation-ID`` / ``Idempotency-Key`` headers (400), then
 :meth:`gateway.exchange.submission.Gateway.submit` (400 / 422 / 403 / 502 / 503 / 504).
 Every error goes through
-:func:`gateway.http.problems.problem_response` (RFC 9457 ``application/problem+json``);
+:func:`gateway.problems.problem_response` (RFC 9457 ``application/problem+json``);
 an unexpected exception is logged and answered with a bare 500 problem that
 says nothing about it.
 """
@@ -40,7 +40,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.runtime.assemble import Assembly, assemble_or_raise
+from gateway.exchange.assemble import Assembly, assemble_or_raise
 from gateway.config.loader import Settings
 from gateway.errors import (
     GatewayError,
@@ -51,10 +51,10 @@ from gateway.errors import (
 )
 from gateway.exchange.ids import iso_ms
 from gateway.ledger.records import LedgerRecord
-from gateway.runtime.logs import set_partner
+from gateway.telemetry.logs import set_partner
 from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from gateway.routing.partners import PartnerLimiter
-from gateway.http.problems import problem_response
+from gateway.problems import problem_response
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.exchange.submission import Gateway, Outcome
 from gateway.intake.xmlsafe import check_media_type, read_body
@@ -83,10 +83,6 @@ def _checked(value: str | None, name: str, pattern: re.Pattern[str], rule: str) 
     if not pattern.fullmatch(value):
         raise InvalidHeaderError(f"The {name} header must be {rule}.", header=name)
     return value
-
-
-def _content_length(request: Request) -> int | None:
-    return _length(request.headers.get("content-length"))
 
 
 def _length(value: str | None) -> int | None:

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of the HTTP API (served at ``/openapi.json``).
 
 It states what the server enforces, and is checked against the running app
-by a schema-driven fuzzer (``tests/gateway/test_openapi.py``): the header
+by a schema-driven fuzzer (``tests/gateway/http/test_openapi.py``): the header
 patterns are the ones :mod:`gateway.http.app` matches (:data:`IDEMPOTENCY_KEY_PATTERN`,
 :data:`CORRELATION_ID_PATTERN`, defined here and compiled there), the body
 limit is the configured one, and every error response lists the problem

@@ -6,7 +6,7 @@ transaction's SQLAlchemy connection, run by the broker store's writer.
 * :meth:`Ledger.insert` runs through ``in_transaction`` in the very commit
   that stores the document's message, so a document is recorded if and only
   if it was enqueued. Its ``idempotency_key`` is unique: a second document
-  with the same key makes the insert fail with :class:`DuplicateDocument`,
+  with the same key makes the insert fail with :class:`DuplicateDocumentError`,
   which rolls back that commit, message included. Concurrent duplicates
   therefore enqueue once: the database's unique constraint decides, and the
   loser reads the winner's row. The row keeps the document's ``digest``, by
@@ -44,7 +44,7 @@ from broker_core import StoreError, sql
 from ledger_contract.tables import documents, events, pack_xml, tombstones, unpack_xml
 
 __all__ = [
-    "DuplicateDocument",
+    "DuplicateDocumentError",
     "Ledger",
     "LedgerRecord",
     "NewDocument",
@@ -62,7 +62,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class DuplicateDocument(StoreError):
+class DuplicateDocumentError(StoreError):
     """The idempotency key is taken: a document with it was accepted before.
 
     A :class:`broker_core.StoreError` so the store's writer hands it back
@@ -192,10 +192,10 @@ class Ledger:
     def insert(self, conn: sa.Connection, doc: NewDocument) -> None:
         """Record an accepted document (status ``accepted``) in the caller's transaction.
 
-        Raises :class:`DuplicateDocument` when its idempotency key is taken, by a document in the ledger or
+        Raises :class:`DuplicateDocumentError` when its idempotency key is taken, by a document in the ledger or
         by the tombstone of one retention purged."""
         if self._raw and self._probe(conn, doc.idempotency_key):
-            raise DuplicateDocument(doc.idempotency_key)
+            raise DuplicateDocumentError(doc.idempotency_key)
         try:
             inserted = self._execute(conn, self._insert_doc_sql, {
                 "message_id": doc.message_id, "partner": doc.partner, "doc_type": doc.doc_type,
@@ -209,10 +209,10 @@ class Ledger:
             })
         except sa.exc.IntegrityError as exc:
             if self._is_duplicate(exc):
-                raise DuplicateDocument(doc.idempotency_key) from None
+                raise DuplicateDocumentError(doc.idempotency_key) from None
             raise
         if inserted == 0:  # PostgreSQL: a tombstone holds the key
-            raise DuplicateDocument(doc.idempotency_key)
+            raise DuplicateDocumentError(doc.idempotency_key)
         self._execute(conn, self._insert_event_sql,
                       {"message_id": doc.message_id, "status": "accepted", "at": doc.received_at})
 

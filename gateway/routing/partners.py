@@ -12,7 +12,7 @@ so the event loop never waits on it, at most ``max_parallel_verifications``
 at a time) and a constant-time comparison. A key that verified is then
 remembered by a keyed BLAKE2b digest (a random key per process, so the cache
 holds nothing an attacker could test offline), so that every later request
-with it costs a digest instead of a scrypt (see ``tests/gateway/test_partners.py``).
+with it costs a digest instead of a scrypt (see ``tests/gateway/routing/test_partners.py``).
 A key id that is not configured fails at once, without a hash: key ids are
 not secrets (a client learns no more from timing than from the id itself).
 Every failure is the same :class:`~gateway.errors.AuthenticationError`.
@@ -49,7 +49,6 @@ from gateway.config.loader import (
 from gateway.errors import (
     AuthenticationError,
     ConcurrencyLimitedError,
-    ConfigError,
     RateLimitedError,
     TooManyRequestsError,
     clip,
@@ -423,8 +422,4 @@ class PartnerLimiter:
     def in_progress(self, partner_id: str) -> int:
         return self._in_progress.get(partner_id, 0)
 
-
-def key_entry_yaml(key_id: str, key: str) -> str:
-    """The YAML lines to paste under a partner's ``keys:`` for *key*."""
-    return f"      - id: {key_id}\n        hash: \"{hash_key(key)}\"\n"
 

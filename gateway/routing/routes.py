@@ -333,8 +333,12 @@ class RouteTable:
         settings: Settings,
         registry: SchemaRegistry,
         partners: PartnerRegistry | None = None,
+        *,
+        check_paths: bool = True,
     ) -> tuple[RouteTable, list[ConfigError]]:
-        """Compile the ``routes:`` section; returns the table of the good routes and every error found."""
+        """Compile the ``routes:`` section; returns the table of the good routes and every error found.
+        *check_paths*: check each plain XPath against the route's schema (off where the serving process did
+        it already: the check loads the schema's xmlschema model, which takes seconds)."""
         errors: list[ConfigError] = []
         routes: list[Route] = []
         seen: dict[str, Route] = {}
@@ -342,7 +346,7 @@ class RouteTable:
         for index, item in enumerate(settings.routes):
             where = settings.routes.at(index)
             try:
-                route = _compile_route(item, where, settings, registry, partners, base_ns)
+                route = _compile_route(item, where, settings, registry, partners, base_ns, check_paths)
             except ConfigError as exc:
                 errors.append(exc)
                 continue
@@ -414,10 +418,10 @@ def _xpath(expr: str, where: Where, namespaces: dict[str, str], what: str, wrap:
         raise where.error(f"{what}: XPath {clip(expr, 150)!r} is not valid: {clip(str(exc), 150)}") from None
 
 
-def _check_against_schema(registry: SchemaRegistry, schema: str, expr: str, namespaces: dict[str, str],
+def _check_against_schema(registry: SchemaRegistry | None, schema: str, expr: str, namespaces: dict[str, str],
                           where: Where, what: str) -> None:
     """For a plain location path, check that each step exists in the schema."""
-    if not _SIMPLE_PATH.match(expr.strip()):
+    if registry is None or not _SIMPLE_PATH.match(expr.strip()):
         return  # functions, unions, '//'...: compiled, but not checkable against the schema
     problem = registry.check_path(schema, expr, namespaces)
     if problem is not None:
@@ -447,8 +451,9 @@ def _compile_xslt(path: Path, where: Where) -> etree.XSLT:
 
 
 def _compile_route(item: Any, where: Where, settings: Settings, registry: SchemaRegistry,
-                   partners: PartnerRegistry | None, base_ns: dict[str, str]) -> Route:
+                   partners: PartnerRegistry | None, base_ns: dict[str, str], check_paths: bool = True) -> Route:
     spec = expect_mapping(item, where, "a route")
+    checked = registry if check_paths else None  # whose paths _check_against_schema checks
     check_keys(spec, {"id", "partners", "root", "when", "schema", "document_id", "namespaces", "properties",
                       "destination", "delivery_mode", "priority", "time_to_live", "exchange", "timeout",
                       "transform", "idempotency_key", "rules"}, "a route")
@@ -542,7 +547,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         when = _xpath(when_text, spec.at("when"), namespaces, f"{what} when", wrap="boolean")
     doc_id_text = expect_str(spec.get("document_id", "cbc:ID"), spec.at("document_id"), f"{what} document_id")
     doc_id = _xpath(doc_id_text, spec.at("document_id"), namespaces, f"{what} document_id", wrap="string")
-    _check_against_schema(registry, schema, doc_id_text, namespaces, spec.at("document_id"), f"{what} document_id")
+    _check_against_schema(checked, schema, doc_id_text, namespaces, spec.at("document_id"), f"{what} document_id")
 
     key_texts: tuple[str, ...] | None = None
     key_xpaths: tuple[etree.XPath, ...] | None = None
@@ -562,7 +567,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         compiled_keys = []
         for text in texts:
             compiled_keys.append(_xpath(text, kwhere, namespaces, f"{what} idempotency_key", wrap="string"))
-            _check_against_schema(registry, schema, text, namespaces, kwhere, f"{what} idempotency_key")
+            _check_against_schema(checked, schema, text, namespaces, kwhere, f"{what} idempotency_key")
         key_texts, key_xpaths = tuple(texts), tuple(compiled_keys)
     party_path = SENDER_PARTIES.get(root) if key_xpaths is None else None
     party_xpath = None if party_path is None else etree.XPath(_party_xpath(party_path), namespaces=UBL_NAMESPACES)
@@ -591,7 +596,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
                     f"{what} property {pname!r}: type must be one of {', '.join(_TYPES)}, not {kind!r}"
                 )
         compiled = _xpath(xpath_text, pwhere, namespaces, f"{what} property {pname!r}", wrap="string")
-        _check_against_schema(registry, schema, xpath_text, namespaces, pwhere, f"{what} property {pname!r}")
+        _check_against_schema(checked, schema, xpath_text, namespaces, pwhere, f"{what} property {pname!r}")
         properties.append(PropertySpec(pname, xpath_text, kind, compiled))
 
     transform_path = None

@@ -55,7 +55,7 @@ from gateway.errors import (
     RulesTimeoutError,
     clip,
 )
-from gateway.helpers.pipes import Budget, Overloaded, cpu_clock, helper_environment, read_exactly, write_all
+from gateway.helpers.pipes import Budget, OverloadedError, cpu_clock, helper_environment, read_exactly, write_all
 from gateway.rules.schematron import (
     CompiledSchematron,
     Finding,
@@ -177,7 +177,7 @@ def violation(findings: list[Finding], body: bytes | None, parse: Any = None) ->
 
 
 def _positions(failures: list[Finding], body: bytes, parse: Any) -> dict[int, tuple[int | None, int | None]]:
-    from gateway.intake.schemas import _decode_source, _locate  # the schema errors' own way of placing an element
+    from gateway.intake.locations import _decode_source, _locate  # the schema errors' own way of placing an element
 
     try:
         root = parse(body)
@@ -437,7 +437,7 @@ class _Worker:
         except TimeoutError:
             self._stop(RulesTimeoutError(seconds=self.runner.seconds))
             return
-        except Overloaded as exc:
+        except OverloadedError as exc:
             self.runner.overloads += 1
             log.warning("business rules: a document had %s (the machine is overloaded); its worker was stopped", exc)
             self._stop(GatewayBusyError(

@@ -42,7 +42,7 @@ from gateway.errors import ConfigError
 
 __all__ = ["Supervisor", "process_count", "usable_cpus"]
 
-log = logging.getLogger("gateway.runtime.processes")
+log = logging.getLogger(__name__)
 
 #: How long the processes get to finish their requests after SIGTERM.
 STOP_GRACE = 20.0

@@ -18,7 +18,7 @@ from typing import Any
 
 from broker_core import Broker
 
-from gateway.runtime.assemble import Assembly
+from gateway.exchange.assemble import Assembly
 from gateway.config.loader import Settings
 from gateway.errors import ConfigError
 from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger

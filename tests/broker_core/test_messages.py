@@ -616,7 +616,7 @@ def test_malformed_xml_raises_message_format_error(session):
 
 def test_an_xml_message_made_from_its_bytes_reads_as_its_text(session):
     """The bytes are the text's encoding, given so that the store need not encode it again (see
-    tests/store/test_compression.py); whoever reads the message sees the text, on every backend."""
+    tests/broker_core/store/test_compression.py); whoever reads the message sees the text, on every backend."""
     text = "<Order xmlns='urn:o'><Note>façade — ünïcode 😀</Note></Order>"
     message = XMLMessage(text, utf8=text.encode("utf-8"))
     assert message.text == text and message.document()[0].text == "façade — ünïcode 😀"

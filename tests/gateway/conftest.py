@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gwtest import SAMPLE_CONFIG, GatewayEnv, Responder, sample_data  # noqa: E402
 
 from gateway.http.app import create_app  # noqa: E402
-from gateway.runtime.assemble import Assembly, assemble, build_registry  # noqa: E402
+from gateway.exchange.assemble import Assembly, assemble, build_registry  # noqa: E402
 from gateway.config.loader import load_settings, settings_from_mapping  # noqa: E402
 from gateway.runtime.serving import Runtime  # noqa: E402
 from gateway.intake.schemas import SchemaRegistry  # noqa: E402

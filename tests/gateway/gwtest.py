@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from broker_core import Broker, Queue, XMLMessage
-from gateway.runtime.assemble import Assembly
+from gateway.exchange.assemble import Assembly
 from gateway.config.loader import load_yaml
 from gateway.runtime.serving import Runtime
 from gateway.samples.order_responder import build_order_response

@@ -91,7 +91,7 @@ def test_the_xpaths_read_any_edited_document_as_the_walk_does(doc_type, edits):
     _assert_read_alike(root, doc_type)
     try:
         facts.extract(root, doc_type)
-    except facts.BadDocument:
+    except facts.BadDocumentError:
         pass  # a document the warehouse quarantines; never any other error
 
 

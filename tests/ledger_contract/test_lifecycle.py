@@ -1,5 +1,5 @@
 """ledger_contract.lifecycle: the purge's pacing. Due documents, the purge and the journal are tested with the
-archive job (tests/spark_etl/test_archive.py) and the gateway's answers after it (tests/gateway/test_retention.py)."""
+archive job (tests/spark_etl/test_archive.py) and the gateway's answers after it (tests/gateway/ledger/test_retention.py)."""
 
 from __future__ import annotations
 

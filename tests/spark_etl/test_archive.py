@@ -17,7 +17,6 @@ import pytest
 import sqlalchemy as sa
 
 from archivetest import (
-    DAY_MS,
     REPLY,
     archived_ids,
     fill,
@@ -285,7 +284,7 @@ def test_serve_schedules_the_archive_when_a_policy_is_configured(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
     from gwtest import SAMPLE_CONFIG, sample_data
 
-    from gateway.runtime.assemble import assemble
+    from gateway.exchange.assemble import assemble
     from gateway.config.loader import settings_from_mapping
     from gateway.runtime.serving import Runtime
 
