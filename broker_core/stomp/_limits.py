@@ -12,7 +12,6 @@ control: the client is slowed, its socket not read) and is refused after
 from __future__ import annotations
 
 import dataclasses
-import threading
 import weakref
 from typing import Any
 
@@ -56,36 +55,59 @@ class StompLimits:
             raise ValueError("STOMP limit connect_frame_bytes must be at least 256 (a CONNECT frame must fit)")
 
 
+class _Held(weakref.ref):
+    """A reference to a message's envelope that remembers the bytes it counts."""
+
+    __slots__ = ("size",)
+
+
 class MemoryBudget:
-    """Bytes held by the listener's messages, thread-safe (the broker lets go
-    of an envelope in whichever thread acknowledges or expires it)."""
+    """Bytes held by the listener's messages. The broker lets go of an
+    envelope in whichever thread acknowledges or expires it: the callback
+    only appends to a list (atomic), and the event loop's thread, the only
+    one that adds, folds the releases in when it reads :attr:`held`."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.held = 0
-        self._lock = threading.Lock()
-        self._refs: dict[Any, int] = {}
+        self._added = 0
+        self._released: list[int] = []
+        self._refs: set[_Held] = set()
+        self._gone = self._make_gone()
+
+    def _make_gone(self) -> Any:
+        released = self._released.append
+        refs = self._refs.discard
+
+        def gone(ref: _Held) -> None:
+            released(ref.size)
+            refs(ref)
+
+        return gone
+
+    @property
+    def held(self) -> int:
+        released = self._released
+        while released:
+            self._added -= released.pop()
+        return self._added
+
+    def snapshot(self) -> int:
+        """:attr:`held` as another thread may read it (without folding anything in)."""
+        return self._added - sum(self._released[:])
 
     @property
     def full(self) -> bool:
         return self.held >= self.limit
 
     def add(self, size: int) -> None:
-        with self._lock:
-            self.held += size
+        self._added += size
 
     def remove(self, size: int) -> None:
-        with self._lock:
-            self.held -= size
+        self._released.append(size)
 
     def track(self, envelope: Any, size: int) -> None:
         """Count *size* bytes until *envelope* is gone (consumed, expired, purged)."""
-        ref = weakref.ref(envelope, self._gone)
-        with self._lock:
-            self.held += size
-            self._refs[ref] = size
-
-    def _gone(self, ref: Any) -> None:
-        with self._lock:
-            size = self._refs.pop(ref, 0)
-            self.held -= size
+        ref = _Held(envelope, self._gone)
+        ref.size = size
+        self._refs.add(ref)
+        self._added += size

@@ -101,7 +101,7 @@ class StompServer:
     @property
     def memory_held(self) -> int:
         """Bytes of messages the listener holds in memory now (see :class:`MemoryBudget`)."""
-        return self.settings.memory.held
+        return self.settings.memory.snapshot()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.limits.connections:
