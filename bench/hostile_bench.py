@@ -16,9 +16,13 @@
    back: the honest p50 / p99 and errors again, every hostile answer's time (the slowest per class), the
    slowest ``/healthz``, and the store commits the server logged as slow meanwhile.
 
+4. with ``--stomp-flood``: the same honest clients while ``bench/stomp_flood.py`` floods the STOMP listener
+   the server runs beside the gateway (connections that never CONNECT, megabytes before CONNECT, wrong
+   passcodes, an authenticated user's non-persistent messages to an unread queue and a transaction never
+   committed): the honest p50 / p99 and errors, and the ERROR frames the flood got, by kind.
 Goals: every hostile answer (2) and (3) within 2 s with its own problem code (in (3), or 429: the hostile
 partner is over its limits); in (3) the honest clients see no error and a p99 within 3x their p99 of (1);
-``/healthz`` within 100 ms. In (3) the hostile partner has the limits an operator gives a partner
+``/healthz`` within 100 ms; in (4) the same for the honest clients. In (3) the hostile partner has the limits an operator gives a partner
 (``--hostile-limits``: 2 requests in progress and 20 a second by default; the number in progress alone
 bounds the large documents' work, not the rate of the cheap ones, refused in a millisecond each); the
 honest one keeps the generous defaults.
@@ -48,6 +52,7 @@ import tempfile
 import threading
 import time
 import timeit
+import uuid
 from pathlib import Path
 
 import httpx
@@ -61,6 +66,8 @@ from gateway_bench import Connection, ServerProcess, free_port, sample_config  #
 
 from gateway.intake import parse as intake_parse  # noqa: E402
 from gateway.intake import xmlsafe as xmlintake  # noqa: E402
+from broker_core.stomp import hash_passcode  # noqa: E402
+import stomp_flood  # noqa: E402
 
 UBL = REPO.parent / "shared" / "ubl-2.1" / "xml"
 ORDER = (UBL / "UBL-Order-2.1-Example.xml").read_bytes()
@@ -315,6 +322,8 @@ def main() -> None:
     parser.add_argument("--store-dir", default=None, help="the folder of the fresh SQLite store (default: the "
                                                           "temporary folder); /dev/shm keeps the disk's syncs out of "
                                                           "the figures")
+    parser.add_argument("--stomp-flood", action="store_true", help="phase 4: the honest clients while the STOMP "
+                                                                      "listener is flooded (bench/stomp_flood.py)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting over the sample configuration's, by its dotted path (repeatable), such as "
                              "server.intake_workers=1 or store.options.sqlite_synchronous=NORMAL")
@@ -342,6 +351,11 @@ def main() -> None:
         config["partners"] = "partners.yaml"
         config["routes"] = str(REPO / "routes" / "ubl-2.1.yaml")
         config["etl"] = {"enabled": False}
+        flood_passcode = uuid.uuid4().hex
+        config["stomp"]["port"] = stomp_port = free_port()
+        config["stomp"]["users"]["backend"]["passcode_file"] = str(folder / "backend.passcode")
+        config["stomp"]["users"][stomp_flood.FLOODER] = {"passcode_hash": hash_passcode(flood_passcode),
+                                                          "send": ["/queue/flood.>"]}
         for item in args.set:
             path, _, value = item.partition("=")
             *parents, key = path.split(".")
@@ -445,11 +459,42 @@ def main() -> None:
                 "honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"],
                 "/healthz within 100 ms": probe.slowest_ms() <= 100,
             }
+            if args.stomp_flood:
+                goals.update(stomp_flood_phase(port, stomp_port, flood_passcode, args, quiet, queue))
             print("goals: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals.items()), flush=True)
         finally:
             server.stop()
             if store != folder:
                 shutil.rmtree(store, ignore_errors=True)
+
+
+def stomp_flood_phase(port: int, stomp_port: int, passcode: str, args: argparse.Namespace, quiet: dict,
+                      queue: multiprocessing.Queue) -> dict[str, bool]:
+    """Phase 4: the honest clients while the STOMP listener is flooded; its goals."""
+    probe = HealthProbe(port)
+    probe.start()
+    flood = multiprocessing.Process(target=stomp_flood.flood_process, args=(stomp_port, passcode, args.seconds + 2,
+                                                                            queue))
+    flood.start()
+    time.sleep(1)  # the flood first
+    honest = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
+                                                                  "stomp", queue))
+    honest.start()
+    results = [queue.get(), queue.get()]
+    honest.join()
+    flood.join()
+    probe.stop.set()
+    probe.join()
+    loaded = next(r for r in results if "p99" in r)
+    seen = next(r for r in results if "stomp" in r)["stomp"]
+    print(f"4. {args.honest} honest clients while STOMP is flooded: {loaded['count']} round trips, "
+          f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), "
+          f"errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}; slowest /healthz "
+          f"{probe.slowest_ms():.1f} ms", flush=True)
+    print(f"   the flood sent {seen['sent_mb']:.0f} MB after CONNECT; ERROR frames it got: "
+          + ", ".join(f"{k} x{v}" for k, v in sorted(seen["errors"].items())), flush=True)
+    return {"STOMP flood: honest clients without error": not loaded["errors"],
+            "STOMP flood: honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"]}
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python bench/stomp_bench.py [--messages 20000] [--size 2048] [--rounds 2000]
 
 Starts ``python -m broker_core.stomp`` on a fresh SQLite store (port chosen by
-the OS) in a subprocess, then prints in one run:
+the OS, one user ``bench`` with every right) in a subprocess, then prints in
+one run:
 
 * end-to-end throughput (first send to last receive) of N messages of SIZE
   bytes, non-persistent and persistent;
@@ -75,8 +76,11 @@ def connect(port: int, listener: Any = None, **kw: Any) -> Any:
 
 
 def start_server(url: str) -> tuple[subprocess.Popen, int]:
+    from broker_core.stomp import hash_passcode
+
+    # the clients log in as bench/bench, a user with every right (the listener checks it like any other)
     proc = subprocess.Popen([sys.executable, "-m", "broker_core.stomp", "--url", url, "--port", "0",
-                             "--log-level", "WARNING", "--heartbeat", "0,0"],
+                             "--log-level", "WARNING", "--heartbeat", "0,0", "--user", "bench:" + hash_passcode("bench")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:

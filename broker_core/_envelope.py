@@ -91,6 +91,7 @@ class Envelope:
         "origin",
         "encoded",
         "_xml",
+        "__weakref__",  # so that a listener can count the memory its messages hold
     )
 
     def __init__(

@@ -1,4 +1,8 @@
-"""``python -m broker_core.stomp --url sqlite:///var/b2bgw.db --port 61613``."""
+"""``python -m broker_core.stomp --url sqlite:///var/b2bgw.db --port 61613 --user LOGIN:HASH``.
+
+Each ``--user`` may consume, browse and send everywhere (a trusted back end);
+at least one is required. ``--hash-passcode`` prints the hash of a passcode
+read on standard input."""
 
 from __future__ import annotations
 
@@ -9,18 +13,21 @@ import sys
 from typing import Sequence
 
 from .. import Broker
+from ._passcodes import hash_passcode, is_passcode_hash
 from ._server import DEFAULT_PORT, StompServer
+from ._users import StompUser
 
 
-def _users(values: Sequence[str]) -> dict[str, str] | None:
+def _users(values: Sequence[str]) -> list[StompUser]:
     if not values:
-        return None
-    users = {}
+        raise SystemExit("give at least one --user LOGIN:HASH (the hash from --hash-passcode): a listener without "
+                         "users would accept any login")
+    users = []
     for value in values:
-        login, sep, passcode = value.partition(":")
-        if not sep or not login:
-            raise SystemExit(f"--user expects LOGIN:PASSCODE, got {value!r}")
-        users[login] = passcode
+        login, sep, encoded = value.partition(":")
+        if not sep or not login or not is_passcode_hash(encoded):
+            raise SystemExit(f"--user expects LOGIN:HASH, the hash as --hash-passcode prints it; got {value[:60]!r}")
+        users.append(StompUser.with_all_rights(login, encoded))
     return users
 
 
@@ -29,8 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", default="memory://", help="broker store URL (memory://, sqlite:///path, ...)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)")
-    parser.add_argument("--user", action="append", default=[], metavar="LOGIN:PASSCODE",
-                        help="accepted login (repeatable); without any, every login is accepted")
+    parser.add_argument("--user", action="append", default=[], metavar="LOGIN:HASH",
+                        help="a login and its passcode's hash, with every right (repeatable; at least one)")
+    parser.add_argument("--hash-passcode", action="store_true",
+                        help="print the hash of the passcode read on standard input, and exit")
     parser.add_argument("--heartbeat", default="10000,10000", metavar="SEND,RECV",
                         help="heart-beat milliseconds offered (default 10000,10000)")
     parser.add_argument("--prefetch", type=int, default=1000, help="default per-subscription prefetch")
@@ -40,6 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "one (convert, as ActiveMQ; the default) or keep the JMS rule (strict)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.hash_passcode:
+        passcode = sys.stdin.readline().rstrip("\r\n")
+        if not passcode:
+            raise SystemExit("no passcode on standard input")
+        print(hash_passcode(passcode))
+        return 0
+    users = _users(args.user)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         sx, sy = (int(p) for p in args.heartbeat.split(","))
@@ -48,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker = Broker.open(args.url)
 
     async def run() -> None:
-        server = StompServer(broker, host=args.host, port=args.port, users=_users(args.user), heartbeat=(sx, sy),
+        server = StompServer(broker, host=args.host, port=args.port, users=users, heartbeat=(sx, sy),
                              max_frame_size=args.max_frame_size, prefetch=args.prefetch,
                              selector_string_numbers=args.selector_string_numbers)
         await server.start()

@@ -6,6 +6,16 @@ INDIVIDUAL with STOMP's cumulative ``client`` ACK emulated per
 subscription); each BEGIN a transacted session whose sends are staged and
 committed, with the transaction's ACKs, in one store transaction at COMMIT.
 
+Access: CONNECT must name a configured user with its passcode
+(``_auth``); each SUBSCRIBE and SEND is checked against the user's rights
+(``_users``). Temporary destinations belong to the connection that created
+them: only it consumes or browses them; another SENDs to one only to reply
+to a message it consumed (``_grants``); ``reply-to`` names only this
+connection's temporary destinations or destinations the user may send to.
+``JMSXUserID`` is the authenticated login, whatever the client says.
+
+Bounds: see ``_limits`` (each has its own ERROR frame).
+
 Back-pressure: frames of one connection are handled in order and the socket
 is not read while a frame waits, so a producer faster than the store is
 slowed by TCP (at most ``MAX_INFLIGHT`` store writes are pipelined); a
@@ -21,29 +31,33 @@ import collections
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from .._constants import AckMode, DeliveryMode
+from .._envelope import NON_PERSISTENT
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
 from .._errors import InvalidDestinationError, JMSError
 from .._memory import MemoryStore
 from .._commit import store_commit_async as _store_commit_async
 from .._store import Delivery, now_ms
 from .._waiters import AsyncWaiter
+from ._auth import AuthenticationError
 from ._frames import Frame, FrameError, FrameParser, encode
+from ._limits import MESSAGE_OVERHEAD
 from ._mapping import encode_message, message_from_send, split_destination
-
-if TYPE_CHECKING:
-    from ._server import StompServer
+from ._settings import ListenerSettings
 
 __all__ = ["StompConnection", "ProtocolError"]
 
-log = logging.getLogger("broker_core.stomp")
+log = logging.getLogger(__name__)
 
 VERSIONS = ("1.2", "1.1", "1.0")
 MAX_INFLIGHT = 512  # pipelined store writes per connection before reading pauses
 WRITE_HIGH_WATER = 256 * 1024
 BATCH = 64  # messages claimed and written per socket write
+BUSY_SLICE = 0.005  # seconds a connection with data waiting handles frames before it lets others run
+MAX_CLIENT_IDS = 100000  # client ids remembered with their owner
+_VERBS = {"send": "send to", "consume": "consume from", "browse": "browse", "reply-to": "name in reply-to"}
 
 
 class ProtocolError(Exception):
@@ -61,13 +75,15 @@ def _error_title(error: BaseException) -> str:
 
 
 class _Transaction:
-    __slots__ = ("session", "producer", "acks", "nacks")
+    __slots__ = ("session", "producer", "acks", "nacks", "count", "held")
 
     def __init__(self, session: Any) -> None:
         self.session = session
         self.producer = session.create_producer(None)
         self.acks: list[Delivery] = []
         self.nacks: list[Delivery] = []
+        self.count = 0  # SENDs, ACKs and NACKs held
+        self.held = 0  # bytes counted in the memory budget
 
 
 class Subscription:
@@ -104,6 +120,8 @@ class Subscription:
         version = conn.version
         ack_header = version == "1.2"
         pending = self.pending
+        grant = conn.settings.grants.grant
+        login = conn.login
         try:
             while not self.closed and not conn.closed:
                 room = BATCH if auto else min(BATCH, self.prefetch - len(pending))
@@ -118,6 +136,9 @@ class Subscription:
                     if delivery is None:
                         break
                     room -= 1
+                    env = delivery.envelope
+                    if env.reply_to is not None and env.reply_to.is_temporary:
+                        grant(login, env.reply_to, env.correlation_id or env.message_id)
                     token = None
                     if not auto:
                         token = conn.new_token()
@@ -186,16 +207,26 @@ class Subscription:
 
 
 class StompConnection:
-    def __init__(self, server: "StompServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.server = server
-        self.broker = server.broker
-        self.store = server.broker.store
+    """One client: *settings* are its listener's, *on_closed* is called with
+    the connection once it is finished."""
+
+    def __init__(self, settings: ListenerSettings, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 on_closed: Callable[["StompConnection"], None] | None = None) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.on_closed = on_closed
+        self.broker = settings.broker
+        self.store = settings.broker.store
         self._sync_store = isinstance(self.store, MemoryStore)
         self.reader = reader
         self.writer = writer
         self.transport = writer.transport
-        self.parser = FrameParser("1.2", max_frame_size=server.max_frame_size, max_headers=server.max_headers,
-                                  max_header_bytes=server.max_header_bytes)
+        before = settings.limits.connect_frame_bytes  # small until the client has authenticated
+        self.parser = FrameParser("1.2", max_frame_size=min(before, settings.max_frame_size),
+                                  max_headers=min(64, settings.max_headers),
+                                  max_header_bytes=min(before, settings.max_header_bytes))
+        self.user: Any = None  # the StompUser once CONNECTed
+        self.login: str = ""
         self.version: str | None = None
         self.jms: Any = None  # the broker Connection once CONNECTed
         self.session: Any = None  # for non-transacted sends and unsubscribes
@@ -215,6 +246,9 @@ class StompConnection:
         self._heartbeat_task: asyncio.Task[None] | None = None
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        self._connect_timer = asyncio.get_running_loop().call_later(settings.limits.connect_timeout,
+                                                                    self._connect_timed_out)
         try:
             self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         except Exception:
@@ -257,14 +291,26 @@ class StompConnection:
         finally:
             await self.finish()
 
+    def _connect_timed_out(self) -> None:
+        if self.version is None and not self.closed:
+            self.error("connect timeout", f"no CONNECT within {self.limits.connect_timeout:g} s of the connection; "
+                       "the connection is closed")
+            self.transport.close()
+
     async def _read_loop(self) -> None:
         reader = self.reader
         parser = self.parser
+        busy_since = time.monotonic()
         while not self.closed:
             data = await reader.read(65536)
             if not data:
                 return
-            self.last_read = time.monotonic()
+            now = self.last_read = time.monotonic()
+            if len(data) < 65536:  # the buffer is drained: the next read waits, giving the loop to others
+                busy_since = now
+            elif now - busy_since > BUSY_SLICE:  # one busy client does not hold the loop (it may serve HTTP too)
+                await asyncio.sleep(0)
+                busy_since = time.monotonic()
             try:
                 frames = parser.feed(data)
             except FrameError as error:
@@ -315,6 +361,15 @@ class StompConnection:
             return
         self._finished = True
         self.closed = True
+        self._connect_timer.cancel()
+        if self.user is not None:
+            per_user = self.settings.per_user
+            per_user[self.login] = per_user.get(self.login, 1) - 1
+            if per_user[self.login] <= 0:
+                del per_user[self.login]
+        held = sum(tx.held for tx in self.txs.values())
+        if held:
+            self.settings.memory.remove(held)
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
         for sub in list(self.subs.values()):
@@ -330,6 +385,8 @@ class StompConnection:
         if self.inflight:
             await asyncio.wait(list(self.inflight), timeout=30)
         releases = [d for tx in self.txs.values() for d in tx.acks + tx.nacks]
+        for tx in self.txs.values():
+            tx.held = 0
         self.txs.clear()
         try:
             if releases:
@@ -344,7 +401,8 @@ class StompConnection:
             await asyncio.wait_for(self.writer.wait_closed(), 5)
         except (Exception, asyncio.CancelledError):
             pass
-        self.server._connection_done(self)
+        if self.on_closed is not None:
+            self.on_closed(self)
 
     # ------------------------------------------------------------ pipelined store writes
 
@@ -388,12 +446,18 @@ class StompConnection:
             return prefix + (alias if alias is not None else destination.name)
         return ("/topic/" if destination.is_topic else "/queue/") + destination.name
 
-    def resolve(self, text: str) -> Destination:
+    def resolve(self, text: str, purpose: str = "send") -> Destination:
+        """The destination *text* names, for *purpose* (``send``, ``consume``,
+        ``browse`` or ``reply-to``), if this user may use it so. A temporary
+        destination of another connection is returned for ``send`` only: the
+        caller checks the reply grant (:meth:`check_foreign_send`)."""
         kind, name = split_destination(text)
-        if kind == "queue":
-            return Queue(name)
-        if kind == "topic":
-            return Topic(name)
+        if kind == "queue" or kind == "topic":
+            action = "send" if purpose == "reply-to" else purpose
+            if not self.user.may(action, kind, name):
+                raise ProtocolError("not authorised", f"user {self.login!r} may not {_VERBS[purpose]} {text}; the "
+                                    f"operator grants it in stomp.users.{self.login}.{action}")
+            return Queue(name) if kind == "queue" else Topic(name)
         topic = kind.endswith("topic")
         cls = TemporaryTopic if topic else TemporaryQueue
         if not kind.startswith("remote-"):
@@ -404,14 +468,32 @@ class StompConnection:
             foreign = cls(name)
         except InvalidDestinationError:
             foreign = None
+        if foreign is not None and foreign in self.aliases:
+            return foreign  # this connection's own, by the name others see
         if foreign is not None and (foreign in self.broker._temporaries or self.store.temporary_exists(foreign)):
-            return foreign
+            if purpose == "send":
+                return foreign
+            raise ProtocolError("not authorised", f"{text} is another connection's temporary destination: only the "
+                                "connection that created it may " + ("name it in reply-to" if purpose == "reply-to"
+                                                                     else "consume or browse it"))
         if kind.startswith("remote-"):
             raise InvalidDestinationError(f"{text}: no such temporary destination (its connection closed?)")
+        if len(self.temps) >= self.limits.temporary_destinations:
+            raise ProtocolError("too many temporary destinations",
+                                f"this connection already created {len(self.temps)} temporary destinations (the "
+                                "limit); reuse them by name")
         temp = self.jms.create_temporary_topic() if topic else self.jms.create_temporary_queue()
         self.temps[(kind, name)] = temp
         self.aliases[temp] = name
         return temp
+
+    def check_foreign_send(self, destination: Destination, text: str, correlation_id: str | None) -> None:
+        """Refuse a SEND to another connection's temporary destination unless it
+        replies to a message this user consumed (``_grants``)."""
+        if not self.settings.grants.allows(self.login, destination, correlation_id):
+            raise ProtocolError("not authorised", f"{text} is another connection's temporary destination: a user "
+                                "may send there only a reply to a message it consumed whose reply-to named it, with "
+                                "the correlation-id that message asks for (its correlation-id, else its message-id)")
 
     # ------------------------------------------------------------ frames
 
@@ -420,7 +502,7 @@ class StompConnection:
         if self.version is None:
             if command not in ("CONNECT", "STOMP"):
                 raise ProtocolError("not connected", f"the first frame must be CONNECT (or STOMP), got {command}")
-            self._connect(frame)
+            await self._connect(frame)
             return
         handler = _HANDLERS.get(command)
         if handler is None:
@@ -438,7 +520,7 @@ class StompConnection:
         if command == "DISCONNECT":
             self.closed = True
 
-    def _connect(self, frame: Frame) -> None:
+    async def _connect(self, frame: Frame) -> None:
         headers = frame.headers
         offered = [v.strip() for v in headers.get("accept-version", "1.0").split(",")]
         version = next((v for v in VERSIONS if v in offered), None)
@@ -450,13 +532,28 @@ class StompConnection:
                                     f"offered {headers.get('accept-version')!r}".encode()), "1.0"))
             self.closed = True
             return
-        users = self.server.users
         login = headers.get("login")
-        if users is not None:
-            if login is None or login not in users or users[login] != headers.get("passcode"):
+        try:
+            user = await self.settings.authenticator.check(login, headers.get("passcode"), self.address)
+        except AuthenticationError as error:
+            self.version = version
+            raise ProtocolError(error.title, str(error)) from None
+        if self.closed:  # timed out while the passcode was checked
+            return
+        per_user = self.settings.per_user
+        if per_user.get(user.login, 0) >= self.limits.connections_per_user:
+            self.version = version
+            raise ProtocolError("too many connections for this user",
+                                f"user {user.login!r} already has {per_user[user.login]} connections (the limit)")
+        client_id = headers.get("client-id") or None
+        if client_id is not None:
+            owner = self.settings.client_owners.get(client_id)
+            if not user.may_claim(client_id) or (owner is not None and owner != user.login):
                 self.version = version
-                raise ProtocolError("authentication failed",
-                                    f"login {login!r}: unknown user or wrong passcode")
+                raise ProtocolError("client-id not allowed",
+                                    f"user {user.login!r} may not use client-id {client_id[:100]!r}: it belongs to "
+                                    "another user, or is not one of this user's client_ids (by default the login and "
+                                    "LOGIN.anything)")
         cx = cy = 0
         if version != "1.0" and "heart-beat" in headers:
             try:
@@ -468,13 +565,24 @@ class StompConnection:
                 raise ProtocolError("invalid heart-beat header",
                                     f"heart-beat must be two non-negative integers 'cx,cy', got "
                                     f"{headers['heart-beat']!r}") from None
-        sx, sy = self.server.heartbeat if version != "1.0" else (0, 0)
+        sx, sy = self.settings.heartbeat if version != "1.0" else (0, 0)
         self.version = version
         self.parser.version = version
         try:
-            self.jms = self.broker.connect(client_id=headers.get("client-id") or None, user=login)
+            self.jms = self.broker.connect(client_id=client_id, user=user.login)
         except JMSError as error:
             raise ProtocolError(_error_title(error), str(error)) from None
+        self._connect_timer.cancel()
+        self.last_read = self.last_write = time.monotonic()  # the passcode check took its time
+        self.user = user
+        self.login = user.login
+        per_user[user.login] = per_user.get(user.login, 0) + 1
+        if client_id is not None and len(self.settings.client_owners) < MAX_CLIENT_IDS:
+            self.settings.client_owners.setdefault(client_id, user.login)
+        settings = self.settings
+        self.parser.max_frame_size = settings.max_frame_size
+        self.parser.max_headers = settings.max_headers
+        self.parser.max_header_bytes = settings.max_header_bytes
         self.session = self.jms.create_session(False, AckMode.AUTO)
         self.producer = self.session.create_producer(None)
         self.jms.start()
@@ -521,19 +629,57 @@ class StompConnection:
         return tx
 
     async def on_send(self, frame: Frame) -> None:
-        destination = self.resolve(self._required(frame, "destination"))
-        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self.resolve,
-                                                         self.server.string_numbers)
+        text = self._required(frame, "destination")
+        destination = self.resolve(text)
+        if destination.is_temporary and destination not in self.aliases:
+            self.check_foreign_send(destination, text, frame.headers.get("correlation-id"))
+        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self._resolve_reply_to,
+                                                         self.settings.string_numbers)
+        memory = self.settings.memory
         tx = self._transaction(frame)
         if tx is not None:
+            self._count(tx)
+            size = len(frame.body) + MESSAGE_OVERHEAD
+            if memory.full:
+                await self._wait_for_memory()
             tx.producer.send(destination, message, delivery_mode=mode, priority=priority, time_to_live=ttl)
+            tx.held += size
+            memory.add(size)
             return
         env = self.producer._envelope(destination, message, mode, priority, ttl, None)
+        if self._sync_store or env.delivery_mode == NON_PERSISTENT:  # held in memory until consumed
+            if memory.full:
+                await self._wait_for_memory()
+            memory.track(env, len(frame.body) + MESSAGE_OVERHEAD)
         if self._sync_store or (mode == DeliveryMode.NON_PERSISTENT and not destination.is_temporary):
             self.store.send(env)
         else:
             await self._throttle()
             self.track(_store_commit_async(self.store, (env,), ()))
+
+    def _resolve_reply_to(self, text: str) -> Destination:
+        return self.resolve(text, "reply-to")
+
+    def _count(self, tx: _Transaction) -> None:
+        tx.count += 1
+        if tx.count > self.limits.transaction_messages:
+            raise ProtocolError("transaction too large", f"a transaction holds at most "
+                                f"{self.limits.transaction_messages} SENDs, ACKs and NACKs; commit more often")
+
+    async def _wait_for_memory(self) -> None:
+        """Producer flow control: wait (the socket is not read meanwhile) until
+        the listener's messages take less than its memory limit, or refuse."""
+        memory = self.settings.memory
+        deadline = time.monotonic() + self.limits.send_wait
+        delay = 0.005
+        while memory.full:
+            if time.monotonic() >= deadline:
+                raise ProtocolError("memory limit reached",
+                                    f"the listener's messages in memory reached its limit ({memory.limit} bytes) and "
+                                    f"no room was freed within {self.limits.send_wait:g} s: consume what was sent, "
+                                    "send persistent messages, or retry later")
+            await asyncio.sleep(delay)
+            delay = min(0.1, delay * 2)
 
     async def on_subscribe(self, frame: Frame) -> None:
         headers = frame.headers
@@ -545,11 +691,14 @@ class StompConnection:
             sub_id = text
         if sub_id in self.subs:
             raise ProtocolError("duplicate subscription id", f"subscription id {sub_id!r} is already in use")
+        if len(self.subs) >= self.limits.subscriptions:
+            raise ProtocolError("too many subscriptions", f"this connection already has {len(self.subs)} "
+                                "subscriptions (the limit); UNSUBSCRIBE some first")
         ack = headers.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
             raise ProtocolError("invalid ack mode", f"ack must be auto, client or client-individual, got {ack!r}")
         raw = headers.get("activemq.prefetchSize") or headers.get("prefetch") or headers.get("prefetch-count")
-        prefetch = self.server.prefetch
+        prefetch = self.settings.prefetch
         if raw is not None:
             try:
                 prefetch = int(raw)
@@ -558,8 +707,9 @@ class StompConnection:
             except ValueError:
                 raise ProtocolError("invalid prefetch", f"prefetch must be a positive integer, got {raw!r}") from None
         selector = headers.get("selector") or None
-        destination = self.resolve(text)
-        if headers.get("browser", "false").lower() == "true":
+        browse = headers.get("browser", "false").lower() == "true"
+        destination = self.resolve(text, "browse" if browse else "consume")
+        if browse:
             await self._browse(sub_id, destination, selector)
             return
         durable_name = headers.get("durable-subscription-name") or headers.get("activemq.subscriptionName")
@@ -642,6 +792,8 @@ class StompConnection:
     async def on_ack(self, frame: Frame) -> None:
         sub, token = self._ack_target(frame)
         tx = self._transaction(frame)
+        if tx is not None:
+            self._count(tx)
         deliveries = sub.take(token, sub.ack == "client")
         if tx is not None:
             tx.acks.extend(deliveries)
@@ -654,6 +806,8 @@ class StompConnection:
             raise ProtocolError("unknown command NACK", "NACK is a STOMP 1.1 command")
         sub, token = self._ack_target(frame)
         tx = self._transaction(frame)
+        if tx is not None:
+            self._count(tx)
         deliveries = sub.take(token, False)
         if tx is not None:
             tx.nacks.extend(deliveries)
@@ -664,6 +818,9 @@ class StompConnection:
         name = self._required(frame, "transaction")
         if name in self.txs:
             raise ProtocolError("transaction already begun", f"transaction {name!r} is already open")
+        if len(self.txs) >= self.limits.transactions:
+            raise ProtocolError("too many transactions", f"this connection already has {len(self.txs)} open "
+                                "transactions (the limit); COMMIT or ABORT some first")
         self.txs[name] = _Transaction(self.jms.create_session(True))
 
     async def on_commit(self, frame: Frame) -> None:
@@ -671,7 +828,12 @@ class StompConnection:
         tx = self._transaction(frame)
         assert tx is not None
         del self.txs[frame.headers["transaction"]]
+        self._release_held(tx)
         staged, _consumed = tx.session._take_transaction()
+        memory = self.settings.memory
+        for env in staged:
+            if self._sync_store or env.delivery_mode == NON_PERSISTENT:
+                memory.track(env, _envelope_size(env))
         try:
             if staged or tx.acks:
                 await self.settle()
@@ -686,6 +848,7 @@ class StompConnection:
         tx = self._transaction(frame)
         assert tx is not None
         del self.txs[frame.headers["transaction"]]
+        self._release_held(tx)
         tx.session.rollback()
         tx.session.close()
         released = tx.acks + tx.nacks
@@ -694,6 +857,17 @@ class StompConnection:
 
     async def on_disconnect(self, frame: Frame) -> None:
         await self.settle()
+
+    def _release_held(self, tx: _Transaction) -> None:
+        if tx.held:
+            self.settings.memory.remove(tx.held)
+            tx.held = 0
+
+
+def _envelope_size(env: Any) -> int:
+    body = env.body
+    size = len(body) if isinstance(body, (str, bytes)) else 0
+    return size + MESSAGE_OVERHEAD
 
 
 def _browse_envelopes(conn: StompConnection, queue: Destination, selector: str | None) -> Any:

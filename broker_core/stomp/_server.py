@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Iterable, Mapping
 
+from ._auth import Authenticator
 from ._connection import StompConnection
-from ._frames import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS
+from ._frames import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS, Frame, encode
+from ._limits import MemoryBudget, StompLimits
+from ._settings import ListenerSettings
+from ._users import StompUser
 
-__all__ = ["StompServer", "DEFAULT_PORT"]
+__all__ = ["StompServer", "DEFAULT_PORT", "NoUsersError"]
 
-log = logging.getLogger("broker_core.stomp")
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 61613
+
+
+class NoUsersError(ValueError):
+    """Raised by :class:`StompServer` given no users: a listener that would
+    accept any login is never started."""
 
 
 class StompServer:
     """A STOMP 1.2 listener (1.0 and 1.1 clients accepted) over ``broker``.
 
-    ``users``: ``None`` accepts any login; a ``{login: passcode}`` dict
-    checks CONNECT's ``login``/``passcode``. ``heartbeat``: the (send, receive)
+    ``users``: the :class:`StompUser` s allowed to CONNECT (a list, or a
+    ``{login: user}`` mapping), each with its passcode's hash and its rights;
+    at least one (:class:`NoUsersError` otherwise). ``limits``: a
+    :class:`StompLimits` (default: its safe defaults). ``heartbeat``: the (send, receive)
     milliseconds the server offers in CONNECTED. ``max_frame_size``: the
     largest body accepted. ``prefetch``: unacknowledged messages per
     client-ack subscription unless its SUBSCRIBE says otherwise
@@ -35,10 +46,20 @@ class StompServer:
     """
 
     def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 users: dict[str, str] | None = None, heartbeat: tuple[int, int] = (10000, 10000),
+                 users: Iterable[StompUser] | Mapping[str, StompUser] | None = None, heartbeat: tuple[int, int] = (10000, 10000),
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, prefetch: int = 1000,
                  max_headers: int = DEFAULT_MAX_HEADERS, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-                 selector_string_numbers: str | None = None) -> None:
+                 selector_string_numbers: str | None = None, limits: StompLimits | None = None) -> None:
+        if isinstance(users, Mapping):
+            users = list(users.values())
+        found = list(users or ())
+        if not found:
+            raise NoUsersError("a STOMP listener needs at least one user (login, passcode hash, rights): without "
+                               "users it would accept any login")
+        for user in found:
+            if not isinstance(user, StompUser):
+                raise TypeError(f"users must be StompUser objects (the passcode's hash and the rights), got "
+                                f"{type(user).__name__}")
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
         if selector_string_numbers is None:
@@ -51,12 +72,17 @@ class StompServer:
         self.broker = broker
         self.host = host
         self.port = port
-        self.users = dict(users) if users is not None else None
+        self.users = {user.login: user for user in found}
         self.heartbeat = (int(heartbeat[0]), int(heartbeat[1]))
         self.max_frame_size = max_frame_size
         self.max_headers = max_headers
         self.max_header_bytes = max_header_bytes
         self.prefetch = prefetch
+        self.limits = limits if limits is not None else StompLimits()
+        self.settings = ListenerSettings(
+            broker=broker, heartbeat=self.heartbeat, prefetch=prefetch, max_frame_size=max_frame_size,
+            max_headers=max_headers, max_header_bytes=max_header_bytes, string_numbers=self.string_numbers,
+            limits=self.limits, authenticator=Authenticator(self.users), memory=MemoryBudget(self.limits.memory_bytes))
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[StompConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -72,8 +98,24 @@ class StompServer:
             self.port = sockets[0].getsockname()[1]
         log.info("STOMP listener on %s:%d", self.host, self.port)
 
+    @property
+    def memory_held(self) -> int:
+        """Bytes of messages the listener holds in memory now (see :class:`MemoryBudget`)."""
+        return self.settings.memory.snapshot()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = StompConnection(self, reader, writer)
+        if len(self._connections) >= self.limits.connections:
+            try:  # refused before anything is read
+                writer.write(encode(Frame("ERROR", {"message": "too many connections", "content-type": "text/plain"},
+                                          f"the listener already has {len(self._connections)} connections (its "
+                                          "limit); try again later".encode()), "1.0"))
+                writer.close()
+            except Exception:
+                pass
+            log.warning("STOMP connection from %s refused: %d connections open", writer.get_extra_info("peername"),
+                        len(self._connections))
+            return
+        conn = StompConnection(self.settings, reader, writer, on_closed=self._connection_done)
         self._connections.add(conn)
         task = asyncio.current_task()
         if task is not None:

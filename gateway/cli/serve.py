@@ -46,6 +46,8 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p = with_config(sub.add_parser("stomp", help="run only the STOMP listener on the configured store"))
     p.add_argument("--host", help="listen address (default: stomp.host, 127.0.0.1)")
     p.add_argument("--port", type=port_number, help="listen port (default: stomp.port, 61613)")
+    p.add_argument("--hash-passcode", action="store_true",
+                   help="read a passcode on standard input, print its hash for stomp.users.LOGIN.passcode_hash, exit")
     p.set_defaults(func=cmd_stomp)
 
     p = with_config(sub.add_parser("worker", help="run only the configured handler workers"))
@@ -108,13 +110,6 @@ def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = Tru
 
     from gateway.runtime.serving import stomp_options
 
-    listener = stomp_options(settings) if stomp else None
-    if listener is not None and not listener.get("users") and not is_loopback(listener["host"]):
-        raise CommandError(
-            f"refusing to start the STOMP listener on {listener['host']}: without stomp.users in "
-            f"{config_shown(settings)} it accepts any login, and anyone who reaches it could read every partner's "
-            "documents; add users: {LOGIN: PASSCODE} to the stomp section, listen on 127.0.0.1, or serve with "
-            "--no-stomp")
 
     if not is_loopback(host):
         demo = demo_keys_configured(settings)
@@ -129,6 +124,8 @@ def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = Tru
             importlib.import_module(module)
         except ImportError as exc:
             raise settings.workers_where.error(f"worker module {module!r} cannot be imported: {exc}") from None
+    if stomp:  # last: its users' passcodes are generated on first run
+        stomp_options(settings)  # a listener without users is refused, on any address
 
 
 def _probe_listen(host: str, port: int) -> None:
@@ -154,6 +151,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure(settings.log_format, getattr(logging, args.log_level, logging.INFO), args.process_index)
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
+    if args.listen_fd is not None and args.process_index in (None, 0) and not args.no_stomp:
+        from gateway.runtime.serving import stomp_options
+
+        stomp_options(settings)  # the same refusal of a listener without users as below
     if args.listen_fd is None:
         from gateway.runtime.processes import process_count
 
@@ -249,15 +250,20 @@ def cmd_stomp(args: argparse.Namespace) -> int:
 
     from gateway.runtime.serving import open_broker, start_stomp, stomp_options
 
+    if args.hash_passcode:
+        from gateway.runtime.stomp_listener import print_passcode_hash
+
+        return print_passcode_hash()
     settings = settings_for(args)
     if args.port is not None or args.host is not None:
         settings.stomp = {**(settings.stomp or {}), **({"port": args.port} if args.port is not None else {}),
                           **({"host": args.host} if args.host is not None else {}), "enabled": True}
-    options = stomp_options(settings)
-    if options is None:
+    section = settings.stomp or {}
+    if section.get("enabled", True) is False:
         raise CommandError(f"the STOMP listener is disabled (stomp.enabled: false in {settings.config_path}); "
                            "enable it there or pass --port")
-    _probe_listen(options["host"], options["port"])
+    _probe_listen(section.get("host", "127.0.0.1"), int(section.get("port", 61613)))
+    stomp_options(settings)  # refused without users, on any address (their passcodes made on first run)
     broker = open_broker(settings)
 
     async def run() -> None:

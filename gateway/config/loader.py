@@ -45,6 +45,7 @@ from gateway.config.marked import (  # noqa: F401 (re-exported: the sections and
     load_yaml,
     parse_duration,
 )
+from gateway.config.stomp import STOMP_KEYS, stomp_section  # noqa: F401 (STOMP_KEYS re-exported)
 from gateway.errors import ConfigError, clip
 from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
 
@@ -343,7 +344,7 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         raise etl.at(error.key).error(f"etl.{error.key}: {error}") from None
     s.etl = dict(etl)
     if root.get("stomp") is not None:
-        s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
+        s.stomp = stomp_section(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"), s.base_dir)
     if root.get("ledger") is not None:
         _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
     from gateway.config.operations import apply_sections  # operators:, admin:, logging:
@@ -395,41 +396,6 @@ def _rules(s: Settings, rules: MarkedDict) -> None:
     if "worker_memory_mb" in rules:
         s.rules_worker_memory_mb = expect_int(rules["worker_memory_mb"], rules.at("worker_memory_mb"),
                                               "rules.worker_memory_mb", minimum=128)
-
-
-STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size", "selector_string_numbers"}
-
-
-def _stomp(stomp: MarkedDict) -> dict[str, Any]:
-    """The ``stomp:`` section, each value checked at its line (gateway.runtime.serving.stomp_options reads it)."""
-    check_keys(stomp, STOMP_KEYS, "stomp")
-    if "enabled" in stomp:
-        expect_bool(stomp["enabled"], stomp.at("enabled"), "stomp.enabled")
-    if "host" in stomp:
-        expect_str(stomp["host"], stomp.at("host"), "stomp.host")
-    if "port" in stomp:
-        expect_int(stomp["port"], stomp.at("port"), "stomp.port", minimum=0, maximum=65535)
-    if "users" in stomp:
-        users = expect_mapping(stomp["users"], stomp.at("users"), "stomp.users")
-        for login, passcode in users.items():
-            if not isinstance(login, str) or not isinstance(passcode, str) or not login or not passcode:
-                raise users.at(login).error(f"stomp.users maps logins to passcodes, both non-empty strings (quote "
-                                            f"one that YAML reads as a number); got {clip(repr(login), 40)}: "
-                                            f"{_kind(passcode)}")
-    if "heartbeat" in stomp:
-        beats = expect_list(stomp["heartbeat"], stomp.at("heartbeat"), "stomp.heartbeat")
-        if len(beats) != 2:
-            raise stomp.at("heartbeat").error("stomp.heartbeat must be [send_ms, receive_ms], e.g. [10000, 10000]")
-        for i, beat in enumerate(beats):
-            expect_int(beat, beats.at(i), "a stomp.heartbeat interval (ms, 0: none)", minimum=0, maximum=3_600_000)
-    if "prefetch" in stomp:
-        expect_int(stomp["prefetch"], stomp.at("prefetch"), "stomp.prefetch", minimum=1)
-    if "max_frame_size" in stomp:
-        expect_int(stomp["max_frame_size"], stomp.at("max_frame_size"), "stomp.max_frame_size", minimum=1024)
-    if "selector_string_numbers" in stomp:
-        expect_choice(stomp["selector_string_numbers"], stomp.at("selector_string_numbers"),
-                      "stomp.selector_string_numbers", ("convert", "strict"))
-    return dict(stomp)
 
 
 def _schemas(s: Settings, schemas: MarkedDict) -> None:

@@ -19,13 +19,14 @@ from typing import Any
 from broker_core import Broker
 
 from gateway.exchange.assemble import Assembly
-from gateway.config.loader import STOMP_KEYS, Settings
+from gateway.config.loader import Settings
 from gateway.errors import ConfigError
 from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
 from gateway.exchange.submission import Gateway
 from gateway.ledger.reconciler import Reconciler
+from gateway.runtime.stomp_listener import stomp_options  # noqa: F401 (the listener's options: its users, limits)
 
-__all__ = ["Runtime", "etl_enabled", "open_broker", "start_stomp", "start_workers"]
+__all__ = ["Runtime", "etl_enabled", "open_broker", "start_stomp", "start_workers", "stomp_options"]
 
 log = logging.getLogger(__name__)
 
@@ -94,30 +95,6 @@ def start_workers(settings: Settings, broker: Broker) -> Any:
     worker = handlers.Worker(broker, items)
     worker.start()
     return worker
-
-
-def stomp_options(settings: Settings) -> dict[str, Any] | None:
-    """The STOMP listener's options from the ``stomp:`` section, or ``None``
-    when it is disabled (``enabled: false``). Defaults: 127.0.0.1:61613, any
-    login accepted (``users: {login: passcode}`` to check them)."""
-    section = dict(settings.stomp or {})
-    if section.pop("enabled", True) is False:
-        return None
-    options: dict[str, Any] = {"host": section.pop("host", "127.0.0.1"), "port": int(section.pop("port", 61613))}
-    if "users" in section:
-        options["users"] = {str(k): str(v) for k, v in dict(section.pop("users")).items()}
-    if "heartbeat" in section:
-        send, receive = section.pop("heartbeat")
-        options["heartbeat"] = (int(send), int(receive))
-    for key in ("prefetch", "max_frame_size"):
-        if key in section:
-            options[key] = int(section.pop(key))
-    if "selector_string_numbers" in section:
-        options["selector_string_numbers"] = str(section.pop("selector_string_numbers"))
-    if section:
-        raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: "
-                          f"{', '.join(sorted(STOMP_KEYS))})", file=settings.where.file)
-    return options
 
 
 async def start_stomp(settings: Settings, broker: Broker) -> Any:

@@ -449,8 +449,8 @@ def test_prefetch_window_limits_unacked(port):
     conn.disconnect()
 
 
-def test_authentication(start_server, broker):
-    server = start_server(broker, users={"alice": "secret"}, heartbeat=(0, 0))
+def test_authentication(start_server, broker, stomp_user):
+    server = start_server(broker, users=[stomp_user("alice", "secret")], heartbeat=(0, 0))
     conn = stomp.Connection12([("127.0.0.1", server.port)])
     listener = Collector()
     conn.set_listener("c", listener)
@@ -459,8 +459,8 @@ def test_authentication(start_server, broker):
     assert listener.errors and "authentication failed" in listener.errors[0].headers["message"]
 
 
-def test_authentication_ok(start_server, broker):
-    server = start_server(broker, users={"user": "pw"}, heartbeat=(0, 0))
+def test_authentication_ok(start_server, broker, stomp_user):
+    server = start_server(broker, users=[stomp_user("user", "pw")], heartbeat=(0, 0))
     conn, listener = client(server.port)
     sync(conn, listener)
     conn.disconnect()

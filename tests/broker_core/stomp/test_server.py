@@ -33,6 +33,8 @@ class Raw:
     def connect(self, **headers: Any) -> Frame:
         headers.setdefault("accept_version", "1.2")
         headers.setdefault("host", "localhost")
+        headers.setdefault("login", "user")
+        headers.setdefault("passcode", "pw")
         self.frame("CONNECT", **headers)
         reply = self.next()
         assert reply.command == "CONNECTED", reply
@@ -179,12 +181,12 @@ def test_version_negotiation(server):
     assert frame.command == "ERROR" and frame.headers["version"] == "1.0,1.1,1.2"
     assert raw.closed_by_server()
     raw = Raw(server.port)
-    raw.send(b"CONNECT\nlogin:a\n\n\x00")  # a 1.0 client: no accept-version
+    raw.send(b"CONNECT\nlogin:user\npasscode:pw\n\n\x00")  # a 1.0 client: no accept-version
     assert raw.connect.__name__ and raw.next().headers["version"] == "1.0"
     raw = Raw(server.port)
     assert raw.connect(accept_version="1.0,1.1").headers["version"] == "1.1"
     raw = Raw(server.port)
-    raw.frame("STOMP", accept_version="1.2", host="x")
+    raw.frame("STOMP", accept_version="1.2", host="x", login="user", passcode="pw")
     assert raw.next().command == "CONNECTED"
 
 
@@ -270,20 +272,21 @@ def test_slow_consumer_does_not_drain_queue(server, broker):
     jms.close()
 
 
-def test_auth_rejects_wrong_passcode(start_server, broker):
-    srv = start_server(broker, users={"alice": "secret"}, heartbeat=(0, 0))
+def test_auth_rejects_wrong_passcode(start_server, broker, stomp_user):
+    srv = start_server(broker, users=[stomp_user("alice", "secret")], heartbeat=(0, 0))
     raw = Raw(srv.port)
     raw.frame("CONNECT", accept_version="1.2", login="alice", passcode="nope")
     expect_error(raw, "authentication failed")
+    time.sleep(1.2)  # a failure makes the address wait a second before its next check
     raw = Raw(srv.port)
     raw.connect(login="alice", passcode="secret")
 
 
-def test_port_zero_and_stop(broker):
+def test_port_zero_and_stop(broker, stomp_user):
     import asyncio
 
     async def run() -> int:
-        server = StompServer(broker, port=0, heartbeat=(0, 0))
+        server = StompServer(broker, port=0, heartbeat=(0, 0), users=[stomp_user()])
         await server.start()
         port = server.port
         await server.stop()

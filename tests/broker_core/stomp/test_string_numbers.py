@@ -133,11 +133,11 @@ def test_the_mark_is_stored_with_persistent_messages(start_server, sqlite_url):
         broker.close()
 
 
-def test_an_unknown_mode_is_refused(broker):
+def test_an_unknown_mode_is_refused(broker, stomp_user):
     from broker_core import InvalidArgumentError
     from broker_core.stomp import StompServer
 
     with pytest.raises(ValueError, match="selector_string_numbers"):
-        StompServer(broker, selector_string_numbers="loose")
+        StompServer(broker, selector_string_numbers="loose", users=[stomp_user()])
     with pytest.raises(InvalidArgumentError, match="selector_string_numbers"):
         Broker.open("memory://", selector_string_numbers="loose")

@@ -437,18 +437,53 @@ def _config_with_stomp(tmp_path, stomp: str) -> str:
     return str(config)
 
 
-def test_serve_refuses_a_public_stomp_listener_that_accepts_any_login(capsys, tmp_path, no_uvicorn):
-    config = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
-    line = user_error(run(capsys, "serve", "-c", config, "--port", "0"))
-    assert "refusing to start the STOMP listener on 0.0.0.0" in line and "users" in line and "--no-stomp" in line
+def test_serve_and_stomp_refuse_a_stomp_listener_without_users_on_any_address(capsys, tmp_path, no_uvicorn):
+    for host in ("127.0.0.1", "0.0.0.0"):
+        config = _config_with_stomp(tmp_path, "{host: " + host + ", port: 0}")
+        for argv in (("serve", "-c", config, "--port", "0"), ("stomp", "-c", config, "--port", "0"),
+                     ("stomp", "-c", config, "--host", "0.0.0.0", "--port", "0")):
+            line = user_error(run(capsys, *argv))
+            assert "needs stomp.users" in line and "passcode_file" in line and "stomp.enabled: false" in line, line
     assert not no_uvicorn
 
 
-def test_serve_starts_a_public_stomp_listener_with_users_or_without_stomp(capsys, tmp_path, no_uvicorn):
+def test_serve_starts_a_stomp_listener_with_users_or_without_stomp(capsys, tmp_path, no_uvicorn):
     public = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
     code, _, err = run(capsys, "serve", "-c", public, "--port", "0", "--no-stomp")
     assert code == 0, err
-    checked = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0, users: {backend: s3cret}}")
+    checked = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0, users: {backend: {passcode_file: backend.pass, "
+                                           "consume: [/queue/orders.inbound]}}}")
     code, _, err = run(capsys, "serve", "-c", checked, "--port", "0")
     assert code == 0, err
     assert no_uvicorn
+    secret = tmp_path / "backend.pass"  # generated on first run, for the operator only; the listener keeps its hash
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 40
+    from broker_core.stomp import verify_passcode
+
+    assert verify_passcode(secret.read_text().strip(), (tmp_path / "backend.pass.hash").read_text().strip())
+
+
+def test_stomp_hash_passcode_prints_a_hash_the_listener_takes(monkeypatch, capsys):
+    import io
+
+    from broker_core.stomp import verify_passcode
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret passcode\n"))
+    code, out, _ = run(capsys, "stomp", "--hash-passcode")
+    assert code == 0 and verify_passcode("s3cret passcode", out.strip())
+
+
+def test_a_serving_process_given_its_socket_refuses_a_stomp_listener_without_users(capsys, tmp_path, monkeypatch):
+    """``serve --listen-fd`` (a supervisor's serving process) runs the same refusal before serving."""
+    import socket
+
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(sockets))
+    config = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        line = user_error(run(capsys, "serve", "-c", config, "--listen-fd", str(sock.fileno()), "--process-index", "0"))
+    assert "needs stomp.users" in line and not served

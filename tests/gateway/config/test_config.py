@@ -130,7 +130,17 @@ def test_store_options_are_checked_at_load_with_the_line_of_the_option(tmp_path)
     ("stomp:\n  enabled: 'no'\n", 2, "stomp.enabled must be true or false"),
     ("stomp:\n  heartbeat: [5]\n", 2, "[send_ms, receive_ms]"),
     ("stomp:\n  heartbeat: [5, -1]\n", 2, "heartbeat interval"),
-    ("stomp:\n  users:\n    erp: 1234\n", 3, "quote one that YAML reads as a number"),
+    ("stomp:\n  users:\n    1234: {passcode_file: p}\n", 3, "quote one that YAML reads as a number"),
+    ("stomp:\n  users:\n    erp: '1234'\n", 3, "passcodes are not kept in the configuration"),
+    ("stomp:\n  users:\n    erp: {consume: [/queue/a]}\n", 3, "needs one of passcode_hash"),
+    ("stomp:\n  users:\n    erp: {passcode_hash: secret}\n", 3, "passcode_hash must be 'scrypt$"),
+    ("stomp:\n  users:\n    erp:\n      passcode_file: p\n      send: [orders]\n", 5, "must start with /queue/"),
+    ("stomp:\n  users:\n    erp:\n      passcode_file: p\n      consume: [/queue/a.>.b]\n", 5,
+     "'>' may only be the last"),
+    ("stomp:\n  users:\n    erp: {passcode_file: p, sned: []}\n", 3, "unknown key 'sned' in stomp.users.erp"),
+    ("stomp:\n  limits:\n    connections: 0\n", 3, "stomp.limits.connections must be at least 1"),
+    ("stomp:\n  limits:\n    connect_timeout: soon\n", 3, "positive number of seconds"),
+    ("stomp:\n  limits:\n    memory: 5\n", 3, "unknown key 'memory' in stomp.limits"),
     ("stomp:\n  host: 127.0.0.1\n  prefetch: 0\n", 3, "stomp.prefetch must be at least 1"),
     ("stomp:\n  max_frame_size: 10\n", 2, "at least 1024"),
     ("stomp:\n  prot: 61613\n", 2, "unknown key 'prot' in stomp"),
@@ -154,11 +164,15 @@ def test_stomp_and_etl_sections_are_checked_at_load_with_lines(tmp_path, section
 
 
 def test_good_stomp_and_etl_sections_are_kept_as_written(tmp_path):
-    text = ("stomp:\n  enabled: true\n  port: 61614\n  users: {erp: '1234'}\n  heartbeat: [0, 5000]\n"
+    text = ("stomp:\n  enabled: true\n  port: 61614\n  users: {erp: {passcode_file: erp.pass, send: [/queue/a.*]}}\n"
+            "  heartbeat: [0, 5000]\n  limits: {connections: 10, send_wait: 2.5}\n"
             "etl:\n  schedule: '30 3 * * 1-5'\n  timezone: Europe/Stockholm\n  arrow_staging: auto\n"
             "  spark_conf: {spark.driver.memory: 2g}\n")
     s = settings_from_mapping(load_yaml(text=text, name="x.yaml"), base_dir=tmp_path)
-    assert s.stomp == {"enabled": True, "port": 61614, "users": {"erp": "1234"}, "heartbeat": [0, 5000]}
+    assert s.stomp == {"enabled": True, "port": 61614, "heartbeat": [0, 5000],
+                       "users": {"erp": {"passcode_file": str(tmp_path / "erp.pass"), "consume": [], "browse": [],
+                                         "send": ["/queue/a.*"]}},
+                       "limits": {"connections": 10, "send_wait": 2.5}}
     assert s.etl["schedule"] == "30 3 * * 1-5" and s.etl["timezone"] == "Europe/Stockholm"
 
 

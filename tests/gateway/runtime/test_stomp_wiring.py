@@ -9,6 +9,7 @@ import pytest
 import stomp
 
 from broker_core import Broker, Queue
+from broker_core.stomp import StompLimits, hash_passcode
 from gateway.errors import ConfigError
 from gateway.runtime.serving import start_stomp, stomp_options
 
@@ -19,8 +20,19 @@ class _Settings:
         self.where = type("W", (), {"file": "b2bgw.yaml"})()
 
 
+_ERP = {"erp": {"passcode_hash": hash_passcode("secret"), "consume": [], "browse": [], "send": ["/queue/orders.>"]}}
+
+
 def test_defaults_are_loopback_on_61613():
-    assert stomp_options(_Settings(None)) == {"host": "127.0.0.1", "port": 61613}
+    options = stomp_options(_Settings({"users": _ERP}))
+    assert (options["host"], options["port"]) == ("127.0.0.1", 61613)
+    assert [user.login for user in options["users"]] == ["erp"] and options["limits"] == StompLimits()
+
+
+def test_no_users_is_a_config_error_that_says_how_to_add_one():
+    for section in (None, {"host": "127.0.0.1"}, {"users": {}}):
+        with pytest.raises(ConfigError, match="needs stomp.users.*passcode_file.*stomp.enabled: false"):
+            stomp_options(_Settings(section))
 
 
 def test_disabled_section_starts_nothing():
@@ -28,14 +40,15 @@ def test_disabled_section_starts_nothing():
 
 
 def test_unknown_keys_are_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, max_frame_size, port, prefetch, "
+    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, limits, max_frame_size, port, prefetch, "
                                           "selector_string_numbers, users"):
-        stomp_options(_Settings({"prot": 61613}))
+        stomp_options(_Settings({"prot": 61613, "users": _ERP}))
 
 
 def test_the_selector_string_numbers_choice_reaches_the_listener():
-    assert stomp_options(_Settings({"selector_string_numbers": "strict"}))["selector_string_numbers"] == "strict"
-    assert "selector_string_numbers" not in stomp_options(_Settings({}))  # the broker's choice (convert)
+    options = stomp_options(_Settings({"selector_string_numbers": "strict", "users": _ERP}))
+    assert options["selector_string_numbers"] == "strict"
+    assert "selector_string_numbers" not in stomp_options(_Settings({"users": _ERP}))  # the broker's choice
 
 
 def test_a_wrong_selector_string_numbers_choice_is_reported_at_its_line(tmp_path):
@@ -55,7 +68,7 @@ def test_a_listener_started_from_the_section_carries_messages_into_the_broker():
     def run() -> None:
         asyncio.set_event_loop(loop)
         holder["server"] = loop.run_until_complete(
-            start_stomp(_Settings({"port": 0, "users": {"erp": "secret"}}), broker))
+            start_stomp(_Settings({"port": 0, "users": _ERP}), broker))
         started.set()
         loop.run_forever()
 
