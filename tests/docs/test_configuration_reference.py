@@ -34,7 +34,8 @@ WHAT_PATHS = {
     "f'rule set {set_name!r}'": ["rules.sets.NAME"],
     "'a schema file entry'": ["schemas.files[]"],
     "f'operator {name!r}'": ["operators.NAME"],
-    "what": ["ledger.retention.routes.ROUTE", "ledger.retention.document_types.TYPE"],  # retention.py's entries
+    "gateway/config/retention.py:what": ["ledger.retention.routes.ROUTE", "ledger.retention.document_types.TYPE"],
+    "gateway/config/stomp.py:what": ["stomp.users.LOGIN"],
     "f'{what} limits'": ["partners.ID.limits", "defaults.limits"],
     "'defaults'": ["defaults"],
     "f'partner {partner_id!r}'": ["partners.ID"],
@@ -68,7 +69,10 @@ def _check_keys_calls() -> list[Key]:
             except NameError as exc:  # a local variable: name the keys in a module-level set instead
                 pytest.fail(f"{where}: check_keys's allowed keys must be a literal or a module-level name ({exc})")
             match = _SECTION_NAME.match(what)
-            if what in WHAT_PATHS:
+            in_file = f"{file.relative_to(ROOT)}:{what}"  # a local name means something else in each file
+            if in_file in WHAT_PATHS:
+                prefixes = WHAT_PATHS[in_file]
+            elif what in WHAT_PATHS:
                 prefixes = WHAT_PATHS[what]
             elif match:
                 prefixes = [match.group(1)]
