@@ -174,6 +174,8 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     from gateway.http.app import create_app
     from gateway.http.protocol import protocol_options
     from gateway.runtime.logs import uvicorn_log_config
+    from gateway.trust.peer import TrustMiddleware
+    from gateway.trust.serving import trust_options
 
     index = args.process_index
     if args.cpu is not None:
@@ -195,7 +197,9 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
     sys.setswitchinterval(SWITCH_INTERVAL)
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(), **protocol_options())
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(), **protocol_options(),
+                   **trust_options(settings))
+    app = TrustMiddleware(app, settings.trust)  # client address and certificate from trusted proxies
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
