@@ -197,8 +197,8 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
     sys.setswitchinterval(SWITCH_INTERVAL)
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(), **protocol_options(),
-                   **trust_options(settings))
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(),
+                   **trust_options(settings, protocol_options()))
     app = TrustMiddleware(app, settings.trust)  # client address and certificate from trusted proxies
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)

@@ -212,7 +212,11 @@ class TrustMiddleware:
         return getattr(self.app, name)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.trust.trusted_proxies:
+        if scope["type"] == "lifespan":  # on the serving event loop, once: certificate reloads happen there
+            from gateway.trust.serving import start_reloading
+
+            start_reloading()
+        elif scope["type"] == "http" and self.trust.trusted_proxies:
             client = scope.get("client")
             if client and _trusted(client[0], self.trust.trusted_proxies):
                 headers = {name: value for name, value in scope["headers"]

@@ -13,23 +13,30 @@ __all__ = ["trust_options"]
 log = logging.getLogger("gateway.trust.serving")
 
 
-def trust_options(settings: Any) -> dict[str, Any]:
-    """uvicorn ``Config`` options: the TLS context (reloaded on file change and SIGHUP), and no proxy headers
-    of uvicorn's own (:class:`gateway.trust.peer.TrustMiddleware` reads them, from trusted proxies only)."""
+def trust_options(settings: Any, protocol_options: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn ``Config`` options over *protocol_options* (``http``: the protocol class): with ``server.tls``
+    every connection goes through :class:`~gateway.trust.https_only.HttpsOnlyProtocol` with the server's
+    context (reloaded on file change and SIGHUP); and no proxy headers of uvicorn's own
+    (:class:`gateway.trust.peer.TrustMiddleware` reads them, from trusted proxies only)."""
     trust: TrustSettings = settings.trust
-    options: dict[str, Any] = {"proxy_headers": False}
+    options: dict[str, Any] = {**protocol_options, "proxy_headers": False}
     if trust.tls is not None:
+        from gateway.trust.https_only import https_only_factory
         from gateway.trust.tls import CertificateReloader
 
-        def factory(config: Any, default: Any) -> Any:
-            reloader = CertificateReloader(trust.tls)  # type: ignore[arg-type]
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            reloader.start(loop)
-            reloader.install_sighup()
-            return reloader.context
-
-        options["ssl_context_factory"] = factory
+        reloader = CertificateReloader(trust.tls)
+        reloader.install_sighup()
+        options["http"] = https_only_factory(protocol_options["http"], reloader.context)
+        reloaders.append(reloader)
     return options
+
+
+#: The reloaders made by :func:`trust_options`; :func:`start_reloading` starts their polling.
+reloaders: list[Any] = []
+
+
+def start_reloading() -> None:
+    """Poll the certificate files, reloading on the running event loop's thread (call from that loop)."""
+    loop = asyncio.get_running_loop()
+    for reloader in reloaders:
+        reloader.start(loop)

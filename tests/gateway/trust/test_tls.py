@@ -112,12 +112,6 @@ def test_tls_1_2_offers_only_forward_secret_aead_suites(served):
             weak.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
-def test_plain_http_to_the_https_listener_is_refused(served):
-    server, _, _ = served
-    with pytest.raises(httpx.HTTPError):
-        httpx.post(f"http://127.0.0.1:{server.port}/v1/documents", content=_order(),
-                   headers={**ACME, **XML}, timeout=10)
-
 
 def test_a_certificate_only_partner_needs_no_key(served):
     server, pki, _ = served
@@ -206,3 +200,18 @@ def test_the_log_says_how_each_partner_was_authenticated(served):
         time.sleep(0.2)
     assert "certificate:sha256:" in text
     assert "key:acme-demo" in text
+
+
+def test_plain_http_to_the_https_listener_is_answered_clearly(served):
+    import socket
+
+    server, _, _ = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"HTTPS" in answer and b"https://" in answer
+    r = httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
+    assert r.status_code == 400 and "HTTPS only" in r.text
