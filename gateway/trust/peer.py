@@ -212,10 +212,10 @@ class TrustMiddleware:
         return getattr(self.app, name)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":  # on the serving event loop, once: certificate reloads happen there
+        if scope["type"] == "lifespan":  # on the serving event loop, once: reloads are applied there
             from gateway.trust.serving import start_reloading
 
-            start_reloading()
+            start_reloading(getattr(self.state, "assembly", None))
         elif scope["type"] == "http" and self.trust.trusted_proxies:
             client = scope.get("client")
             if client and _trusted(client[0], self.trust.trusted_proxies):

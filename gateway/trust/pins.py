@@ -140,11 +140,11 @@ def parse_partner_trust(entry: MarkedDict, partner_id: str) -> PartnerTrust:
     if auth in ("certificate", "both") and not pins:
         raise entry.at("auth").error(f"{what} auth: {auth} needs at least one entry under certificates:")
     windows: dict[str, Window] = {}
-    keys = entry.get("keys")
-    if isinstance(keys, list):
-        for i, key in enumerate(keys):
-            if isinstance(key, MarkedDict) and isinstance(key.get("id"), str):
-                windows[key["id"]] = _window(key, f"API key {key['id']!r}")
+    keys = expect_list(entry.get("keys"), entry.at("keys"), f"{what} keys")
+    for i, item in enumerate(keys):
+        key = expect_mapping(item, keys.at(i), "an API key entry")
+        if isinstance(key.get("id"), str):
+            windows[key["id"]] = _window(key, f"API key {key['id']!r}")
     return PartnerTrust(auth, pins, windows)
 
 

@@ -35,8 +35,17 @@ def trust_options(settings: Any, protocol_options: dict[str, Any]) -> dict[str, 
 reloaders: list[Any] = []
 
 
-def start_reloading() -> None:
-    """Poll the certificate files, reloading on the running event loop's thread (call from that loop)."""
+def start_reloading(assembly: Any = None) -> None:
+    """Poll the certificate files and the partners file (of *assembly*), applying what changed on the running
+    event loop's thread (call from that loop)."""
     loop = asyncio.get_running_loop()
     for reloader in reloaders:
         reloader.start(loop)
+    if assembly is not None:
+        from gateway.trust.expiry import ExpiryWatch
+        from gateway.trust.live import PartnersWatcher
+
+        settings = assembly.settings
+        watcher = PartnersWatcher(settings, assembly.partners, settings.trust.partners_reload)
+        watcher.start(loop)
+        ExpiryWatch(assembly.partners, settings.trust.expiry_warning_days).start()

@@ -24,7 +24,7 @@ from gateway.config.marked import (
 __all__ = ["TRUST_SERVER_KEYS", "TlsSettings", "TrustSettings", "parse_server_trust"]
 
 #: The keys this package adds to the ``server:`` section.
-TRUST_SERVER_KEYS = {"tls", "trusted_proxies", "client_cert_header", "expiry_warning"}
+TRUST_SERVER_KEYS = {"tls", "trusted_proxies", "client_cert_header", "expiry_warning", "partners_reload"}
 _TLS_KEYS = {"certificate", "key", "key_password", "client_ca", "min_version", "ciphers", "reload_interval"}
 #: The TLS 1.2 suites offered (TLS 1.3's are OpenSSL's own, all AEAD): forward secrecy and AEAD only.
 MODERN_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
@@ -54,6 +54,7 @@ class TrustSettings:
     trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     client_cert_header: str = "none"
     expiry_warning_days: int = 30
+    partners_reload: float = 1.0
 
 
 DEFAULT_TRUST = TrustSettings()
@@ -132,4 +133,10 @@ def parse_server_trust(server: MarkedDict, base_dir: Path) -> TrustSettings:
     if "expiry_warning" in server:
         days = expect_int(server["expiry_warning"], server.at("expiry_warning"), "server.expiry_warning (days)",
                           minimum=0, maximum=3650)
-    return TrustSettings(tls, proxies, header, days)
+    reload = 1.0
+    if "partners_reload" in server:
+        reload = parse_duration(server["partners_reload"], server.at("partners_reload"), "server.partners_reload")
+        if not 0 <= reload <= 3600:
+            raise server.at("partners_reload").error("server.partners_reload must be from 0 (never: a restart "
+                                                     "applies changes) to 3600 s")
+    return TrustSettings(tls, proxies, header, days, reload)
