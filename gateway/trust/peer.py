@@ -229,4 +229,21 @@ class TrustMiddleware:
                     scope["scheme"] = proto
                 if self.trust.client_cert_header != "none":
                     scope[SCOPE_KEY] = forwarded_certificate(headers, self.trust.client_cert_header)
+        if scope["type"] == "http" and scope.get("scheme") == "https":
+            await self.app(scope, receive, _with_hsts(send))
+            return
         await self.app(scope, receive, send)
+
+
+#: ``Strict-Transport-Security`` on every answer over HTTPS: a browser that reached the console once over
+#: HTTPS never tries it over plain HTTP again for a year (RFC 6797).
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+
+
+def _with_hsts(send: Any) -> Any:
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), HSTS]
+        await send(message)
+
+    return sending

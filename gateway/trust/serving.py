@@ -49,3 +49,22 @@ def start_reloading(assembly: Any = None) -> None:
         watcher = PartnersWatcher(settings, assembly.partners, settings.trust.partners_reload)
         watcher.start(loop)
         ExpiryWatch(assembly.partners, settings.trust.expiry_warning_days).start()
+
+
+def admin_listener_options(settings: Any) -> dict[str, Any]:
+    """uvicorn ``Config`` options of the admin listener (``admin.port``): with ``server.tls``, HTTPS with the
+    same certificate (and the same reloads) as the partner API, plain HTTP answered 400."""
+    trust: TrustSettings = settings.trust
+    if trust.tls is None:
+        return {"proxy_headers": False}
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from gateway.trust.https_only import https_only_factory
+    from gateway.trust.tls import CertificateReloader
+
+    if not reloaders:
+        reloader = CertificateReloader(trust.tls)
+        reloader.install_sighup()
+        reloader.start(asyncio.get_running_loop())
+        reloaders.append(reloader)
+    return {"proxy_headers": False, "http": https_only_factory(HttpToolsProtocol, reloaders[0].context)}
