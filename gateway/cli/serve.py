@@ -188,8 +188,9 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
                      freeze_gc=True, on_started=_ready_writer(args.ready_fd), admin_listener=first)
     if index is None:
-        log.info("serving %d routes for %d partners on http://%s:%d (configuration %s, store %s)",
-                 len(app.state.assembly.routes), len(app.state.assembly.partners.partners), host, port,
+        log.info("serving %d routes for %d partners on %s://%s:%d (configuration %s, store %s)",
+                 len(app.state.assembly.routes), len(app.state.assembly.partners.partners),
+                 "https" if settings.trust.tls is not None else "http", host, port,
                  config_shown(settings), shown_url(settings.store_url))
     _freeze_startup_objects()
     # The event loop gives up the interpreter lock at every wait for the network, and gets it back only when
@@ -233,7 +234,8 @@ def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: s
     supervisor = Supervisor(settings, count, host=host, port=port, child_args=_child_args(args, settings), pin=pin)
     open_broker(settings).close()  # migrations run once, and a store that cannot open fails here
     bound = supervisor.bind()  # the port asked for, or the one the system gave for 0
-    log.info("serving on http://%s:%d from %d processes%s (configuration %s, store %s)", host, bound, count,
+    log.info("serving on %s://%s:%d from %d processes%s (configuration %s, store %s)",
+             "https" if settings.trust.tls is not None else "http", host, bound, count,
              ", each bound to one CPU" if pin else "", config_shown(settings), shown_url(settings.store_url))
     return supervisor.run()
 
