@@ -48,6 +48,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -155,9 +156,11 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
 
 
 class ServerProcess:
-    def __init__(self, config: Path, port: int, log: Path, processes: int = 1) -> None:
+    def __init__(self, config: Path, port: int, log: Path, processes: int = 1, tls: ssl.SSLContext | None = None
+                 ) -> None:
         self.port = port
         self.log = log
+        self.tls = tls
         env = {**os.environ, "B2BGW_NOOP_ENDPOINT": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli.main", "--log-level", "WARNING", "serve", "--config", str(config),
@@ -171,7 +174,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited: see {self.log}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
+                scheme = "https" if self.tls is not None else "http"
+                if httpx.get(f"{scheme}://127.0.0.1:{self.port}/readyz", timeout=1,
+                             verify=self.tls if self.tls is not None else True).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -330,8 +335,9 @@ class Connection:
     """One keep-alive HTTP/1.1 connection, written and read by hand: the asyncio client must cost the
     server's two CPUs as little as possible (httpx's pool alone caps 100 concurrent clients near 70 req/s)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.host, self.port = host, port
+        self.tls = tls
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.used = 0.0
@@ -349,7 +355,7 @@ class Connection:
         if self.writer is not None and time.monotonic() - self.used > 3.0:  # uvicorn closes idle ones after 5 s
             await self.close()
         if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls)
         head = f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self.writer.write(head.encode("latin-1") + body)
@@ -382,7 +388,7 @@ class Connection:
 
 
 async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurrency: int, body_for,
-                      expect: int) -> dict[str, float]:
+                      expect: int, tls: ssl.SSLContext | None = None) -> dict[str, float]:
     """``concurrency`` clients, each on its own connection, sending back to back."""
     host, port, path = _split(url)
     latencies: list[float] = []
@@ -392,7 +398,7 @@ async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurr
 
     async def worker() -> None:
         nonlocal bad
-        conn = Connection(host, port)
+        conn = Connection(host, port, tls)
         try:
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
@@ -410,7 +416,7 @@ async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurr
 
 
 async def paced(url: str, headers: dict[str, str], seconds: float, clients: int, rate: float, body_for,
-                expect: int) -> dict[str, float]:
+                expect: int, tls: ssl.SSLContext | None = None) -> dict[str, float]:
     """``clients`` concurrent clients, each on its own connection: send, wait for the reply, think (exponential,
     so that all together offer ``rate`` requests/s); latency is send to reply."""
     host, port, path = _split(url)
@@ -422,7 +428,7 @@ async def paced(url: str, headers: dict[str, str], seconds: float, clients: int,
 
     async def one() -> None:
         nonlocal bad
-        conn = Connection(host, port)
+        conn = Connection(host, port, tls)
         try:
             await asyncio.sleep(random.uniform(0, think))
             while time.perf_counter() < deadline:
@@ -523,7 +529,12 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, logs)")
     parser.add_argument("--processes", type=int, default=1,
                         help="serving processes (b2bgw serve --processes N; 0: one per CPU, each bound to its CPU)")
+    parser.add_argument("--tls", action="store_true",
+                        help="compare HTTPS (server.tls, keep-alive) with plain HTTP in one run: one-way rate, "
+                             "request-reply p99, and new TLS handshakes per second")
     args = parser.parse_args()
+    if args.tls:
+        return tls_comparison(args)
 
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
     folder = Path(tempfile.mkdtemp(prefix="b2bgw-bench-"))
@@ -617,6 +628,106 @@ def main() -> int:
           f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed")
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
     print(json.dumps({**results, "server_cpu_per_request_s": cpu}, default=float))
+    if args.keep:
+        print(f"kept {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- --tls
+
+
+async def handshakes(host: str, port: int, seconds: float, concurrency: int, tls: ssl.SSLContext) -> float:
+    """New TLS connections per second (TCP connect, full handshake, close), *concurrency* at a time."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+            done += 1
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (OSError, ssl.SSLError):
+                pass
+
+    started = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return done / (time.perf_counter() - started)
+
+
+def tls_comparison(args: argparse.Namespace) -> int:
+    """Plain HTTP, then HTTPS, on the same configuration: the one-way rate (closed loop, keep-alive), the paced
+    request-reply p99, and for HTTPS the new handshakes per second (no session resumption)."""
+    import trustme
+
+    folder = Path(tempfile.mkdtemp(prefix="b2bgw-bench-tls-"))
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.private_key_pem.write_to_path(str(folder / "key.pem"))
+    leaf.cert_chain_pems[0].write_to_path(str(folder / "chain.pem"))
+    for extra in leaf.cert_chain_pems[1:]:
+        extra.write_to_path(str(folder / "chain.pem"), append=True)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    bench_key = generate_key("bench")
+    results: dict[str, dict] = {}
+    print(f"b2bgw TLS benchmark: {os.cpu_count()} CPUs, {args.connections} keep-alive connections one-way, "
+          f"{args.clients} request-reply clients paced at {args.rate:g}/s, {args.seconds:g} s per phase; "
+          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    for mode in ("http", "https"):
+        sub = folder / mode
+        sub.mkdir()
+        config = write_config(sub, bench_key, args.sqlite_synchronous, args.responders, rules=not args.no_rules)
+        tls = client_tls if mode == "https" else None
+        if tls is not None:
+            data = yaml.safe_load(config.read_text())
+            data.setdefault("server", {})["tls"] = {"certificate": str(folder / "chain.pem"),
+                                                     "key": str(folder / "key.pem")}
+            config.write_text(yaml.safe_dump(data, sort_keys=False))
+        port = free_port()
+        base = f"{mode}://127.0.0.1:{port}"
+        server = ServerProcess(config, port, sub / "server.log", args.processes, tls=tls)
+        try:
+            server.wait_ready()
+            bench_headers = {"Authorization": f"Bearer {bench_key}", "Content-Type": "application/xml"}
+            acme_headers = {"Authorization": f"Bearer {ACME_KEY}", "Content-Type": "application/xml"}
+            with httpx.Client(verify=tls if tls is not None else True, timeout=30) as warm:
+                for i in range(30):
+                    warm.post(f"{base}/v1/documents", content=order_with_id(f"warm-{i}"), headers=bench_headers)
+                    warm.post(f"{base}/v1/documents", content=order_with_id(f"warm-rr-{i}"), headers=acme_headers)
+            run = uuid.uuid4().hex[:8]
+            print(f"{mode}: one-way Orders, closed loop ...", flush=True)
+            one_way = asyncio.run(closed_loop(f"{base}/v1/documents", bench_headers, args.seconds, args.connections,
+                                              lambda n: order_with_id(f"ow{run}-{n}"), 202, tls))
+            time.sleep(1)
+            print(f"{mode}: request-reply, paced ...", flush=True)
+            rr = asyncio.run(paced(f"{base}/v1/documents", acme_headers, args.seconds, args.clients, args.rate,
+                                   lambda n: order_with_id(f"rp{run}-{n}"), 200, tls))
+            results[mode] = {"one_way": one_way, "request_reply": rr}
+            if tls is not None:
+                print("https: new handshakes ...", flush=True)
+                results[mode]["handshakes_per_s"] = asyncio.run(
+                    handshakes("127.0.0.1", port, min(args.seconds, 5.0), 16, tls))
+        finally:
+            server.stop()
+        time.sleep(1)
+    print()
+    plain, secure = results["http"], results["https"]
+    ratio = secure["one_way"]["rate"] / plain["one_way"]["rate"] if plain["one_way"]["rate"] else float("nan")
+    print(f"one-way accepted: HTTP {plain['one_way']['rate']:.0f}/s, HTTPS {secure['one_way']['rate']:.0f}/s "
+          f"({(1 - ratio) * 100:+.1f}% slower; goal within 15%: {'met' if ratio >= 0.85 else 'NOT met'}); failed "
+          f"{plain['one_way']['bad']:.0f} / {secure['one_way']['bad']:.0f}")
+    print(f"request-reply paced p99: HTTP {plain['request_reply']['p99_ms']:.1f} ms, HTTPS "
+          f"{secure['request_reply']['p99_ms']:.1f} ms (p50 {plain['request_reply']['p50_ms']:.1f} / "
+          f"{secure['request_reply']['p50_ms']:.1f} ms); failed {plain['request_reply']['bad']:.0f} / "
+          f"{secure['request_reply']['bad']:.0f}")
+    print(f"new TLS handshakes: {secure['handshakes_per_s']:.0f}/s (16 at a time, full handshakes)")
+    print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
+    print(json.dumps(results, default=float))
     if args.keep:
         print(f"kept {folder}")
     else:

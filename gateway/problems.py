@@ -56,6 +56,7 @@ TITLES = {
     "rules-error": "Business rules error",
     "invalid-header": "Invalid header",
     "unauthenticated": "Unauthenticated",
+    "key-expired": "API key expired",  # gateway.trust.errors.KeyExpiredError
     "forbidden-route": "Route not allowed",
     "not-found": "Not found",
     "method-not-allowed": "Method not allowed",

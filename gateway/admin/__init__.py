@@ -108,8 +108,14 @@ class Operations:
         import uvicorn
 
         app = Starlette(routes=self.admin_routes() + [Route("/healthz", _healthz, methods=["GET"])])
-        config = uvicorn.Config(app, host=self.admin.host or "127.0.0.1", port=self.admin.port or 0,
-                                lifespan="off", log_config=None)
+        from gateway.trust.peer import TrustMiddleware
+        from gateway.runtime.trust_serving import admin_listener_options, start_reloading
+
+        settings = self.assembly.settings
+        trusted = TrustMiddleware(app, settings.trust, on_lifespan=lambda: start_reloading(None))
+        config = uvicorn.Config(trusted, host=self.admin.host or "127.0.0.1",
+                                port=self.admin.port or 0, lifespan="off", log_config=None,
+                                **admin_listener_options(settings))
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
@@ -121,7 +127,8 @@ class Operations:
             return
         self._server = server
         self._serving = asyncio.create_task(server.main_loop())
-        log.info("admin side (console, admin API, metrics) on http://%s:%d", config.host,
+        log.info("admin side (console, admin API, metrics) on %s://%s:%d",
+                 "https" if settings.trust.tls is not None else "http", config.host,
                  server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port)
 
     @property

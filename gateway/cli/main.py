@@ -26,6 +26,7 @@ from gateway.cli import archive as archive_cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import send as send_cli
 from gateway.cli import serve as serve_cli
+from gateway.cli import partners as partners_cli
 from gateway.cli.support import CommandError, one_line, shown_url, to_stderr
 from gateway.config.loader import default_config_path
 from gateway.errors import ConfigError, GatewayError
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_cli.register(sub, with_config)  # serve, stomp, worker
     send_cli.register(sub, with_config)
+    partners_cli.register(sub, with_config)  # partners
     queue_cli.register(sub, with_config, needs_action)  # queues, browse, dlq replay
 
     db = needs_action(sub.add_parser("db", help="database"), "db")

@@ -175,6 +175,8 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     from gateway.http.app import create_app
     from gateway.http.protocol import protocol_options
     from gateway.telemetry.logs import uvicorn_log_config
+    from gateway.trust.peer import TrustMiddleware
+    from gateway.runtime.trust_serving import start_reloading, trust_options
 
     index = args.process_index
     if args.cpu is not None:
@@ -187,8 +189,9 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
                      noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
                      freeze_gc=True, on_started=_ready_writer(args.ready_fd), admin_listener=first)
     if index is None:
-        log.info("serving %d routes for %d partners on http://%s:%d (configuration %s, store %s)",
-                 len(app.state.assembly.routes), len(app.state.assembly.partners.partners), host, port,
+        log.info("serving %d routes for %d partners on %s://%s:%d (configuration %s, store %s)",
+                 len(app.state.assembly.routes), len(app.state.assembly.partners.partners),
+                 "https" if settings.trust.tls is not None else "http", host, port,
                  config_shown(settings), shown_url(settings.store_url))
     _freeze_startup_objects()
     # The event loop gives up the interpreter lock at every wait for the network, and gets it back only when
@@ -196,7 +199,10 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
     sys.setswitchinterval(SWITCH_INTERVAL)
     options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(), **protocol_options())
+                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(),
+                   **trust_options(settings, protocol_options()))
+    app = TrustMiddleware(app, settings.trust,  # client address and certificate from trusted proxies
+                          on_lifespan=lambda: start_reloading(getattr(app.state, "assembly", None)))
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
@@ -230,7 +236,8 @@ def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: s
     supervisor = Supervisor(settings, count, host=host, port=port, child_args=_child_args(args, settings), pin=pin)
     open_broker(settings).close()  # migrations run once, and a store that cannot open fails here
     bound = supervisor.bind()  # the port asked for, or the one the system gave for 0
-    log.info("serving on http://%s:%d from %d processes%s (configuration %s, store %s)", host, bound, count,
+    log.info("serving on %s://%s:%d from %d processes%s (configuration %s, store %s)",
+             "https" if settings.trust.tls is not None else "http", host, bound, count,
              ", each bound to one CPU" if pin else "", config_shown(settings), shown_url(settings.store_url))
     return supervisor.run()
 

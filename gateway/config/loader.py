@@ -29,7 +29,7 @@ from typing import Any
 from broker_core import Broker, InvalidArgumentError
 from spark_etl.config import EtlSettingError, check_section as check_etl_section
 
-from gateway.config.marked import (  # noqa: F401 (re-exported: the sections and callers use them)
+from gateway.marked import (  # noqa: F401 (re-exported: the sections and callers use them)
     NOWHERE,
     MarkedDict,
     MarkedList,
@@ -46,8 +46,9 @@ from gateway.config.marked import (  # noqa: F401 (re-exported: the sections and
     parse_duration,
 )
 from gateway.config.stomp import STOMP_KEYS, stomp_section  # noqa: F401 (STOMP_KEYS re-exported)
-from gateway.errors import ConfigError, clip
+from gateway.errors import ConfigError
 from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
+from gateway.trust.settings import DEFAULT_TRUST, TRUST_SERVER_KEYS, parse_server_trust
 
 #: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
 LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
@@ -163,6 +164,8 @@ class Settings:
     #: ``admin:`` and ``operators:`` (gateway.config.operations.AdminSettings), ``logging.format``
     admin: Any = None
     log_format: str = "text"
+    #: ``server.tls``, ``server.trusted_proxies``... (gateway.trust.settings.TrustSettings)
+    trust: Any = DEFAULT_TRUST
     where: Where = NOWHERE
     #: the mapping these settings were built from: what rebuilds them in a worker process
     source: Any = field(default=None, repr=False, compare=False)
@@ -248,7 +251,8 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
     check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
-                        "intake_workers", "explain_workers", "explain_timeout"}, "server")
+                        "intake_workers", "explain_workers", "explain_timeout"} | TRUST_SERVER_KEYS, "server")
+    s.trust = parse_server_trust(server, base_dir)  # tls, trusted_proxies, client_cert_header, expiry_warning
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config.marked import (
+from gateway.marked import (
     MarkedDict,
     check_keys,
     expect_bool,

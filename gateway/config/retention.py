@@ -34,7 +34,7 @@ from __future__ import annotations
 import zoneinfo
 from typing import Any
 
-from gateway.config.marked import (
+from gateway.marked import (
     check_keys,
     expect_bool,
     expect_choice,

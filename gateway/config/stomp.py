@@ -20,7 +20,7 @@ from typing import Any
 
 from broker_core.stomp import DestinationPattern, StompLimits, StompUser, is_passcode_hash
 
-from gateway.config.marked import (MarkedDict, check_keys, expect_bool, expect_choice, expect_int, expect_list,
+from gateway.marked import (MarkedDict, check_keys, expect_bool, expect_choice, expect_int, expect_list,
                                    expect_mapping, expect_str)
 from gateway.errors import clip
 

@@ -51,9 +51,9 @@ from gateway.errors import (
 )
 from gateway.exchange.ids import iso_ms
 from gateway.ledger.records import LedgerRecord
-from gateway.telemetry.logs import set_partner
 from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from gateway.routing.partners import PartnerLimiter
+from gateway.http.auth import authenticated
 from gateway.problems import problem_response
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.exchange.submission import Gateway, Outcome
@@ -305,10 +305,9 @@ def create_app(
 
     limiter = PartnerLimiter()  # each partner's requests in progress and rate (429 over them)
 
-    async def accept(headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
+    async def accept(scope: Any, headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
-        partner = await partners.authenticate_async(headers.get("authorization"))
-        set_partner(partner.id)
+        partner = await authenticated(partners, scope, headers.get("authorization"))
         await limiter.admit(partner)
         try:
             charset = check_media_type(headers.get("content-type"))
@@ -323,11 +322,10 @@ def create_app(
             limiter.release(partner)
 
     async def post_document(request: Request) -> Response:
-        return _outcome_response(await accept(request.headers, request.stream()))
+        return _outcome_response(await accept(request.scope, request.headers, request.stream()))
 
     async def get_document(request: Request) -> Response:
-        partner = await partners.authenticate_async(request.headers.get("authorization"))
-        set_partner(partner.id)
+        partner = await authenticated(partners, request.scope, request.headers.get("authorization"))
         await limiter.admit(partner)
         try:
             gw = gateway()
@@ -341,8 +339,7 @@ def create_app(
                                                          "X-Correlation-ID": record.correlation_id})
 
     async def get_reply(request: Request) -> Response:
-        partner = await partners.authenticate_async(request.headers.get("authorization"))
-        set_partner(partner.id)
+        partner = await authenticated(partners, request.scope, request.headers.get("authorization"))
         await limiter.admit(partner)
         try:
             record = await gateway().document(partner, request.path_params["message_id"])
@@ -382,7 +379,7 @@ def create_app(
         return Response(await noop_body(request.headers, request.stream()), status_code=202, media_type=_JSON)
 
     async def fast_post_document(scope: Any, receive: Any) -> RawAnswer:
-        return _outcome_raw(await accept(_RawHeaders(scope["headers"]), _stream(receive)))
+        return _outcome_raw(await accept(scope, _RawHeaders(scope["headers"]), _stream(receive)))
 
     async def fast_noop(scope: Any, receive: Any) -> RawAnswer:
         body = await noop_body(_RawHeaders(scope["headers"]), _stream(receive))

@@ -39,6 +39,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.trust.peer import tls_extension
+
 __all__ = ["GatewayHttpProtocol", "LINGER_SECONDS", "LINGER_BYTES", "DRAIN_PAUSE"]
 
 log = logging.getLogger(__name__)
@@ -180,6 +182,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     in stages (see the module docstring) instead of reading the rest of the body through the parser."""
 
     _drain: _Drain | None = None
+    #: the connection's ASGI TLS extension (gateway.trust.peer), None over plain TCP
+    _tls: dict[str, Any] | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._tls = tls_extension(transport)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._tls is not None:
+            self.scope["extensions"] = {"tls": self._tls}
 
     def on_response_complete(self) -> None:
         cycle = self.cycle

@@ -46,6 +46,7 @@ from gateway.config.loader import (
     expect_mapping,
     expect_str,
 )
+from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
 from gateway.errors import (
     AuthenticationError,
     ConcurrencyLimitedError,
@@ -219,6 +220,8 @@ class PartnerRegistry:
         self._max_parallel = max(1, max_parallel_verifications)
         self._loop_state: weakref.WeakKeyDictionary[Any, tuple[asyncio.Semaphore, dict[bytes, asyncio.Future[Partner]]]] = (
             weakref.WeakKeyDictionary())
+        #: each partner's authentication policy, pinned certificates and key windows (gateway.trust.pins)
+        self.trust: Any = None
         #: scrypt verifications run so far (for tests and metrics)
         self.verifications = 0
 
@@ -238,6 +241,7 @@ class PartnerRegistry:
             base = _partner_limits(defaults.get("limits"), defaults.at("limits"), "defaults", base)
         partners: dict[str, Partner] = {}
         keys: dict[str, ApiKey] = {}
+        trust: dict[str, Any] = {}
         for partner_id, body in section.items():
             where = section.at(partner_id)
             if not isinstance(partner_id, str) or not _PARTNER_ID.match(partner_id):
@@ -245,7 +249,7 @@ class PartnerRegistry:
                     f"partner id {clip(str(partner_id), 60)!r} must be 1-100 letters, digits, '.', '-' or '_'"
                 )
             entry = expect_mapping(body, where, f"partner {partner_id!r}")
-            check_keys(entry, {"name", "enabled", "keys", "limits"}, f"partner {partner_id!r}")
+            check_keys(entry, {"name", "enabled", "keys", "limits"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
             name = expect_str(entry.get("name", partner_id), entry.at("name"), f"partner {partner_id!r} name")
             enabled = expect_bool(entry.get("enabled", True), entry.at("enabled"), f"partner {partner_id!r} enabled")
             limits = (_partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
@@ -255,7 +259,7 @@ class PartnerRegistry:
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)
                 key = expect_mapping(item, kw, "an API key entry")
-                check_keys(key, {"id", "hash"}, "an API key entry")
+                check_keys(key, {"id", "hash"} | KEY_WINDOW_KEYS, "an API key entry")
                 key_id = expect_str(key.get("id"), key.at("id"), "API key id", pattern=_KEY_ID,
                                     hint="1-64 letters, digits, '-' or '_'")
                 encoded = expect_str(key.get("hash"), key.at("hash"), f"API key {key_id!r} hash")
@@ -269,7 +273,10 @@ class PartnerRegistry:
                         f"API key id {key_id!r} is already used (by partner {keys[key_id].partner!r}); key ids are unique"
                     )
                 keys[key_id] = ApiKey(key_id, partner_id, encoded)
-        return cls(partners, keys)
+            trust[partner_id] = parse_partner_trust(entry, partner_id)  # auth, certificates, key windows
+        registry = cls(partners, keys)
+        registry.trust = trust_registry(trust, section.where)
+        return registry
 
     def get(self, partner_id: str) -> Partner | None:
         return self.partners.get(partner_id)

@@ -190,6 +190,7 @@ class Supervisor:
         if not self._bound:
             self.bind()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)  # reload the TLS certificate
         if self.metrics_dir is None:
             self.metrics_dir = tempfile.mkdtemp(prefix="b2bgw-metrics-")
             self._own_metrics_dir = True
@@ -216,6 +217,12 @@ class Supervisor:
 
     def _on_signal(self, _signum: int, _frame: object) -> None:
         self._stop.set()
+
+    def _on_hangup(self, _signum: int, _frame: object) -> None:
+        """SIGHUP: passed on to every serving process (each reloads its TLS certificate)."""
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGHUP)
 
     @staticmethod
     def _close_ready(child: _Child) -> None:

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: The request context a log line carries when known, in this order.
-CONTEXT_FIELDS = ("partner", "message_id", "correlation_id", "route", "problem")
+CONTEXT_FIELDS = ("partner", "auth", "message_id", "correlation_id", "route", "problem")
 #: The current request's context fields: one dictionary per request (:func:`fresh`), filled as it goes.
 _FIELDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("b2bgw_log", default=None)
 FORMATS = ("text", "json")
