@@ -36,6 +36,7 @@ WHAT_PATHS = {
     "f'operator {name!r}'": ["operators.NAME"],
     "gateway/config/retention.py:what": ["ledger.retention.routes.ROUTE", "ledger.retention.document_types.TYPE"],
     "gateway/config/stomp.py:what": ["stomp.users.LOGIN"],
+    "gateway/trust/pins.py:what": ["partners.ID.certificates[]"],
     "f'{what} limits'": ["partners.ID.limits", "defaults.limits"],
     "'defaults'": ["defaults"],
     "f'partner {partner_id!r}'": ["partners.ID"],
