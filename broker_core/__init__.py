@@ -7,7 +7,9 @@ store (``memory://``; ``sqlite:///`` and ``postgresql+psycopg://`` with the
 SQL store). It imports nothing from the gateway, the routes or the ETL.
 """
 
-from ._broker import Broker, BrowsedMessage, BrowsePage, Connection
+from ._broker import Broker
+from ._browse import BrowsedMessage, BrowsePage
+from ._connection import Connection
 from ._constants import AckMode, DeliveryMode
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic, parse_destination
 from ._envelope import Byte, Float, Int, Short
@@ -44,7 +46,10 @@ from ._message import (
 )
 from ._requestor import Requestor, reply_correlation_id
 from ._selector import STRING_NUMBERS_PROPERTY, string_number
-from ._session import MessageConsumer, MessageProducer, QueueBrowser, Session
+from ._browser import QueueBrowser
+from ._consumer import MessageConsumer
+from ._producer import MessageProducer
+from ._session import Session
 from ._store import DestinationStats, RedeliveryPolicy
 
 __all__ = [

@@ -1,25 +1,19 @@
-"""Sessions, producers, consumers and browsers."""
+"""Sessions: the single-threaded context that creates producers, consumers and
+browsers, and holds a transaction or the unacknowledged deliveries."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
-import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from ._browser import QueueBrowser
 from ._commit import close_off_loop, store_commit_async
-from ._constants import DEFAULT_PRIORITY, AckMode, DeliveryMode
+from ._constants import AckMode
+from ._consumer import MessageConsumer, MessageListener
 from ._destinations import Destination, Queue, Topic
-from ._envelope import NON_PERSISTENT
-from ._errors import (
-    IllegalStateError,
-    InvalidArgumentError,
-    InvalidClientIDError,
-    InvalidDestinationError,
-    JMSError,
-)
+from ._errors import IllegalStateError, InvalidArgumentError, InvalidClientIDError, InvalidDestinationError, JMSError
 from ._message import (
     BodyValue,
     BytesMessage,
@@ -31,20 +25,19 @@ from ._message import (
     XMLMessage,
     message_from_envelope,
 )
+from ._producer import MessageProducer
 from ._store import Delivery, Subscription, queue_box, subscription_box
-from ._waiters import AsyncWaiter, ThreadWaiter
+from ._waiters import ThreadWaiter
 from .clock import now_ms
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from ._broker import Connection
+    from ._connection import Connection
 
-__all__ = ["Session", "MessageProducer", "MessageConsumer", "QueueBrowser"]
+__all__ = ["Session"]
 
 log = logging.getLogger(__name__)
-
-MessageListener = Callable[[Message], Any]
 
 
 class Session:
@@ -492,374 +485,3 @@ class Session:
         if mode is AckMode.AUTO or mode is AckMode.DUPS_OK:
             self._store.ack([delivery], wait=False)
         return True
-
-
-class MessageProducer:
-    """Sends messages, to its destination or (unidentified) to the one named
-    at each send. ``delivery_mode``, ``priority`` and ``time_to_live`` (ms)
-    are the defaults for its sends: PERSISTENT, 4 and 0 (never expires)."""
-
-    def __init__(self, session: Session, destination: Destination | None) -> None:
-        self._session = session
-        self._broker = session._broker
-        self.destination = destination
-        self.delivery_mode = DeliveryMode.PERSISTENT
-        self.priority = DEFAULT_PRIORITY
-        self.time_to_live = 0
-        self._closed = False
-
-    def close(self) -> None:
-        self._closed = True
-
-    def __enter__(self) -> "MessageProducer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    async def __aenter__(self) -> "MessageProducer":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
-
-    def send(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
-             time_to_live: int | None = None) -> None:
-        """``send(message)`` on a producer with a destination, or
-        ``send(destination, message)`` on an unidentified one. Sets the sent
-        message's ``jms_message_id``, ``jms_timestamp`` and the other headers."""
-        destination, message = self._target(args)
-        self._send(destination, message, delivery_mode, priority, time_to_live, None)
-
-    def send_async(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
-                   time_to_live: int | None = None) -> "asyncio.Future[None]":
-        """Like :meth:`send`, for asyncio (JMS 2.0's asynchronous send):
-        ``await producer.send_async(message)`` returns once the message is
-        stored (durably, when persistent) without blocking the event loop;
-        many concurrent sends share commits. What it returns is a plain
-        future of the running loop (no task per send): gather it, or add a
-        done callback. Invalid arguments raise at the call. In a transacted
-        session the message is staged and the future is already done."""
-        destination, message = self._target(args)
-        env = self._envelope(destination, message, delivery_mode, priority, time_to_live, None)
-        self._stamp(message, env)  # before the commit: code running inside it can read jms_message_id
-        if self._session.transacted:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._stage(env)
-            future.set_result(None)
-            return future
-        return store_commit_async(self._broker.store, (env,), ())
-
-    def _target(self, args: tuple[Any, ...]) -> tuple[Destination, Message]:
-        if len(args) == 1:
-            if self.destination is None:
-                raise InvalidDestinationError("this producer has no destination: use send(destination, message)")
-            return self.destination, args[0]
-        if len(args) == 2:
-            if self.destination is not None:
-                raise InvalidDestinationError(
-                    f"this producer sends to {self.destination}; use an unidentified producer to name destinations"
-                )
-            self._session._check_destination(args[0])
-            return args[0], args[1]
-        raise TypeError("send() takes (message) or (destination, message)")
-
-    def _send(self, destination: Destination, message: Message, delivery_mode: int | None, priority: int | None,
-              time_to_live: int | None, message_id: str | None) -> None:
-        env = self._envelope(destination, message, delivery_mode, priority, time_to_live, message_id)
-        if self._session.transacted:
-            self._stage(env)
-        else:
-            self._broker.store.send(env)
-        self._stamp(message, env)
-
-    def _stage(self, env: Any) -> None:
-        session = self._session
-        with session._lock:
-            session._staged.append(env)
-
-    @staticmethod
-    def _stamp(message: Message, env: Any) -> None:
-        """Set the headers JMS sets on a sent message."""
-        message.jms_message_id = env.message_id
-        message.jms_destination = env.destination
-        message.jms_delivery_mode = env.delivery_mode
-        message.jms_priority = env.priority
-        message.jms_timestamp = env.timestamp
-        message.jms_expiration = env.expiration
-
-    def _envelope(self, destination: Destination, message: Message, delivery_mode: int | None,
-                  priority: int | None, time_to_live: int | None, message_id: str | None) -> Any:
-        """Check the arguments and snapshot ``message`` for sending."""
-        session = self._session
-        if self._closed:
-            raise IllegalStateError("the producer is closed")
-        if session._closed or session._connection._closed:
-            session._check_open()
-        if not isinstance(message, Message):
-            raise InvalidArgumentError(f"send() takes a Message, got {type(message).__name__}")
-        mode = self.delivery_mode if delivery_mode is None else delivery_mode
-        if mode != 2 and mode != 1:
-            raise InvalidArgumentError(f"delivery_mode must be DeliveryMode.PERSISTENT or NON_PERSISTENT, got {mode!r}")
-        prio = self.priority if priority is None else priority
-        if prio.__class__ is not int or not 0 <= prio <= 9:
-            if isinstance(prio, bool) or not isinstance(prio, int) or not 0 <= prio <= 9:
-                raise InvalidArgumentError(f"priority must be an int from 0 to 9, got {prio!r}")
-        ttl = self.time_to_live if time_to_live is None else time_to_live
-        if not isinstance(ttl, int) or ttl < 0:
-            raise InvalidArgumentError(f"time_to_live must be a non-negative int of milliseconds, got {ttl!r}")
-        broker = self._broker
-        if destination.is_temporary:
-            if destination not in broker._temporaries and not broker.store.temporary_exists(destination):
-                raise InvalidDestinationError(f"{destination} does not exist any more (deleted, or its connection closed)")
-            mode = NON_PERSISTENT
-        connection = session._connection
-        timestamp = int(time.time() * 1000)
-        if message_id is None:
-            message_id = f"ID:{broker.instance_id}-{next(broker._ids)}"
-        env = message._to_envelope(message_id, destination, mode, prio, timestamp + ttl if ttl else 0,
-                                   timestamp, connection.origin)
-        if connection.user is not None:  # stamped on the sent copy: a received message stays forwardable
-            env.properties["JMSXUserID"] = connection.user
-        return env
-
-
-class MessageConsumer:
-    """Receives from a queue or a topic subscription.
-
-    ``receive(timeout)`` blocks up to ``timeout`` seconds (forever when
-    ``None``) and returns ``None`` on timeout; ``receive_no_wait()`` never
-    blocks; ``await receive_async(timeout)`` waits without blocking the event
-    loop, and ``async for message in consumer`` receives that way until the
-    consumer (or its session or connection) closes. A consumer with a
-    listener (:meth:`set_message_listener`) cannot receive synchronously.
-    Also a context manager, plain or ``async with``, that closes it.
-    """
-
-    def __init__(self, session: Session, destination: Destination, box: str, reader: Any, selector: str | None,
-                 no_local: bool, subscription: Subscription | None, durable: bool = False) -> None:
-        self._session = session
-        self._destination = destination
-        self._box = box
-        self._reader = reader
-        self.message_selector = selector or None
-        self.no_local = no_local
-        self._subscription = subscription
-        self._durable = durable
-        self._closed = False
-        self._listener: MessageListener | None = None
-        self._waiter: Any = None
-        self._thread_waiter = ThreadWaiter()
-        self._auto_ack = session.ack_mode in (AckMode.AUTO, AckMode.DUPS_OK, AckMode.NO_ACKNOWLEDGE)
-        reader.demand = self._waiting  # stores may hand new messages straight to a waiting consumer
-        reader.wake = self._wake  # ... and then wake it alone
-
-    def _waiting(self) -> bool:
-        """Whether this consumer is waiting for a message right now."""
-        return (not self._closed and self._session._connection._started
-                and (self._waiter is not None or self._listener is not None))
-
-    def __enter__(self) -> "MessageConsumer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    async def __aenter__(self) -> "MessageConsumer":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await close_off_loop(self._session._store, self.close)
-
-    def __aiter__(self) -> "MessageConsumer":
-        return self
-
-    async def __anext__(self) -> Message:
-        """``async for message in consumer``: each message as it arrives,
-        until the consumer, its session or its connection closes."""
-        while True:
-            if self._closed or self._session._closed or self._session._connection._closed:
-                raise StopAsyncIteration
-            message = await self.receive_async(None)
-            if message is not None:
-                return message
-
-    def __repr__(self) -> str:
-        return f"<MessageConsumer {self._destination} selector={self.message_selector!r}>"
-
-    @property
-    def destination(self) -> Destination:
-        return self._destination
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            waiter.wake()
-        elif self._listener is not None:
-            self._session._dispatch_waiter.wake()
-
-    def _check_receivable(self) -> None:
-        if self._closed:
-            raise IllegalStateError("the consumer is closed")
-        self._session._check_open()
-        if self._listener is not None:
-            raise IllegalStateError("this consumer has a message listener; it cannot also receive synchronously")
-
-    def _receive_now(self) -> Message | None:
-        if not self._session._connection._started:
-            return None
-        delivery = self._reader.claim(now_ms(), self._auto_ack)
-        if delivery is None:
-            return None
-        return self._session._deliver(self, delivery, False)
-
-    def _wait_time(self, deadline: float | None) -> float | None:
-        """Seconds to wait next: until the deadline or a delayed redelivery."""
-        remaining = None if deadline is None else deadline - time.monotonic()
-        ready = self._reader.next_ready()
-        if ready is not None:
-            until_ready = max(0.0, (ready - now_ms()) / 1000) + 0.001
-            remaining = until_ready if remaining is None else min(remaining, until_ready)
-        return remaining
-
-    def receive(self, timeout: float | None = None) -> Message | None:
-        """The next message, waiting up to ``timeout`` seconds (``None``:
-        until one arrives or the consumer closes). ``None`` on timeout."""
-        self._check_receivable()
-        message = self._receive_now()
-        if message is not None or timeout == 0:
-            return message
-        deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = self._thread_waiter
-        self._waiter = waiter
-        try:
-            while True:
-                message = self._receive_now()
-                if message is not None or self._closed:
-                    return message
-                wait = self._wait_time(deadline)
-                if wait is not None and wait <= 0 and deadline is not None and time.monotonic() >= deadline:
-                    return None
-                waiter.wait(wait)
-                if self._closed or self._session._closed:
-                    return None
-        finally:
-            self._waiter = None
-
-    def receive_no_wait(self) -> Message | None:
-        """The next message if one is available now, else ``None``."""
-        self._check_receivable()
-        return self._receive_now()
-
-    async def _receive_now_async(self) -> Message | None:
-        """:meth:`_receive_now` without stalling the loop on a claim that waits for a store write."""
-        reader, now = self._reader, now_ms()
-        if not reader.claim_may_wait(now):
-            return self._receive_now()
-        if not self._session._connection._started:
-            return None
-        delivery = await reader.claim_async(now, self._auto_ack)
-        if delivery is None:
-            return None
-        return self._session._deliver(self, delivery, False)
-
-    async def receive_async(self, timeout: float | None = None) -> Message | None:
-        """Like :meth:`receive`, for asyncio: waits without blocking the loop
-        (a claim that writes to the SQL store runs in a thread)."""
-        self._check_receivable()
-        message = await self._receive_now_async()
-        if message is not None or timeout == 0:
-            return message
-        deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = AsyncWaiter()
-        self._waiter = waiter
-        try:
-            while True:
-                message = await self._receive_now_async()
-                if message is not None or self._closed:
-                    return message
-                wait = self._wait_time(deadline)
-                if wait is not None and wait <= 0 and deadline is not None and time.monotonic() >= deadline:
-                    return None
-                await waiter.wait(wait)
-                if self._closed or self._session._closed:
-                    return None
-        finally:
-            self._waiter = None
-
-    @property
-    def message_listener(self) -> MessageListener | None:
-        return self._listener
-
-    def set_message_listener(self, listener: MessageListener | None) -> None:
-        """Deliver messages to ``listener(message)`` on the session's dispatch
-        thread (``None`` removes it). A listener that raises fails the
-        delivery: the message is redelivered, then dead-lettered."""
-        if self._closed:
-            raise IllegalStateError("the consumer is closed")
-        self._session._check_open()
-        if listener is not None and not callable(listener):
-            raise InvalidArgumentError("a message listener must be callable")
-        self._listener = listener
-        self._session._set_listener(self, listener)
-
-    def close(self) -> None:
-        """Stop receiving. Messages received but not acknowledged stay with
-        the session (acknowledge, recover or close it)."""
-        if self._closed:
-            return
-        if self._listener is not None:
-            self._session._wait_listener_idle()
-        self._close()
-
-    def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        session = self._session
-        broker = session._broker
-        self._listener = None
-        session._set_listener(self, None)
-        waiter = self._waiter
-        if waiter is not None:
-            waiter.wake()
-        broker._remove_waker(self._box, self._wake)
-        self._reader.close()
-        with broker._lock:
-            broker._consumers[self._box] -= 1
-            if broker._consumers[self._box] <= 0:
-                del broker._consumers[self._box]
-            broker._active_durables.discard(self._box) if self._durable else None
-        if self._subscription is not None and not self._durable:
-            broker.store.delete_box(self._box)
-        if self in session._consumers:
-            session._consumers.remove(self)
-
-
-class QueueBrowser:
-    """Iterate (``for m in browser``) over the messages waiting in a queue, in
-    delivery order, without consuming them; each iteration takes a fresh look."""
-
-    def __init__(self, session: Session, queue: Queue, selector: str | None) -> None:
-        self._session = session
-        self.queue = queue
-        self.message_selector = selector
-        self._closed = False
-
-    def __iter__(self) -> Iterator[Message]:
-        if self._closed:
-            raise IllegalStateError("the browser is closed")
-        self._session._check_open()
-        for env in self._session._store.browse(queue_box(self.queue), self.message_selector):
-            yield message_from_envelope(env, 0)
-
-    def close(self) -> None:
-        self._closed = True
-        if self in self._session._browsers:
-            self._session._browsers.remove(self)
-
-    def __enter__(self) -> "QueueBrowser":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
