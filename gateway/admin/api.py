@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFoundError
 from gateway.http.problems import problem_response
+from gateway.http.raw_documents import raw_document_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
@@ -181,7 +182,7 @@ def api_routes(service: AdminService) -> list[Route]:
         data = doc["document" if part == "request" else "reply"]
         if data is None:
             raise NotFoundError(f"Document {doc['message_id']} has no reply.")
-        return Response(data, media_type="application/xml; charset=utf-8", headers={"Cache-Control": "no-store"})
+        return raw_document_response(data, f"{doc['message_id']}-{part}")
 
     async def partners(request: Request, principal: Principal) -> Response:
         return _json(await thread(service.partners))

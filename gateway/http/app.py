@@ -55,6 +55,7 @@ from gateway.runtime.logs import set_partner
 from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from gateway.routing.partners import PartnerLimiter
 from gateway.http.problems import problem_response
+from gateway.http.raw_documents import raw_document_response
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.exchange.submission import Gateway, Outcome
 from gateway.intake.xmlsafe import check_media_type, read_body
@@ -354,9 +355,8 @@ def create_app(
             limiter.release(partner)
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
-        return Response(record.reply, media_type=_XML, headers={"Cache-Control": "no-store",
-                                                                "X-Message-ID": record.message_id,
-                                                                "X-Correlation-ID": record.correlation_id})
+        return raw_document_response(record.reply, f"{record.message_id}-reply",
+                                     {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
