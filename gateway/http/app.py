@@ -54,6 +54,7 @@ from gateway.ledger.records import LedgerRecord
 from gateway.runtime.logs import set_partner
 from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from gateway.routing.partners import PartnerLimiter
+from gateway.security.attach import attach_key_digests
 from gateway.http.problems import problem_response
 from gateway.http.raw_documents import raw_document_response
 from gateway.runtime.serving import Runtime, start_stomp
@@ -158,6 +159,12 @@ def _status_body(record: LedgerRecord) -> dict[str, Any]:
         "error": record.error,
         **({"warnings": warnings} if warnings else {}),  # business rule warnings the receipt listed
     }
+
+
+def _client(scope: Any) -> str | None:
+    """The client's address (failed authentications are counted by it)."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -310,9 +317,9 @@ def create_app(
 
     limiter = PartnerLimiter()  # each partner's requests in progress and rate (429 over them)
 
-    async def accept(headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
+    async def accept(headers: Any, chunks: AsyncIterator[bytes], client: str | None) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
-        partner = await partners.authenticate_async(headers.get("authorization"))
+        partner = await partners.authenticate_async(headers.get("authorization"), client)
         set_partner(partner.id)
         await limiter.admit(partner)
         try:
@@ -328,10 +335,10 @@ def create_app(
             limiter.release(partner)
 
     async def post_document(request: Request) -> Response:
-        return _outcome_response(await accept(request.headers, request.stream()))
+        return _outcome_response(await accept(request.headers, request.stream(), _client(request.scope)))
 
     async def get_document(request: Request) -> Response:
-        partner = await partners.authenticate_async(request.headers.get("authorization"))
+        partner = await partners.authenticate_async(request.headers.get("authorization"), _client(request.scope))
         set_partner(partner.id)
         await limiter.admit(partner)
         try:
@@ -346,7 +353,7 @@ def create_app(
                                                          "X-Correlation-ID": record.correlation_id})
 
     async def get_reply(request: Request) -> Response:
-        partner = await partners.authenticate_async(request.headers.get("authorization"))
+        partner = await partners.authenticate_async(request.headers.get("authorization"), _client(request.scope))
         set_partner(partner.id)
         await limiter.admit(partner)
         try:
@@ -386,7 +393,7 @@ def create_app(
         return Response(await noop_body(request.headers, request.stream()), status_code=202, media_type=_JSON)
 
     async def fast_post_document(scope: Any, receive: Any) -> RawAnswer:
-        return _outcome_raw(await accept(_RawHeaders(scope["headers"]), _stream(receive)))
+        return _outcome_raw(await accept(_RawHeaders(scope["headers"]), _stream(receive), _client(scope)))
 
     async def fast_noop(scope: Any, receive: Any) -> RawAnswer:
         body = await noop_body(_RawHeaders(scope["headers"]), _stream(receive))
@@ -428,6 +435,7 @@ def create_app(
             state["runtime"] = rt
             if stomp:
                 listener = await start_stomp(assembly.settings, rt.broker)
+        await asyncio.to_thread(attach_key_digests, partners, state["runtime"])
         if freeze_gc:
             gc.collect()
             gc.freeze()
