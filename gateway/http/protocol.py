@@ -212,5 +212,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 
 def protocol_options() -> dict[str, Any]:
-    """uvicorn ``Config`` options that serve with :class:`GatewayHttpProtocol`."""
-    return {"http": GatewayHttpProtocol}
+    """uvicorn ``Config`` options that serve with :class:`GatewayHttpProtocol` and the edge's bounds
+    (:mod:`gateway.http.edge`: a header deadline, a connection cap)."""
+    from gateway.http.edge import EdgeHttpProtocol
+
+    return {"http": EdgeHttpProtocol}

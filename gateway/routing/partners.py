@@ -144,7 +144,9 @@ def generate_key(key_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class PartnerLimits:
     """How much one partner may ask of one serving process (``limits:`` of a partner in partners.yaml,
-    else of its ``defaults:``, else these values, generous enough never to slow an honest client).
+    else of its ``defaults:``, else these values: enough for an honest client's steady traffic, while one
+    partner's requests in progress hold at most 32 bodies, 320 MiB at the default ``limits.max_bytes``,
+    instead of the gigabytes 256 did; a high-volume partner is given more in its own ``limits:``).
 
     ``concurrent_requests``: requests in progress at once (from the headers read to the answer);
     ``requests_per_second`` and ``burst``: a token bucket of ``burst`` requests refilled at that rate.
@@ -154,9 +156,9 @@ class PartnerLimits:
     taking the event loop's time from the other partners with thousands of refusals a second.
     """
 
-    concurrent_requests: int = 256
-    requests_per_second: float = 10_000.0
-    burst: int = 10_000
+    concurrent_requests: int = 32
+    requests_per_second: float = 500.0
+    burst: int = 1_000
     refusal_delay: float = 0.25
 
 

@@ -87,12 +87,17 @@ def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, s
     assert "2 errors" in err
 
 
-def test_key_new_prints_a_key_and_its_hash(capsys):
+def test_key_new_prints_a_key_and_its_hash(capsys, store):
+    from gateway.security.keys import verify_hmac
+    from gateway.security.store_secret import store_secret
+
     code, out, _ = run(capsys, "key", "new", "--id", "initech-1")
     assert code == 0
     key = out.split("): ")[1].split()[0]
     encoded = out.split('hash: "')[1].split('"')[0]
-    assert key.startswith("initech-1.") and verify_key(key, encoded)
+    assert key.startswith("initech-1.") and encoded.startswith("hmac-sha256$")
+    secret = store_secret(store)  # the store's server secret, made by the command
+    assert verify_hmac(secret, key, encoded) and not verify_hmac(secret, key + "x", encoded)
     assert "choose another --id" in user_error(run(capsys, "key", "new", "--id", "bad id"))
 
 
@@ -197,7 +202,7 @@ def test_version_is_the_installed_package_version(capsys):
 #: Every command that reads the configuration, with arguments that get it as far as reading it.
 CONFIG_COMMANDS = [
     ["serve"], ["stomp"], ["worker"], ["send", "DOC", "--partner", "acme"], ["queues"], ["browse", "orders.inbound"],
-    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"],
+    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"], ["key", "new", "--id", "k1"],
 ]
 
 
