@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from gwtest import GLOBEX
-from planted import BEACON, planted_invoice
+from sectest import BEACON, planted_invoice
 from test_console_browser import browser, log_in, served  # noqa: F401 - fixtures
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from gwtest import ACME, GLOBEX, ORDER
-from planted import planted_invoice
+from sectest import planted_invoice
 from test_console_browser import served  # noqa: F401 - fixture
 
 
