@@ -377,7 +377,7 @@ async def test_without_operators_there_is_no_admin_side(make_assembly):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as c:
             assert (await c.get(f"{API}/destinations")).status_code == 404
             assert (await c.get("/console")).status_code == 404
-            assert (await c.get("/metrics")).status_code == 200
+            assert (await c.get("/metrics")).status_code == 404  # never to anyone on the partner port by default
             assert not any(p.startswith("/admin") for p in (await c.get("/openapi.json")).json()["paths"])
     finally:
         runtime.stop()
