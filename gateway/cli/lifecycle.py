@@ -159,6 +159,8 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
 def cmd_archive_run(args: argparse.Namespace) -> int:
     from spark_etl.archive import ArchiveBusyError, ArchiveError, run, store_writer
 
+    from gateway.security.cli_audit import audit_cli
+
     from gateway.runtime.serving import etl_enabled, open_broker
 
     settings = settings_for(args)
@@ -176,6 +178,9 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
         except ArchiveError as exc:
             print(f"archive: FAILED: {exc}", file=sys.stderr)
             return 1
+        audit_cli(broker.write, "archive-run", count=result.purged,
+                  detail=f"b2bgw archive run {result.run_id}: {result.status}, {result.archived} archived, "
+                         f"{result.purged} purged")
     finally:
         broker.close()
     print(f"archive run {result.run_id} {result.status}: {result.archived:,} documents archived "
@@ -224,10 +229,16 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
 def cmd_archive_get(args: argparse.Namespace) -> int:
     from spark_etl.archive import get
 
+    from gateway.security.cli_audit import audit_cli, engine_writer
+
     settings = settings_for(args)
     engine = _engine(settings)
     try:
         found = get(args.message_id, root=_root(settings), engine=engine)
+        audit_cli(engine_writer(engine), "archive-get", target=args.message_id[:600],
+                  outcome="done" if found is not None else "refused",
+                  detail="b2bgw archive get" + (" --request" if args.request else "") + (" --reply" if args.reply else "")
+                  + ("" if found is not None else ": not in the archive"))
     finally:
         engine.dispose()
     if found is None:

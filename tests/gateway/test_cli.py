@@ -155,6 +155,18 @@ def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
     code, out, _ = run(capsys, "browse", "queue://invoices.inbound", "--selector", "InvoiceID = 'TOSL108'")
     assert "1 message in" in out
     assert "only queues can be browsed" in user_error(run(capsys, "browse", "topic://x"))
+    # what the commands did is in the audit trail, under the system user, like the console's actions
+    from gateway.admin.audit import Audit
+
+    broker = Broker.open(store, sweep_interval=0)
+    try:
+        entries = Audit(broker.engine, broker).recent(limit=10)
+    finally:
+        broker.close()
+    assert [e.action for e in entries][:2] == ["browse", "replay"]
+    replay = entries[1]
+    assert replay.role == "cli" and replay.target == "queue://DLQ.invoices.inbound" and replay.count == 1
+    assert replay.message_ids == [receipt["message_id"]] and replay.client.startswith("cli@")
 
 
 def test_serve_builds_the_app_and_runs_uvicorn(capsys, store, monkeypatch, shared_schemas):
