@@ -179,7 +179,9 @@ async def test_a_viewer_reads_everything_and_is_refused_every_change(admin_env):
                          json={"destination": "queue://invoices.inbound", **body})
         assert r.status_code == 403 and r.json()["code"] == "forbidden", action
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
-    refused = (await c.get(f"{API}/audit", params={"operator": "bob"}, headers=ALICE)).json()["entries"]
+    entries = (await c.get(f"{API}/audit", params={"operator": "bob"}, headers=ALICE)).json()["entries"]
+    assert [e["action"] for e in entries if e["action"].startswith("read-")] == ["read-document"]  # reads too
+    refused = [e for e in entries if not e["action"].startswith("read-")]
     assert [e["action"] for e in refused] == ["replay", "purge", "move", "delete"]
     assert all(e["outcome"] == "refused" and e["role"] == "viewer" for e in refused)
 
