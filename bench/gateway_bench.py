@@ -118,7 +118,10 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
     config = sample_config()
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
     routes = yaml.safe_load((REPO / "routes" / "ubl-2.1.yaml").read_text())["routes"]
-    partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}]}
+    # the benchmark's client is a high-volume partner: its limits are raised as an operator would raise them
+    partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}],
+                         "limits": {"concurrent_requests": 4096, "requests_per_second": 1_000_000}}
+    partners["acme"]["limits"] = dict(partners["bench"]["limits"])  # the request-reply phase's clients
     order_route = next(r for r in routes if r["id"] == "ubl-order")
     routes.append({
         "id": "bench-order-one-way",

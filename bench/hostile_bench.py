@@ -14,7 +14,15 @@
    the billion laughs, and a large valid invoice;
 3. both at once: the same honest clients while ``--hostile`` clients (16) send the hostile classes back to
    back: the honest p50 / p99 and errors again, every hostile answer's time (the slowest per class), the
-   slowest ``/healthz``, and the store commits the server logged as slow meanwhile.
+   slowest ``/healthz``, and the store commits the server logged as slow meanwhile;
+4. floods of wrong keys (``--flood-seconds`` each, ``--flooders`` clients): random secrets with a public
+   key id, posted back to back while the same honest clients run: ``known-id-one-address`` (the ``acme-demo``
+   id from 127.0.0.1: throttled after 20 failures), ``known-id-many-addresses`` (the same id from a new
+   127.x.y.z address each time, so the per-address throttle never applies: every refusal is an HMAC check
+   of a migrated key) and ``unused-scrypt-key-many-addresses`` (the id of a scrypt-hashed key no request
+   has used, which cannot be migrated: its checks are scrypt, queued up to their bound, beyond it 503).
+   Honest p50 / p99 and errors, the answers' statuses, the server's CPU, and the goals: honest p99 within 3x
+   quiet, every honest request answered.
 
 4. with ``--stomp-flood``: the same honest clients while ``bench/stomp_flood.py`` floods the STOMP listener
    the server runs beside the gateway (connections that never CONNECT, megabytes before CONNECT, wrong
@@ -31,6 +39,7 @@ Usage::
 
     .venv/bin/python bench/hostile_bench.py [--seconds 20] [--honest 16] [--hostile 16] [--rate 40]
         [--classes invoice] [--store-dir /dev/shm] [--set server.intake_workers=1 ...]
+        [--flood-seconds 15] [--flooders 32] [--floods-only]
 
 The server is ``b2bgw serve`` in a subprocess (one process, the sample configuration on a fresh SQLite store
 in a temporary folder, the sample order responder in-process). The honest and the hostile clients run in
@@ -201,11 +210,16 @@ def honest_process(port: int, seconds: float, clients: int, rate: float, tag: st
     out.put(asyncio.run(_honest(port, seconds, clients, rate, tag)))
 
 
-async def post_watching(port: int, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+async def post_watching(port: int, headers: dict[str, str], body: bytes,
+                        local: str | None = None) -> tuple[int, str]:
     """POST on a fresh connection, watching for an early answer while the body goes out (RFC 9112, section
     9.6: a client sending a body monitors the connection for an error response and stops sending); returns
     the status and the problem code (0 and the exception's name when no answer could be read)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port,
+                                                       local_addr=(local, 0) if local is not None else None)
+    except OSError as exc:
+        return 0, type(exc).__name__
     try:
         head = f"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
@@ -303,6 +317,72 @@ def commits_line(slow: list[int]) -> str:
     return f"store commits over 100 ms: {len(slow)}{f' (slowest {max(slow)} ms)' if slow else ''}"
 
 
+# --------------------------------------------------------------------------- 4. floods of wrong keys
+
+#: a partner whose scrypt-hashed key no request uses: its id is public, its checks can never be migrated
+UNUSED_KEY_ID = "unused-demo"
+FLOODS = ("known-id-one-address", "known-id-many-addresses", "unused-scrypt-key-many-addresses")
+
+
+async def _flood(port: int, seconds: float, clients: int, flood: str) -> dict[str, object]:
+    import secrets
+
+    key_id = UNUSED_KEY_ID if flood.startswith("unused") else "acme-demo"
+    spread = flood.endswith("many-addresses")
+    statuses: dict[str, int] = {}
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+
+    async def one() -> None:
+        while time.perf_counter() < deadline:
+            n = next(counter)
+            local = f"127.{1 + n // 60000 % 200}.{n // 250 % 240}.{1 + n % 250}" if spread else None
+            headers = {"Authorization": f"Bearer {key_id}.{secrets.token_urlsafe(32)}",
+                       "Content-Type": "application/xml"}
+            status, code = await post_watching(port, headers, INVOICE, local)
+            key = f"{status} {code}".strip()
+            statuses[key] = statuses.get(key, 0) + 1
+
+    await asyncio.gather(*[one() for _ in range(clients)])
+    return {"statuses": statuses}
+
+
+def flood_process(port: int, seconds: float, clients: int, flood: str, out: multiprocessing.Queue) -> None:
+    out.put(asyncio.run(_flood(port, seconds, clients, flood)))
+
+
+def run_floods(args: argparse.Namespace, port: int, server: ServerProcess, quiet: dict[str, object],
+               queue: multiprocessing.Queue) -> dict[str, bool]:
+    goals: dict[str, bool] = {}
+    print(f"4. floods of wrong keys ({args.flooders} clients, {args.flood_seconds:g} s each) with {args.honest} "
+          f"honest clients:", flush=True)
+    for flood in FLOODS:
+        cpu0, wall0 = server.cpu_seconds(), time.monotonic()
+        flooder = multiprocessing.Process(target=flood_process, args=(port, args.flood_seconds, args.flooders,
+                                                                      flood, queue))
+        honest = multiprocessing.Process(target=honest_process, args=(port, args.flood_seconds - 1, args.honest,
+                                                                      args.rate, f"flood-{flood}", queue))
+        flooder.start()
+        time.sleep(1)  # the flood first: the honest clients meet it from their first request
+        honest.start()
+        results = [queue.get(), queue.get()]
+        flooder.join()
+        honest.join()
+        wall = time.monotonic() - wall0
+        loaded = next(r for r in results if "p99" in r)
+        statuses = next(r for r in results if "statuses" in r)["statuses"]
+        refused = sum(statuses.values())
+        cpu = server.cpu_seconds() - cpu0
+        print(f"   {flood:34s} {refused:6d} refused ({', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))}); "
+              f"server CPU {cpu / wall:.0%} of one core, {1e3 * cpu / max(1, refused + int(loaded['count'])):.2f} "
+              f"ms per request; honest {loaded['count']} round trips, p50 {loaded['p50']:.1f} ms, p99 "
+              f"{loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), errors {len(loaded['errors'])} "
+              f"{sorted(set(loaded['errors']))[:5]}", flush=True)
+        goals[f"{flood}: honest p99 within 3x quiet"] = loaded["p99"] <= 3 * quiet["p99"]
+        goals[f"{flood}: every honest request answered"] = not loaded["errors"]
+    return goals
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -327,6 +407,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting over the sample configuration's, by its dotted path (repeatable), such as "
                              "server.intake_workers=1 or store.options.sqlite_synchronous=NORMAL")
+    parser.add_argument("--flood-seconds", type=float, default=15, help="length of each flood of phase 4")
+    parser.add_argument("--flooders", type=int, default=32, help="clients of each flood of phase 4")
+    parser.add_argument("--floods-only", action="store_true", help="phases 1 and 4 only")
     args = parser.parse_args()
 
     without, with_, alone = checks_cost()
@@ -347,6 +430,9 @@ def main() -> None:
         partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())
         limits = dict(item.split("=", 1) for item in args.hostile_limits.split(",") if item)
         partners["partners"]["globex"]["limits"] = {k: float(v) if "." in v else int(v) for k, v in limits.items()}
+        from gateway.routing.partners import generate_key, hash_key
+
+        partners["partners"]["unused"] = {"keys": [{"id": UNUSED_KEY_ID, "hash": hash_key(generate_key(UNUSED_KEY_ID))}]}
         (folder / "partners.yaml").write_text(yaml.safe_dump(partners, sort_keys=False))
         config["partners"] = "partners.yaml"
         config["routes"] = str(REPO / "routes" / "ubl-2.1.yaml")
@@ -397,6 +483,10 @@ def main() -> None:
                   f"slowest /healthz {probe.slowest_ms():.1f} ms; {commits_line(slow_commits(log, log_mark))}",
                   flush=True)
 
+            if args.floods_only:
+                goals = run_floods(args, port, server, quiet, queue)
+                print("goals: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals.items()), flush=True)
+                return
             print("2. each hostile class alone:", flush=True)
             alone_ok = True
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
@@ -458,6 +548,7 @@ def main() -> None:
                 "honest clients: no error": not loaded["errors"],
                 "honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"],
                 "/healthz within 100 ms": probe.slowest_ms() <= 100,
+                **run_floods(args, port, server, quiet, queue),
             }
             if args.stomp_flood:
                 goals.update(stomp_flood_phase(port, stomp_port, flood_passcode, args, quiet, queue))

@@ -264,7 +264,7 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
         config["store"]["options"].pop("sqlite_synchronous", None)
     url = config["store"]["url"]
     config["operators"] = {OPERATOR[0]: {"role": "operator", "hash": hash_key(OPERATOR[1], ln=10)}}
-    config["admin"] = {"stats_interval": "5s"}
+    config["admin"] = {"stats_interval": "5s", "metrics_on_partner_port": True}  # scraped without credentials
     config["workers"] = []
     config["stomp"] = {"enabled": False}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -46,6 +46,8 @@ __all__ = [
     "RulesEvaluationError",
     "InvalidHeaderError",
     "AuthenticationError",
+    "AuthenticationBusyError",
+    "AuthenticationThrottledError",
     "ForbiddenRouteError",
     "NotFoundError",
     "MethodNotAllowedError",
@@ -586,6 +588,23 @@ class ConcurrencyLimitedError(TooManyRequestsError):
 
     code = "too-many-concurrent-requests"
     default_detail = "Your partner account has too many requests in progress; wait for their answers and retry."
+
+
+class AuthenticationThrottledError(TooManyRequestsError):
+    """Raised when a client address sent too many requests whose credentials failed lately: refused
+    before any credential is checked, until ``retry_after`` seconds have passed."""
+
+    code = "authentication-throttled"
+    default_detail = "Too many failed authentications from your address; check your API key and retry later."
+
+
+class AuthenticationBusyError(_RetryLaterError):
+    """Raised when the checks of API keys not yet verified are queued up to their bound (or the key
+    checks cannot start yet): nothing was read or done; retry after ``retry_after`` seconds."""
+
+    status = 503
+    code = "authentication-busy"
+    default_detail = "The gateway cannot check your API key now; nothing was accepted. Retry later."
 
 
 class _AcceptedDocumentError(GatewayError):

@@ -6,8 +6,11 @@ its own for the admin side (then the partner API's port serves none of it; with 
 alone binds it). By default the admin side is served by the partner API's server: simplest where that port
 is private; where it is public, give the admin side its own port on a private address.
 
-The admin API and the console are mounted when operators are configured (or ``admin.enabled: true``);
-``/metrics`` always.
+The admin API and the console are mounted when operators are configured (or ``admin.enabled: true``).
+``/metrics`` names partners and their traffic, so it is served where the admin side is: on the admin
+listener, or, when the admin side shares the partner API's port, there behind the operators'
+authentication (:mod:`gateway.admin.metrics_access`); never to anyone on the partner port unless
+``admin.metrics_on_partner_port: true``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gateway.telemetry.metrics import HttpMetrics, StoreMetrics, observe_commit,
 from gateway.config.operations import AdminSettings
 from gateway.admin.api import api_routes
 from gateway.admin.console import console_routes
+from gateway.admin.metrics_access import partner_port_metrics
 from gateway.admin.openapi import merge_admin
 from gateway.admin.service import AdminService
 
@@ -63,8 +67,12 @@ class Operations:
         return routes
 
     def routes(self) -> list[Route]:
-        """The routes the partner API's app adds: all of them unless the admin side has its own listener."""
-        return [] if self.admin.active and self.admin.separate else self.admin_routes()
+        """The routes the partner API's app adds: the admin side's unless it has its own listener, and
+        ``/metrics`` as :func:`gateway.admin.metrics_access.partner_port_metrics` decides."""
+        routes = partner_port_metrics(self.admin, self.metrics_endpoint, self.service)
+        if self.admin.active and not self.admin.separate:
+            routes += api_routes(self.service) + console_routes(self.service)
+        return routes
 
     def openapi(self, document: dict[str, Any]) -> dict[str, Any]:
         return merge_admin(document) if self.admin.active else document

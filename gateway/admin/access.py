@@ -11,8 +11,12 @@ salted scrypt hashes as partner keys (:func:`gateway.routing.partners.hash_key`)
 * API clients send HTTP Basic credentials with each request. Their changes must be JSON, which no cross-site
   form can send without a CORS preflight this server never grants.
 
-Failed logins are limited per client address and per operator name (``admin.login_attempts`` within
-``admin.login_window``, per process): then 429 with ``Retry-After``, without checking the secret. A secret
+Failed logins lock the pair of operator name and client address (``admin.login_attempts`` within
+``admin.login_window``, then a lock that doubles with each further failure; kept in the store, so every
+process agrees: :mod:`gateway.security.lockout`), and an address that fails four times as often, across
+names, waits out the window (per process): then 429 with ``Retry-After``, without checking the secret.
+Every failed login, of any kind (console form, JSON session, HTTP Basic), is audited under the name sent,
+truncated and marked ``unverified`` (:mod:`gateway.security.names`). A secret
 that verified is remembered by a keyed digest for a minute, so that API clients do not pay a scrypt per
 request.
 """
@@ -25,6 +29,7 @@ import binascii
 import collections
 import hashlib
 import hmac
+import math
 import os
 import secrets
 import threading
@@ -40,6 +45,8 @@ from gateway.config.operations import AdminSettings, Operator
 from gateway.routing.partners import verify_key
 from gateway.admin.errors import CsrfError, ForbiddenError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.tables import sessions
+from gateway.security.lockout import Lockout
+from gateway.security.names import UNVERIFIED_ROLE, unverified_name
 
 __all__ = ["Access", "Principal", "SESSION_COOKIE"]
 
@@ -127,7 +134,11 @@ class Access:
         self.admin = admin
         self.engine = engine
         self.broker = broker
-        self._limiter = _Limiter(admin.login_attempts, admin.login_window)
+        from gateway.admin.audit import Audit
+
+        self.audit = Audit(engine, broker)
+        self._limiter = _Limiter(admin.login_attempts * 4, admin.login_window)  # an address, across names
+        self.lockout = Lockout(engine, broker.write, admin.login_attempts, admin.login_window)
         self._digest_key = os.urandom(32)
         self._verified: dict[bytes, tuple[str, float]] = {}
         self._semaphore: asyncio.Semaphore | None = None
@@ -137,16 +148,18 @@ class Access:
 
     # ----------------------------------------------------------------- secrets
 
-    async def verify(self, name: str, secret: str, client: str) -> Operator:
+    async def verify(self, name: str, secret: str, client: str, via: str = "basic") -> Operator:
         """The operator *name* if *secret* is its own; :class:`OperatorAuthError` otherwise (after a
-        scrypt, so a wrong secret and an unknown name take alike), :class:`TooManyAttemptsError` once the
-        address or the name failed too often."""
+        scrypt, so a wrong secret and an unknown name take alike), :class:`TooManyAttemptsError` while the
+        pair of name and address is locked, or the address failed too often (module docstring). *via*
+        (``form``, ``json``, ``basic``) is what the audit trail says of a failure."""
         now = time.monotonic()
-        keys = (f"addr:{client}", f"name:{name[:64]}")
-        wait = max(self._limiter.retry_after(key, now) for key in keys)
+        address = f"addr:{client}"
+        wait = max(self._limiter.retry_after(address, now),
+                   await asyncio.to_thread(self.lockout.retry_after, name, client))
         if wait > 0:
-            raise TooManyAttemptsError(f"Too many failed logins from this address or for this operator; try again "
-                                       f"in {int(wait) + 1} s.", retry_after=int(wait) + 1)
+            raise TooManyAttemptsError(f"Too many failed logins from this address or for this operator from it; "
+                                       f"try again in {math.ceil(wait)} s.", retry_after=math.ceil(wait))
         digest = hmac.new(self._digest_key, f"{name}\0{secret}".encode("utf-8"), hashlib.blake2b).digest()
         remembered = self._verified.get(digest)
         operator = self.admin.operators.get(name)
@@ -160,15 +173,21 @@ class Access:
             self.verifications += 1
             ok = await asyncio.to_thread(verify_key, secret, encoded) and operator is not None
         if not ok:
-            for key in keys:
-                self._limiter.fail(key, time.monotonic())
+            self._limiter.fail(address, time.monotonic())
+            await asyncio.to_thread(self._failed, name, client, via)
             raise OperatorAuthError("Unknown operator or wrong secret.")
-        for key in keys:
-            self._limiter.clear(key)
+        self._limiter.clear(address)
+        await asyncio.to_thread(self.lockout.clear, name, client)
         if len(self._verified) > 1000:
             self._verified.clear()
         self._verified[digest] = (operator.hash, now + _VERIFIED_FOR)
         return operator
+
+    def _failed(self, name: str, client: str, via: str) -> None:
+        locked = self.lockout.fail(name, client)
+        detail = f"failed {via} login" + (f"; this name is locked from this address for {locked} s" if locked else "")
+        self.audit.record(operator=unverified_name(name), role=UNVERIFIED_ROLE, action="login", outcome="refused",
+                          client=client, detail=detail)
 
     # ----------------------------------------------------------------- sessions
 
@@ -233,7 +252,7 @@ class Access:
             name, sep, secret = decoded.partition(":")
             if not sep or not name or not secret or len(decoded) > 600:
                 raise OperatorAuthError()
-            operator = await self.verify(name, secret, client_address(scope))
+            operator = await self.verify(name, secret, client_address(scope), "basic")
             return Principal(operator, "basic")
         principal = await asyncio.to_thread(self.session, cookies.get(SESSION_COOKIE))
         if principal is None:

@@ -19,8 +19,10 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFoundError
 from gateway.problems import problem_response
+from gateway.raw_documents import raw_document_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.read_audit import audit_read
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
 
 __all__ = ["PREFIX", "api_routes"]
@@ -104,12 +106,7 @@ def api_routes(service: AdminService) -> list[Route]:
             if not isinstance(name, str) or not isinstance(secret, str) or not name or not secret:
                 raise InvalidRequestError('Send {"name": ..., "secret": ...}.')
             client = client_address(request.scope)
-            try:
-                operator = await access().verify(name[:64], secret[:512], client)
-            except OperatorAuthError:
-                await thread(lambda: service.audit.record(operator=name[:64], role="-", action="login",
-                                                          outcome="refused", client=client))
-                raise
+            operator = await access().verify(name[:64], secret[:512], client, "json")  # a failure is audited there
             token, csrf, expires = await thread(access().open_session, operator)
             await thread(lambda: service.audit.record(operator=operator.name, role=operator.role, action="login",
                                                       client=client))
@@ -151,7 +148,10 @@ def api_routes(service: AdminService) -> list[Route]:
 
     async def message(request: Request, principal: Principal) -> Response:
         q = request.query_params
-        return _json(await thread(service.message, q.get("destination"), q.get("id") or ""))
+        found = await thread(service.message, q.get("destination"), q.get("id") or "")
+        await audit_read(service, principal, "read-message", found["box"], client_address(request.scope),
+                         message_ids=[found["message_id"]], detail="admin API")
+        return _json(found)
 
     async def action(request: Request, principal: Principal) -> Response:
         name = request.path_params["action"]
@@ -168,6 +168,8 @@ def api_routes(service: AdminService) -> list[Route]:
 
     async def document(request: Request, principal: Principal) -> Response:
         doc = await thread(service.document, request.path_params["message_id"])
+        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
+                         detail="admin API: document and reply")
         for key in ("document", "reply"):
             text, cut = pretty_xml(doc.pop(key))
             doc[key] = {"xml": text, "truncated": cut} if text is not None else None
@@ -181,7 +183,9 @@ def api_routes(service: AdminService) -> list[Route]:
         data = doc["document" if part == "request" else "reply"]
         if data is None:
             raise NotFoundError(f"Document {doc['message_id']} has no reply.")
-        return Response(data, media_type="application/xml; charset=utf-8", headers={"Cache-Control": "no-store"})
+        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
+                         detail=f"admin API: {part} downloaded")
+        return raw_document_response(data, f"{doc['message_id']}-{part}")
 
     async def partners(request: Request, principal: Principal) -> Response:
         return _json(await thread(service.partners))

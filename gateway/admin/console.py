@@ -28,6 +28,7 @@ from gateway.errors import GatewayError
 from ledger_contract.tables import STATUSES
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.read_audit import audit_read
 from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
 
 __all__ = ["console_routes"]
@@ -197,10 +198,8 @@ def console_routes(service: AdminService) -> list[Route]:
             name, secret = one(form, "name") or "", one(form, "secret") or ""
             client = client_address(request.scope)
             try:
-                operator = await service.access.verify(name[:64], secret[:512], client)
+                operator = await service.access.verify(name[:64], secret[:512], client, "form")  # audits a failure
             except OperatorAuthError:
-                await thread(lambda: service.audit.record(operator=name[:64] or "-", role="-", action="login",
-                                                          outcome="refused", client=client))
                 return back("/console/login", error="Unknown operator or wrong secret.")
             except TooManyAttemptsError as exc:
                 return back("/console/login", error=exc.detail)
@@ -297,6 +296,8 @@ def console_routes(service: AdminService) -> list[Route]:
     async def message(request: Request, principal: Principal) -> Response:
         q = request.query_params
         m = await thread(service.message, q.get("destination"), q.get("id") or "")
+        await audit_read(service, principal, "read-message", m["box"], client_address(request.scope),
+                         message_ids=[m["message_id"]], detail="console")
         is_dlq = m["box"].startswith(f"queue://{service.broker.policy.dead_letter_prefix}")
         return render("message.html", request, principal, title=m["message_id"], nav="overview", m=m, is_dlq=is_dlq)
 
@@ -360,6 +361,8 @@ def console_routes(service: AdminService) -> list[Route]:
 
     async def document(request: Request, principal: Principal) -> Response:
         doc = await thread(service.document, request.path_params["message_id"])
+        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
+                         detail="console")
         request_xml, _ = pretty_xml(doc.get("document"))
         reply_xml, _ = pretty_xml(doc.get("reply"))
         return render("document.html", request, principal, title=f"{doc['doc_type']} {doc.get('doc_id') or ''}",

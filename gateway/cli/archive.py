@@ -64,6 +64,8 @@ def _iso(ms: int | None) -> str:
 def cmd_archive_run(args: argparse.Namespace) -> int:
     from spark_etl.archive import ArchiveBusyError, ArchiveError, run, store_writer
 
+    from gateway.cli.audit import audit_cli
+
     from gateway.runtime.serving import etl_enabled, open_broker
 
     settings = settings_for(args)
@@ -81,6 +83,9 @@ def cmd_archive_run(args: argparse.Namespace) -> int:
         except ArchiveError as exc:
             print(f"archive: FAILED: {exc}", file=sys.stderr)
             return 1
+        audit_cli(broker.write, "archive-run", count=result.purged,
+                  detail=f"b2bgw archive run {result.run_id}: {result.status}, {result.archived} archived, "
+                         f"{result.purged} purged")
     finally:
         broker.close()
     print(f"archive run {result.run_id} {result.status}: {result.archived:,} documents archived "
@@ -129,10 +134,16 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
 def cmd_archive_get(args: argparse.Namespace) -> int:
     from spark_etl.archive import get
 
+    from gateway.cli.audit import audit_cli, engine_writer
+
     settings = settings_for(args)
     engine = existing_store_engine(settings)
     try:
         found = get(args.message_id, root=_root(settings), engine=engine)
+        audit_cli(engine_writer(engine), "archive-get", target=args.message_id[:600],
+                  outcome="done" if found is not None else "refused",
+                  detail="b2bgw archive get" + (" --request" if args.request else "") + (" --reply" if args.reply else "")
+                  + ("" if found is not None else ": not in the archive"))
     finally:
         engine.dispose()
     if found is None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from gateway.cli.support import CommandError, settings_for, to_stderr
+from gateway.cli.support import CommandError, settings_for, shown_url, to_stderr
 from gateway.errors import ConfigError, GatewayError
 
 __all__ = ["register"]
@@ -34,8 +34,9 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p.set_defaults(func=cmd_rules_check)
 
     key = needs_action(sub.add_parser("key", help="API keys"), "key")
-    p = with_log_level(key.add_parser("new", help="make a new API key and print the hash to configure"))
+    p = with_config(key.add_parser("new", help="make a new API key and print the hash to configure"))
     p.add_argument("--id", required=True, help="the key id (e.g. acme-2025): the part before the dot")
+    p.add_argument("--url", help="the store whose server secret keys the hash (default: the configured store.url)")
     p.set_defaults(func=cmd_key_new)
 
     operator = sub.add_parser("operator", help="console operators").add_subparsers(dest="operator_command",
@@ -123,16 +124,23 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
 
 
 def cmd_key_new(args: argparse.Namespace) -> int:
-    from gateway.routing.partners import generate_key, hash_key
+    import os
+
+    from gateway.routing.partners import generate_key
+    from gateway.security.keys import hmac_hash
+    from gateway.cli.store_secret import store_secret
 
     try:
         key = generate_key(args.id)
     except ValueError as exc:
         raise CommandError(f"{exc}; choose another --id, e.g. acme-2025") from None
+    url = args.url or os.environ.get("B2BGW_STORE_URL") or settings_for(args).store_url
+    encoded = hmac_hash(store_secret(url), key)
     print(f"API key (give it to the partner; it is not stored anywhere): {key}")
-    print("Add under the partner's 'keys:' in partners.yaml:")
+    print(f"Add under the partner's 'keys:' in partners.yaml (the hash is keyed by the server secret of "
+          f"{shown_url(url)}: gateways serving from that store accept it):")
     print(f"      - id: {args.id}")
-    print(f"        hash: \"{hash_key(key)}\"")
+    print(f"        hash: \"{encoded}\"")
     return 0
 
 

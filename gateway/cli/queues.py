@@ -118,6 +118,8 @@ def _browse(broker: Any, queue: Any, selector: str | None, limit: int) -> Any:
 
 
 def cmd_browse(args: argparse.Namespace) -> int:
+    from gateway.cli.audit import audit_cli
+
     queue = _queue_name(args.destination)
     settings, broker = _open(args)
     try:
@@ -135,6 +137,9 @@ def cmd_browse(args: argparse.Namespace) -> int:
                 print(f"  body {shown}")
         if not count:  # after the selector's check: a bad selector is reported whatever the queue
             _require_known(settings, broker, queue)
+        audit_cli(broker.write, "browse", target=str(queue), count=count,
+                  detail="b2bgw browse" + (" --body" if args.body else "") + (f" --selector {args.selector}"
+                                                                               if args.selector else ""))
         print(f"{count} message{'s' if count != 1 else ''} in {queue}")
     finally:
         broker.close()
@@ -143,6 +148,8 @@ def cmd_browse(args: argparse.Namespace) -> int:
 
 def cmd_dlq(args: argparse.Namespace) -> int:
     from broker_core import Queue
+
+    from gateway.cli.audit import audit_cli
 
     from gateway.ledger.records import Ledger
     from gateway.ledger.reconciler import Reconciler
@@ -157,6 +164,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         moved = broker.replay_dead_letters(dlq)
         reconciler = Reconciler(broker, Ledger(broker.engine))
         reset = reconciler.after_replay(ids)
+        audit_cli(broker.write, "replay", target=f"{dlq}", count=moved, message_ids=ids, detail="b2bgw dlq replay")
         print(f"moved {moved} message{'s' if moved != 1 else ''} from {dlq} back to their queue; "
               f"{reset} ledger document{'s' if reset != 1 else ''} back to 'accepted'")
     finally:

@@ -88,20 +88,41 @@ def is_loopback(host: str) -> bool:
 
 
 def demo_keys_configured(settings: Settings) -> list[str]:
-    """The ids of the published demo keys that would authenticate with *settings*' partners."""
+    """The ids of the published demo keys that would authenticate with *settings*' partners (a key hashed
+    with the server secret is checked against the configured store's)."""
     from gateway.routing.partners import PartnerRegistry, verify_key
+    from gateway.security.keys import is_hmac_hash, verify_hmac
+    from gateway.cli.store_secret import store_secret
 
     registry = PartnerRegistry.from_settings(settings)
     found = []
+    secret: bytes | None = None
     for demo in _DEMO_KEYS:
         key_id = demo.split(".", 1)[0]
         key = registry.keys.get(key_id)
         if key is None:
             continue
         partner = registry.get(key.partner)
-        if partner is not None and partner.enabled and verify_key(demo, key.hash):
+        if partner is None or not partner.enabled:
+            continue
+        if is_hmac_hash(key.hash):
+            secret = secret if secret is not None else store_secret(settings.store_url)
+            if verify_hmac(secret, demo, key.hash):
+                found.append(key_id)
+        elif verify_key(demo, key.hash):
             found.append(key_id)
     return found
+
+
+def _check_demo_keys(settings: Settings, host: str) -> None:
+    """Refuse to serve partners on a non-loopback *host* while the published demo keys would authenticate."""
+    if not is_loopback(host):
+        demo = demo_keys_configured(settings)
+        if demo:
+            raise CommandError(
+                f"refusing to listen on {host or '0.0.0.0'}: the partners of {config_shown(settings)} still accept "
+                f"the published demo key{'s' if len(demo) > 1 else ''} {', '.join(demo)}; make new keys with "
+                "`b2bgw key new --id KEY_ID`, put their hashes in place of the demo ones, or listen on 127.0.0.1")
 
 
 def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = True) -> None:
@@ -111,13 +132,7 @@ def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = Tru
     from gateway.runtime.serving import stomp_options
 
 
-    if not is_loopback(host):
-        demo = demo_keys_configured(settings)
-        if demo:
-            raise CommandError(
-                f"refusing to listen on {host}: the partners of {config_shown(settings)} still accept the "
-                f"published demo key{'s' if len(demo) > 1 else ''} {', '.join(demo)}; make new keys with "
-                "`b2bgw key new --id KEY_ID`, put their hashes in place of the demo ones, or listen on 127.0.0.1")
+    _check_demo_keys(settings, host)
     _probe_listen(host, port)
     for module in settings.workers:  # imported now rather than in the middle of the start-up
         try:
@@ -173,12 +188,18 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     import uvicorn
 
     from gateway.http.app import create_app
-    from gateway.http.protocol import protocol_options
+    from gateway.http.edge import protocol_options
     from gateway.telemetry.logs import uvicorn_log_config
     from gateway.trust.peer import TrustMiddleware
     from gateway.runtime.trust_serving import start_reloading, trust_options
 
     index = args.process_index
+    sock = None
+    if args.listen_fd is not None:
+        import socket
+
+        sock = socket.socket(fileno=args.listen_fd)  # the supervisor's socket (uvicorn listens once started)
+        _check_demo_keys(settings, str(sock.getsockname()[0]))  # the address really listened on, whoever bound it
     if args.cpu is not None:
         from gateway.runtime.processes import pin_to
 
@@ -206,9 +227,6 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
-        import socket
-
-        sock = socket.socket(fileno=args.listen_fd)  # the supervisor's socket (uvicorn listens once started)
         uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     return 0
 

@@ -14,6 +14,7 @@
       login_attempts: 5         # failed logins per client address and per operator name ...
       login_window: 5m          # ... within this window, then 429 until it passes
       stats_interval: 5s        # how often the destinations' counters are read from the store
+      metrics_on_partner_port: false  # true: /metrics on the partner API's port for anyone (docs/security.md)
     logging:
       format: text              # or json: one JSON object per line (gateway.telemetry.logs)
 
@@ -67,6 +68,7 @@ class AdminSettings:
     login_attempts: int = 5
     login_window: float = 300.0
     stats_interval: float = 5.0
+    metrics_on_partner_port: bool = False
     operators: dict[str, Operator] = field(default_factory=dict)
 
     @property
@@ -84,9 +86,13 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
     admin = AdminSettings()
     section = expect_mapping(root.get("admin"), root.at("admin"), "admin")
     check_keys(section, {"enabled", "host", "port", "session_ttl", "secure_cookies", "login_attempts",
-                         "login_window", "stats_interval"}, "admin")
+                         "login_window", "stats_interval", "metrics_on_partner_port"}, "admin")
     if "enabled" in section:
         admin.enabled = expect_bool(section["enabled"], section.at("enabled"), "admin.enabled")
+    if "metrics_on_partner_port" in section:
+        admin.metrics_on_partner_port = expect_bool(section["metrics_on_partner_port"],
+                                                    section.at("metrics_on_partner_port"),
+                                                    "admin.metrics_on_partner_port")
     if "host" in section:
         admin.host = expect_str(section["host"], section.at("host"), "admin.host")
     if "port" in section:

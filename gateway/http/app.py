@@ -55,6 +55,8 @@ from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN
 from gateway.routing.partners import PartnerLimiter
 from gateway.http.auth import authenticated
 from gateway.problems import problem_response
+from gateway.security.attach import attach_key_digests
+from gateway.raw_documents import raw_document_response
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.exchange.submission import Gateway, Outcome
 from gateway.intake.xmlsafe import check_media_type, read_body
@@ -347,9 +349,8 @@ def create_app(
             limiter.release(partner)
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
-        return Response(record.reply, media_type=_XML, headers={"Cache-Control": "no-store",
-                                                                "X-Message-ID": record.message_id,
-                                                                "X-Correlation-ID": record.correlation_id})
+        return raw_document_response(record.reply, f"{record.message_id}-reply",
+                                     {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -421,6 +422,7 @@ def create_app(
             state["runtime"] = rt
             if stomp:
                 listener = await start_stomp(assembly.settings, rt.broker)
+        await asyncio.to_thread(attach_key_digests, partners, state["runtime"])
         if freeze_gc:
             gc.collect()
             gc.freeze()

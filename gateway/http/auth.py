@@ -19,7 +19,7 @@ from gateway.trust.errors import KeyExpiredError
 from gateway.trust.peer import client_certificate
 from gateway.trust.pins import EMPTY_TRUST, TrustRegistry
 
-__all__ = ["Identity", "authenticate", "authenticated"]
+__all__ = ["Identity", "authenticate", "authenticated", "client_address"]
 
 #: The detail of a wrong key's 401, so that a certificate of another partner is answered alike.
 _KEY_DETAIL = getattr(partners_module, "_AUTH_DETAIL", None)
@@ -34,6 +34,12 @@ class Identity:
 
     partner: Any
     method: str
+
+
+def client_address(scope: Any) -> str | None:
+    """The client's address (failed authentications are counted and throttled by it)."""
+    client = scope.get("client") if scope is not None else None
+    return str(client[0]) if client else None
 
 
 def _now() -> dt.datetime:
@@ -56,7 +62,7 @@ async def authenticate(registry: Any, scope: Any, authorization: str | None) -> 
         if partner is None or not partner.enabled or trust.get(partner.id).auth != "certificate":
             raise AuthenticationError(_CERT_DETAIL if partner is not None and partner.enabled else None)
         return Identity(partner, f"certificate:sha256:{cert.sha256}")  # type: ignore[union-attr]
-    partner = await registry.authenticate_async(authorization)
+    partner = await registry.authenticate_async(authorization, client_address(scope))
     policy = trust.get(partner.id)
     if policy.auth == "certificate" and pinned is None:
         raise AuthenticationError(_CERT_DETAIL)

@@ -57,13 +57,15 @@ _DESCRIPTIONS = {
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
     422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
          "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
-    429: "The partner is over its concurrent requests or its rate (`code` says which); nothing of the request "
-         "was read or done: retry after `Retry-After` seconds.",
+    429: "The partner is over its concurrent requests or its rate (`code` says which), or the client's address "
+         "sent too many requests whose API key failed lately (`authentication-throttled`: no key is checked "
+         "until the wait is over); nothing of the request was read or done: retry after `Retry-After` seconds.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
          "`status_url`): do not resend it.",
     503: "The gateway's store is unavailable, or the gateway is starting or stopping (`store-unavailable`), or "
-         "too loaded to finish the document's work in time (`gateway-busy`, with `Retry-After`): nothing was "
-         "accepted, retry.",
+         "too loaded to finish the document's work in time (`gateway-busy`, with `Retry-After`), or too many API "
+         "keys wait for their first check (`authentication-busy`, with `Retry-After`): nothing was accepted, "
+         "retry.",
     504: "Request-reply: no reply in time. The document was accepted (`message_id`, `status_url`): its status "
          "and the reply once it comes are at `status_url`; do not resend it.",
 }
@@ -160,6 +162,11 @@ _ACCEPTED_HEADERS = {
     "X-Message-ID": _header("The message id the document was accepted as."),
     "X-Correlation-ID": _header("The correlation id: yours, or the one the gateway made."),
 }
+_RAW_DOCUMENT_HEADERS = {
+    "Content-Disposition": _header("`attachment; filename=\"<message id>-reply.xml\"`: save it, never render it."),
+    "X-Content-Type-Options": _header("`nosniff`."),
+    "Content-Security-Policy": _header("`default-src 'none'; sandbox`: nothing in it may load or run."),
+}
 _WWW_AUTHENTICATE = {"WWW-Authenticate": _header("`Bearer realm=\"b2bgw\"`.")}
 _RETRY_AFTER = {"Retry-After": _header("Seconds to wait before retrying.", schema={"type": "integer", "minimum": 1})}
 
@@ -175,7 +182,8 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
             kwargs["required"] = ("retry_after",)
         elif status == 503:
             kwargs["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False,
-                                                 "description": "`gateway-busy`: seconds to wait before retrying."}}
+                                                 "description": "`gateway-busy` and `authentication-busy`: seconds "
+                                                                "to wait before retrying."}}
         elif status == 409:
             kwargs["required"] = ("message_id", "status_url")
         elif status in (502, 504):
@@ -238,8 +246,8 @@ def _components() -> dict[str, Any]:
                     "limit": {"type": "string", "description": "400, an intake limit passed: its `limits:` key."},
                     "limit_value": {"type": "integer", "description": "That limit's configured value."},
                     "retry_after": {"type": "integer", "minimum": 1,
-                                    "description": "429 and 503 `gateway-busy`: seconds to wait before retrying "
-                                                   "(also `Retry-After`)."},
+                                    "description": "429, 503 `gateway-busy` and 503 `authentication-busy`: seconds "
+                                                   "to wait before retrying (also `Retry-After`)."},
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "status_url": _STRING,
@@ -400,7 +408,8 @@ def openapi_document(version: str = "0.1.0", *, max_body_bytes: int | None = Non
                 "summary": "The reply document itself",
                 "parameters": message_id,
                 "responses": {
-                    "200": {"description": "The reply.", "headers": dict(_ACCEPTED_HEADERS),
+                    "200": {"description": "The reply, as a download that no browser runs (docs/security.md).",
+                            "headers": {**_ACCEPTED_HEADERS, **_RAW_DOCUMENT_HEADERS},
                             "content": {"application/xml": {"schema": _STRING}}},
                     **reads,
                 },

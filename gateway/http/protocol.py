@@ -222,8 +222,3 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             drain.cancelled = True
             _Drainer.get().wake()
         super().connection_lost(exc)
-
-
-def protocol_options() -> dict[str, Any]:
-    """uvicorn ``Config`` options that serve with :class:`GatewayHttpProtocol`."""
-    return {"http": GatewayHttpProtocol}

@@ -2,14 +2,21 @@
 
 An API key looks like ``<key id>.<secret>``: the key id (``acme-demo``) is
 not secret, it names the configured key to check against; the secret is 32
-random bytes in URL-safe base64. The configuration stores only a salted
-scrypt hash of the whole key (:func:`hash_key`)::
+random bytes in URL-safe base64. The configuration stores only a digest of the
+whole key: ``hmac-sha256$...``, keyed with the server secret
+(:mod:`gateway.security.keys`; ``b2bgw key new`` prints it), checked in
+microseconds. Keys configured before keep their salted scrypt hash
+(:func:`hash_key`)::
 
     scrypt$ln=14,r=8,p=1$<salt, base64>$<hash, base64>
 
-Verifying a key costs one scrypt (deliberately slow, 16 MiB; it runs in a worker thread
-so the event loop never waits on it, at most ``max_parallel_verifications``
-at a time) and a constant-time comparison. A key that verified is then
+and are migrated on first use: once one verifies, its HMAC digest is stored and
+later checks, in every process, skip scrypt. Until then verifying one costs one
+scrypt (16 MiB; in a worker thread, at most ``max_parallel_verifications`` at a
+time, at most ``max_pending_verifications`` waiting: beyond, ``503
+authentication-busy`` with ``Retry-After``). Failed authentications are counted
+per client address and refused before any hashing once too many
+(:mod:`gateway.security.throttle`, ``429 authentication-throttled``). A key that verified is then
 remembered by a keyed BLAKE2b digest (a random key per process, so the cache
 holds nothing an attacker could test offline), so that every later request
 with it costs a digest instead of a scrypt (see ``tests/gateway/routing/test_partners.py``).
@@ -48,12 +55,15 @@ from gateway.config.loader import (
 )
 from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
 from gateway.errors import (
+    AuthenticationBusyError,
     AuthenticationError,
     ConcurrencyLimitedError,
     RateLimitedError,
     TooManyRequestsError,
     clip,
 )
+from gateway.security.keys import KeyDigests, is_hmac_hash
+from gateway.security.throttle import FailureThrottle
 
 __all__ = [
     "ApiKey",
@@ -134,7 +144,9 @@ def generate_key(key_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class PartnerLimits:
     """How much one partner may ask of one serving process (``limits:`` of a partner in partners.yaml,
-    else of its ``defaults:``, else these values, generous enough never to slow an honest client).
+    else of its ``defaults:``, else these values: enough for an honest client's steady traffic, while one
+    partner's requests in progress hold at most 32 bodies, 320 MiB at the default ``limits.max_bytes``,
+    instead of the gigabytes 256 did; a high-volume partner is given more in its own ``limits:``).
 
     ``concurrent_requests``: requests in progress at once (from the headers read to the answer);
     ``requests_per_second`` and ``burst``: a token bucket of ``burst`` requests refilled at that rate.
@@ -144,9 +156,9 @@ class PartnerLimits:
     taking the event loop's time from the other partners with thousands of refusals a second.
     """
 
-    concurrent_requests: int = 256
-    requests_per_second: float = 10_000.0
-    burst: int = 10_000
+    concurrent_requests: int = 32
+    requests_per_second: float = 500.0
+    burst: int = 1_000
     refusal_delay: float = 0.25
 
 
@@ -209,7 +221,8 @@ class PartnerRegistry:
     """The configured partners and keys; authenticates ``Authorization`` headers."""
 
     def __init__(self, partners: dict[str, Partner], keys: dict[str, ApiKey], *,
-                 max_parallel_verifications: int = 2, negative_cache_size: int = 4096) -> None:
+                 max_parallel_verifications: int = 2, negative_cache_size: int = 4096,
+                 max_pending_verifications: int = 32) -> None:
         self.partners = dict(partners)
         self.keys = dict(keys)
         self._cache_key = os.urandom(32)
@@ -222,8 +235,16 @@ class PartnerRegistry:
             weakref.WeakKeyDictionary())
         #: each partner's authentication policy, pinned certificates and key windows (gateway.trust.pins)
         self.trust: Any = None
+        self._max_pending = max(1, max_pending_verifications)
         #: scrypt verifications run so far (for tests and metrics)
         self.verifications = 0
+        #: the server secret and migrated digests (:meth:`attach`); None: hmac keys cannot verify yet
+        self.digests: KeyDigests | None = None
+        self.throttle = FailureThrottle()
+
+    def attach(self, digests: KeyDigests) -> None:
+        """Check keys with *digests* (the store's server secret and migrated scrypt keys) from now on."""
+        self.digests = digests
 
     # ----------------------------------------------------------------- configuration
 
@@ -263,10 +284,10 @@ class PartnerRegistry:
                 key_id = expect_str(key.get("id"), key.at("id"), "API key id", pattern=_KEY_ID,
                                     hint="1-64 letters, digits, '-' or '_'")
                 encoded = expect_str(key.get("hash"), key.at("hash"), f"API key {key_id!r} hash")
-                if _parse_hash(encoded) is None:
+                if _parse_hash(encoded) is None and not is_hmac_hash(encoded):
                     raise key.at("hash").error(
-                        f"API key {key_id!r}: hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>' as printed by "
-                        "`b2bgw key new`; plain keys are never stored"
+                        f"API key {key_id!r}: hash must be 'hmac-sha256$<digest>' as printed by `b2bgw key new` "
+                        "(or an older 'scrypt$ln=..,r=..,p=..$<salt>$<hash>'); plain keys are never stored"
                     )
                 if key_id in keys:
                     raise key.at("id").error(
@@ -298,23 +319,15 @@ class PartnerRegistry:
             raise AuthenticationError(_AUTH_DETAIL)
         return token.strip()
 
-    def _cached(self, token: str) -> tuple[bytes, Partner | None]:
+    def _cached(self, token: str) -> tuple[bytes, Partner | None, bool]:
+        """The token's digest, the partner it verified for lately, whether it was refused lately."""
         digest = self._digest(token)
         partner = self._verified.get(digest)
         if partner is not None:
-            return digest, partner
-        if digest in self._refused:
-            raise AuthenticationError(_AUTH_DETAIL)
-        return digest, None
+            return digest, partner, False
+        return digest, None, digest in self._refused
 
-    def _slow_check(self, token: str, digest: bytes) -> Partner:
-        m = _TOKEN.match(token)
-        key = self.keys.get(m.group(1)) if m else None
-        ok = False
-        if key is not None:
-            self.verifications += 1
-            ok = verify_key(token, key.hash)
-        partner = self.partners.get(key.partner) if ok and key is not None else None
+    def _remember(self, digest: bytes, partner: Partner | None) -> None:
         with self._lock:
             if partner is None:
                 self._refused[digest] = None
@@ -322,51 +335,117 @@ class PartnerRegistry:
                     self._refused.popitem(last=False)
             else:
                 self._verified[digest] = partner
+
+    def _settle(self, digest: bytes, partner: Partner | None) -> Partner:
+        self._remember(digest, partner)
         if partner is None or not partner.enabled:
             raise AuthenticationError(_AUTH_DETAIL)
         return partner
 
+    def _quick_check(self, token: str, digest: bytes) -> tuple[Partner | None, ApiKey | None]:
+        """The partner, checked without scrypt; (None, key) when *key* is a scrypt key not yet migrated.
+        AuthenticationError for a token that cannot be right."""
+        m = _TOKEN.match(token)
+        key = self.keys.get(m.group(1)) if m else None
+        if key is None:
+            return self._settle(digest, None), None
+        digests = self.digests
+        if is_hmac_hash(key.hash):
+            if digests is None:
+                raise AuthenticationBusyError("The gateway is starting; retry in a moment.", retry_after=1)
+            return self._settle(digest, self.partners.get(key.partner) if digests.check(token, key.hash) else None), None
+        migrated = digests.migrated(key.id, key.hash) if digests is not None else None
+        if migrated is not None:
+            ok = digests.check(token, migrated)  # type: ignore[union-attr]
+            return self._settle(digest, self.partners.get(key.partner) if ok else None), None
+        return None, key
+
+    def _slow_check(self, token: str, digest: bytes, key: ApiKey) -> Partner:
+        """One scrypt (in a worker thread); a key that verifies is migrated to its HMAC digest."""
+        self.verifications += 1
+        ok = verify_key(token, key.hash)
+        partner = self.partners.get(key.partner) if ok else None
+        if partner is not None and self.digests is not None:
+            try:
+                self.digests.record(key.id, key.hash, token)
+            except Exception:  # noqa: BLE001 - the key still verified; the next use migrates it
+                pass
+        return self._settle(digest, partner)
+
     def authenticate(self, authorization: str | None) -> Partner:
         """The partner an ``Authorization`` header value authenticates; AuthenticationError if none."""
         token = self._token(authorization)
-        digest, partner = self._cached(token)
+        digest, partner, refused = self._cached(token)
         if partner is not None:
             if not partner.enabled:
                 raise AuthenticationError(_AUTH_DETAIL)
             return partner
-        return self._slow_check(token, digest)
+        if refused:
+            raise AuthenticationError(_AUTH_DETAIL)
+        partner, key = self._quick_check(token, digest)
+        if partner is not None:
+            return partner
+        assert key is not None
+        return self._slow_check(token, digest, key)
 
-    async def authenticate_async(self, authorization: str | None) -> Partner:
-        """Like :meth:`authenticate`; a key not yet verified is hashed in a worker thread.
+    async def authenticate_async(self, authorization: str | None, client: str | None = None) -> Partner:
+        """Like :meth:`authenticate`; a scrypt key not yet migrated is hashed in a worker thread.
 
-        Concurrent requests with the same new key share one verification."""
+        *client* (the client's address) is refused at once after too many failures
+        (:class:`~gateway.security.throttle.FailureThrottle`). Concurrent requests with the same new key share
+        one verification; beyond ``max_pending_verifications`` waiting, :class:`AuthenticationBusyError`."""
         token = self._token(authorization)
-        digest, partner = self._cached(token)
+        digest, partner, refused = self._cached(token)
         if partner is not None:
             if not partner.enabled:
                 raise AuthenticationError(_AUTH_DETAIL)
             return partner
+        self.throttle.check(client)
+        try:
+            if refused:
+                raise AuthenticationError(_AUTH_DETAIL)
+            partner, key = self._quick_check(token, digest)
+            if partner is not None:
+                return partner
+            assert key is not None
+            digests = self.digests
+            if digests is not None and digests.should_reload(key.id):  # another process may have migrated it
+                await asyncio.to_thread(digests.reload, key.id)
+                partner, key = self._quick_check(token, digest)
+                if partner is not None:
+                    return partner
+                assert key is not None
+            return await self._verify_queued(token, digest, key)
+        except AuthenticationError:
+            self.throttle.fail(client)
+            raise
+
+    async def _verify_queued(self, token: str, digest: bytes, key: ApiKey) -> Partner:
         loop = asyncio.get_running_loop()
         state = self._loop_state.get(loop)
         if state is None:
             state = self._loop_state[loop] = (asyncio.Semaphore(self._max_parallel), {})
         semaphore, pending = state
         future = pending.get(digest)
-        if future is None:
-            future = pending[digest] = loop.create_future()
-            try:
-                async with semaphore:
-                    result = await asyncio.to_thread(self._slow_check, token, digest)
-            except BaseException as exc:
-                future.set_exception(exc)
-                future.exception()  # retrieved: waiters (if any) re-raise it
-                raise
-            else:
-                future.set_result(result)
-            finally:
-                pending.pop(digest, None)
-            return result
-        return await asyncio.shield(future)
+        if future is not None:
+            return await asyncio.shield(future)
+        if len(pending) >= self._max_pending:
+            raise AuthenticationBusyError(
+                f"{len(pending)} API keys are waiting for their first check, the most this gateway queues; "
+                "nothing was accepted, retry in a moment.", retry_after=1)
+        future = pending[digest] = loop.create_future()
+        try:
+            async with semaphore:
+                result = await asyncio.to_thread(self._slow_check, token, digest, key)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters (if any) re-raise it
+            raise
+        else:
+            future.set_result(result)
+        finally:
+            pending.pop(digest, None)
+        return result
 
 
 class PartnerLimiter:

@@ -25,7 +25,10 @@ __all__ = ["PartnersWatcher", "partners_file"]
 log = logging.getLogger(__name__)
 
 #: The attributes of a registry that a reload keeps: the lock that guards its caches.
-_KEPT = ("_lock",)
+#: What a reload keeps of the live registry: its lock, the store's digests and server secret (attached once at
+#: start), the per-address throttle, the waiting checks per event loop and the count of scrypt checks. The
+#: verified and refused caches are the fresh registry's (empty): a revoked key must not stay verified.
+_KEPT = ("_lock", "digests", "throttle", "_loop_state", "verifications")
 
 
 def partners_file(settings: Any) -> Path | None:

@@ -23,6 +23,8 @@ import logging
 import time
 from typing import Any
 
+from gateway.telemetry.log_escape import escape_block, escape_controls
+
 __all__ = [
     "CONTEXT_FIELDS",
     "ContextFilter",
@@ -151,14 +153,15 @@ class TextFormatter(logging.Formatter):
         self._process = "" if process is None else f"[process {process}] "
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record.created)} {record.levelname} {self._process}{record.name}: {record.getMessage()}"
+        message = escape_controls(record.getMessage())  # one event, one line (gateway.telemetry.log_escape)
+        line = f"{_timestamp(record.created)} {record.levelname} {self._process}{record.name}: {message}"
         fields = getattr(record, "b2bgw", None)
         if fields:
-            line += " [" + " ".join(f"{k}={v}" for k, v in fields.items()) + "]"
+            line += " [" + " ".join(f"{k}={escape_controls(str(v))}" for k, v in fields.items()) + "]"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + escape_block(self.formatException(record.exc_info))
         if record.stack_info:
-            line += "\n" + self.formatStack(record.stack_info)
+            line += "\n" + escape_block(self.formatStack(record.stack_info))
         return line
 
 

@@ -15,7 +15,6 @@ from gateway.cli import main as cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import serve as serve_cli
 from gateway.ledger.records import Ledger
-from gateway.routing.partners import verify_key
 from gwtest import FIXTURES, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 
@@ -87,12 +86,17 @@ def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, s
     assert "2 errors" in err
 
 
-def test_key_new_prints_a_key_and_its_hash(capsys):
+def test_key_new_prints_a_key_and_its_hash(capsys, store):
+    from gateway.security.keys import verify_hmac
+    from gateway.cli.store_secret import store_secret
+
     code, out, _ = run(capsys, "key", "new", "--id", "initech-1")
     assert code == 0
     key = out.split("): ")[1].split()[0]
     encoded = out.split('hash: "')[1].split('"')[0]
-    assert key.startswith("initech-1.") and verify_key(key, encoded)
+    assert key.startswith("initech-1.") and encoded.startswith("hmac-sha256$")
+    secret = store_secret(store)  # the store's server secret, made by the command
+    assert verify_hmac(secret, key, encoded) and not verify_hmac(secret, key + "x", encoded)
     assert "choose another --id" in user_error(run(capsys, "key", "new", "--id", "bad id"))
 
 
@@ -150,6 +154,18 @@ def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
     code, out, _ = run(capsys, "browse", "queue://invoices.inbound", "--selector", "InvoiceID = 'TOSL108'")
     assert "1 message in" in out
     assert "only queues can be browsed" in user_error(run(capsys, "browse", "topic://x"))
+    # what the commands did is in the audit trail, under the system user, like the console's actions
+    from gateway.admin.audit import Audit
+
+    broker = Broker.open(store, sweep_interval=0)
+    try:
+        entries = Audit(broker.engine, broker).recent(limit=10)
+    finally:
+        broker.close()
+    assert [e.action for e in entries][:2] == ["browse", "replay"]
+    replay = entries[1]
+    assert replay.role == "cli" and replay.target == "queue://DLQ.invoices.inbound" and replay.count == 1
+    assert replay.message_ids == [receipt["message_id"]] and replay.client.startswith("cli@")
 
 
 def test_serve_builds_the_app_and_runs_uvicorn(capsys, store, monkeypatch, shared_schemas):
@@ -197,7 +213,7 @@ def test_version_is_the_installed_package_version(capsys):
 #: Every command that reads the configuration, with arguments that get it as far as reading it.
 CONFIG_COMMANDS = [
     ["serve"], ["stomp"], ["worker"], ["send", "DOC", "--partner", "acme"], ["queues"], ["browse", "orders.inbound"],
-    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"],
+    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"], ["key", "new", "--id", "k1"],
 ]
 
 

@@ -137,6 +137,18 @@ def test_cli_archive_run_status_get_and_db_stats(tmp_path, capsys):
     assert "agree" in capsys.readouterr().out
     assert main(["archive", "get", "ID:nothing", "-c", str(config)]) == 2
     assert "not in the archive" in capsys.readouterr().err
+    import sqlalchemy as sa
+
+    from gateway.admin.tables import audit
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'gw.db'}")
+    with engine.connect() as conn:  # every archive read and run is in the audit trail
+        rows = conn.execute(sa.select(audit).order_by(audit.c.id)).all()
+    engine.dispose()
+    assert [(r.action, r.target, r.outcome) for r in rows] == [
+        ("archive-run", None, "done"), ("archive-get", ids[4], "done"), ("archive-get", ids[4], "done"),
+        ("archive-get", "ID:nothing", "refused")]
+    assert all(r.role == "cli" for r in rows)
     assert main(["db", "stats", "-c", str(config), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["documents"]["replied"] == 3

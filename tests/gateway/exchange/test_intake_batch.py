@@ -13,7 +13,6 @@ import pytest
 from gateway.exchange import stages as intake
 from ledger_contract import facts
 from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
-from ledger_contract import facts
 from gwtest import INVOICE, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio

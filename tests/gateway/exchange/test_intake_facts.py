@@ -19,7 +19,6 @@ from ledger_contract import facts
 from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
 from gateway.runtime.serving import Runtime
 from gateway.exchange.submission import Gateway
-from ledger_contract import facts
 from ledger_contract.tables import unpack_xml
 from gwtest import DESPATCH_ADVICE, INVOICE, with_id
 

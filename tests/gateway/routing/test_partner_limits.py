@@ -196,7 +196,7 @@ def test_bad_limits_are_reported_at_their_line(text: str, line: int, words: str)
 
 def test_the_partners_file_may_hold_defaults_beside_its_partners(tmp_path) -> None:
     (tmp_path / "partners.yaml").write_text(
-        (REPO / "config" / "partners.yaml").read_text().replace("concurrent_requests: 256", "concurrent_requests: 7"))
+        (REPO / "config" / "partners.yaml").read_text().replace("concurrent_requests: 32 ", "concurrent_requests: 7 "))
     main = tmp_path / "b2bgw.yaml"
     main.write_text("partners: partners.yaml\n")
     settings = settings_from_mapping(load_yaml(main), config_path=main)
@@ -271,10 +271,12 @@ async def test_over_the_requests_in_progress_is_429_before_the_body_is_read(limi
         assert again.status_code == 202
 
 
-def test_the_sample_configuration_keeps_the_generous_defaults() -> None:
+def test_the_default_limits_bound_what_one_partner_keeps_in_flight() -> None:
     from gateway.config.loader import load_settings
 
-    registry = PartnerRegistry.from_settings(load_settings(SAMPLE_CONFIG))
-    for partner in registry.partners.values():
-        assert partner.limits.concurrent_requests >= 100  # the benchmark's 100 clients
-        assert partner.limits.requests_per_second >= 5000
+    settings = load_settings(SAMPLE_CONFIG)
+    registry = PartnerRegistry.from_settings(settings)
+    for limits in [DEFAULT_PARTNER_LIMITS] + [p.limits for p in registry.partners.values()]:
+        # one partner's requests in progress hold at most this many bodies: well under a gigabyte
+        assert limits.concurrent_requests * settings.limits.max_bytes <= 512 * 1024 * 1024
+        assert limits.requests_per_second <= 1000

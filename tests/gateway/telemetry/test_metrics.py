@@ -41,7 +41,7 @@ def value(metrics: dict, family: str, sample: str | None = None, **labels: str) 
 
 @pytest.fixture
 async def env(make_assembly):
-    assembly = make_assembly()
+    assembly = make_assembly(admin={"metrics_on_partner_port": True})  # scraped without credentials
     runtime = Runtime(assembly, workers=False, etl=False, reconcile=True)
     runtime.start()
     responder = Responder(runtime.broker).start()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from gateway.trust.peer import forwarded_certificate, forwarded_client
 from gwtest import ACME_KEY, ORDER_CHANGE, with_id

@@ -82,7 +82,6 @@ def test_revoked_key_refused_by_every_process_within_5_s(tmp_path, postgres_sche
 
 
 def test_a_broken_partners_file_keeps_the_previous_partners(tmp_path):
-    import asyncio
 
     from gateway.config.loader import load_settings
     from gateway.routing.partners import PartnerRegistry

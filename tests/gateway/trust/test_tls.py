@@ -6,13 +6,12 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-import threading
 import time
 
 import httpx
 import pytest
 
-from gwtest import ACME, ACME_KEY, GLOBEX_KEY, ORDER_CHANGE, with_id
+from gwtest import ACME_KEY, GLOBEX_KEY, ORDER_CHANGE, with_id
 from trust_helpers import Served, make_pki, trust_config
 
 XML = {"Content-Type": "application/xml"}
