@@ -24,7 +24,7 @@ from gateway.errors import GatewayError
 
 __all__ = ["partner_port_metrics"]
 
-log = logging.getLogger("gateway.admin")
+log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

@@ -9,7 +9,7 @@ from gateway.security.keys import KeyDigests
 
 __all__ = ["attach_key_digests"]
 
-log = logging.getLogger("gateway.security")
+log = logging.getLogger(__name__)
 
 
 def attach_key_digests(partners: Any, runtime: Any) -> None:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from gwtest import GLOBEX
 from sectest import BEACON, planted_invoice
-from test_console_browser import browser, log_in, served  # noqa: F401 - fixtures
+from admin.test_console_browser import browser, log_in, served  # noqa: F401 - fixtures
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from gwtest import ACME, GLOBEX, ORDER
 from sectest import planted_invoice
-from test_console_browser import served  # noqa: F401 - fixture
+from admin.test_console_browser import served  # noqa: F401 - fixture
 
 
 def _assert_never_run(response: httpx.Response) -> None:
