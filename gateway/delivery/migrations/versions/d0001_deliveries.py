@@ -1,0 +1,26 @@
+"""Deliveries: one row per outbound document and one per attempt (gateway.delivery.tables).
+
+Revision ID: d0001
+Revises:
+"""
+
+from alembic import op
+
+from gateway.delivery.tables import attempts, deliveries
+
+revision = "d0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    bind = op.get_bind()
+    deliveries.create(bind, checkfirst=True)
+    attempts.create(bind, checkfirst=True)
+
+
+def downgrade() -> None:
+    bind = op.get_bind()
+    attempts.drop(bind, checkfirst=True)
+    deliveries.drop(bind, checkfirst=True)
