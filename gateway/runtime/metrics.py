@@ -29,6 +29,8 @@ from gateway.runtime.logs import fresh, restore
 
 __all__ = ["HttpMetrics", "StoreMetrics", "observe_commit", "scrape", "store_exposition"]
 
+from gateway.delivery.running import exposition as delivery_exposition  # noqa: E402
+
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -313,4 +315,5 @@ def scrape(store: StoreMetrics | None = None, shared: Collector | None = None) -
             own += generate_latest(registry)
         except Exception:  # noqa: BLE001 - the store is away: the other metrics still go out
             log.warning("the retention metrics could not be read from the store", exc_info=True)
+    own += delivery_exposition()
     return own + (store.exposition() if store is not None else b""), CONTENT_TYPE_LATEST

@@ -22,6 +22,7 @@ from gateway.runtime.assemble import Assembly
 from gateway.config.loader import STOMP_KEYS, Settings
 from gateway.errors import ConfigError
 from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
+from gateway.delivery.running import start_delivery, upgrade_deliveries
 from gateway.exchange.submission import Gateway
 from gateway.ledger.reconciler import Reconciler
 
@@ -48,6 +49,7 @@ def open_broker(settings: Settings, **overrides: Any) -> Broker:
         engine = broker.engine
         if engine.dialect.name == "sqlite":
             upgrade_ledger(engine)
+            upgrade_deliveries(engine)
         else:
             current, head = current_revision(engine), head_revision()
             if current != head:
@@ -150,6 +152,7 @@ class Runtime:
         self.gateway: Gateway | None = None
         self.reconciler: Reconciler | None = None
         self.worker: Any = None
+        self.delivery: Any = None
         self.etl: Any = None
         self.archive: Any = None
         self._want_workers = workers
@@ -174,6 +177,8 @@ class Runtime:
                 self.reconciler.start()
             if self._want_workers:
                 self.worker = start_workers(self.settings, self.broker)
+            if self._want_gateway:
+                self.delivery = start_delivery(self.assembly.partners, self.broker)
             if self._want_etl and etl_enabled(self.settings):
                 self.etl = self._start_etl()
             if self._want_etl and self.settings.retention is not None and self.settings.retention.enabled:
@@ -229,6 +234,9 @@ class Runtime:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the warehouse load failed")
             self.etl = None
+        if self.delivery is not None:
+            self.delivery.stop()
+            self.delivery = None
         if self.worker is not None:
             try:
                 self.worker.stop()
