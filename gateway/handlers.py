@@ -327,6 +327,24 @@ class _Context:
     logger: logging.Logger
     #: what was sent in the current attempt, kept only when a test harness asks (else None)
     sent: list[tuple[Destination, Message]] | None = dataclasses.field(default=None, repr=False)
+    #: the partners (a PartnerRegistry) whose endpoints ``deliver`` may name; None: deliveries are refused
+    partners: Any = dataclasses.field(default=None, repr=False)
+    #: the ledger rows of this attempt's deliveries, written inside its commit
+    pending: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list, repr=False)
+
+    def _deliver(self, partner: str, document: bytes | str | etree._Element, endpoint: str | None,
+                 content_type: str) -> str:
+        from gateway.delivery.hooks import endpoint_of, stage_delivery
+
+        target = endpoint_of(self.partners, partner, endpoint)
+        if isinstance(document, etree._Element):
+            document = etree.tostring(document, xml_declaration=True, encoding="UTF-8")
+        elif isinstance(document, str):
+            document = document.encode("utf-8")
+        insert = stage_delivery(self.producer, target, bytes(document), source=f"handler:{self.handler_name}",
+                                content_type=content_type)
+        self.pending.append(insert)
+        return insert.message_id  # type: ignore[attr-defined]
 
     def _send(self, destination: str | Destination, message: Message | str | etree._Element,
               options: SendOptions) -> Message:
@@ -359,6 +377,13 @@ class HandlerContext(_Context):
         ``time_to_live``. Returns the message sent."""
         return self._send(destination, message, options)
 
+    def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
+                content_type: str = "application/xml") -> str:
+        """Deliver ``document`` to ``partner``'s endpoint (its only one unless ``endpoint`` names one), in
+        the current transaction: it is queued if and only if the request's processing commits. Returns
+        the delivery's id (its ``webhook-id``). Raises UnknownEndpointError for an endpoint not configured."""
+        return self._deliver(partner, document, endpoint, content_type)
+
 
 @dataclasses.dataclass(frozen=True)
 class AsyncHandlerContext(_Context):
@@ -375,6 +400,11 @@ class AsyncHandlerContext(_Context):
         ``options``: ``delivery_mode``, ``priority``, ``time_to_live``.
         Returns the message sent."""
         return self._send(destination, message, options)
+
+    async def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
+                      content_type: str = "application/xml") -> str:
+        """As :meth:`HandlerContext.deliver` (staged: stored at the commit, with the request)."""
+        return self._deliver(partner, document, endpoint, content_type)
 
 
 def _to_message(session: Session, result: Any) -> Message | None:
@@ -569,13 +599,14 @@ class _Processor:
     def process(self, session: Session, producer: MessageProducer, context: _Context,
                 request: Message) -> Attempt:
         attempt = Attempt(COMMITTED)
+        context.pending.clear()
         try:
             try:
                 result = self.handler.function(request, context)
             except BusinessError as error:
                 result = error
             self._staged(session, producer, request, result, attempt)
-            session.commit()
+            session.commit(in_transaction=context.pending)
         except Reject as reject:
             return self._count(self._reject(session, request, reject.reason))
         except Exception as exc:
@@ -607,13 +638,14 @@ class _Processor:
     async def process_async(self, session: Session, producer: MessageProducer, context: _Context,
                             request: Message) -> Attempt:
         attempt = Attempt(COMMITTED)
+        context.pending.clear()
         try:
             try:
                 result = await self.handler.function(request, context)
             except BusinessError as error:
                 result = error
             self._staged(session, producer, request, result, attempt)
-            await session.commit_async()
+            await session.commit_async(in_transaction=context.pending)
         except Reject as reject:
             return self._count(await _off_loop(session, lambda: self._reject(session, request, reject.reason)))
         except Exception as exc:
@@ -664,7 +696,8 @@ class _Runner:
             consumer = session.create_consumer(self.handler.destination, self.handler.selector,
                                                prefetch=self.handler.prefetch)
             producer = session.create_producer(None)
-            context = context_type(self.handler.name, session, producer, broker, self.logger)
+            context = context_type(self.handler.name, session, producer, broker, self.logger,
+                                   partners=self.worker.partners)
             self.loops.append((session, consumer, producer, context))
         if not self.handler.is_async:
             self.threads = [
@@ -828,7 +861,7 @@ class Worker:
     """
 
     def __init__(self, broker: Broker, handlers: HandlerRegistry | Iterable[AnyHandler], *,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, partners: Any = None) -> None:
         items = list(handlers)
         names: set[str] = set()
         for item in items:
@@ -842,6 +875,8 @@ class Worker:
         self.broker = broker
         self.handlers: tuple[AnyHandler, ...] = tuple(items)
         self.poll_interval = poll_interval
+        #: the partners whose endpoints ``context.deliver`` may name (a PartnerRegistry)
+        self.partners = partners
         self._lock = threading.Lock()
         self._counters = {item.name: _Counters() for item in items}
         self._stopping = threading.Event()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.errors import GatewayError, NotFoundError
 
-__all__ = ["BlockedAddressError", "DeliveryError", "UnknownEndpointError"]
+__all__ = ["BlockedAddressError", "DeliveryError", "DeliveryTransformError", "UnknownEndpointError"]
 
 
 class DeliveryError(GatewayError):
@@ -30,3 +30,12 @@ class BlockedAddressError(DeliveryError):
 
     code = "blocked-address"
     default_detail = "The endpoint's address is forbidden by the delivery address policy."
+
+
+class DeliveryTransformError(GatewayError):
+    """Raised when a route's ``deliver.transform`` fails on a document it accepted: neither the document nor
+    its delivery is committed, and the partner is told to contact the operator."""
+
+    status = 500
+    code = "delivery-transform-failed"
+    default_detail = "The document could not be prepared for delivery; nothing was accepted, contact the operator."

@@ -32,6 +32,7 @@ from broker_core import (
     XMLMessage,
 )
 
+from gateway.delivery.hooks import route_delivery
 from gateway.runtime.assemble import Assembly
 from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
@@ -302,7 +303,8 @@ class Gateway(IntakeStages, Idempotency, RequestReply):
             record = new_document(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
                                   digest, facts)
             ledger = self.ledger
-            await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
+            extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, document)]
+            await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record), *extra])
             self._remember(key, message_id, digest)
         except BaseException:
             try:

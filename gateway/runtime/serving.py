@@ -24,6 +24,7 @@ from gateway.errors import ConfigError
 from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
 from gateway.delivery.running import start_delivery, upgrade_deliveries
 from gateway.exchange.submission import Gateway
+from gateway.routing.partners import PartnerRegistry
 from gateway.ledger.reconciler import Reconciler
 
 __all__ = ["Runtime", "etl_enabled", "open_broker", "start_stomp", "start_workers"]
@@ -93,7 +94,7 @@ def start_workers(settings: Settings, broker: Broker) -> Any:
         if concurrency is not None and not item.destination.is_topic:
             item = dataclasses.replace(item, concurrency=concurrency)
         items.append(item)
-    worker = handlers.Worker(broker, items)
+    worker = handlers.Worker(broker, items, partners=PartnerRegistry.from_settings(settings))
     worker.start()
     return worker
 
