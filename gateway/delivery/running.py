@@ -9,6 +9,7 @@ from broker_core import Broker, Queue
 
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.engine import DeliveryEngine
+from gateway.delivery.notify import StatusNotifier
 from gateway.delivery.records import current_revision, head_revision, upgrade_deliveries
 from gateway.errors import ConfigError
 
@@ -33,10 +34,13 @@ def start_delivery(partners: Any, broker: Broker) -> DeliveryEngine | None:
         raise ConfigError("the deliveries' tables are not current: run `b2bgw db upgrade` first")
     engine = DeliveryEngine(broker, endpoints)
     engine.start()
+    notifier = StatusNotifier(broker, partners)
+    notifier.start()
     _ENGINES.append(engine)
     original_stop = engine.stop
 
     def stop(timeout: float = 30.0) -> None:
+        notifier.stop()
         original_stop(timeout)
         if engine in _ENGINES:
             _ENGINES.remove(engine)

@@ -2,14 +2,15 @@
 
 ``b2b_deliveries``: one row per outbound document, by its own message id (the ``webhook-id``), with its
 source (the inbound document or the handler that sent it), where it goes and how it stands.
-``b2b_delivery_attempts``: its timeline, one row per attempt.
+``b2b_delivery_attempts``: its timeline, one row per attempt. ``b2b_delivery_cursors``: how far the status
+notifications have followed the ledger's events.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["attempts", "deliveries", "metadata"]
+__all__ = ["attempts", "cursors", "deliveries", "metadata"]
 
 metadata = sa.MetaData()
 _BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -50,4 +51,10 @@ attempts = sa.Table(
     sa.Column("evidence", sa.LargeBinary),
     sa.Index("ix_b2b_delivery_attempts_message", "message_id", "id"),
     sqlite_autoincrement=True,
+)
+
+cursors = sa.Table(
+    "b2b_delivery_cursors", metadata,
+    sa.Column("name", sa.String(40), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
 )

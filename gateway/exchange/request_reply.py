@@ -19,6 +19,7 @@ from typing import Any
 
 from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
 
+from gateway.delivery.notify import push_late_reply
 from gateway.errors import BackendError, ReplyTimeoutError
 from gateway.ledger.records import Ledger, LedgerRecord, now_ms
 from gateway.routing.partners import Partner
@@ -150,6 +151,7 @@ class RequestReply:
         reply_bytes, reply_type, error = self._reply_parts(reply)
         self._record_reply(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
         log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
+        push_late_reply(self, message_id, reply_bytes, reply_type, error)
 
     def _record_reply(self, message_id: str, reply: bytes, reply_type: str | None, error: str | None,
                       from_statuses: tuple[str, ...]) -> None:

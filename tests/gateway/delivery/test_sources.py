@@ -119,3 +119,47 @@ def test_a_handler_delivers_in_its_transaction(receiver, tmp_path):
         worker.stop()
         engine.stop()
         broker.close()
+
+
+@pytest.mark.anyio
+async def test_late_replies_and_status_notifications_go_to_the_partner(receiver, tmp_path, make_assembly):
+    import asyncio
+    import json
+
+    import httpx
+
+    from gateway.http.app import create_app
+    from gateway.runtime.serving import Runtime
+    from gwtest import ACME, ORDER, Responder
+
+    data = sample_data(tmp_path)
+    data["partners"]["acme"]["endpoints"] = acme_endpoint(receiver)
+    data["partners"]["acme"]["notify"] = {"late_replies": "main", "status": "main", "statuses": ["replied"]}
+    assembly = make_assembly(data)
+    runtime = Runtime(assembly, workers=False, etl=False, reconcile=True)
+    runtime.start()
+    responder = Responder(runtime.broker, mode="late", delay=1.9).start()
+    try:
+        await asyncio.sleep(1.5)  # the notifier's first look sets its cursor at the end of the ledger
+        app = create_app(assembly, runtime=runtime)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+            response = await client.post("/v1/documents", content=ORDER, headers=ACME)
+        assert response.status_code == 504
+        message_id = response.json()["message_id"]
+
+        def arrived():
+            bodies = [(h["content-type"], b) for h, b, _ in receiver.requests["/ok"]]
+            return len(bodies) >= 2 and bodies
+        bodies = await asyncio.to_thread(wait_for, arrived)
+        late = [b for t, b in bodies if t == "application/xml"]
+        notes = [json.loads(b) for t, b in bodies if t == "application/json"]
+        assert len(late) == 1 and b"<OrderResponse" in late[0]
+        assert notes == [{"type": "document.status", "message_id": message_id, "status": "replied",
+                          "at": notes[0]["at"], "doc_type": "Order", "doc_id": notes[0]["doc_id"],
+                          "correlation_id": notes[0]["correlation_id"]}]
+        ledger = DeliveryLedger(runtime.broker.engine)
+        sources = sorted(r.source for r in ledger.list(partner="acme"))
+        assert sources == [f"late-reply:{message_id}", f"status:{message_id}"]
+    finally:
+        responder.stop()
+        runtime.stop()
