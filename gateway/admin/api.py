@@ -20,6 +20,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError, NotFoundError
 from gateway.http.problems import problem_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
+from gateway.delivery.admin_api import delivery_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
 
@@ -221,4 +222,5 @@ def api_routes(service: AdminService) -> list[Route]:
         Route(f"{p}/routes", guarded(routes), methods=["GET"]),
         Route(f"{p}/etl/runs", guarded(etl_runs), methods=["GET"]),
         Route(f"{p}/audit", guarded(audit), methods=["GET"]),
+        *delivery_routes(service, guarded, thread, p, client_address),
     ]
