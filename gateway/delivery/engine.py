@@ -179,10 +179,9 @@ class DeliveryEngine:
         body: bytes = message.get_body()  # type: ignore[attr-defined]
         content_type = message.get_string_property(PROPERTY_CONTENT_TYPE) or "application/xml"  # type: ignore[attr-defined]
         made, queued_at = 0, int(message.jms_timestamp)  # type: ignore[attr-defined]
-        if self.ledger is not None:
-            progress = await asyncio.to_thread(self.ledger.progress, delivery_id)
-            if progress is not None:
-                made, queued_at = progress
+        if message.jms_redelivered:  # type: ignore[attr-defined]
+            # attempts were made before (by a process that died, or one that stopped): count on from them
+            made, queued_at = await self._progress(delivery_id, made, queued_at)
         deadline = queued_at / 1000 + config.max_age
         last: AttemptResult | None = None
         assert self._stopping is not None
@@ -190,6 +189,10 @@ class DeliveryEngine:
             if self._stopping.is_set():
                 session.rollback("the delivery engine stopped")  # type: ignore[attr-defined]
                 return
+            if made and time.time() >= deadline and not message.jms_redelivered:  # type: ignore[attr-defined]
+                # a replay (a fresh delivery count) restarts the age in the ledger: read it before giving up
+                _, queued_at = await self._progress(delivery_id, made, queued_at)
+                deadline = queued_at / 1000 + config.max_age
             if made >= config.max_attempts or (made and time.time() >= deadline):
                 why = (f"{made} attempts made (max_attempts {config.max_attempts})" if made >= config.max_attempts
                        else f"older than max_age ({config.max_age:g} s)")
@@ -231,6 +234,13 @@ class DeliveryEngine:
             if await self._pause(delay):
                 session.rollback("the delivery engine stopped")  # type: ignore[attr-defined]
                 return
+
+    async def _progress(self, delivery_id: str, made: int, queued_at: int) -> tuple[int, int]:
+        """(attempts made, queued_at) from the ledger, or the defaults given when it has no row."""
+        if self.ledger is None:
+            return made, queued_at
+        progress = await asyncio.to_thread(self.ledger.progress, delivery_id)
+        return progress if progress is not None else (made, queued_at)
 
     async def _dead(self, lane: Lane, session: object, message: object, delivery_id: str, why: str,
                     last: AttemptResult | None, step: Attempt | None = None) -> None:
