@@ -20,7 +20,7 @@ from gateway.delivery.records import DeliveryLedger, DeliveryRow
 from gateway.delivery.running import all_endpoints
 from gateway.errors import NotFoundError
 
-__all__ = ["delivery_routes"]
+__all__ = ["delivery_paths", "delivery_routes", "endpoint_summary"]
 
 _STATUSES = ("pending", "delivered", "dead", "discarded")
 
@@ -35,6 +35,21 @@ def _row(row: DeliveryRow) -> dict[str, Any]:
                          for a in row.timeline]}
 
 
+def endpoint_summary(service: Any, b: Any) -> dict[str, Any]:
+    """Per configured endpoint: pending and in flight (its queue), dead (its dead-letter queue), failing and
+    since when, delivered (the ledger)."""
+    failing = {(s.partner, s.endpoint): s for s in DeliveryLedger(b.engine).summary()}
+    rows = []
+    for endpoint in all_endpoints(service.assembly.partners):
+        stats, dead = b.stats(Queue(endpoint.queue)), b.stats(Queue(endpoint.dead_queue))
+        s = failing.get((endpoint.partner, endpoint.name))
+        rows.append({"partner": endpoint.partner, "endpoint": endpoint.name, "kind": endpoint.kind,
+                     "pending": stats.depth, "in_flight": stats.in_flight, "dead": dead.depth,
+                     "failing": s.failing if s else 0, "failing_since": s.failing_since if s else None,
+                     "delivered": s.delivered if s else 0})
+    return {"endpoints": rows}
+
+
 def delivery_routes(service: Any, guarded: Callable[..., Callable[[Request], Awaitable[Response]]],
                     thread: Callable[..., Awaitable[Any]], prefix: str, client: Callable[[Any], str]) -> list[Route]:
     """The routes, guarded like the admin API's others (``guarded``; ``thread`` runs blocking reads)."""
@@ -43,17 +58,7 @@ def delivery_routes(service: Any, guarded: Callable[..., Callable[[Request], Awa
         return service.parts()[0]
 
     def summary() -> dict[str, Any]:
-        b = broker()
-        failing = {(s.partner, s.endpoint): s for s in DeliveryLedger(b.engine).summary()}
-        rows = []
-        for endpoint in all_endpoints(service.assembly.partners):
-            stats, dead = b.stats(Queue(endpoint.queue)), b.stats(Queue(endpoint.dead_queue))
-            s = failing.get((endpoint.partner, endpoint.name))
-            rows.append({"partner": endpoint.partner, "endpoint": endpoint.name, "kind": endpoint.kind,
-                         "pending": stats.depth, "in_flight": stats.in_flight, "dead": dead.depth,
-                         "failing": s.failing if s else 0, "failing_since": s.failing_since if s else None,
-                         "delivered": s.delivered if s else 0})
-        return {"endpoints": rows}
+        return endpoint_summary(service, broker())
 
     async def endpoints(request: Request, principal: Any) -> Response:
         q = request.query_params

@@ -244,17 +244,18 @@ class DeliveryEngine:
 
     async def _dead(self, lane: Lane, session: object, message: object, delivery_id: str, why: str,
                     last: AttemptResult | None, step: Attempt | None = None) -> None:
-        """Move the message to the endpoint's dead-letter queue, then record the delivery dead with its last
-        answer (a crash in between leaves it dead-lettered and still shown pending: nothing is lost)."""
+        """Record the delivery dead with its last answer, then move its message to the endpoint's dead-letter
+        queue (an operator's replay or discard acts on what that queue holds). A crash in between brings the
+        message back to a worker, which finds its attempts spent and dead-letters it again."""
         config = lane.config
         reason = clip(f"{why}; last answer: {last.detail if last else 'none'}", 500)
-        await asyncio.to_thread(session.dead_letter, message, reason)  # type: ignore[attr-defined]
         if self.ledger is not None:
             if step is not None:
                 fn = DeliveryLedger.record_attempt(delivery_id, step, "dead", failing=True)
             else:
                 fn = DeliveryLedger.set_status([delivery_id], "dead")
             await self.broker.write_async(fn)
+        await asyncio.to_thread(session.dead_letter, message, reason)  # type: ignore[attr-defined]
         self.metrics.dead(config)
         log.warning("delivery %s to %s/%s is dead: %s", delivery_id, config.partner, config.name, reason)
 
