@@ -14,7 +14,6 @@ from typing import Any
 from gateway.config.marked import (
     MarkedDict,
     check_keys,
-    expect_bool,
     expect_int,
     expect_mapping,
     expect_str,
@@ -165,7 +164,3 @@ def _endpoint(partner: str, name: str, body: MarkedDict) -> EndpointConfig:
                                      f"{what} breaker.cooldown"))
     return EndpointConfig(partner, name, kind.kind, transport, concurrency, rate, attempts, max_age, backoff, breaker)
 
-
-def expect_flag(body: MarkedDict, key: str, default: bool, what: str) -> bool:
-    """A boolean key of an endpoint, *default* when absent."""
-    return expect_bool(body.get(key, default), body.at(key), f"{what} {key}")
