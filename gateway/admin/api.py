@@ -21,6 +21,7 @@ from gateway.errors import GatewayError, NotFoundError
 from gateway.problems import problem_response
 from gateway.raw_documents import raw_document_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
+from gateway.admin.deliveries_api import delivery_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
@@ -225,4 +226,5 @@ def api_routes(service: AdminService) -> list[Route]:
         Route(f"{p}/routes", guarded(routes), methods=["GET"]),
         Route(f"{p}/etl/runs", guarded(etl_runs), methods=["GET"]),
         Route(f"{p}/audit", guarded(audit), methods=["GET"]),
+        *delivery_routes(service, guarded, thread, p, client_address),
     ]

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from ledger_contract.tables import STATUSES
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
+from gateway.admin.deliveries_console import delivery_console_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
@@ -404,6 +405,8 @@ def console_routes(service: AdminService) -> list[Route]:
         Route("/console/message", page(message), methods=["GET"]),
         Route("/console/dead-letters", page(dead_letters), methods=["GET"]),
         Route("/console/actions", page(actions), methods=["POST"]),
+        *delivery_console_routes(service, render=render, page=page, read_form=read_form, one=one, back=back,
+                                 thread=thread, client=client_address),
         Route("/console/ledger", page(ledger), methods=["GET"]),
         Route("/console/ledger/{message_id}", page(document), methods=["GET"]),
         Route("/console/partners", page(partners), methods=["GET"]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.admin.api import PREFIX
+from gateway.admin.deliveries_api import delivery_paths
 
 __all__ = ["admin_paths", "merge_admin"]
 
@@ -170,6 +171,7 @@ def admin_paths() -> dict[str, Any]:
 def merge_admin(document: dict[str, Any]) -> dict[str, Any]:
     """Add the admin API to an OpenAPI document (in place; returned)."""
     document.setdefault("paths", {}).update(admin_paths())
+    document["paths"].update(delivery_paths(PREFIX, _SECURITY, _problem))
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(admin_schemas())

@@ -32,6 +32,7 @@ def register(db: Any, with_config: Callable[[argparse.ArgumentParser], argparse.
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from broker_core.sql import make_engine, upgrade_database
 
+    from gateway.delivery.records import upgrade_deliveries
     from gateway.ledger.records import upgrade_ledger
 
     url = args.url or os.environ.get("B2BGW_STORE_URL") or settings_for(args).store_url
@@ -42,6 +43,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     engine = make_engine(url)
     try:
         ledger_revision = upgrade_ledger(engine)
+        upgrade_deliveries(engine)
     finally:
         engine.dispose()
     print(f"broker tables at revision {broker_revision}, ledger tables at revision {ledger_revision}")

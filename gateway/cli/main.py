@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from gateway.cli import config as config_cli
 from gateway.cli import db as db_cli
 from gateway.cli import archive as archive_cli
+from gateway.cli import deliveries as deliveries_cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import send as send_cli
 from gateway.cli import serve as serve_cli
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.register(sub, with_config)  # serve, stomp, worker
     send_cli.register(sub, with_config)
     partners_cli.register(sub, with_config)  # partners
+    deliveries_cli.register(sub, with_config)  # deliveries (show, replay, discard), deliver
     queue_cli.register(sub, with_config, needs_action)  # queues, browse, dlq replay
 
     db = needs_action(sub.add_parser("db", help="database"), "db")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
 
+from gateway.delivery.notify import push_late_reply
 from gateway.errors import BackendError, ReplyTimeoutError
 from gateway.exchange.replies import ERROR_PROPERTY, PendingReplies, reply_parts
 from gateway.ledger.records import Ledger
@@ -161,4 +162,5 @@ class RequestReply:
         reply_bytes, reply_type, error = reply_parts(reply)
         self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
         log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
+        push_late_reply(self, message_id, reply_bytes, reply_type, error)
 

@@ -31,6 +31,7 @@ from broker_core import (
 )
 
 from gateway.exchange.assemble import Assembly
+from gateway.delivery.hooks import route_delivery
 from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
 from gateway.exchange.replies import PendingReplies
@@ -303,7 +304,8 @@ class Gateway:
             record = new_document(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
                                   digest, facts)
             ledger = self.ledger
-            await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record)])
+            extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, document)]
+            await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record), *extra])
             self.idempotency.remember(key, message_id, digest)
         except BaseException:
             try:

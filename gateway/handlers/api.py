@@ -286,6 +286,24 @@ class _Context:
     logger: logging.Logger
     #: what was sent in the current attempt, kept only when a test harness asks (else None)
     sent: list[tuple[Destination, Message]] | None = dataclasses.field(default=None, repr=False)
+    #: the partners (a PartnerRegistry) whose endpoints ``deliver`` may name; None: deliveries are refused
+    partners: Any = dataclasses.field(default=None, repr=False)
+    #: the ledger rows of this attempt's deliveries, written inside its commit
+    pending: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list, repr=False)
+
+    def _deliver(self, partner: str, document: bytes | str | etree._Element, endpoint: str | None,
+                 content_type: str) -> str:
+        from gateway.delivery.hooks import endpoint_of, stage_delivery
+
+        target = endpoint_of(self.partners, partner, endpoint)
+        if isinstance(document, etree._Element):
+            document = etree.tostring(document, xml_declaration=True, encoding="UTF-8")
+        elif isinstance(document, str):
+            document = document.encode("utf-8")
+        insert = stage_delivery(self.producer, target, bytes(document), source=f"handler:{self.handler_name}",
+                                content_type=content_type)
+        self.pending.append(insert)
+        return insert.message_id  # type: ignore[attr-defined]
 
     def _send(self, destination: str | Destination, message: Message | str | etree._Element,
               options: SendOptions) -> Message:
@@ -318,6 +336,13 @@ class HandlerContext(_Context):
         ``time_to_live``. Returns the message sent."""
         return self._send(destination, message, options)
 
+    def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
+                content_type: str = "application/xml") -> str:
+        """Deliver ``document`` to ``partner``'s endpoint (its only one unless ``endpoint`` names one), in
+        the current transaction: it is queued if and only if the request's processing commits. Returns
+        the delivery's id (its ``webhook-id``). Raises UnknownEndpointError for an endpoint not configured."""
+        return self._deliver(partner, document, endpoint, content_type)
+
 
 @dataclasses.dataclass(frozen=True)
 class AsyncHandlerContext(_Context):
@@ -334,6 +359,11 @@ class AsyncHandlerContext(_Context):
         ``options``: ``delivery_mode``, ``priority``, ``time_to_live``.
         Returns the message sent."""
         return self._send(destination, message, options)
+
+    async def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
+                      content_type: str = "application/xml") -> str:
+        """As :meth:`HandlerContext.deliver` (staged: stored at the commit, with the request)."""
+        return self._deliver(partner, document, endpoint, content_type)
 
 
 def _to_message(session: Session, result: Any) -> Message | None:

@@ -171,13 +171,14 @@ class _Processor:
     def process(self, session: Session, producer: MessageProducer, context: _Context,
                 request: Message) -> Attempt:
         attempt = Attempt(COMMITTED)
+        context.pending.clear()
         try:
             try:
                 result = self.handler.function(request, context)
             except BusinessError as error:
                 result = error
             self._staged(session, producer, request, result, attempt)
-            session.commit()
+            session.commit(in_transaction=context.pending)
         except Reject as reject:
             return self._count(self._reject(session, request, reject.reason))
         except Exception as exc:
@@ -209,13 +210,14 @@ class _Processor:
     async def process_async(self, session: Session, producer: MessageProducer, context: _Context,
                             request: Message) -> Attempt:
         attempt = Attempt(COMMITTED)
+        context.pending.clear()
         try:
             try:
                 result = await self.handler.function(request, context)
             except BusinessError as error:
                 result = error
             self._staged(session, producer, request, result, attempt)
-            await session.commit_async()
+            await session.commit_async(in_transaction=context.pending)
         except Reject as reject:
             reason = reject.reason
             return self._count(await _off_loop(session, lambda: self._reject(session, request, reason)))
@@ -268,7 +270,8 @@ class _Runner:
             consumer = session.create_consumer(self.handler.destination, self.handler.selector,
                                                prefetch=self.handler.prefetch)
             producer = session.create_producer(None)
-            context = context_type(self.handler.name, session, producer, broker, self.logger)
+            context = context_type(self.handler.name, session, producer, broker, self.logger,
+                                   partners=self.worker.partners)
             self.loops.append((session, consumer, producer, context))
         if not self.handler.is_async:
             self.threads = [
@@ -432,7 +435,7 @@ class Worker:
     """
 
     def __init__(self, broker: Broker, handlers: HandlerRegistry | Iterable[AnyHandler], *,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, partners: Any = None) -> None:
         items = list(handlers)
         names: set[str] = set()
         for item in items:
@@ -446,6 +449,8 @@ class Worker:
         self.broker = broker
         self.handlers: tuple[AnyHandler, ...] = tuple(items)
         self.poll_interval = poll_interval
+        #: the partners whose endpoints ``context.deliver`` may name (a PartnerRegistry)
+        self.partners = partners
         self._lock = threading.Lock()
         self._counters = {item.name: _Counters() for item in items}
         self._stopping = threading.Event()

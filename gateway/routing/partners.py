@@ -54,6 +54,7 @@ from gateway.config.loader import (
     expect_str,
 )
 from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
+from gateway.delivery.config import NO_DELIVERY, PartnerDelivery, parse_partner_delivery
 from gateway.errors import (
     AuthenticationBusyError,
     AuthenticationError,
@@ -206,6 +207,8 @@ class Partner:
     name: str
     enabled: bool = True
     limits: PartnerLimits = field(default=DEFAULT_PARTNER_LIMITS, compare=False)
+    #: its delivery endpoints and notifications (:mod:`gateway.delivery.config`)
+    delivery: PartnerDelivery = field(default=NO_DELIVERY, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,12 +273,12 @@ class PartnerRegistry:
                     f"partner id {clip(str(partner_id), 60)!r} must be 1-100 letters, digits, '.', '-' or '_'"
                 )
             entry = expect_mapping(body, where, f"partner {partner_id!r}")
-            check_keys(entry, {"name", "enabled", "keys", "limits"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
+            check_keys(entry, {"name", "enabled", "keys", "limits", "endpoints", "notify"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
             name = expect_str(entry.get("name", partner_id), entry.at("name"), f"partner {partner_id!r} name")
             enabled = expect_bool(entry.get("enabled", True), entry.at("enabled"), f"partner {partner_id!r} enabled")
             limits = (_partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
                       if "limits" in entry else base)
-            partners[partner_id] = Partner(partner_id, name, enabled, limits)
+            partners[partner_id] = Partner(partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id))
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)

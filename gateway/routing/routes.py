@@ -43,6 +43,7 @@ from gateway.config.loader import (
     parse_duration,
 )
 from gateway.errors import ConfigError, ForbiddenRouteError, GatewayError, NoRouteError, clip
+from gateway.delivery.hooks import parse_route_delivery
 from gateway.routing.partners import PartnerRegistry
 from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
 
@@ -194,6 +195,8 @@ class Route:
     #: where the default key's sender party is (SENDER_PARTIES), when the route keeps the default key
     sender_party_path: str | None = None
     sender_party: etree.XPath | None = field(default=None, repr=False)
+    #: ``deliver:``: what the route accepts also goes to a partner's endpoint (gateway.delivery.hooks)
+    deliver: Any = None
 
     @functools.cached_property
     def doc_type(self) -> str:
@@ -456,7 +459,7 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     checked = registry if check_paths else None  # whose paths _check_against_schema checks
     check_keys(spec, {"id", "partners", "root", "when", "schema", "document_id", "namespaces", "properties",
                       "destination", "delivery_mode", "priority", "time_to_live", "exchange", "timeout",
-                      "transform", "idempotency_key", "rules"}, "a route")
+                      "transform", "idempotency_key", "rules", "deliver"}, "a route")
     route_id = expect_str(spec.get("id"), spec.at("id") if "id" in spec else spec.where, "route id",
                           pattern=_ROUTE_ID, hint="1-100 letters, digits, '.', '-' or '_'")
     what = f"route {route_id!r}"
@@ -606,6 +609,14 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
                                                          f"{what} transform")).resolve()
         transform = _compile_xslt(transform_path, spec.at("transform"))
 
+    deliver = None
+    if spec.get("deliver") is not None:
+        if request_reply:
+            raise spec.at("deliver").error(f"{what}: deliver is for one-way routes (a request-reply route's "
+                                           "answer goes back in the exchange)")
+        deliver = parse_route_delivery(spec["deliver"], spec.at("deliver"), what, partners, settings.base_dir,
+                                       _compile_xslt)
+
     rule_names: list[str] = []
     rules = expect_list(spec.get("rules"), spec.at("rules"), f"{what} rules")
     configured = [r.name for r in settings.rule_sets]
@@ -643,5 +654,6 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         key_xpaths=key_xpaths,
         sender_party_path=party_path,
         sender_party=party_xpath,
+        deliver=deliver,
     )
 

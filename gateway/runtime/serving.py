@@ -22,7 +22,9 @@ from gateway.exchange.assemble import Assembly
 from gateway.config.loader import Settings
 from gateway.errors import ConfigError
 from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
+from gateway.delivery.running import start_delivery, upgrade_deliveries
 from gateway.exchange.submission import Gateway
+from gateway.routing.partners import PartnerRegistry
 from gateway.ledger.reconciler import Reconciler
 from gateway.runtime.stomp_listener import stomp_options  # noqa: F401 (the listener's options: its users, limits)
 
@@ -49,6 +51,7 @@ def open_broker(settings: Settings, **overrides: Any) -> Broker:
         engine = broker.engine
         if engine.dialect.name == "sqlite":
             upgrade_ledger(engine)
+            upgrade_deliveries(engine)
         else:
             current, head = current_revision(engine), head_revision()
             if current != head:
@@ -92,7 +95,7 @@ def start_workers(settings: Settings, broker: Broker) -> Any:
         if concurrency is not None and not item.destination.is_topic:
             item = dataclasses.replace(item, concurrency=concurrency)
         items.append(item)
-    worker = handlers.Worker(broker, items)
+    worker = handlers.Worker(broker, items, partners=PartnerRegistry.from_settings(settings))
     worker.start()
     return worker
 
@@ -127,6 +130,7 @@ class Runtime:
         self.gateway: Gateway | None = None
         self.reconciler: Reconciler | None = None
         self.worker: Any = None
+        self.delivery: Any = None
         self.etl: Any = None
         self.archive: Any = None
         self._want_workers = workers
@@ -151,6 +155,8 @@ class Runtime:
                 self.reconciler.start()
             if self._want_workers:
                 self.worker = start_workers(self.settings, self.broker)
+            if self._want_gateway:
+                self.delivery = start_delivery(self.assembly.partners, self.broker)
             if self._want_etl and etl_enabled(self.settings):
                 self.etl = self._start_etl()
             if self._want_etl and self.settings.retention is not None and self.settings.retention.enabled:
@@ -206,6 +212,9 @@ class Runtime:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the warehouse load failed")
             self.etl = None
+        if self.delivery is not None:
+            self.delivery.stop()
+            self.delivery = None
         if self.worker is not None:
             try:
                 self.worker.stop()

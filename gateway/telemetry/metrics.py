@@ -27,7 +27,16 @@ from prometheus_client.registry import Collector
 
 from gateway.telemetry.logs import fresh, restore
 
-__all__ = ["HttpMetrics", "StoreMetrics", "observe_commit", "scrape", "store_exposition"]
+__all__ = ["HttpMetrics", "StoreMetrics", "add_exposition", "observe_commit", "scrape", "store_exposition"]
+
+#: Parts that expose metrics of their own (outbound delivery's engines): each gives its exposition text.
+_EXPOSITIONS: list[Callable[[], bytes]] = []
+
+
+def add_exposition(part: Callable[[], bytes]) -> None:
+    """Have *part*'s exposition text served with every scrape (a part above telemetry registers itself)."""
+    if part not in _EXPOSITIONS:
+        _EXPOSITIONS.append(part)
 
 log = logging.getLogger(__name__)
 
@@ -313,4 +322,6 @@ def scrape(store: StoreMetrics | None = None, shared: Collector | None = None) -
             own += generate_latest(registry)
         except Exception:  # noqa: BLE001 - the store is away: the other metrics still go out
             log.warning("the retention metrics could not be read from the store", exc_info=True)
+    for part in _EXPOSITIONS:
+        own += part()
     return own + (store.exposition() if store is not None else b""), CONTENT_TYPE_LATEST

@@ -1,0 +1,75 @@
+"""Which addresses a delivery may connect to, decided on the address the host resolved to for this attempt.
+
+The host is resolved once per attempt and the connection goes to that very address (the name is kept for
+TLS), so a name that resolves differently between the check and the connection cannot slip past.
+Private, loopback, link-local, multicast and reserved ranges are denied unless the endpoint allows them
+(``allow_addresses``); ``deny_addresses`` denies more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+from gateway.marked import MarkedList, Where
+from gateway.delivery.errors import BlockedAddressError
+from gateway.errors import clip
+
+__all__ = ["AddressPolicy", "parse_networks"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(items: MarkedList, where: Where, what: str) -> tuple[Network, ...]:
+    """CIDR blocks (or single addresses) of a list; ConfigError naming the one that is wrong."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(ipaddress.ip_network(str(item), strict=False))
+        except ValueError:
+            raise items.at(i).error(f"{what}: {clip(repr(item), 60)} is not an address or CIDR block such as "
+                                    "10.0.0.0/8 or 2001:db8::/32") from None
+    return tuple(out)
+
+
+def _special(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return (address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
+            or address.is_reserved or address.is_unspecified or not address.is_global)
+
+
+@dataclass(frozen=True, slots=True)
+class AddressPolicy:
+    """An endpoint's allowed and denied networks; everything not special and not denied is allowed."""
+
+    allow: tuple[Network, ...] = ()
+    deny: tuple[Network, ...] = ()
+
+    def check(self, text: str) -> None:
+        """Raise :class:`BlockedAddressError` unless a connection to *text* is allowed."""
+        address = ipaddress.ip_address(text)
+        if any(address in net for net in self.deny):
+            raise BlockedAddressError(f"address {text} is in the endpoint's deny_addresses")
+        if any(address in net for net in self.allow):
+            return
+        if _special(address):
+            raise BlockedAddressError(
+                f"address {text} is private, loopback or reserved; list it in the endpoint's allow_addresses "
+                "if the partner really is there")
+
+    async def resolve(self, host: str, port: int) -> str:
+        """Resolve *host* once and return the address to connect to; every address it has must be allowed."""
+        try:
+            ipaddress.ip_address(host)
+            addresses = [host]
+        except ValueError:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not addresses:
+            raise OSError(f"{host} has no address")
+        for address in addresses:
+            self.check(address)
+        return addresses[0]

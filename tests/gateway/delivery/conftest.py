@@ -1,0 +1,6 @@
+"""The delivery tests' helpers (the HTTPS receiver) are importable from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
