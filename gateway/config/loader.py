@@ -79,6 +79,7 @@ _KNOWN_SECTIONS = {
     "ledger",  # gateway.config.retention
     "rules",
     "operators", "admin", "logging",  # gateway.config.operations
+    "as2",  # gateway.as2.config
 }
 
 
@@ -162,6 +163,8 @@ class Settings:
     #: ``admin:`` and ``operators:`` (gateway.config.operations.AdminSettings), ``logging.format``
     admin: Any = None
     log_format: str = "text"
+    #: ``as2:`` (gateway.as2.config.As2Settings): our AS2 id, key and certificate; None: no AS2
+    as2: Any = None
     where: Where = NOWHERE
     #: the mapping these settings were built from: what rebuilds them in a worker process
     source: Any = field(default=None, repr=False, compare=False)
@@ -346,6 +349,10 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         s.stomp = _stomp(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"))
     if root.get("ledger") is not None:
         _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
+    if root.get("as2") is not None:
+        from gateway.as2.config import parse_as2_section
+
+        s.as2 = parse_as2_section(expect_mapping(root.get("as2"), root.at("as2"), "as2"))
     from gateway.config.operations import apply_sections  # operators:, admin:, logging:
 
     apply_sections(s, root)
