@@ -21,10 +21,10 @@ def as2_endpoint(assembly: Any, gateway: Callable[[], Any], limiter: Any) -> Cal
     stores: dict[int, As2Store] = {}
 
     def store() -> As2Store:
-        ledger = gateway().ledger
-        found = stores.get(id(ledger.engine))
+        gw = gateway()
+        found = stores.get(id(gw.ledger.engine))
         if found is None:
-            found = stores[id(ledger.engine)] = As2Store(ledger.engine)
+            found = stores[id(gw.ledger.engine)] = As2Store(gw.ledger.engine, gw.broker)
         return found
 
     async def post_as2(request: Request) -> Response:

@@ -209,8 +209,8 @@ class As2Inbound:
         raw = mdn.mime
         if keep:
             try:
-                record = await asyncio.to_thread(store().record_received, partner.id, request.message_id, message_id,
-                                                 mic, disposition, raw)
+                record = await store().record_received(partner.id, request.message_id, message_id, mic, disposition,
+                                                      raw)
                 raw = record.mdn or raw  # a concurrent twin's accepted MDN stands
             except Exception:  # noqa: BLE001 - the document is committed; its MDN is made again on a resend
                 log.exception("the MDN of AS2 message %s could not be kept in the ledger", request.message_id[:200])

@@ -235,7 +235,7 @@ async def record_mdn(partner: Any, content_type: str, body: bytes, store: As2Sto
     mdn = await asyncio.to_thread(mdns.parse_mdn, content_type, body, list(agreement.certificates),
                                   require_signed=False, limits=limits)
     raw = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body
-    if not await asyncio.to_thread(store.mdn_received, partner.id, mdn.original_message_id, mdn.disposition, raw):
+    if not await store.mdn_received(partner.id, mdn.original_message_id, mdn.disposition, raw):
         raise As2MdnError(f"No message {mdn.original_message_id[:200]!r} was sent to you from here.")
     waiter = _WAITERS.get((partner.id, mdn.original_message_id))
     if waiter is not None and not waiter.done():
@@ -259,7 +259,7 @@ async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: Outbou
     if store is not None:
         existing = await asyncio.to_thread(store.get, "out", request.partner, message_id)
         if existing is None:
-            await asyncio.to_thread(store.record_sent, request.partner, message_id, request.delivery_id, built.mic)
+            await store.record_sent(request.partner, message_id, request.delivery_id, built.mic)
         elif existing.mdn is not None:  # an asynchronous MDN came after an earlier attempt gave up waiting
             mdn = await asyncio.to_thread(mdns.parse_mdn, *_split(existing.mdn), list(endpoint.certificates),
                                           require_signed=endpoint.signed_mdn)
@@ -301,7 +301,7 @@ async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: Outbou
         except As2Error as exc:
             return AttemptResult("failed", status, f"the MDN does not verify: {exc.detail}", evidence=raw)
         if store is not None:
-            await asyncio.to_thread(store.mdn_received, request.partner, message_id, mdn.disposition, raw)
+            await store.mdn_received(request.partner, message_id, mdn.disposition, raw)
         return judge(mdn, built.mic, endpoint, raw, status)
     finally:
         if waiter is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -41,10 +42,12 @@ class As2Record:
 
 
 class As2Store:
-    """Reads and writes ``b2b_as2_messages`` (blocking: call from a thread)."""
+    """Reads ``b2b_as2_messages`` on the engine (blocking: call from a thread); writes through the broker's store
+    writer (one writer per process on SQLite, like the ledger's own writes), awaited without blocking."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, broker: Any) -> None:
         self.engine = engine
+        self.broker = broker
 
     def get(self, direction: str, partner: str, as2_message_id: str) -> As2Record | None:
         t = as2_messages
@@ -60,42 +63,38 @@ class As2Store:
             rows = conn.execute(sa.select(t).where(t.c.message_id == message_id).limit(10)).all()
         return [As2Record(**row._mapping) for row in rows]
 
-    def record_received(self, partner: str, as2_message_id: str, message_id: str | None, mic: str | None,
-                        disposition: str, mdn: bytes) -> As2Record:
+    async def record_received(self, partner: str, as2_message_id: str, message_id: str | None, mic: str | None,
+                              disposition: str, mdn: bytes) -> As2Record:
         """Keep the MDN sent for a received message; returns the row that holds (an accepted one stays)."""
         t, key, now = as2_messages, stored_id(as2_message_id), now_ms()
         values = {"message_id": message_id, "mic": mic, "disposition": disposition, "mdn": mdn, "updated_at": now}
-        with self.engine.begin() as conn:
+
+        def write(conn: sa.Connection) -> As2Record:
             where = (t.c.direction == "in", t.c.partner == partner, t.c.as2_message_id == key)
             row = conn.execute(sa.select(t).where(*where)).first()
             if row is None:
-                try:
-                    with conn.begin_nested():
-                        conn.execute(t.insert().values(direction="in", partner=partner, as2_message_id=key,
-                                                       created_at=now, **values))
-                except sa.exc.IntegrityError:  # a concurrent twin wrote it first
-                    row = conn.execute(sa.select(t).where(*where)).first()
-                else:
-                    return As2Record("in", partner, key, message_id, mic, disposition, mdn, now, now)
-            assert row is not None
+                conn.execute(t.insert().values(direction="in", partner=partner, as2_message_id=key, created_at=now,
+                                               **values))
+                return As2Record("in", partner, key, message_id, mic, disposition, mdn, now, now)
             if row.disposition == PROCESSED:
                 return As2Record(**row._mapping)
             conn.execute(t.update().where(*where).values(**values))
             return As2Record("in", partner, key, message_id, mic, disposition, mdn, row.created_at, now)
 
-    def record_sent(self, partner: str, as2_message_id: str, message_id: str | None, mic: str) -> None:
+        (record,) = await self.broker.write_async(write)
+        return record
+
+    async def record_sent(self, partner: str, as2_message_id: str, message_id: str | None, mic: str) -> None:
         """A message we sent, its MDN awaited."""
         now = now_ms()
-        with self.engine.begin() as conn:
-            conn.execute(as2_messages.insert().values(
-                direction="out", partner=partner, as2_message_id=stored_id(as2_message_id), message_id=message_id,
-                mic=mic, disposition=None, mdn=None, created_at=now, updated_at=now))
+        await self.broker.write_async(lambda conn: conn.execute(as2_messages.insert().values(
+            direction="out", partner=partner, as2_message_id=stored_id(as2_message_id), message_id=message_id,
+            mic=mic, disposition=None, mdn=None, created_at=now, updated_at=now)))
 
-    def mdn_received(self, partner: str, as2_message_id: str, disposition: str, mdn: bytes) -> bool:
+    async def mdn_received(self, partner: str, as2_message_id: str, disposition: str, mdn: bytes) -> bool:
         """The MDN of a message we sent; False when we sent no such message to that partner."""
         t = as2_messages
-        with self.engine.begin() as conn:
-            result = conn.execute(t.update().where(
-                t.c.direction == "out", t.c.partner == partner, t.c.as2_message_id == stored_id(as2_message_id),
-            ).values(disposition=disposition[:200], mdn=mdn, updated_at=now_ms()))
-        return result.rowcount == 1
+        (result,) = await self.broker.write_async(lambda conn: conn.execute(t.update().where(
+            t.c.direction == "out", t.c.partner == partner, t.c.as2_message_id == stored_id(as2_message_id),
+        ).values(disposition=disposition[:200], mdn=mdn, updated_at=now_ms())).rowcount)
+        return result == 1

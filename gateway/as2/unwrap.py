@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gateway.as2 import cms
 from gateway.as2.config import PartnerAgreement
-from gateway.as2.errors import As2AuthenticationError, As2MimeError, As2ProcessingError
+from gateway.as2.errors import As2AuthenticationError, As2IntegrityError, As2MimeError, As2ProcessingError
 from gateway.as2.mime import MimeLimits, Part, entity, split_multipart
 
 __all__ = ["Unwrapped", "mic_value", "unwrap"]
@@ -96,7 +96,7 @@ def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, ma
                 verified, _ = cms.verify(signature, parts[0].raw, list(agreement.certificates),
                                          allow_sha1=agreement.allow_sha1)
                 mic_source = parts[0].raw
-            except As2ProcessingError:
+            except As2IntegrityError:
                 canonical = _crlf(parts[0].raw)  # a sender that signed CRLF lines and sent LF ones
                 if canonical == parts[0].raw:
                     raise
