@@ -35,7 +35,7 @@ from gateway.as2.errors import (
 
 __all__ = [
     "DIGESTS", "Identity", "Verified", "compress", "decompress", "decrypt", "encrypt", "micalg_name", "sign",
-    "verify",
+    "verify", "verify_part",
 ]
 
 #: AS2 ``micalg`` names (RFC 5751 3.4.3.2 and RFC 4130's older spellings) -> hashlib names
@@ -147,8 +147,14 @@ def decrypt(der: bytes, identity: Identity, *, allow_3des: bool = False) -> tupl
         if name in _GCM:
             if len(key) != _GCM[name]:
                 raise ValueError
-            params = list(dict(algorithm["parameters"].native).values())  # GCMParameters (RFC 5084)
-            nonce, tag_len = params[0], params[1] if len(params) > 1 and params[1] else 12
+            native = algorithm["parameters"].native
+            if isinstance(native, bytes):  # PKIjs writes the bare nonce instead of GCMParameters
+                nonce, tag_len = native, 16
+            else:  # GCMParameters (RFC 5084): nonce, tag length
+                params = list(dict(native).values())
+                nonce, tag_len = params[0], params[1] if len(params) > 1 and params[1] else 12
+            if kind == "enveloped_data":  # AES-GCM in EnvelopedData (PKIjs, WebCrypto): the tag ends the ciphertext
+                return AESGCM(key).decrypt(nonce, ciphertext, None), name
             mac = data["mac"].native
             if len(mac) != tag_len:
                 raise ValueError
@@ -273,6 +279,29 @@ def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificat
             problem = exc
         except Exception:  # noqa: BLE001 - a malformed signer
             problem = As2AuthenticationError("The SignedData's signer information is malformed.")
+    assert problem is not None
+    raise problem
+
+
+def verify_part(der: bytes, raw: bytes, certificates: list[x509.Certificate], *, allow_sha1: bool = False,
+                now: dt.datetime | None = None) -> tuple[Verified, bytes]:
+    """Verify a detached signature over a MIME part's bytes *raw*; returns what verified and the bytes signed.
+
+    Two sender habits are tolerated, for the digest only (the signature must still verify): a part signed with
+    CRLF line ends and sent with LF ones, and a part sent with one CRLF more before the next boundary than it
+    was signed with (libas2's MDNs)."""
+    candidates = [raw]
+    if raw.endswith(b"\r\n"):
+        candidates.append(raw[:-2])
+    canonical = raw.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
+    if canonical != raw:
+        candidates.append(canonical)
+    problem: As2IntegrityError | None = None
+    for candidate in candidates:
+        try:
+            return verify(der, candidate, certificates, allow_sha1=allow_sha1, now=now)
+        except As2IntegrityError as exc:
+            problem = problem or exc
     assert problem is not None
     raise problem
 

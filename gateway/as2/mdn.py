@@ -160,7 +160,7 @@ def parse_mdn(content_type: str, body: bytes, certificates: list[x509.Certificat
             parts = split_multipart(top, limits)
             if len(parts) != 2:
                 raise As2MdnError("A signed MDN must have two parts.")
-            cms.verify(parts[1].decoded(), parts[0].raw, certificates, allow_sha1=True, now=now)
+            cms.verify_part(parts[1].decoded(), parts[0].raw, certificates, allow_sha1=True, now=now)
             top, signed = parts[0], True
             kind, _ = top.content_type
         elif require_signed:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gateway.as2 import cms
 from gateway.as2.config import PartnerAgreement
-from gateway.as2.errors import As2AuthenticationError, As2IntegrityError, As2MimeError, As2ProcessingError
+from gateway.as2.errors import As2AuthenticationError, As2MimeError, As2ProcessingError
 from gateway.as2.mime import MimeLimits, Part, entity, split_multipart
 
 __all__ = ["Unwrapped", "mic_value", "unwrap"]
@@ -47,10 +47,6 @@ def _bounded(data: bytes, limit: int, what: str) -> bytes:
     if len(data) > limit:
         raise As2ProcessingError(f"The {what} is larger than the {limit} bytes accepted.")
     return data
-
-
-def _crlf(data: bytes) -> bytes:
-    return data.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
 
 
 def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, max_bytes: int,
@@ -92,17 +88,8 @@ def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, ma
                 raise As2AuthenticationError("A multipart/signed message needs its content and one "
                                              "application/pkcs7-signature part.")
             signature = parts[1].decoded()
-            try:
-                verified, _ = cms.verify(signature, parts[0].raw, list(agreement.certificates),
-                                         allow_sha1=agreement.allow_sha1)
-                mic_source = parts[0].raw
-            except As2IntegrityError:
-                canonical = _crlf(parts[0].raw)  # a sender that signed CRLF lines and sent LF ones
-                if canonical == parts[0].raw:
-                    raise
-                verified, _ = cms.verify(signature, canonical, list(agreement.certificates),
-                                         allow_sha1=agreement.allow_sha1)
-                mic_source = canonical
+            verified, mic_source = cms.verify_part(signature, parts[0].raw, list(agreement.certificates),
+                                                   allow_sha1=agreement.allow_sha1)
             signed, digest = True, verified.digest
             part = parts[0]
             continue
