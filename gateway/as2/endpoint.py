@@ -44,3 +44,44 @@ def as2_endpoint(assembly: Any, gateway: Callable[[], Any], limiter: Any) -> Cal
 
     post_as2.__doc__ = "POST /as2: an AS2 message (RFC 4130), answered with its MDN"
     return post_as2
+
+
+def as2_openapi_path() -> dict[str, Any]:
+    """``POST /as2`` in the OpenAPI document (added when the ``as2:`` section is configured)."""
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+    def header(name: str, description: str, required: bool = True) -> dict[str, Any]:
+        return {"name": name, "in": "header", "required": required, "description": description,
+                "schema": {"type": "string", "maxLength": 998}}
+
+    return {"post": {
+        "operationId": "postAs2Message",
+        "summary": "Receive an AS2 message (RFC 4130), answered with its MDN",
+        "description": "Signed, encrypted and optionally compressed message from a partner identified by its AS2 "
+                       "ids and certificates (no API key). The MDN is the answer's body (synchronous) or is posted "
+                       "to Receipt-Delivery-Option (asynchronous: the answer is empty). See docs/as2.md.",
+        "security": [],
+        "parameters": [
+            header("AS2-From", "the partner's AS2 id"), header("AS2-To", "our AS2 id"),
+            header("Message-ID", "the message's id (<id@host>): the idempotency key"),
+            header("Disposition-Notification-To", "asks for an MDN", False),
+            header("Disposition-Notification-Options", "asks for a signed MDN and its MIC algorithm", False),
+            header("Receipt-Delivery-Option", "the URL of an asynchronous MDN", False),
+        ],
+        "requestBody": {"required": True, "content": {
+            "application/pkcs7-mime": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/signed": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/report": {"schema": {"type": "string", "format": "binary"}},
+        }},
+        "responses": {
+            "200": {"description": "The MDN (multipart/signed or multipart/report), or empty (asynchronous MDN, "
+                                   "or none asked for).",
+                    "content": {"multipart/signed": {"schema": {"type": "string"}},
+                                "multipart/report": {"schema": {"type": "string"}}}},
+            "400": {"description": "as2-header-invalid, as2-mdn-invalid", "content": problem},
+            "403": {"description": "as2-unknown-partner, as2-unprotected", "content": problem},
+            "413": {"description": "document-too-large", "content": problem},
+            "429": {"description": "rate-limited, too-many-concurrent-requests", "content": problem},
+            "503": {"description": "store-unavailable, gateway-busy: no MDN, send again", "content": problem},
+        },
+    }}

@@ -376,6 +376,10 @@ def create_app(
 
     ops = Operations(assembly, lambda: state["runtime"], listener=admin_listener)
     document = ops.openapi(openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint))
+    if assembly.settings.as2 is not None:  # POST /as2 (gateway.as2)
+        from gateway.as2.endpoint import as2_openapi_path
+
+        document["paths"]["/as2"] = as2_openapi_path()
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

@@ -254,3 +254,10 @@ async def test_a_body_over_the_limit_is_refused_unread(as2_env, as2_pki):
                "Content-Length": str(inbound_limit + 1)}
     response = await as2_env.client.post("/as2", content=b"x" * (inbound_limit + 1), headers=headers)
     assert response.status_code == 413
+
+
+async def test_the_openapi_document_describes_post_as2(as2_env):
+    document = (await as2_env.client.get("/openapi.json")).json()
+    operation = document["paths"]["/as2"]["post"]
+    assert {p["name"] for p in operation["parameters"]} >= {"AS2-From", "AS2-To", "Message-ID"}
+    assert {"200", "400", "403", "413"} <= set(operation["responses"])
