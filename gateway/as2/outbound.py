@@ -156,7 +156,11 @@ def message_id_for(delivery_id: str, our_id: str) -> str:
 def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content_type: str,
                   message_id: str) -> Built:
     """The AS2 message for *body*: its HTTP headers, body and the MIC we expect back."""
-    entity = f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: binary\r\n\r\n".encode("latin-1") + body
+    if body.isascii():
+        entity = f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: binary\r\n\r\n".encode("latin-1") + body
+    else:  # 8-bit content is signed in base64 (RFC 5751 3.1.2): receivers that read MIME as text keep it intact
+        entity = (f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: base64\r\n\r\n".encode("latin-1")
+                  + base64.encodebytes(body).replace(b"\n", b"\r\n"))
     mic_source = entity
     if endpoint.compress:
         entity = (b"Content-Type: application/pkcs7-mime; smime-type=compressed-data; name=smime.p7z\r\n"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from as2kit import OUR_ID, run
-from gwtest import INVOICE
+from gwtest import INVOICE, ORDER
 
 pytestmark = pytest.mark.anyio
 
@@ -187,7 +187,7 @@ def _ours(pki, key_of=None):
 def _request(delivery_id="d-1"):
     from gateway.as2.outbound import OutboundRequest
 
-    return OutboundRequest(delivery_id, "globex", "as2", INVOICE, "application/xml", 1, 30.0)
+    return OutboundRequest(delivery_id, "globex", "as2", ORDER, "application/xml", 1, 30.0)  # 8-bit: non-ASCII
 
 
 async def test_we_send_to_libas2_and_verify_its_signed_mdn(as2_pki, libas2_receiver):
@@ -198,8 +198,10 @@ async def test_we_send_to_libas2_and_verify_its_signed_mdn(as2_pki, libas2_recei
     assert result.outcome == "delivered", result.detail
     assert result.evidence and b"multipart/signed" in result.evidence
     await _wait_for(lines)
-    # libas2's parser keeps the CRLF that RFC 2046 gives to the next boundary delimiter
-    assert base64.b64decode(lines[0]["received"]).removesuffix(b"\r\n") == INVOICE
+    # libas2's parser keeps the CRLF that RFC 2046 gives to the next boundary delimiter, and hands the content
+    # decoded to characters, which come out one byte each (latin-1)
+    received = base64.b64decode(lines[0]["received"]).removesuffix(b"\r\n")
+    assert received.decode("latin-1").encode("utf-8") == ORDER
 
 
 async def test_a_negative_mdn_from_libas2_is_a_failed_delivery(as2_pki, libas2_receiver):
