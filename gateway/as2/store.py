@@ -81,7 +81,9 @@ class As2Store:
             conn.execute(t.update().where(*where).values(**values))
             return As2Record("in", partner, key, message_id, mic, disposition, mdn, row.created_at, now)
 
-        (record,) = await self.broker.write_async(write)
+        # not durable: a power cut may lose the row, never the document (committed before); the resend then
+        # finds the document by its idempotency key and the MDN is made again, with the same disposition and MIC
+        (record,) = await self.broker.write_async(write, durable=False)
         return record
 
     async def record_sent(self, partner: str, as2_message_id: str, message_id: str | None, mic: str) -> None:
