@@ -34,6 +34,7 @@ __all__ = [
     "archive_batches",
     "archive_cursors",
     "archive_runs",
+    "as2_messages",
     "documents",
     "events",
     "metadata",
@@ -183,4 +184,22 @@ archive_cursors = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),  # "<status>:<policy class>"
     sa.Column("updated_at", sa.BigInteger, nullable=False),
     sa.Column("message_id", sa.String(128), nullable=False),
+)
+
+as2_messages = sa.Table(
+    "b2b_as2_messages",
+    metadata,
+    # one row per AS2 message, received ("in") or sent ("out"): what an auditor needs to prove what was
+    # received and acknowledged (the MIC of what was signed, the MDN as sent or received, its disposition)
+    sa.Column("direction", sa.String(3), primary_key=True),  # in | out
+    sa.Column("partner", sa.String(100), primary_key=True),
+    sa.Column("as2_message_id", sa.String(255), primary_key=True),  # the AS2 Message-ID (clipped, see gateway.as2)
+    sa.Column("message_id", sa.String(128)),  # the ledger document it became (in) or came from (out), if any
+    sa.Column("mic", sa.String(200)),  # "<base64>, <micalg>"
+    sa.Column("disposition", sa.String(200)),  # the MDN's, NULL while an outbound MDN is awaited
+    sa.Column("mdn", sa.LargeBinary),  # the MDN as sent (in) or received (out): the whole MIME entity
+    sa.Column("created_at", sa.BigInteger, nullable=False),  # epoch ms
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+    sa.Index("ix_b2b_as2_messages_message", "message_id"),
+    sa.Index("ix_b2b_as2_messages_created", "created_at"),
 )

@@ -4,7 +4,7 @@ The commands live in modules of their own, each with a ``register`` that adds it
 :mod:`gateway.cli.serve` (serve, stomp, worker), :mod:`gateway.cli.send` (send), :mod:`gateway.cli.queues`
 (queues, browse, dlq), :mod:`gateway.cli.db` (db upgrade, stats, vacuum), :mod:`gateway.cli.archive`
 (archive), :mod:`gateway.cli.config` (routes check, rules check, key new, operator new), and ``spark_etl.cli``
-(etl) when the warehouse load is installed.
+(etl) when the warehouse load is installed, :mod:`gateway.cli.as2` (as2 keys new, as2 cert).
 
 ``-c/--config FILE`` and ``--log-level`` go before or after the command. Exit status: 0 done, 1 failed (a
 document refused, errors found, the reason on stderr), 2 a user error (bad arguments, configuration, file, URL,
@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from gateway.cli import as2 as as2_cli
 from gateway.cli import config as config_cli
 from gateway.cli import db as db_cli
 from gateway.cli import archive as archive_cli
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     archive_cli.register(sub, with_config, needs_action)  # archive ...
 
     config_cli.register(sub, with_config, with_log_level, needs_action)  # routes check, rules check, key, operator
+    as2_cli.register(sub, with_config, needs_action)  # as2 keys new, as2 cert
 
     try:  # the warehouse load adds `etl run` / `etl status` (pyspark is an optional extra)
         from spark_etl.cli import register  # type: ignore[import-not-found]

@@ -81,6 +81,7 @@ _KNOWN_SECTIONS = {
     "ledger",  # gateway.config.retention
     "rules",
     "operators", "admin", "logging",  # gateway.config.operations
+    "as2",  # gateway.as2.config
 }
 
 
@@ -166,6 +167,8 @@ class Settings:
     log_format: str = "text"
     #: ``server.tls``, ``server.trusted_proxies``... (gateway.trust.settings.TrustSettings)
     trust: Any = DEFAULT_TRUST
+    #: ``as2:`` (gateway.as2.config.As2Settings): our AS2 id, key and certificate; None: no AS2
+    as2: Any = None
     where: Where = NOWHERE
     #: the mapping these settings were built from: what rebuilds them in a worker process
     source: Any = field(default=None, repr=False, compare=False)
@@ -351,6 +354,10 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         s.stomp = stomp_section(expect_mapping(root.get("stomp"), root.at("stomp"), "stomp"), s.base_dir)
     if root.get("ledger") is not None:
         _ledger(s, expect_mapping(root.get("ledger"), root.at("ledger"), "ledger"))
+    if root.get("as2") is not None:
+        from gateway.as2.config import parse_as2_section
+
+        s.as2 = parse_as2_section(expect_mapping(root.get("as2"), root.at("as2"), "as2"))
     from gateway.config.operations import apply_sections  # operators:, admin:, logging:
 
     apply_sections(s, root)

@@ -104,4 +104,4 @@ def _load_builtin_kinds() -> None:
                 raise
 
 
-_BUILTIN = ("gateway.delivery.https", "gateway.delivery.as2")
+_BUILTIN = ("gateway.delivery.https", "gateway.as2.kind")  # loaded by name: a kind plugs into the engine

@@ -10,6 +10,8 @@
 ``/console``, ``/admin/api/v1/...``         the operators' console and admin API (:mod:`gateway.admin`,
                                             when operators are configured; or on ``admin.port``)
 ``GET  /metrics``                           Prometheus metrics (:mod:`gateway.telemetry.metrics`)
+``POST /as2``                               an AS2 message, answered with its MDN (:mod:`gateway.as2`;
+                                            when the ``as2:`` section is configured)
 ==========================================  ==========================================================
 
 Checks on ``POST``, in order: the API key (401), the partner's request limits
@@ -368,6 +370,10 @@ def create_app(
 
     ops = Operations(assembly, lambda: state["runtime"], listener=admin_listener)
     document = ops.openapi(openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint))
+    if assembly.settings.as2 is not None:  # POST /as2 (gateway.as2)
+        from gateway.as2.endpoint import as2_openapi_path
+
+        document["paths"]["/as2"] = as2_openapi_path()
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -396,6 +402,10 @@ def create_app(
     ]
     if noop_endpoint:
         routes.append(Route("/v1/noop", _problems(noop), methods=["POST"]))
+    if assembly.settings.as2 is not None:  # AS2 (RFC 4130): gateway.as2
+        from gateway.as2.endpoint import as2_endpoint
+
+        routes.append(Route("/as2", _problems(as2_endpoint(assembly, gateway, limiter)), methods=["POST"]))
     routes += ops.routes()
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -55,6 +55,7 @@ from gateway.config.loader import (
 )
 from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
 from gateway.delivery.config import NO_DELIVERY, PartnerDelivery, parse_partner_delivery
+from gateway.as2.config import parse_partner_as2
 from gateway.errors import (
     AuthenticationBusyError,
     AuthenticationError,
@@ -209,6 +210,8 @@ class Partner:
     limits: PartnerLimits = field(default=DEFAULT_PARTNER_LIMITS, compare=False)
     #: its delivery endpoints and notifications (:mod:`gateway.delivery.config`)
     delivery: PartnerDelivery = field(default=NO_DELIVERY, compare=False)
+    #: the partner's AS2 agreement (gateway.as2.config.PartnerAgreement), None when it does not use AS2
+    as2: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,12 +276,14 @@ class PartnerRegistry:
                     f"partner id {clip(str(partner_id), 60)!r} must be 1-100 letters, digits, '.', '-' or '_'"
                 )
             entry = expect_mapping(body, where, f"partner {partner_id!r}")
-            check_keys(entry, {"name", "enabled", "keys", "limits", "endpoints", "notify"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
+            check_keys(entry, {"name", "enabled", "keys", "limits", "endpoints", "notify", "as2"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
             name = expect_str(entry.get("name", partner_id), entry.at("name"), f"partner {partner_id!r} name")
             enabled = expect_bool(entry.get("enabled", True), entry.at("enabled"), f"partner {partner_id!r} enabled")
             limits = (_partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
                       if "limits" in entry else base)
-            partners[partner_id] = Partner(partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id))
+            as2 = parse_partner_as2(partner_id, entry["as2"], entry.at("as2")) if "as2" in entry else None
+            partners[partner_id] = Partner(partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id),
+                                           as2)
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)
