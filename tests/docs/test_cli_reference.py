@@ -31,7 +31,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def _listed_in_help(help_text: str) -> list[str]:
     """The command names a ``--help`` lists under its positional COMMAND / ACTION."""
-    return re.findall(r"^    ([a-z][a-z-]*)\s", help_text, flags=re.MULTILINE)
+    return re.findall(r"^    ([a-z][a-z0-9-]*)\s", help_text, flags=re.MULTILINE)
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -62,7 +62,7 @@ def _sections() -> dict[str, str]:
     parts = re.split(r"^###\s+(.+)$", text, flags=re.MULTILINE)
     for heading, body in zip(parts[1::2], parts[2::2]):
         for named in re.findall(r"`b2bgw ([^`]+)`", heading):
-            words = [word for word in named.split() if re.fullmatch(r"[a-z][a-z-]*", word)]
+            words = [word for word in named.split() if re.fullmatch(r"[a-z][a-z0-9-]*", word)]
             for n in range(len(words), 0, -1):
                 if " ".join(words[:n]) in COMMANDS:
                     sections[" ".join(words[:n])] = heading + "\n" + body
