@@ -51,9 +51,7 @@ from gateway.rules.schematron import document_utf8
 from gateway.intake.xmlsafe import Validated, parse_and_validate, parse_document_text
 
 if TYPE_CHECKING:
-    from gateway.exchange.idempotency import Idempotency
     from gateway.intake.explainer import Explainer
-    from gateway.exchange.intake_workers import IntakeWorkers
     from gateway.routing.routes import RouteTable
     from gateway.rules.rulesets import RulesRunner
     from gateway.intake.schemas import SchemaRegistry
@@ -149,8 +147,9 @@ class IntakeStages:
 
     def __init__(self, registry: SchemaRegistry, routes: RouteTable, limits: IntakeLimits, *,
                  rules: RulesRunner | None = None, explainer: Explainer | None = None,
-                 intake_workers: IntakeWorkers | None = None, intake_facts: str = "when_idle",
-                 idempotency: Idempotency | None = None) -> None:
+                 intake_workers: Any = None, intake_facts: str = "when_idle", idempotency: Any = None) -> None:
+        # intake_workers: an IntakeWorkers (gateway.exchange.intake_workers); idempotency: an Idempotency
+        # (gateway.exchange.idempotency); both import this module, so they are not named in its annotations
         self.registry = registry
         self.routes = routes
         self.limits = limits

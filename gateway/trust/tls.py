@@ -22,10 +22,6 @@ import threading
 from typing import Any
 
 from gateway.errors import ConfigError
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.trust.settings import TlsSettings
 
 __all__ = ["CertificateReloader", "TlsConfigError", "build_context"]
 
@@ -36,7 +32,7 @@ class TlsConfigError(ConfigError):
     """Raised when the certificate chain, its key or the client CA bundle of ``server.tls`` cannot be loaded."""
 
 
-def _load_chain(ctx: ssl.SSLContext, tls: TlsSettings) -> None:
+def _load_chain(ctx: ssl.SSLContext, tls: Any) -> None:
     try:
         ctx.load_cert_chain(str(tls.certificate), str(tls.key), password=tls.key_password)
     except ssl.SSLError as exc:
@@ -47,7 +43,7 @@ def _load_chain(ctx: ssl.SSLContext, tls: TlsSettings) -> None:
         raise TlsConfigError(f"cannot read {exc.filename or tls.certificate}: {exc.strerror or exc}") from None
 
 
-def build_context(tls: TlsSettings) -> ssl.SSLContext:
+def build_context(tls: Any) -> ssl.SSLContext:
     """A server context for *tls*; TlsConfigError if its files do not load."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.min_version == "1.3" else ssl.TLSVersion.TLSv1_2
@@ -68,7 +64,7 @@ def build_context(tls: TlsSettings) -> ssl.SSLContext:
     return ctx
 
 
-def _stamp(tls: TlsSettings) -> tuple[Any, ...]:
+def _stamp(tls: Any) -> tuple[Any, ...]:
     out = []
     for path in (tls.certificate, tls.key):
         try:
@@ -83,7 +79,7 @@ class CertificateReloader:
     """Keeps one context's certificate in step with its files: polled every ``reload_interval`` seconds,
     and at once on ``SIGHUP`` (:meth:`install_sighup`)."""
 
-    def __init__(self, tls: TlsSettings, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: Any, context: ssl.SSLContext | None = None) -> None:
         self.tls = tls
         self.context = context or build_context(tls)
         self._stamp = _stamp(tls)
