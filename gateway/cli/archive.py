@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from gateway.cli.support import CommandError, existing_store_engine, settings_for
 from gateway.config.loader import Settings
+from gateway.ledger.stats import shown_ms
 
 __all__ = ["register"]
 
@@ -50,12 +51,6 @@ def _root(settings: Settings) -> str:
     from spark_etl.archive import archive_root
 
     return archive_root(settings.retention, settings.etl)
-
-
-def _iso(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --------------------------------------------------------------------------- archive
@@ -116,7 +111,7 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
         print(f"retention: {'enabled' if policy.enabled else 'disabled'}, schedule {policy.schedule} "
               f"({policy.timezone}), archive {_root(settings)}")
     header = ["run", "outcome", "started (UTC)", "ended (UTC)", "archived", "purged", "waiting", "expired", "error"]
-    rows = [[str(r["run_id"]), r["status"], _iso(r["started_at"]), _iso(r["finished_at"]), f"{r['archived']:,}",
+    rows = [[str(r["run_id"]), r["status"], shown_ms(r["started_at"]), shown_ms(r["finished_at"]), f"{r['archived']:,}",
              f"{r['purged']:,}", f"{r['waiting']:,}", f"{r['tombstones_expired']:,}",
              (r["error"] or "").splitlines()[0][:80] if r["error"] else ""] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]

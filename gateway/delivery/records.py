@@ -8,7 +8,6 @@ queued, and marked delivered if and only if its message was acknowledged.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +15,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import sql
+from broker_core.clock import now_ms
 from gateway.delivery.tables import attempts, deliveries
 
 __all__ = ["Attempt", "DeliveryLedger", "DeliveryRow", "EndpointSummary", "now_ms", "upgrade_deliveries"]
 
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
 VERSION_TABLE = "b2b_delivery_version"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def upgrade_deliveries(engine: sa.Engine) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+
+from broker_core.clock import iso_ms
 
 __all__ = ["uuid4_str", "iso_ms"]
 
@@ -37,16 +38,3 @@ def uuid4_str() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-_ISO_SECOND: tuple[int, str] = (-1, "")  # the last second formatted (receipts come many to the second)
-
-
-def iso_ms(epoch_ms: int | None) -> str | None:
-    """``2024-03-14T09:30:00.123Z`` from epoch milliseconds."""
-    global _ISO_SECOND
-    if epoch_ms is None:
-        return None
-    seconds, ms = divmod(int(epoch_ms), 1000)
-    last = _ISO_SECOND
-    if last[0] != seconds:
-        last = _ISO_SECOND = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
-    return f"{last[1]}.{ms:03d}Z"

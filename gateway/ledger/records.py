@@ -32,7 +32,6 @@ The ledger's own Alembic chain (:func:`upgrade_ledger`, version table
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import StoreError, sql
+from broker_core.clock import now_ms
 
 from ledger_contract.tables import documents, events, pack_xml, tombstones, unpack_xml
 
@@ -56,10 +56,6 @@ __all__ = [
 ]
 
 VERSION_TABLE = "b2b_gateway_version"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class DuplicateDocumentError(StoreError):

@@ -110,7 +110,8 @@ def _size(n: int | None) -> str:
     return str(n)  # pragma: no cover
 
 
-def _iso(ms: int | None) -> str:
+def shown_ms(ms: int | None) -> str:
+    """Epoch milliseconds as people read them in the commands' tables (to the second, UTC); ``-`` for none."""
     if not ms:
         return "-"
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -140,7 +141,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         old = stats.get("oldest_online")
         if old:
             lines.append(f"oldest online document: {old['message_id']} ({old['status']}), received "
-                         f"{_iso(old['received_at'])}, last changed {_iso(old['updated_at'])}")
+                         f"{shown_ms(old['received_at'])}, last changed {shown_ms(old['updated_at'])}")
     ret = stats.get("retention")
     if ret is None:
         lines.append("retention: none configured (ledger.retention): documents stay online for ever")
@@ -155,7 +156,7 @@ def format_stats(stats: dict[str, Any]) -> str:
                 lines.append(f"    {c['class']}: online {c['online_days']:g} days, then {c['after']}: {c['due']:,} due")
         last = ret.get("last_run")
         if last:
-            lines.append(f"  last run {last['run_id']} {last['status']} {_iso(last['started_at'])}: "
+            lines.append(f"  last run {last['run_id']} {last['status']} {shown_ms(last['started_at'])}: "
                          f"{last['archived']:,} archived, {last['purged']:,} purged, {last['waiting']:,} waiting for "
                          f"the warehouse load" + (f"; {last['error'].splitlines()[0][:100]}" if last["error"] else ""))
     return "\n".join(lines)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import time
 from typing import Any
+
+from broker_core.clock import iso_ms
 
 from gateway.telemetry.log_escape import escape_block, escape_controls
 
@@ -112,7 +113,7 @@ class ContextFilter(logging.Filter):
 
 
 def _timestamp(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+    return iso_ms(int(created * 1000))
 
 
 def _access_fields(record: logging.LogRecord) -> dict[str, Any]:
