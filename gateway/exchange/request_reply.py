@@ -15,11 +15,11 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
 
-from gateway.delivery.notify import push_late_reply
 from gateway.errors import BackendError, ReplyTimeoutError
 from gateway.exchange.replies import ERROR_PROPERTY, PendingReplies, reply_parts
 from gateway.ledger.records import Ledger
@@ -54,8 +54,11 @@ class RequestReply:
     """The request-reply routes' exchanges: one requestor per route, the requests that may still get a reply."""
 
     def __init__(self, ledger: Ledger, replies: PendingReplies, idempotency: Idempotency, *,
-                 late_reply_window: float) -> None:
+                 late_reply_window: float, on_late_reply: Callable[[str, bytes, str | None, str | None], None] | None = None
+                 ) -> None:
         self.ledger = ledger
+        #: told of each late reply once it is recorded: (message id, reply, reply type, error)
+        self.on_late_reply = on_late_reply
         self.replies = replies
         self.idempotency = idempotency
         self.late_reply_window = late_reply_window
@@ -162,5 +165,6 @@ class RequestReply:
         reply_bytes, reply_type, error = reply_parts(reply)
         self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
         log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
-        push_late_reply(self, message_id, reply_bytes, reply_type, error)
+        if self.on_late_reply is not None:
+            self.on_late_reply(message_id, reply_bytes, reply_type, error)
 

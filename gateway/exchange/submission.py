@@ -32,6 +32,7 @@ from broker_core import (
 
 from gateway.exchange.assemble import Assembly
 from gateway.delivery.hooks import route_delivery
+from gateway.delivery.notify import push_late_reply
 from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
 from gateway.exchange.replies import PendingReplies
@@ -115,7 +116,8 @@ class Gateway:
                                        recent_keys=recent_keys, duplicate_poll=duplicate_poll)
         self.request_reply = RequestReply(self.ledger, self.replies, self.idempotency,
                                           late_reply_window=(settings.late_reply_window if late_reply_window is None
-                                                             else late_reply_window))
+                                                             else late_reply_window),
+                                          on_late_reply=lambda *reply: push_late_reply(self, *reply))
         # the full error reports of invalid documents: worked out in a helper process, within a time budget;
         # larger documents' intake: worker processes, so that their work never holds this process's interpreter
         # (threads wait for them at normal priority: a niced thread preempted while it holds the interpreter

@@ -246,7 +246,7 @@ def test_a_bad_config_file_is_a_message_not_a_traceback(content, says, tmp_path,
     if content is not None:
         path.write_text(content)
     for command in ("run", "status"):
-        assert gateway_cli.main(["etl", command, "-c", str(path)]) == 1
+        assert gateway_cli.main(["etl", command, "-c", str(path)]) == 2  # a configuration that does not load is a user error (docs/cli.md)
         err = capsys.readouterr().err
         assert err.startswith("etl: ") and says in err and "Traceback" not in err
 

@@ -12,6 +12,7 @@ import time
 import pytest
 import uvicorn
 
+from gateway.http import edge
 from gateway.http import protocol as http_protocol
 
 
@@ -37,7 +38,7 @@ async def app(scope, receive, send):
 def port():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", **http_protocol.protocol_options())
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **edge.protocol_options())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
