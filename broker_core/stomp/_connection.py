@@ -735,7 +735,7 @@ class StompConnection:
 
     async def _browse(self, sub_id: str, destination: Destination, selector: str | None) -> None:
         if not isinstance(destination, Queue) or destination.is_topic:
-            raise ProtocolError("only queues can be browsed", f"browser:true needs a /queue/ destination")
+            raise ProtocolError("only queues can be browsed", "browser:true needs a /queue/ destination")
         browser = self.session.create_browser(destination, selector)
         version = self.version or "1.2"
         try:

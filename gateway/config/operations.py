@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_core.hashes import is_secret_hash
+
 from gateway.marked import (
     MarkedDict,
     check_keys,
@@ -45,7 +47,6 @@ __all__ = ["AdminSettings", "Operator", "apply_sections", "ROLES"]
 #: ``viewer`` reads; ``operator`` also acts (replay, delete, move, purge).
 ROLES = ("viewer", "operator")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-_HASH = re.compile(r"^scrypt\$ln=\d{1,2},r=\d{1,2},p=\d{1,2}\$[A-Za-z0-9+/=_-]+\$[A-Za-z0-9+/=_-]+$")
 SECTIONS = {"operators", "admin", "logging"}
 
 
@@ -128,7 +129,7 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
         check_keys(entry, {"role", "hash"}, f"operator {name!r}")
         role = expect_choice(entry.get("role"), entry.at("role"), f"operator {name!r} role", ROLES)
         encoded = expect_str(entry.get("hash"), entry.at("hash"), f"operator {name!r} hash")
-        if not _HASH.match(encoded):
+        if not is_secret_hash(encoded):
             raise entry.at("hash").error(
                 f"operator {name!r}: hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>' as printed by "
                 "`b2bgw operator new`; secrets are never stored in the clear")

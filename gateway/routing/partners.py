@@ -28,10 +28,8 @@ Every failure is the same :class:`~gateway.errors.AuthenticationError`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import hashlib
-import hmac
 import math
 import os
 import re
@@ -41,6 +39,8 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+
+from broker_core.hashes import DEFAULT_LN as SCRYPT_LN, hash_secret, is_secret_hash, verify_secret
 
 from gateway.config.loader import (
     MarkedDict,
@@ -80,60 +80,28 @@ __all__ = [
 ]
 
 #: scrypt cost: N = 2**LN (16384), r = 8, p = 1: 16 MiB per check, and slow by design.
-DEFAULT_LN = 14
+DEFAULT_LN = SCRYPT_LN
 DEFAULT_R = 8
 DEFAULT_P = 1
-_DKLEN = 32
-_SALT_BYTES = 16
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _PARTNER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _TOKEN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.([A-Za-z0-9_-]{16,256})$")
-_HASH = re.compile(r"^scrypt\$ln=(\d{1,2}),r=(\d{1,2}),p=(\d{1,2})\$([A-Za-z0-9+/=_-]+)\$([A-Za-z0-9+/=_-]+)$")
 
 _AUTH_DETAIL = "Authenticate with the header 'Authorization: Bearer <API key>' and the API key agreed for your partner account."
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii").rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text + "=" * (-len(text) % 4))
 
 
 def hash_key(key: str, *, ln: int = DEFAULT_LN, r: int = DEFAULT_R, p: int = DEFAULT_P,
              salt: bytes | None = None) -> str:
     """The salted scrypt hash of API key *key*, in the form the configuration stores."""
-    salt = os.urandom(_SALT_BYTES) if salt is None else salt
-    digest = hashlib.scrypt(key.encode("utf-8"), salt=salt, n=2**ln, r=r, p=p, maxmem=2**26, dklen=_DKLEN)
-    return f"scrypt$ln={ln},r={r},p={p}${_b64(salt)}${_b64(digest)}"
-
-
-def _parse_hash(encoded: str) -> tuple[int, int, int, bytes, bytes] | None:
-    m = _HASH.match(encoded)
-    if not m:
-        return None
-    ln, r, p = int(m.group(1)), int(m.group(2)), int(m.group(3))
-    if not (1 <= ln <= 20 and 1 <= r <= 32 and 1 <= p <= 16):
-        return None
-    try:
-        salt, digest = _unb64(m.group(4)), _unb64(m.group(5))
-    except ValueError:
-        return None
-    if len(salt) < 8 or len(digest) < 16:
-        return None
-    return ln, r, p, salt, digest
+    return hash_secret(key, ln=ln, r=r, p=p, salt=salt)
 
 
 def verify_key(key: str, encoded: str) -> bool:
     """Whether *key* hashes to *encoded* (constant-time comparison)."""
-    parsed = _parse_hash(encoded)
-    if parsed is None:
-        return False
-    ln, r, p, salt, digest = parsed
-    candidate = hashlib.scrypt(key.encode("utf-8"), salt=salt, n=2**ln, r=r, p=p, maxmem=2**26, dklen=len(digest))
-    return hmac.compare_digest(candidate, digest)
+    return verify_secret(key, encoded)
 
 
 def generate_key(key_id: str) -> str:
@@ -292,7 +260,7 @@ class PartnerRegistry:
                 key_id = expect_str(key.get("id"), key.at("id"), "API key id", pattern=_KEY_ID,
                                     hint="1-64 letters, digits, '-' or '_'")
                 encoded = expect_str(key.get("hash"), key.at("hash"), f"API key {key_id!r} hash")
-                if _parse_hash(encoded) is None and not is_hmac_hash(encoded):
+                if not is_secret_hash(encoded) and not is_hmac_hash(encoded):
                     raise key.at("hash").error(
                         f"API key {key_id!r}: hash must be 'hmac-sha256$<digest>' as printed by `b2bgw key new` "
                         "(or an older 'scrypt$ln=..,r=..,p=..$<salt>$<hash>'); plain keys are never stored"
