@@ -41,16 +41,24 @@ from gwtest import ACME, ORDER, SAMPLE_CONFIG, with_id  # noqa: E402
 
 def _config(folder: Path, ours, acme) -> Path:
     partners = folder / "partners.yaml"
-    text = (REPO / "config" / "partners.yaml").read_text().replace(
-        "  acme:\n    name: ACME Corporation (buyer)\n",
-        f"  acme:\n    name: ACME Corporation (buyer)\n    as2:\n      id: ACME-AS2\n      certificate: {acme.cert}\n", 1)
+    text = (
+        (REPO / "config" / "partners.yaml")
+        .read_text()
+        .replace(
+            "  acme:\n    name: ACME Corporation (buyer)\n",
+            f"  acme:\n    name: ACME Corporation (buyer)\n    as2:\n      id: ACME-AS2\n      certificate: {acme.cert}\n",
+            1,
+        )
+    )
     partners.write_text(text)
     config = folder / "b2bgw.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text()
-                      .replace("partners: partners.yaml", f"partners: {partners}")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
-                      .replace("file: ../rules/", f"file: {REPO}/rules/")
-                      + f"\nas2:\n  id: {OUR_ID}\n  key: {ours.key}\n  certificate: {ours.cert}\n")
+    config.write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {partners}")
+        .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+        .replace("file: ../rules/", f"file: {REPO}/rules/")
+        + f"\nas2:\n  id: {OUR_ID}\n  key: {ours.key}\n  certificate: {ours.cert}\n"
+    )
     return config
 
 
@@ -80,8 +88,9 @@ async def _run(base: str, requests: list[tuple[str, dict, bytes]], concurrency: 
             response = await client.post(base + path, content=body, headers=headers)
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
             if path == "/as2":
-                assert b"processed/error" not in response.content and b"; processed" in response.content, \
+                assert b"processed/error" not in response.content and b"; processed" in response.content, (
                     response.content[-400:]
+                )
 
     async with httpx.AsyncClient(timeout=60) as client:
         cpu, started = _cpu(pid), time.perf_counter()
@@ -110,9 +119,25 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "B2BGW_STORE_URL": f"sqlite:///{folder / 'gw.db'}", "PYTHONPATH": str(REPO)}
-    server = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "serve", "--config", str(config), "--port",
-                               str(port), "--no-etl", "--no-stomp", "--no-access-log"], cwd=str(folder), env=env,
-                              stdout=(folder / "serve.log").open("wb"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--no-etl",
+            "--no-stomp",
+            "--no-access-log",
+        ],
+        cwd=str(folder),
+        env=env,
+        stdout=(folder / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -153,12 +178,23 @@ def _outbound(folder: Path, ours, partner, count: int) -> None:
     from gateway.as2.outbound import As2Endpoint, OutboundRequest, send_message
 
     options = folder / "receiver.json"
-    options.write_text(json.dumps({"hostId": "ACME-AS2", "hostCert": partner.cert.read_text(),
-                                   "hostKey": partner.key.read_text(), "partnerId": OUR_ID,
-                                   "partnerCert": ours.cert.read_text()}))
+    options.write_text(
+        json.dumps(
+            {
+                "hostId": "ACME-AS2",
+                "hostCert": partner.cert.read_text(),
+                "hostKey": partner.key.read_text(),
+                "partnerId": OUR_ID,
+                "partnerCert": ours.cert.read_text(),
+            }
+        )
+    )
     # --security-revert=CVE-2023-46809: Node 20 refuses RSA PKCS #1 v1.5 decryption without it
-    process = subprocess.Popen([node, "--security-revert=CVE-2023-46809", str(interop / "as2node.js"), "serve",
-                                str(options)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [node, "--security-revert=CVE-2023-46809", str(interop / "as2node.js"), "serve", str(options)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         port = next(json.loads(line) for line in process.stdout if line.startswith(b"{"))["port"]
         cert = x509.load_pem_x509_certificate(partner.cert.read_bytes())
@@ -170,9 +206,14 @@ def _outbound(folder: Path, ours, partner, count: int) -> None:
             async with httpx.AsyncClient(follow_redirects=False) as client:
                 started = time.perf_counter()
                 for i in range(count):
-                    result = await send_message(endpoint, settings, OutboundRequest(
-                        f"bench-{i}", "acme", "as2", with_id(ORDER, f"OUT-{i}"), "application/xml", 1, 30.0),
-                        client=client)
+                    result = await send_message(
+                        endpoint,
+                        settings,
+                        OutboundRequest(
+                            f"bench-{i}", "acme", "as2", with_id(ORDER, f"OUT-{i}"), "application/xml", 1, 30.0
+                        ),
+                        client=client,
+                    )
                     assert result.outcome == "delivered", result.detail
                 return count / (time.perf_counter() - started)
 

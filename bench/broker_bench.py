@@ -91,8 +91,11 @@ def request_reply(url: str, rounds: int) -> tuple[float, float, float]:
         stop.set()
         responder.join()
         samples.sort()
-        return (statistics.median(samples) * 1e6, samples[int(len(samples) * 0.99)] * 1e6,
-                samples[int(len(samples) * 0.999)] * 1e6)
+        return (
+            statistics.median(samples) * 1e6,
+            samples[int(len(samples) * 0.99)] * 1e6,
+            samples[int(len(samples) * 0.999)] * 1e6,
+        )
 
 
 def selective_drain(url: str, depth: int = 20_000) -> tuple[float, int]:
@@ -109,7 +112,8 @@ def selective_drain(url: str, depth: int = 20_000) -> tuple[float, int]:
                 session.commit()
         session.commit()
         consumer = conn.create_session(False, AckMode.AUTO).create_consumer(
-            Queue("bench.deep"), selector="partner = 'acme'")
+            Queue("bench.deep"), selector="partner = 'acme'"
+        )
         start = time.perf_counter()
         got = 0
         while got < depth // 10:
@@ -128,9 +132,13 @@ def main() -> None:
     print(f"broker_core benchmark on {args.url} (Python {sys.version.split()[0]})")
     for mode in (AckMode.CLIENT, AckMode.AUTO):
         rate = throughput(args.url, args.messages, mode)
-        print(f"  send+receive+ack, 2 KB non-persistent, 1 producer + 1 consumer thread, {mode.name}: {rate:,.0f} msg/s")
+        print(
+            f"  send+receive+ack, 2 KB non-persistent, 1 producer + 1 consumer thread, {mode.name}: {rate:,.0f} msg/s"
+        )
     p50, p99, p999 = request_reply(args.url, args.rounds)
-    print(f"  request-reply via Requestor ({args.rounds} rounds): p50 {p50:.0f} us, p99 {p99:.0f} us, p99.9 {p999:.0f} us")
+    print(
+        f"  request-reply via Requestor ({args.rounds} rounds): p50 {p50:.0f} us, p99 {p99:.0f} us, p99.9 {p999:.0f} us"
+    )
     elapsed, got = selective_drain(args.url)
     print(f"  selective consumer drained {got} matches (10%) of a 20,000-deep queue in {elapsed * 1000:.0f} ms")
 

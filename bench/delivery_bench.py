@@ -45,17 +45,20 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCH))
 
+from gateway_bench import ServerProcess, closed_loop, free_port, order_with_id, write_config  # noqa: E402
+
 from broker_core import Broker, DeliveryMode, Queue  # noqa: E402
-from gateway.marked import load_yaml  # noqa: E402
 from gateway.delivery.config import parse_partner_delivery  # noqa: E402
 from gateway.delivery.engine import DeliveryEngine  # noqa: E402
 from gateway.delivery.outbox import delivery_message, queue_delivery  # noqa: E402
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries  # noqa: E402
-from gateway_bench import ServerProcess, closed_loop, free_port, order_with_id, write_config  # noqa: E402
+from gateway.marked import load_yaml  # noqa: E402
 from gateway.routing.partners import generate_key  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-DOC = b"<Invoice xmlns='urn:oasis:names:specification:ubl:schema:xsd:Invoice-2'><ID>1</ID>" + b"x" * 1000 + b"</Invoice>"
+DOC = (
+    b"<Invoice xmlns='urn:oasis:names:specification:ubl:schema:xsd:Invoice-2'><ID>1</ID>" + b"x" * 1000 + b"</Invoice>"
+)
 
 
 class Receiver:
@@ -68,8 +71,16 @@ class Receiver:
         cert.private_key_pem.write_to_path(str(key_file))
         self.out = folder / f"arrivals-{uuid.uuid4().hex[:6]}.jsonl"
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(BENCH / "delivery_receiver_app.py"), str(self.port),
-                                      str(cert_file), str(key_file), str(self.out)])
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(BENCH / "delivery_receiver_app.py"),
+                str(self.port),
+                str(cert_file),
+                str(key_file),
+                str(self.out),
+            ]
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -80,8 +91,13 @@ class Receiver:
         raise RuntimeError("the receiver did not start")
 
     def endpoint_yaml(self, name: str) -> dict:
-        return {"url": f"https://127.0.0.1:{self.port}/{name}", "ca_bundle": str(self.ca_file), "secrets": [SECRET],
-                "allow_addresses": ["127.0.0.1"], "concurrency": 8}
+        return {
+            "url": f"https://127.0.0.1:{self.port}/{name}",
+            "ca_bundle": str(self.ca_file),
+            "secrets": [SECRET],
+            "allow_addresses": ["127.0.0.1"],
+            "concurrency": 8,
+        }
 
     def arrivals(self) -> dict[str, float]:
         self.proc.send_signal(signal.SIGINT)
@@ -112,8 +128,18 @@ def queue_many(broker: Broker, configs: list, count: int) -> list[str]:
                 message = delivery_message(config, DOC, "application/xml", "bench")
                 producer.send(Queue(config.queue), message, delivery_mode=DeliveryMode.PERSISTENT)
                 ids.append(message.jms_message_id)
-                inserts.append(DeliveryLedger.insert(message.jms_message_id, config.partner, config.name, config.kind,
-                                                     "bench", "Invoice", "application/xml", DOC))
+                inserts.append(
+                    DeliveryLedger.insert(
+                        message.jms_message_id,
+                        config.partner,
+                        config.name,
+                        config.kind,
+                        "bench",
+                        "Invoice",
+                        "application/xml",
+                        DOC,
+                    )
+                )
             session.commit(in_transaction=inserts)
     return ids
 
@@ -142,8 +168,13 @@ def drain(folder: Path, count: int, n_endpoints: int) -> dict[str, float]:
         broker.close()
     arrivals = receiver.arrivals()
     last = max(arrivals[i] for i in ids)
-    return {"rate": count / (last - t0), "elapsed": elapsed, "cpu_ms": used / count * 1000,
-            "duplicates": 0.0, "received": float(len(arrivals))}
+    return {
+        "rate": count / (last - t0),
+        "elapsed": elapsed,
+        "cpu_ms": used / count * 1000,
+        "duplicates": 0.0,
+        "received": float(len(arrivals)),
+    }
 
 
 def latency(folder: Path, seconds: float, rate: float) -> dict[str, float]:
@@ -172,8 +203,11 @@ def latency(folder: Path, seconds: float, rate: float) -> dict[str, float]:
         broker.close()
     arrivals = receiver.arrivals()
     lat = sorted(arrivals[i] - t for i, t in committed.items() if i in arrivals)
-    return {"count": float(len(lat)), "p50_ms": statistics.median(lat) * 1000,
-            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}
+    return {
+        "count": float(len(lat)),
+        "p50_ms": statistics.median(lat) * 1000,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+    }
 
 
 def inbound(folder: Path, seconds: float, connections: int, deliver: bool) -> dict[str, float]:
@@ -194,11 +228,20 @@ def inbound(folder: Path, seconds: float, connections: int, deliver: bool) -> di
         server.wait_ready()
         headers = {"Authorization": f"Bearer {bench_key}", "Content-Type": "application/xml"}
         for i in range(50):
-            httpx.post(f"http://127.0.0.1:{port}/v1/documents", content=order_with_id(f"warm-{i}"), headers=headers,
-                       timeout=30)
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/documents", content=order_with_id(f"warm-{i}"), headers=headers, timeout=30
+            )
         run = uuid.uuid4().hex[:8]
-        result = asyncio.run(closed_loop(f"http://127.0.0.1:{port}/v1/documents", headers, seconds, connections,
-                                         lambda n: order_with_id(f"{run}-{n}"), 202))
+        result = asyncio.run(
+            closed_loop(
+                f"http://127.0.0.1:{port}/v1/documents",
+                headers,
+                seconds,
+                connections,
+                lambda n: order_with_id(f"{run}-{n}"),
+                202,
+            )
+        )
     finally:
         server.stop()
     if receiver is not None:
@@ -214,21 +257,33 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32, help="clients of (3)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="b2bgw-delivery-bench-"))
-    print(f"b2bgw delivery benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"b2bgw delivery benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"load average before: {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     for n in (1, 16):
         r = drain(folder, args.deliveries, n)
-        print(f"1. {n:2d} endpoint(s), concurrency 8: {r['rate']:.0f} deliveries/s ({args.deliveries} in "
-              f"{r['elapsed']:.1f} s), engine CPU {r['cpu_ms']:.2f} ms per delivery", flush=True)
+        print(
+            f"1. {n:2d} endpoint(s), concurrency 8: {r['rate']:.0f} deliveries/s ({args.deliveries} in "
+            f"{r['elapsed']:.1f} s), engine CPU {r['cpu_ms']:.2f} ms per delivery",
+            flush=True,
+        )
     r = latency(folder, args.seconds, args.rate)
-    print(f"2. commit to receipt at {args.rate:g}/s: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
-          f"({r['count']:.0f} deliveries)", flush=True)
+    print(
+        f"2. commit to receipt at {args.rate:g}/s: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
+        f"({r['count']:.0f} deliveries)",
+        flush=True,
+    )
     without = inbound(folder, args.seconds, args.connections, deliver=False)
     print(f"3. inbound one-way without deliveries: {without['rate']:.0f} orders/s", flush=True)
     with_ = inbound(folder, args.seconds, args.connections, deliver=True)
-    print(f"   inbound one-way with each order delivered: {with_['rate']:.0f} orders/s "
-          f"({with_['rate'] / without['rate'] * 100:.0f}% of without; {with_['delivered_during_run']:.0f} "
-          "delivered by the end)", flush=True)
+    print(
+        f"   inbound one-way with each order delivered: {with_['rate']:.0f} orders/s "
+        f"({with_['rate'] / without['rate'] * 100:.0f}% of without; {with_['delivered_during_run']:.0f} "
+        "delivered by the end)",
+        flush=True,
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

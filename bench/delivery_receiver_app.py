@@ -33,8 +33,16 @@ async def app(scope, receive, send):
 def main() -> None:
     port, cert, key, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     try:
-        uvicorn.run(app, host="127.0.0.1", port=port, ssl_certfile=cert, ssl_keyfile=key, log_level="warning",
-                    access_log=False, timeout_keep_alive=30)
+        uvicorn.run(
+            app,
+            host="127.0.0.1",
+            port=port,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+        )
     finally:
         with open(out, "w") as f:
             for delivery_id, at in ARRIVALS:

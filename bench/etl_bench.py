@@ -81,16 +81,29 @@ def _templates(pretty: bool) -> tuple[str, str, str]:
     head = sub(head, "<cbc:Name>Johnssons byggvaror</cbc:Name>", "<cbc:Name>{buyer_name}</cbc:Name>")
     head = sub(head, ">SellerPartyID123<", ">{seller_id}<")
     head = sub(head, "<cbc:Name>Moderna Produkter AB</cbc:Name>", "<cbc:Name>{seller_name}</cbc:Name>")
-    head = sub(head, '<cbc:TaxAmount currencyID="SEK">100</cbc:TaxAmount>',
-               '<cbc:TaxAmount currencyID="SEK">{tax}</cbc:TaxAmount>')
-    head = sub(head, '<cbc:LineExtensionAmount currencyID="SEK">6225</cbc:LineExtensionAmount>',
-               '<cbc:LineExtensionAmount currencyID="SEK">{total}</cbc:LineExtensionAmount>')
-    head = sub(head, '<cbc:PayableAmount currencyID="SEK">6225</cbc:PayableAmount>',
-               '<cbc:PayableAmount currencyID="SEK">{payable}</cbc:PayableAmount>')
+    head = sub(
+        head,
+        '<cbc:TaxAmount currencyID="SEK">100</cbc:TaxAmount>',
+        '<cbc:TaxAmount currencyID="SEK">{tax}</cbc:TaxAmount>',
+    )
+    head = sub(
+        head,
+        '<cbc:LineExtensionAmount currencyID="SEK">6225</cbc:LineExtensionAmount>',
+        '<cbc:LineExtensionAmount currencyID="SEK">{total}</cbc:LineExtensionAmount>',
+    )
+    head = sub(
+        head,
+        '<cbc:PayableAmount currencyID="SEK">6225</cbc:PayableAmount>',
+        '<cbc:PayableAmount currencyID="SEK">{payable}</cbc:PayableAmount>',
+    )
     head = head.replace('currencyID="SEK"', 'currencyID="{currency}"')
     line = sub(line, "<cbc:ID>1</cbc:ID>", "<cbc:ID>{line_id}</cbc:ID>")
-    line = sub(line, '<cbc:Quantity unitCode="LTR">120</cbc:Quantity>', '<cbc:Quantity unitCode="{unit}">{qty}</cbc:Quantity>')
-    line = sub(line, '<cbc:LineExtensionAmount currencyID="SEK">6000<', '<cbc:LineExtensionAmount currencyID="SEK">{amount}<')
+    line = sub(
+        line, '<cbc:Quantity unitCode="LTR">120</cbc:Quantity>', '<cbc:Quantity unitCode="{unit}">{qty}</cbc:Quantity>'
+    )
+    line = sub(
+        line, '<cbc:LineExtensionAmount currencyID="SEK">6000<', '<cbc:LineExtensionAmount currencyID="SEK">{amount}<'
+    )
     line = sub(line, '<cbc:PriceAmount currencyID="SEK">50<', '<cbc:PriceAmount currencyID="SEK">{price}<')
     line = sub(line, '<cbc:BaseQuantity unitCode="LTR">', '<cbc:BaseQuantity unitCode="{unit}">')
     line = sub(line, "<cbc:Name>Falu Rödfärg</cbc:Name>", "<cbc:Name>{item_name}</cbc:Name>")
@@ -128,14 +141,38 @@ def generate(n_orders: int, seed: int = 42, pretty: bool = False):
             qty = rnd.randint(1, 100)
             amount = price * qty
             total += amount
-            parts.append(line.format(line_id=ln, unit=unit, qty=qty, amount=amount, price=price,
-                                     item_name=item_name, item_id=item_id, gtin=gtin, currency=currency))
+            parts.append(
+                line.format(
+                    line_id=ln,
+                    unit=unit,
+                    qty=qty,
+                    amount=amount,
+                    price=price,
+                    item_name=item_name,
+                    item_id=item_id,
+                    gtin=gtin,
+                    currency=currency,
+                )
+            )
         tax = (total * Decimal("0.25")).quantize(Decimal("0.01"))
         buyer_id, buyer_name = buyers[partner]
         seller_id, seller_name = sellers[rnd.randrange(len(sellers))]
-        xml = head.format(order_id=order_id, issue_date=issue_date, currency=currency, buyer_id=buyer_id,
-                          buyer_name=buyer_name, seller_id=seller_id, seller_name=seller_name, tax=tax,
-                          total=total, payable=total + tax) + "".join(parts) + foot
+        xml = (
+            head.format(
+                order_id=order_id,
+                issue_date=issue_date,
+                currency=currency,
+                buyer_id=buyer_id,
+                buyer_name=buyer_name,
+                seller_id=seller_id,
+                seller_name=seller_name,
+                tax=tax,
+                total=total,
+                payable=total + tax,
+            )
+            + "".join(parts)
+            + foot
+        )
         yield f"ID:bench-{k:08d}", partner, order_id, xml.encode("utf-8"), n_lines
 
 
@@ -144,9 +181,9 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     orders, each with the facts the gateway extracts at intake."""
     import sqlalchemy as sa
 
+    from gateway.intake.xmlsafe import IntakeLimits, parse_document
     from ledger_contract import facts as ledger_facts
     from ledger_contract.tables import metadata, pack_xml
-    from gateway.intake.xmlsafe import IntakeLimits, parse_document
 
     if db_path.exists():
         db_path.unlink()
@@ -170,9 +207,25 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
         if facts is None:
             raise RuntimeError(f"no facts for generated order {message_id}")
         n_facts_bytes += len(facts.encode("utf-8"))
-        docs.append((message_id, partner, "Order", ORDER_NS, order_id, f"{partner}:{order_id}", message_id,
-                     "orders", "queue://orders", "delivered", at, at + 5, pack_xml(xml), facts,
-                     ledger_facts.VERSION))  # the document stored as the gateway stores it
+        docs.append(
+            (
+                message_id,
+                partner,
+                "Order",
+                ORDER_NS,
+                order_id,
+                f"{partner}:{order_id}",
+                message_id,
+                "orders",
+                "queue://orders",
+                "delivered",
+                at,
+                at + 5,
+                pack_xml(xml),
+                facts,
+                ledger_facts.VERSION,
+            )
+        )  # the document stored as the gateway stores it
         events.append((message_id, "accepted", at))
         events.append((message_id, "delivered", at + 5))
         n_lines += lines
@@ -182,8 +235,13 @@ def build_ledger(db_path: Path, n_orders: int, seed: int = 42, pretty: bool = Fa
     _flush(conn, docs, events)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    return {"orders": n_orders, "lines": n_lines, "bytes": n_bytes, "facts_bytes": n_facts_bytes,
-            "edge_us_per_order": round(edge_cpu / n_orders * 1e6, 1)}
+    return {
+        "orders": n_orders,
+        "lines": n_lines,
+        "bytes": n_bytes,
+        "facts_bytes": n_facts_bytes,
+        "edge_us_per_order": round(edge_cpu / n_orders * 1e6, 1),
+    }
 
 
 def _flush(conn: sqlite3.Connection, docs: list, events: list) -> None:
@@ -250,7 +308,7 @@ def baseline(db: Path, out: Path) -> dict:
     conn.close()
     docs = pa.Table.from_batches(batches)
     docs = docs.filter(pc.equal(docs["outcome"], "ok"))
-    ms = lambda c: pc.cast(docs[c], pa.timestamp("ms"))  # noqa: E731
+    ms = lambda c: pc.cast(docs[c], pa.timestamp("ms"))
     orders = pa.table({
         "message_id": docs["message_id"], "partner": docs["partner"], "order_id": docs["doc_id"],
         "buyer_id": docs["party_a_id"], "buyer_name": docs["party_a_name"], "seller_id": docs["party_b_id"],
@@ -263,7 +321,7 @@ def baseline(db: Path, out: Path) -> dict:
     lines_col = docs["lines"].combine_chunks()
     parent = pc.list_parent_indices(lines_col)
     flat = pc.list_flatten(lines_col)
-    take = lambda c: pc.take(docs[c], parent)  # noqa: E731
+    take = lambda c: pc.take(docs[c], parent)
     cols = {"message_id": take("message_id"), "partner": take("partner"), "order_id": take("doc_id")}
     for f in ("line_no", "line_id", "item_id", "item_std_id", "item_name", "quantity", "unit_code", "price_amount",
               "line_amount", "tax_amount", "currency"):  # fmt: skip
@@ -308,7 +366,7 @@ def compare_parsers(spark, url: str, n_docs: int) -> dict[str, float]:
 
     party = st(("Party", st(("PartyIdentification", T.ArrayType(st(("ID", S)))), ("EndpointID", S),
                             ("PartyName", T.ArrayType(st(("Name", S)))))))  # fmt: skip
-    valattr = lambda a: st(("_VALUE", S), (a, S))  # noqa: E731
+    valattr = lambda a: st(("_VALUE", S), (a, S))
     line = st(("LineItem", st(("ID", S), ("LineStatusCode", S), ("Quantity", valattr("_unitCode")),
                               ("LineExtensionAmount", valattr("_currencyID")), ("TotalTaxAmount", S),
                               ("Price", st(("PriceAmount", S))),
@@ -337,15 +395,19 @@ def compare_parsers(spark, url: str, n_docs: int) -> dict[str, float]:
 
     def parse_batches(it):
         for b in it:
-            rows = zip(*(b.column(i).to_pylist() for i in range(7)))
+            rows = zip(*(b.column(i).to_pylist() for i in range(7)), strict=False)
             yield from ubl.extract_many((m, p, d, s, r, dl, doc.encode()) for m, p, d, s, r, dl, doc in rows)
 
     def explode(df):
-        return df.select("message_id", "issue_date", F.explode("lines").alias("l")).select("message_id", "issue_date", "l.*")
+        return df.select("message_id", "issue_date", F.explode("lines").alias("l")).select(
+            "message_id", "issue_date", "l.*"
+        )
 
     variants = {
         "from_xml (Spark, JVM)": from_xml,
-        "lxml in mapInArrow": lambda: explode(load("raw").mapInArrow(parse_batches, source.spark_schema(ubl.DOC_SCHEMA))),
+        "lxml in mapInArrow": lambda: explode(
+            load("raw").mapInArrow(parse_batches, source.spark_schema(ubl.DOC_SCHEMA))
+        ),
         "lxml in the Data Source reader": lambda: explode(load("parsed")),
     }
     out = {}
@@ -368,8 +430,8 @@ def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
     gateway's parse + validation for scale."""
     import statistics
 
-    from ledger_contract import facts as ledger_facts
     from gateway.intake.xmlsafe import IntakeLimits, parse_document
+    from ledger_contract import facts as ledger_facts
 
     xml = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
     root = parse_document(xml, IntakeLimits())
@@ -384,8 +446,12 @@ def edge_cost(repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
     for _ in range(repeat // 4):
         parse_document(xml, IntakeLimits())
     parse_us = (time.process_time() - c0) / (repeat // 4) * 1e6
-    return {"best": min(out), "median": statistics.median(out), "parse": parse_us,
-            "bytes": len(ledger_facts.for_ledger(root, "Order").encode())}
+    return {
+        "best": min(out),
+        "median": statistics.median(out),
+        "parse": parse_us,
+        "bytes": len(ledger_facts.for_ledger(root, "Order").encode()),
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -415,7 +481,6 @@ def tree_cpu(root: int | None = None) -> float:
     return total / ticks
 
 
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orders", type=int, default=100_000)
@@ -428,8 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--no-warm", action="store_true", help="do not repeat the load in the warm session")
     ap.add_argument("--skip-reparse", action="store_true", help="do not time the full rebuild from the XML")
-    ap.add_argument("--staging", default="auto", choices=["auto", "true", "false"],
-                    help="etl.arrow_staging: auto (Arrow on the driver in local mode), true, false (the Data Source)")
+    ap.add_argument(
+        "--staging",
+        default="auto",
+        choices=["auto", "true", "false"],
+        help="etl.arrow_staging: auto (Arrow on the driver in local mode), true, false (the Data Source)",
+    )
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = ap.parse_args(argv)
 
@@ -456,14 +525,23 @@ def main(argv: list[str] | None = None) -> int:
     with sqlite3.connect(db) as c:
         for t in ("etl_runs", "etl_quarantine", "etl_lock", "b2b_etl_version"):
             c.execute(f"DROP TABLE IF EXISTS {t}")
-    settings = config.resolve({"warehouse": str(wh), "spark_master": args.master, "arrow_staging": args.staging,
-                               "spark_conf": dict(c.split("=", 1) for c in args.conf)})
+    settings = config.resolve(
+        {
+            "warehouse": str(wh),
+            "spark_master": args.master,
+            "arrow_staging": args.staging,
+            "spark_conf": dict(c.split("=", 1) for c in args.conf),
+        }
+    )
 
     t, c = time.perf_counter(), tree_cpu()
     spark = get_spark(settings)
     spark.range(1).count()
-    print(f"SparkSession ({args.master}) started in {time.perf_counter() - t:.1f}s, CPU {tree_cpu() - c:.1f}s "
-          f"(not counted below)", flush=True)
+    print(
+        f"SparkSession ({args.master}) started in {time.perf_counter() - t:.1f}s, CPU {tree_cpu() - c:.1f}s "
+        f"(not counted below)",
+        flush=True,
+    )
 
     t, c = time.perf_counter(), tree_cpu()
     first = job.run(settings, url, spark=spark)
@@ -510,11 +588,17 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         base = baseline(db, workdir / "baseline")
         t_base = time.perf_counter() - t
-        print(f"baseline (1 process, lxml + pyarrow): {base['orders']:,} orders, {base['lines']:,} lines in "
-              f"{t_base:.1f}s = {base['orders'] / t_base:,.0f} orders/s, {base['lines'] / t_base:,.0f} lines/s", flush=True)
-        print(f"ETL / baseline throughput: {t_base / t_first:.2f}x (first load)"
-              + (f", {t_base / t_warm:.2f}x (warm session)" if t_warm else "")
-              + (f"; full rebuild from XML / baseline: {t_base / t_reparse:.2f}x" if t_reparse else ""), flush=True)
+        print(
+            f"baseline (1 process, lxml + pyarrow): {base['orders']:,} orders, {base['lines']:,} lines in "
+            f"{t_base:.1f}s = {base['orders'] / t_base:,.0f} orders/s, {base['lines'] / t_base:,.0f} lines/s",
+            flush=True,
+        )
+        print(
+            f"ETL / baseline throughput: {t_base / t_first:.2f}x (first load)"
+            + (f", {t_base / t_warm:.2f}x (warm session)" if t_warm else "")
+            + (f"; full rebuild from XML / baseline: {t_base / t_reparse:.2f}x" if t_reparse else ""),
+            flush=True,
+        )
 
     if args.compare_parsers:
         res = compare_parsers(spark, url, args.compare_parsers)

@@ -63,9 +63,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.routing.partners import generate_key, hash_key  # noqa: E402
 from gateway.intake.schemas import SchemaRegistry  # noqa: E402
 from gateway.intake.xmlsafe import parse_document  # noqa: E402
+from gateway.routing.partners import generate_key, hash_key  # noqa: E402
 
 ORDER_FILE = REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-Order-2.1-Example.xml"
 ORDER = ORDER_FILE.read_bytes()
@@ -113,25 +113,31 @@ def sample_config() -> dict:
     return config
 
 
-def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None,
-                 rules: bool = True) -> Path:
+def write_config(
+    folder: Path, bench_key: str, synchronous: str = "FULL", responders: int | None = None, rules: bool = True
+) -> Path:
     config = sample_config()
     partners = yaml.safe_load((REPO / "config" / "partners.yaml").read_text())["partners"]
     routes = yaml.safe_load((REPO / "routes" / "ubl-2.1.yaml").read_text())["routes"]
     # the benchmark's client is a high-volume partner: its limits are raised as an operator would raise them
-    partners["bench"] = {"name": "Benchmark client", "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}],
-                         "limits": {"concurrent_requests": 4096, "requests_per_second": 1_000_000}}
+    partners["bench"] = {
+        "name": "Benchmark client",
+        "keys": [{"id": "bench", "hash": hash_key(bench_key, ln=10)}],
+        "limits": {"concurrent_requests": 4096, "requests_per_second": 1_000_000},
+    }
     partners["acme"]["limits"] = dict(partners["bench"]["limits"])  # the request-reply phase's clients
     order_route = next(r for r in routes if r["id"] == "ubl-order")
-    routes.append({
-        "id": "bench-order-one-way",
-        "partners": ["bench"],
-        "root": order_route["root"],
-        "schema": order_route["schema"],
-        "properties": order_route["properties"],
-        "destination": "queue://orders.bench",
-        "delivery_mode": "persistent",
-    })
+    routes.append(
+        {
+            "id": "bench-order-one-way",
+            "partners": ["bench"],
+            "root": order_route["root"],
+            "schema": order_route["schema"],
+            "properties": order_route["properties"],
+            "destination": "queue://orders.bench",
+            "delivery_mode": "persistent",
+        }
+    )
     config["store"]["url"] = f"sqlite:///{folder / 'bench.db'}"
     config["store"].setdefault("options", {})["sqlite_synchronous"] = synchronous
     # every commit over SLOW_COMMIT_MS is logged: (4) reports those that happened during its phase
@@ -159,16 +165,34 @@ def write_config(folder: Path, bench_key: str, synchronous: str = "FULL", respon
 
 
 class ServerProcess:
-    def __init__(self, config: Path, port: int, log: Path, processes: int = 1, tls: ssl.SSLContext | None = None
-                 ) -> None:
+    def __init__(
+        self, config: Path, port: int, log: Path, processes: int = 1, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.port = port
         self.log = log
         self.tls = tls
         env = {**os.environ, "B2BGW_NOOP_ENDPOINT": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.main", "--log-level", "WARNING", "serve", "--config", str(config),
-             "--port", str(port), "--no-access-log", "--no-etl", "--processes", str(processes)],
-            cwd=str(config.parent), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli.main",
+                "--log-level",
+                "WARNING",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--no-etl",
+                "--processes",
+                str(processes),
+            ],
+            cwd=str(config.parent),
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -178,8 +202,14 @@ class ServerProcess:
                 raise RuntimeError(f"the server exited: see {self.log}")
             try:
                 scheme = "https" if self.tls is not None else "http"
-                if httpx.get(f"{scheme}://127.0.0.1:{self.port}/readyz", timeout=1,
-                             verify=self.tls if self.tls is not None else True).status_code == 200:
+                if (
+                    httpx.get(
+                        f"{scheme}://127.0.0.1:{self.port}/readyz",
+                        timeout=1,
+                        verify=self.tls if self.tls is not None else True,
+                    ).status_code
+                    == 200
+                ):
                     return
             except httpx.HTTPError:
                 pass
@@ -312,8 +342,21 @@ end
 
 
 def run_wrk(url: str, script: Path, seconds: float, connections: int, args: list[str]) -> dict[str, float]:
-    cmd = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency", "-s", str(script), url,
-           "--", *args]
+    cmd = [
+        "wrk",
+        "-t",
+        "1",
+        "-c",
+        str(connections),
+        "-d",
+        f"{seconds:g}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+        "--",
+        *args,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     total = int(re.search(r"(\d+) requests in ([\d.]+)(\w+)", out).group(1))
     span = re.search(r"requests in ([\d.]+)(ms|s|m)", out)
@@ -326,9 +369,16 @@ def run_wrk(url: str, script: Path, seconds: float, connections: int, args: list
         if m:
             lat[pct] = float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
     bad = int(non2xx.group(1)) if non2xx else 0
-    return {"total": total, "ok": total - bad, "bad": bad, "seconds": duration,
-            "rate": (total - bad) / duration, "p50_ms": lat.get("50", float("nan")),
-            "p99_ms": lat.get("99", float("nan")), "socket_errors": errors.group(1) if errors else ""}
+    return {
+        "total": total,
+        "ok": total - bad,
+        "bad": bad,
+        "seconds": duration,
+        "rate": (total - bad) / duration,
+        "p50_ms": lat.get("50", float("nan")),
+        "p99_ms": lat.get("99", float("nan")),
+        "socket_errors": errors.group(1) if errors else "",
+    }
 
 
 # --------------------------------------------------------------------------- load: asyncio, raw HTTP/1.1
@@ -390,8 +440,15 @@ class Connection:
         self.reader = self.writer = None
 
 
-async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurrency: int, body_for,
-                      expect: int, tls: ssl.SSLContext | None = None) -> dict[str, float]:
+async def closed_loop(
+    url: str,
+    headers: dict[str, str],
+    seconds: float,
+    concurrency: int,
+    body_for,
+    expect: int,
+    tls: ssl.SSLContext | None = None,
+) -> dict[str, float]:
     """``concurrency`` clients, each on its own connection, sending back to back."""
     host, port, path = _split(url)
     latencies: list[float] = []
@@ -418,8 +475,16 @@ async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurr
     return summary(latencies, bad, time.perf_counter() - started)
 
 
-async def paced(url: str, headers: dict[str, str], seconds: float, clients: int, rate: float, body_for,
-                expect: int, tls: ssl.SSLContext | None = None) -> dict[str, float]:
+async def paced(
+    url: str,
+    headers: dict[str, str],
+    seconds: float,
+    clients: int,
+    rate: float,
+    body_for,
+    expect: int,
+    tls: ssl.SSLContext | None = None,
+) -> dict[str, float]:
     """``clients`` concurrent clients, each on its own connection: send, wait for the reply, think (exponential,
     so that all together offer ``rate`` requests/s); latency is send to reply."""
     host, port, path = _split(url)
@@ -469,9 +534,16 @@ def summary(latencies: list[float], bad: int, elapsed: float) -> dict[str, float
             return float("nan")
         return latencies[min(len(latencies) - 1, int(round(p / 100 * (len(latencies) - 1))))] * 1000
 
-    return {"total": len(latencies) + bad, "ok": len(latencies), "bad": bad, "seconds": elapsed,
-            "rate": len(latencies) / elapsed, "p50_ms": pct(50), "p99_ms": pct(99),
-            "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan")}
+    return {
+        "total": len(latencies) + bad,
+        "ok": len(latencies),
+        "bad": bad,
+        "seconds": elapsed,
+        "rate": len(latencies) / elapsed,
+        "p50_ms": pct(50),
+        "p99_ms": pct(99),
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"),
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -487,8 +559,9 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     try:
         queued = broker.stats(Queue("orders.bench")).depth
         with broker.engine.connect() as conn:
-            rows, with_facts = conn.execute(sa.text(
-                "SELECT count(*), count(facts) FROM b2b_ledger WHERE route = 'bench-order-one-way'")).one()
+            rows, with_facts = conn.execute(
+                sa.text("SELECT count(*), count(facts) FROM b2b_ledger WHERE route = 'bench-order-one-way'")
+            ).one()
     finally:
         broker.close()
     validate = results["validate"]
@@ -496,45 +569,76 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     accepted = results["accepted"]
     ceiling = 1 / (1 / noop + 1 / validate)
     ratio = accepted["rate"] / ceiling
-    print(f"lxml parse+validate alone     {validate:9.0f} documents/s (before {results['validate_before']:.0f}, "
-          f"after {results['validate_after']:.0f})")
+    print(
+        f"lxml parse+validate alone     {validate:9.0f} documents/s (before {results['validate_before']:.0f}, "
+        f"after {results['validate_after']:.0f})"
+    )
     print(f"no-op endpoint                {noop:9.0f} requests/s")
     print(f"ceiling 1/(1/noop+1/validate) {ceiling:9.0f} requests/s")
-    print(f"one-way Orders accepted       {accepted['rate']:9.0f} orders/s = {ratio:.0%} of the ceiling "
-          f"(goal >= 60%: {'met' if ratio >= 0.6 else 'NOT met'}); p50 {accepted['p50_ms']:.1f} ms, "
-          f"p99 {accepted['p99_ms']:.1f} ms; {accepted['bad']:.0f} refused")
-    print(f"   stored: {queued} messages in queue://orders.bench, {rows} ledger rows "
-          f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase); {with_facts} with their warehouse facts "
-          f"extracted at intake, the others' left to the nightly load (server.intake_facts)")
-    print(f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
-          f"{cpu['accepted'] * 1e6:.0f} us per accepted order, of which {cpu['accepted_loop'] * 1e6:.0f} us in the "
-          f"event loops' threads")
-
+    print(
+        f"one-way Orders accepted       {accepted['rate']:9.0f} orders/s = {ratio:.0%} of the ceiling "
+        f"(goal >= 60%: {'met' if ratio >= 0.6 else 'NOT met'}); p50 {accepted['p50_ms']:.1f} ms, "
+        f"p99 {accepted['p99_ms']:.1f} ms; {accepted['bad']:.0f} refused"
+    )
+    print(
+        f"   stored: {queued} messages in queue://orders.bench, {rows} ledger rows "
+        f"(50 warm-up + {accepted['ok']:.0f} accepted in the phase); {with_facts} with their warehouse facts "
+        f"extracted at intake, the others' left to the nightly load (server.intake_facts)"
+    )
+    print(
+        f"server CPU (user+system, all its threads): {cpu['noop'] * 1e6:.0f} us per no-op request, "
+        f"{cpu['accepted'] * 1e6:.0f} us per accepted order, of which {cpu['accepted_loop'] * 1e6:.0f} us in the "
+        f"event loops' threads"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
-    parser.add_argument("--connections", type=int, default=100,
-                        help="concurrent clients (keep-alive connections) of the throughput phases (2, 3)")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=100,
+        help="concurrent clients (keep-alive connections) of the throughput phases (2, 3)",
+    )
     parser.add_argument("--clients", type=int, default=100, help="concurrent request-reply clients")
-    parser.add_argument("--rate", type=float, default=50.0,
-                        help="paced request-reply requests/s from all clients together (default 50: each client "
-                             "sends one every 2 s on average)")
-    parser.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"],
-                        help="the store's SQLite synchronous mode (FULL: the default, fsync per commit)")
-    parser.add_argument("--responders", type=int, help="sessions of the sample order responder (default: as configured)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=50.0,
+        help="paced request-reply requests/s from all clients together (default 50: each client "
+        "sends one every 2 s on average)",
+    )
+    parser.add_argument(
+        "--sqlite-synchronous",
+        default="FULL",
+        choices=["FULL", "NORMAL"],
+        help="the store's SQLite synchronous mode (FULL: the default, fsync per commit)",
+    )
+    parser.add_argument(
+        "--responders", type=int, help="sessions of the sample order responder (default: as configured)"
+    )
     parser.add_argument("--only-request-reply", action="store_true", help="run phase 4 only")
-    parser.add_argument("--no-rules", action="store_true",
-                        help="leave the sample Order route's business rules out (phase 4 then measures the exchange "
-                             "alone, as before routes had rules)")
+    parser.add_argument(
+        "--no-rules",
+        action="store_true",
+        help="leave the sample Order route's business rules out (phase 4 then measures the exchange "
+        "alone, as before routes had rules)",
+    )
     parser.add_argument("--no-wrk", action="store_true", help="use the asyncio client even if wrk is installed")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, logs)")
-    parser.add_argument("--processes", type=int, default=1,
-                        help="serving processes (b2bgw serve --processes N; 0: one per CPU, each bound to its CPU)")
-    parser.add_argument("--tls", action="store_true",
-                        help="compare HTTPS (server.tls, keep-alive) with plain HTTP in one run: one-way rate, "
-                             "request-reply p99, and new TLS handshakes per second")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="serving processes (b2bgw serve --processes N; 0: one per CPU, each bound to its CPU)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="compare HTTPS (server.tls, keep-alive) with plain HTTP in one run: one-way rate, "
+        "request-reply p99, and new TLS handshakes per second",
+    )
     args = parser.parse_args()
     if args.tls:
         return tls_comparison(args)
@@ -547,12 +651,14 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     results: dict[str, dict[str, float] | float] = {}
 
-    print(f"b2bgw gateway benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"load from {'wrk' if use_wrk else 'an asyncio client'} ({args.connections} connections), "
-          f"{args.seconds:g} s per phase, "
-          f"SQLite synchronous={args.sqlite_synchronous}, {args.processes or os.cpu_count()} serving process(es), "
-          f"Order route business rules {'off' if args.no_rules else 'on'}; "
-          f"load average before: {os.getloadavg()[0]:.2f}")
+    print(
+        f"b2bgw gateway benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"load from {'wrk' if use_wrk else 'an asyncio client'} ({args.connections} connections), "
+        f"{args.seconds:g} s per phase, "
+        f"SQLite synchronous={args.sqlite_synchronous}, {args.processes or os.cpu_count()} serving process(es), "
+        f"Order route business rules {'off' if args.no_rules else 'on'}; "
+        f"load average before: {os.getloadavg()[0]:.2f}"
+    )
     only_rr = args.only_request_reply
     if not only_rr:
         print(f"1. lxml parse + validate alone ({len(ORDER)} byte UBL Order) ...", flush=True)
@@ -577,8 +683,16 @@ def main() -> int:
                 script = wrk_script(folder / "noop.lua", {"Content-Type": "application/xml"}, unique=False)
                 results["noop"] = run_wrk(base, script, args.seconds, args.connections, ["/v1/noop"])
             else:
-                results["noop"] = asyncio.run(closed_loop(f"{base}/v1/noop", {"Content-Type": "application/xml"},
-                                                          args.seconds, args.connections, lambda n: ORDER, 202))
+                results["noop"] = asyncio.run(
+                    closed_loop(
+                        f"{base}/v1/noop",
+                        {"Content-Type": "application/xml"},
+                        args.seconds,
+                        args.connections,
+                        lambda n: ORDER,
+                        202,
+                    )
+                )
 
             cpu["noop"] = (server.cpu_seconds() - before) / max(1, results["noop"]["total"])
             print("3. one-way Orders accepted ...", flush=True)
@@ -588,9 +702,16 @@ def main() -> int:
                 script = wrk_script(folder / "oneway.lua", bench_headers, unique=True)
                 results["accepted"] = run_wrk(base, script, args.seconds, args.connections, [f"ow{run}"])
             else:
-                results["accepted"] = asyncio.run(closed_loop(
-                    f"{base}/v1/documents", bench_headers, args.seconds, args.connections,
-                    lambda n: order_with_id(f"ow{run}-{n}"), 202))
+                results["accepted"] = asyncio.run(
+                    closed_loop(
+                        f"{base}/v1/documents",
+                        bench_headers,
+                        args.seconds,
+                        args.connections,
+                        lambda n: order_with_id(f"ow{run}-{n}"),
+                        202,
+                    )
+                )
 
             cpu["accepted"] = (server.cpu_seconds() - before) / max(1, results["accepted"]["total"])
             cpu["accepted_loop"] = (server.loop_cpu_seconds() - loop_before) / max(1, results["accepted"]["total"])
@@ -602,16 +723,31 @@ def main() -> int:
         print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
         before = server.cpu_seconds()
         phase_start = time.time()
-        results["rr_paced"] = asyncio.run(paced(
-            f"{base}/v1/documents", acme_headers, args.seconds, args.clients, args.rate,
-            lambda n: order_with_id(f"rp{run}-{n}"), 200))
+        results["rr_paced"] = asyncio.run(
+            paced(
+                f"{base}/v1/documents",
+                acme_headers,
+                args.seconds,
+                args.clients,
+                args.rate,
+                lambda n: order_with_id(f"rp{run}-{n}"),
+                200,
+            )
+        )
         cpu["rr_paced"] = (server.cpu_seconds() - before) / max(1, results["rr_paced"]["total"])
         time.sleep(0.2)  # the log's last lines written
         results["rr_paced"]["slow_commits_ms"] = slow_commits(server.log, phase_start, time.time())
-        print(f"   ... and closed-loop (no think time) ...", flush=True)
-        results["rr_closed"] = asyncio.run(closed_loop(
-            f"{base}/v1/documents", acme_headers, args.seconds, args.clients,
-            lambda n: order_with_id(f"rc{run}-{n}"), 200))
+        print("   ... and closed-loop (no think time) ...", flush=True)
+        results["rr_closed"] = asyncio.run(
+            closed_loop(
+                f"{base}/v1/documents",
+                acme_headers,
+                args.seconds,
+                args.clients,
+                lambda n: order_with_id(f"rc{run}-{n}"),
+                200,
+            )
+        )
     finally:
         server.stop()
 
@@ -620,15 +756,25 @@ def main() -> int:
         report_throughput(folder, results, cpu)
     paced_rr = results["rr_paced"]
     closed_rr = results["rr_closed"]
-    print(f"request-reply, {args.clients} clients paced ({paced_rr['rate']:.0f}/s): p50 {paced_rr['p50_ms']:.1f} ms, "
-          f"p99 {paced_rr['p99_ms']:.1f} ms (goal <= 20 ms: {'met' if paced_rr['p99_ms'] <= 20 else 'NOT met'}); "
-          f"{paced_rr['bad']:.0f} failed; server CPU {cpu['rr_paced'] * 1e3:.1f} ms per round trip")
+    print(
+        f"request-reply, {args.clients} clients paced ({paced_rr['rate']:.0f}/s): p50 {paced_rr['p50_ms']:.1f} ms, "
+        f"p99 {paced_rr['p99_ms']:.1f} ms (goal <= 20 ms: {'met' if paced_rr['p99_ms'] <= 20 else 'NOT met'}); "
+        f"{paced_rr['bad']:.0f} failed; server CPU {cpu['rr_paced'] * 1e3:.1f} ms per round trip"
+    )
     slow = paced_rr["slow_commits_ms"]
-    print(f"   store commits over {SLOW_COMMIT_MS} ms during that phase: {len(slow)}"
-          + (f" ({', '.join(f'{ms:.0f}' for ms in slow[:10])}{', ...' if len(slow) > 10 else ''} ms; the server "
-             f"log says where the time went)" if slow else ""))
-    print(f"request-reply, {args.clients} clients closed-loop: {closed_rr['rate']:.0f} round trips/s, "
-          f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed")
+    print(
+        f"   store commits over {SLOW_COMMIT_MS} ms during that phase: {len(slow)}"
+        + (
+            f" ({', '.join(f'{ms:.0f}' for ms in slow[:10])}{', ...' if len(slow) > 10 else ''} ms; the server "
+            f"log says where the time went)"
+            if slow
+            else ""
+        )
+    )
+    print(
+        f"request-reply, {args.clients} clients closed-loop: {closed_rr['rate']:.0f} round trips/s, "
+        f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
     print(json.dumps({**results, "server_cpu_per_request_s": cpu}, default=float))
     if args.keep:
@@ -678,9 +824,12 @@ def tls_comparison(args: argparse.Namespace) -> int:
     ca.configure_trust(client_tls)
     bench_key = generate_key("bench")
     results: dict[str, dict] = {}
-    print(f"b2bgw TLS benchmark: {os.cpu_count()} CPUs, {args.connections} keep-alive connections one-way, "
-          f"{args.clients} request-reply clients paced at {args.rate:g}/s, {args.seconds:g} s per phase; "
-          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"b2bgw TLS benchmark: {os.cpu_count()} CPUs, {args.connections} keep-alive connections one-way, "
+        f"{args.clients} request-reply clients paced at {args.rate:g}/s, {args.seconds:g} s per phase; "
+        f"load average before: {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     for mode in ("http", "https"):
         sub = folder / mode
         sub.mkdir()
@@ -688,8 +837,10 @@ def tls_comparison(args: argparse.Namespace) -> int:
         tls = client_tls if mode == "https" else None
         if tls is not None:
             data = yaml.safe_load(config.read_text())
-            data.setdefault("server", {})["tls"] = {"certificate": str(folder / "chain.pem"),
-                                                     "key": str(folder / "key.pem")}
+            data.setdefault("server", {})["tls"] = {
+                "certificate": str(folder / "chain.pem"),
+                "key": str(folder / "key.pem"),
+            }
             config.write_text(yaml.safe_dump(data, sort_keys=False))
         port = free_port()
         base = f"{mode}://127.0.0.1:{port}"
@@ -704,30 +855,54 @@ def tls_comparison(args: argparse.Namespace) -> int:
                     warm.post(f"{base}/v1/documents", content=order_with_id(f"warm-rr-{i}"), headers=acme_headers)
             run = uuid.uuid4().hex[:8]
             print(f"{mode}: one-way Orders, closed loop ...", flush=True)
-            one_way = asyncio.run(closed_loop(f"{base}/v1/documents", bench_headers, args.seconds, args.connections,
-                                              lambda n: order_with_id(f"ow{run}-{n}"), 202, tls))
+            one_way = asyncio.run(
+                closed_loop(
+                    f"{base}/v1/documents",
+                    bench_headers,
+                    args.seconds,
+                    args.connections,
+                    lambda n, run=run: order_with_id(f"ow{run}-{n}"),
+                    202,
+                    tls,
+                )
+            )
             time.sleep(1)
             print(f"{mode}: request-reply, paced ...", flush=True)
-            rr = asyncio.run(paced(f"{base}/v1/documents", acme_headers, args.seconds, args.clients, args.rate,
-                                   lambda n: order_with_id(f"rp{run}-{n}"), 200, tls))
+            rr = asyncio.run(
+                paced(
+                    f"{base}/v1/documents",
+                    acme_headers,
+                    args.seconds,
+                    args.clients,
+                    args.rate,
+                    lambda n, run=run: order_with_id(f"rp{run}-{n}"),
+                    200,
+                    tls,
+                )
+            )
             results[mode] = {"one_way": one_way, "request_reply": rr}
             if tls is not None:
                 print("https: new handshakes ...", flush=True)
                 results[mode]["handshakes_per_s"] = asyncio.run(
-                    handshakes("127.0.0.1", port, min(args.seconds, 5.0), 16, tls))
+                    handshakes("127.0.0.1", port, min(args.seconds, 5.0), 16, tls)
+                )
         finally:
             server.stop()
         time.sleep(1)
     print()
     plain, secure = results["http"], results["https"]
     ratio = secure["one_way"]["rate"] / plain["one_way"]["rate"] if plain["one_way"]["rate"] else float("nan")
-    print(f"one-way accepted: HTTP {plain['one_way']['rate']:.0f}/s, HTTPS {secure['one_way']['rate']:.0f}/s "
-          f"({(1 - ratio) * 100:+.1f}% slower; goal within 15%: {'met' if ratio >= 0.85 else 'NOT met'}); failed "
-          f"{plain['one_way']['bad']:.0f} / {secure['one_way']['bad']:.0f}")
-    print(f"request-reply paced p99: HTTP {plain['request_reply']['p99_ms']:.1f} ms, HTTPS "
-          f"{secure['request_reply']['p99_ms']:.1f} ms (p50 {plain['request_reply']['p50_ms']:.1f} / "
-          f"{secure['request_reply']['p50_ms']:.1f} ms); failed {plain['request_reply']['bad']:.0f} / "
-          f"{secure['request_reply']['bad']:.0f}")
+    print(
+        f"one-way accepted: HTTP {plain['one_way']['rate']:.0f}/s, HTTPS {secure['one_way']['rate']:.0f}/s "
+        f"({(1 - ratio) * 100:+.1f}% slower; goal within 15%: {'met' if ratio >= 0.85 else 'NOT met'}); failed "
+        f"{plain['one_way']['bad']:.0f} / {secure['one_way']['bad']:.0f}"
+    )
+    print(
+        f"request-reply paced p99: HTTP {plain['request_reply']['p99_ms']:.1f} ms, HTTPS "
+        f"{secure['request_reply']['p99_ms']:.1f} ms (p50 {plain['request_reply']['p50_ms']:.1f} / "
+        f"{secure['request_reply']['p50_ms']:.1f} ms); failed {plain['request_reply']['bad']:.0f} / "
+        f"{secure['request_reply']['bad']:.0f}"
+    )
     print(f"new TLS handshakes: {secure['handshakes_per_s']:.0f}/s (16 at a time, full handshakes)")
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
     print(json.dumps(results, default=float))

@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker_core import Broker, Queue, Requestor, XMLMessage  # noqa: E402
-from gateway.handlers import Worker, handler  # noqa: E402
-from gateway.samples import order_responder  # noqa: E402
+from broker_core import Broker, Queue, Requestor, XMLMessage
+from gateway.handlers import Worker, handler
+from gateway.samples import order_responder
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER_FILE = REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-Order-2.1-Example.xml"
@@ -46,8 +46,9 @@ def variants(concurrency: int) -> dict[str, object]:
     """The sample responder both ways, on the bench's queue (registered nowhere)."""
     return {
         "sync": handler(QUEUE, name="sync", concurrency=concurrency, registry=None)(order_responder.respond.function),
-        "async": handler(QUEUE, name="async", concurrency=concurrency,
-                         registry=None)(order_responder.respond_async.function),
+        "async": handler(QUEUE, name="async", concurrency=concurrency, registry=None)(
+            order_responder.respond_async.function
+        ),
     }
 
 
@@ -75,8 +76,9 @@ async def closed_loop(broker: Broker, order: str, clients: int, seconds: float) 
         await asyncio.to_thread(conn.close)
 
 
-def run_turn(broker: Broker, item: object, order: str, clients: int,
-             seconds: float) -> tuple[int, float, float, list[float]]:
+def run_turn(
+    broker: Broker, item: object, order: str, clients: int, seconds: float
+) -> tuple[int, float, float, list[float]]:
     worker = Worker(broker, [item])
     worker.start()
     try:
@@ -108,11 +110,14 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, item in items.items():
                     results[name].append(run_turn(broker, item, order, args.clients, args.seconds))
-            print(f"Python {sys.version.split()[0]}, {url.split('///')[0]}, {args.clients} clients, "
-                  f"concurrency {args.concurrency}, {args.rounds} x {args.seconds:g} s per variant, "
-                  f"{threading.active_count()} threads left")
-            print(f"{'variant':<8} {'round trips':>12} {'per second':>11} {'p50 ms':>8} {'p99 ms':>8} "
-                  f"{'CPU ms/trip':>12}")
+            print(
+                f"Python {sys.version.split()[0]}, {url.split('///')[0]}, {args.clients} clients, "
+                f"concurrency {args.concurrency}, {args.rounds} x {args.seconds:g} s per variant, "
+                f"{threading.active_count()} threads left"
+            )
+            print(
+                f"{'variant':<8} {'round trips':>12} {'per second':>11} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/trip':>12}"
+            )
             for name, turns in results.items():
                 count = sum(t[0] for t in turns)
                 elapsed = sum(t[1] for t in turns)
@@ -120,8 +125,10 @@ def main() -> None:
                 times = sorted(x for t in turns for x in t[3])
                 p50 = statistics.median(times) * 1000
                 p99 = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
-                print(f"{name:<8} {count:>12,} {count / elapsed:>11,.0f} {p50:>8.2f} {p99:>8.2f} "
-                      f"{cpu / count * 1000:>12.2f}")
+                print(
+                    f"{name:<8} {count:>12,} {count / elapsed:>11,.0f} {p50:>8.2f} {p99:>8.2f} "
+                    f"{cpu / count * 1000:>12.2f}"
+                )
 
 
 if __name__ == "__main__":

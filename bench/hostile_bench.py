@@ -71,20 +71,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import stomp_flood  # noqa: E402
 from gateway_bench import Connection, ServerProcess, free_port, sample_config  # noqa: E402
 
+from broker_core.stomp import hash_passcode  # noqa: E402
 from gateway.intake import parse as intake_parse  # noqa: E402
 from gateway.intake import xmlsafe as xmlintake  # noqa: E402
-from broker_core.stomp import hash_passcode  # noqa: E402
-import stomp_flood  # noqa: E402
 
 UBL = REPO.parent / "shared" / "ubl-2.1" / "xml"
 ORDER = (UBL / "UBL-Order-2.1-Example.xml").read_bytes()
 INVOICE = (UBL / "UBL-Invoice-2.1-Example.xml").read_bytes()
-ACME = {"Authorization": "Bearer acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA",
-        "Content-Type": "application/xml"}
-GLOBEX = {"Authorization": "Bearer globex-demo.gtQ0VQHxnHu2x3aBBqlE_TqHsM5svX9Dzw52xGagUfA",
-          "Content-Type": "application/xml"}
+ACME = {
+    "Authorization": "Bearer acme-demo.EOSR0zYti7vSYAzgLvqVss8uQCIXEmWO3fDuUsmKiIA",
+    "Content-Type": "application/xml",
+}
+GLOBEX = {
+    "Authorization": "Bearer globex-demo.gtQ0VQHxnHu2x3aBBqlE_TqHsM5svX9Dzw52xGagUfA",
+    "Content-Type": "application/xml",
+}
 BUDGET = 2.0
 
 
@@ -101,10 +105,13 @@ def _invoice_lines(n: int, quantity: bytes, line: bytes | None = None) -> bytes:
     start = text.index(b"<cac:InvoiceLine>")
     end = text.rindex(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")
     if line is None:
-        line = (b"<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:InvoicedQuantity unitCode=\"C62\">" + quantity
-                + b"</cbc:InvoicedQuantity><cbc:LineExtensionAmount currencyID=\"EUR\">1</cbc:LineExtensionAmount>"
-                b"<cac:Item><cbc:Name>n</cbc:Name></cac:Item><cac:Price><cbc:PriceAmount currencyID=\"EUR\">1"
-                b"</cbc:PriceAmount></cac:Price></cac:InvoiceLine>\n")
+        line = (
+            b'<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:InvoicedQuantity unitCode="C62">'
+            + quantity
+            + b'</cbc:InvoicedQuantity><cbc:LineExtensionAmount currencyID="EUR">1</cbc:LineExtensionAmount>'
+            b'<cac:Item><cbc:Name>n</cbc:Name></cac:Item><cac:Price><cbc:PriceAmount currencyID="EUR">1'
+            b"</cbc:PriceAmount></cac:Price></cac:InvoiceLine>\n"
+        )
     return text[:start] + line * n + text[end:]
 
 
@@ -121,7 +128,7 @@ def hostile_documents() -> dict[str, tuple[bytes, int, str]]:
     attrs = b" ".join(b'a%d="v"' % i for i in range(100_000))
     decls = b" ".join(b'xmlns:p%d="urn:x:%d"' % (i, i) for i in range(50_000))
     spread = b"".join(b'<cbc:Note xmlns:q="urn:q">n</cbc:Note>' for _ in range(120_000))
-    first_line = INVOICE[INVOICE.index(b"<cac:InvoiceLine>"):INVOICE.index(b"</cac:InvoiceLine>") + 18]
+    first_line = INVOICE[INVOICE.index(b"<cac:InvoiceLine>") : INVOICE.index(b"</cac:InvoiceLine>") + 18]
     big_valid = _invoice_lines(9 * 1024 * 1024 // len(first_line) - 4, b"", first_line)
     siblings = INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 11_000 + b"<cbc:Note>", 1)
     small = INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 200 + b"<cbc:Note>", 1)
@@ -129,17 +136,29 @@ def hostile_documents() -> dict[str, tuple[bytes, int, str]]:
         "100,000 attributes on one element (1.3 MB)": (_root_with(attrs), 400, "too-many-attributes"),
         "50,000 namespace declarations on one element": (_root_with(decls), 400, "too-many-namespaces"),
         "120,000 namespace declarations in all (4.6 MB)": (
-            INVOICE.replace(b"<cbc:Note>", spread + b"<cbc:Note>", 1), 400, "too-many-document-namespaces"),
-        "a 5 MB element name": (INVOICE.replace(b"<cbc:Note>", b"<cbc:" + b"N" * 5_000_000 + b"/><cbc:Note>", 1),
-                                400, "name-too-long"),
+            INVOICE.replace(b"<cbc:Note>", spread + b"<cbc:Note>", 1),
+            400,
+            "too-many-document-namespaces",
+        ),
+        "a 5 MB element name": (
+            INVOICE.replace(b"<cbc:Note>", b"<cbc:" + b"N" * 5_000_000 + b"/><cbc:Note>", 1),
+            400,
+            "name-too-long",
+        ),
         "a 9 MB text node": (_note(b"x" * 9_000_000), 400, "text-too-long"),
         "20,000 validation errors (3.5 MB)": (_invoice_lines(20_000, b"abc"), 400, "schema-invalid"),
         "11,000 errors on sibling elements (200 KB)": (siblings, 400, "schema-invalid"),
         "200 validation errors (24 KB)": (small, 400, "schema-invalid"),
-        "100,000 attributes and a 9 MB text": (_root_with(attrs).replace(b"<cbc:Note>", b"<cbc:Note>" + b"x" * 8_000_000, 1),
-                                               400, "too-many-attributes"),
-        "billion laughs": ((REPO / "tests" / "gateway" / "fixtures" / "billion-laughs.xml").read_bytes(), 400,
-                           "forbidden-xml"),
+        "100,000 attributes and a 9 MB text": (
+            _root_with(attrs).replace(b"<cbc:Note>", b"<cbc:Note>" + b"x" * 8_000_000, 1),
+            400,
+            "too-many-attributes",
+        ),
+        "billion laughs": (
+            (REPO / "tests" / "gateway" / "fixtures" / "billion-laughs.xml").read_bytes(),
+            400,
+            "forbidden-xml",
+        ),
         "a valid 9 MB invoice": (big_valid, 202, ""),
     }
 
@@ -202,22 +221,26 @@ async def _honest(port: int, seconds: float, clients: int, rate: float, tag: str
             await conn.close()
 
     await asyncio.gather(*[one(n) for n in range(clients)])
-    return {"count": len(latencies), "errors": errors, "p50": _percentile(latencies, 50) * 1e3,
-            "p99": _percentile(latencies, 99) * 1e3}
+    return {
+        "count": len(latencies),
+        "errors": errors,
+        "p50": _percentile(latencies, 50) * 1e3,
+        "p99": _percentile(latencies, 99) * 1e3,
+    }
 
 
 def honest_process(port: int, seconds: float, clients: int, rate: float, tag: str, out: multiprocessing.Queue) -> None:
     out.put(asyncio.run(_honest(port, seconds, clients, rate, tag)))
 
 
-async def post_watching(port: int, headers: dict[str, str], body: bytes,
-                        local: str | None = None) -> tuple[int, str]:
+async def post_watching(port: int, headers: dict[str, str], body: bytes, local: str | None = None) -> tuple[int, str]:
     """POST on a fresh connection, watching for an early answer while the body goes out (RFC 9112, section
     9.6: a client sending a body monitors the connection for an error response and stops sending); returns
     the status and the problem code (0 and the exception's name when no answer could be read)."""
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port,
-                                                       local_addr=(local, 0) if local is not None else None)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=(local, 0) if local is not None else None
+        )
     except OSError as exc:
         return 0, type(exc).__name__
     try:
@@ -228,7 +251,7 @@ async def post_watching(port: int, headers: dict[str, str], body: bytes,
         for start in range(0, len(body), 65536):
             if answer.done():
                 break  # answered early: stop sending
-            writer.write(body[start:start + 65536])
+            writer.write(body[start : start + 65536])
             try:
                 await writer.drain()
             except (ConnectionError, OSError):
@@ -236,8 +259,14 @@ async def post_watching(port: int, headers: dict[str, str], body: bytes,
         raw = await answer
         lines = raw.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
-        length = next((int(v) for n, _, v in (line.partition(":") for line in lines[1:])
-                       if n.strip().lower() == "content-length"), 0)
+        length = next(
+            (
+                int(v)
+                for n, _, v in (line.partition(":") for line in lines[1:])
+                if n.strip().lower() == "content-length"
+            ),
+            0,
+        )
         data = await reader.readexactly(length) if length else b""
         code = ""
         if status >= 400:
@@ -337,8 +366,10 @@ async def _flood(port: int, seconds: float, clients: int, flood: str) -> dict[st
         while time.perf_counter() < deadline:
             n = next(counter)
             local = f"127.{1 + n // 60000 % 200}.{n // 250 % 240}.{1 + n % 250}" if spread else None
-            headers = {"Authorization": f"Bearer {key_id}.{secrets.token_urlsafe(32)}",
-                       "Content-Type": "application/xml"}
+            headers = {
+                "Authorization": f"Bearer {key_id}.{secrets.token_urlsafe(32)}",
+                "Content-Type": "application/xml",
+            }
             status, code = await post_watching(port, headers, INVOICE, local)
             key = f"{status} {code}".strip()
             statuses[key] = statuses.get(key, 0) + 1
@@ -351,17 +382,23 @@ def flood_process(port: int, seconds: float, clients: int, flood: str, out: mult
     out.put(asyncio.run(_flood(port, seconds, clients, flood)))
 
 
-def run_floods(args: argparse.Namespace, port: int, server: ServerProcess, quiet: dict[str, object],
-               queue: multiprocessing.Queue) -> dict[str, bool]:
+def run_floods(
+    args: argparse.Namespace, port: int, server: ServerProcess, quiet: dict[str, object], queue: multiprocessing.Queue
+) -> dict[str, bool]:
     goals: dict[str, bool] = {}
-    print(f"4. floods of wrong keys ({args.flooders} clients, {args.flood_seconds:g} s each) with {args.honest} "
-          f"honest clients:", flush=True)
+    print(
+        f"4. floods of wrong keys ({args.flooders} clients, {args.flood_seconds:g} s each) with {args.honest} "
+        f"honest clients:",
+        flush=True,
+    )
     for flood in FLOODS:
         cpu0, wall0 = server.cpu_seconds(), time.monotonic()
-        flooder = multiprocessing.Process(target=flood_process, args=(port, args.flood_seconds, args.flooders,
-                                                                      flood, queue))
-        honest = multiprocessing.Process(target=honest_process, args=(port, args.flood_seconds - 1, args.honest,
-                                                                      args.rate, f"flood-{flood}", queue))
+        flooder = multiprocessing.Process(
+            target=flood_process, args=(port, args.flood_seconds, args.flooders, flood, queue)
+        )
+        honest = multiprocessing.Process(
+            target=honest_process, args=(port, args.flood_seconds - 1, args.honest, args.rate, f"flood-{flood}", queue)
+        )
         flooder.start()
         time.sleep(1)  # the flood first: the honest clients meet it from their first request
         honest.start()
@@ -373,11 +410,14 @@ def run_floods(args: argparse.Namespace, port: int, server: ServerProcess, quiet
         statuses = next(r for r in results if "statuses" in r)["statuses"]
         refused = sum(statuses.values())
         cpu = server.cpu_seconds() - cpu0
-        print(f"   {flood:34s} {refused:6d} refused ({', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))}); "
-              f"server CPU {cpu / wall:.0%} of one core, {1e3 * cpu / max(1, refused + int(loaded['count'])):.2f} "
-              f"ms per request; honest {loaded['count']} round trips, p50 {loaded['p50']:.1f} ms, p99 "
-              f"{loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), errors {len(loaded['errors'])} "
-              f"{sorted(set(loaded['errors']))[:5]}", flush=True)
+        print(
+            f"   {flood:34s} {refused:6d} refused ({', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))}); "
+            f"server CPU {cpu / wall:.0%} of one core, {1e3 * cpu / max(1, refused + int(loaded['count'])):.2f} "
+            f"ms per request; honest {loaded['count']} round trips, p50 {loaded['p50']:.1f} ms, p99 "
+            f"{loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), errors {len(loaded['errors'])} "
+            f"{sorted(set(loaded['errors']))[:5]}",
+            flush=True,
+        )
         goals[f"{flood}: honest p99 within 3x quiet"] = loaded["p99"] <= 3 * quiet["p99"]
         goals[f"{flood}: every honest request answered"] = not loaded["errors"]
     return goals
@@ -389,33 +429,53 @@ def run_floods(args: argparse.Namespace, port: int, server: ServerProcess, quiet
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20, help="length of phases 1 and 3")
-    parser.add_argument("--warm-up", type=float, default=10, help="seconds of the honest load before phase 1, not "
-                                                                  "measured")
+    parser.add_argument(
+        "--warm-up", type=float, default=10, help="seconds of the honest load before phase 1, not measured"
+    )
     parser.add_argument("--honest", type=int, default=16, help="honest clients")
     parser.add_argument("--hostile", type=int, default=16, help="hostile clients")
     parser.add_argument("--rate", type=float, default=40, help="honest requests per second, all clients together")
-    parser.add_argument("--classes", default="", help="only the hostile classes whose names hold one of these words "
-                                                        "(comma-separated)")
-    parser.add_argument("--hostile-limits", default="concurrent_requests=2,requests_per_second=20",
-                        help="the hostile partner's limits in partners.yaml (key=value,...), as an operator sets them "
-                             "for a partner; the honest partner keeps the defaults")
-    parser.add_argument("--store-dir", default=None, help="the folder of the fresh SQLite store (default: the "
-                                                          "temporary folder); /dev/shm keeps the disk's syncs out of "
-                                                          "the figures")
-    parser.add_argument("--stomp-flood", action="store_true", help="phase 4: the honest clients while the STOMP "
-                                                                      "listener is flooded (bench/stomp_flood.py)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting over the sample configuration's, by its dotted path (repeatable), such as "
-                             "server.intake_workers=1 or store.options.sqlite_synchronous=NORMAL")
+    parser.add_argument(
+        "--classes", default="", help="only the hostile classes whose names hold one of these words (comma-separated)"
+    )
+    parser.add_argument(
+        "--hostile-limits",
+        default="concurrent_requests=2,requests_per_second=20",
+        help="the hostile partner's limits in partners.yaml (key=value,...), as an operator sets them "
+        "for a partner; the honest partner keeps the defaults",
+    )
+    parser.add_argument(
+        "--store-dir",
+        default=None,
+        help="the folder of the fresh SQLite store (default: the "
+        "temporary folder); /dev/shm keeps the disk's syncs out of "
+        "the figures",
+    )
+    parser.add_argument(
+        "--stomp-flood",
+        action="store_true",
+        help="phase 4: the honest clients while the STOMP listener is flooded (bench/stomp_flood.py)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting over the sample configuration's, by its dotted path (repeatable), such as "
+        "server.intake_workers=1 or store.options.sqlite_synchronous=NORMAL",
+    )
     parser.add_argument("--flood-seconds", type=float, default=15, help="length of each flood of phase 4")
     parser.add_argument("--flooders", type=int, default=32, help="clients of each flood of phase 4")
     parser.add_argument("--floods-only", action="store_true", help="phases 1 and 4 only")
     args = parser.parse_args()
 
     without, with_, alone = checks_cost()
-    print(f"0. parse of the 14 KB Order example: {without:.1f} us without the limit checks, {with_:.1f} us with "
-          f"them ({with_ - without:+.1f} us, {100 * (with_ - without) / without:+.1f}%); the checks alone "
-          f"{alone:.2f} us ({100 * alone / without:.1f}% of the parse)", flush=True)
+    print(
+        f"0. parse of the 14 KB Order example: {without:.1f} us without the limit checks, {with_:.1f} us with "
+        f"them ({with_ - without:+.1f} us, {100 * (with_ - without) / without:+.1f}%); the checks alone "
+        f"{alone:.2f} us ({100 * alone / without:.1f}% of the parse)",
+        flush=True,
+    )
 
     documents = hostile_documents()
     if args.classes:
@@ -432,7 +492,9 @@ def main() -> None:
         partners["partners"]["globex"]["limits"] = {k: float(v) if "." in v else int(v) for k, v in limits.items()}
         from gateway.routing.partners import generate_key, hash_key
 
-        partners["partners"]["unused"] = {"keys": [{"id": UNUSED_KEY_ID, "hash": hash_key(generate_key(UNUSED_KEY_ID))}]}
+        partners["partners"]["unused"] = {
+            "keys": [{"id": UNUSED_KEY_ID, "hash": hash_key(generate_key(UNUSED_KEY_ID))}]
+        }
         (folder / "partners.yaml").write_text(yaml.safe_dump(partners, sort_keys=False))
         config["partners"] = "partners.yaml"
         config["routes"] = str(REPO / "routes" / "ubl-2.1.yaml")
@@ -440,8 +502,10 @@ def main() -> None:
         flood_passcode = uuid.uuid4().hex
         config["stomp"]["port"] = stomp_port = free_port()
         config["stomp"]["users"]["backend"]["passcode_file"] = str(folder / "backend.passcode")
-        config["stomp"]["users"][stomp_flood.FLOODER] = {"passcode_hash": hash_passcode(flood_passcode),
-                                                          "send": ["/queue/flood.>"]}
+        config["stomp"]["users"][stomp_flood.FLOODER] = {
+            "passcode_hash": hash_passcode(flood_passcode),
+            "send": ["/queue/flood.>"],
+        }
         for item in args.set:
             path, _, value = item.partition("=")
             *parents, key = path.split(".")
@@ -462,8 +526,9 @@ def main() -> None:
             time.sleep(5)
             queue: multiprocessing.Queue = multiprocessing.Queue()
             if args.warm_up > 0:  # a new server's first seconds are slower: the quiet phase is its steady state
-                worker = multiprocessing.Process(target=honest_process, args=(port, args.warm_up, args.honest,
-                                                                               args.rate, "warm", queue))
+                worker = multiprocessing.Process(
+                    target=honest_process, args=(port, args.warm_up, args.honest, args.rate, "warm", queue)
+                )
                 worker.start()
                 queue.get()
                 worker.join()
@@ -471,17 +536,20 @@ def main() -> None:
             log_mark = len(log.read_text(errors="replace"))
             probe = HealthProbe(port)
             probe.start()
-            worker = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
-                                                                           "quiet", queue))
+            worker = multiprocessing.Process(
+                target=honest_process, args=(port, args.seconds, args.honest, args.rate, "quiet", queue)
+            )
             worker.start()
             quiet = queue.get()
             worker.join()
             probe.stop.set()
             probe.join()
-            print(f"1. {args.honest} honest clients alone ({args.rate:g} orders/s): {quiet['count']} round trips, "
-                  f"p50 {quiet['p50']:.1f} ms, p99 {quiet['p99']:.1f} ms, errors {len(quiet['errors'])}; "
-                  f"slowest /healthz {probe.slowest_ms():.1f} ms; {commits_line(slow_commits(log, log_mark))}",
-                  flush=True)
+            print(
+                f"1. {args.honest} honest clients alone ({args.rate:g} orders/s): {quiet['count']} round trips, "
+                f"p50 {quiet['p50']:.1f} ms, p99 {quiet['p99']:.1f} ms, errors {len(quiet['errors'])}; "
+                f"slowest /healthz {probe.slowest_ms():.1f} ms; {commits_line(slow_commits(log, log_mark))}",
+                flush=True,
+            )
 
             if args.floods_only:
                 goals = run_floods(args, port, server, quiet, queue)
@@ -497,16 +565,24 @@ def main() -> None:
                     got = response.json().get("code", "") if response.status_code >= 400 else ""
                     ok = response.status_code == status and got == code and took <= BUDGET
                     alone_ok &= ok
-                    print(f"   {name:48s} {len(body) / 1e6:5.1f} MB  {took * 1e3:7.0f} ms  {response.status_code} "
-                          f"{got:30s} {'ok' if ok else 'MISSED'}", flush=True)
+                    print(
+                        f"   {name:48s} {len(body) / 1e6:5.1f} MB  {took * 1e3:7.0f} ms  {response.status_code} "
+                        f"{got:30s} {'ok' if ok else 'MISSED'}",
+                        flush=True,
+                    )
 
             log_mark = len(log.read_text(errors="replace"))
-            cpu0, loop0, helpers0, wall0 = (server.cpu_seconds(), server.loop_cpu_seconds(), server.helper_cpu_seconds(),
-                                            time.monotonic())
+            cpu0, loop0, helpers0, wall0 = (
+                server.cpu_seconds(),
+                server.loop_cpu_seconds(),
+                server.helper_cpu_seconds(),
+                time.monotonic(),
+            )
             probe = HealthProbe(port)
             probe.start()
-            honest = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
-                                                                          "loaded", queue))
+            honest = multiprocessing.Process(
+                target=honest_process, args=(port, args.seconds, args.honest, args.rate, "loaded", queue)
+            )
             hostile = multiprocessing.Process(target=hostile_process, args=(port, args.seconds, args.hostile, queue))
             hostile.start()
             time.sleep(1)  # the hostile load first, so that the honest clients meet it from their first request
@@ -518,10 +594,13 @@ def main() -> None:
             probe.join()
             loaded = next(r for r in results if "p99" in r)
             answers = next(r for r in results if "p99" not in r)
-            print(f"3. {args.honest} honest clients with {args.hostile} hostile ones (their partner's limits: "
-                  f"{args.hostile_limits or 'the defaults'}): {loaded['count']} round trips, "
-                  f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x "
-                  f"quiet), errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}", flush=True)
+            print(
+                f"3. {args.honest} honest clients with {args.hostile} hostile ones (their partner's limits: "
+                f"{args.hostile_limits or 'the defaults'}): {loaded['count']} round trips, "
+                f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x "
+                f"quiet), errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}",
+                flush=True,
+            )
             hostile_ok = True
             client_cpu = answers.pop("__cpu__")
             for name, got in answers.items():
@@ -532,17 +611,24 @@ def main() -> None:
                 codes = sorted({f"{s} {c}".strip() for _, s, c in got})
                 ok = max(times) <= BUDGET and all(s == status and c == code or s == 429 for _, s, c in got)
                 hostile_ok &= ok
-                print(f"   {name:48s} {len(got):4d} sent, slowest {max(times) * 1e3:6.0f} ms, p50 "
-                      f"{statistics.median(times) * 1e3:6.0f} ms  {', '.join(codes)[:60]:60s} {'ok' if ok else 'MISSED'}",
-                      flush=True)
+                print(
+                    f"   {name:48s} {len(got):4d} sent, slowest {max(times) * 1e3:6.0f} ms, p50 "
+                    f"{statistics.median(times) * 1e3:6.0f} ms  {', '.join(codes)[:60]:60s} {'ok' if ok else 'MISSED'}",
+                    flush=True,
+                )
             wall = time.monotonic() - wall0
-            print(f"   the server's CPU meanwhile: {(server.cpu_seconds() - cpu0) / wall:.0%} of one core "
-                  f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop, "
-                  f"{(server.helper_cpu_seconds() - helpers0) / wall:.0%} in its helper processes); load average "
-                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hostile clients' own CPU "
-                  f"{client_cpu / wall:.0%} of one core", flush=True)
-            print(f"   slowest /healthz {probe.slowest_ms():.1f} ms; {commits_line(slow_commits(log, log_mark))}",
-                  flush=True)
+            print(
+                f"   the server's CPU meanwhile: {(server.cpu_seconds() - cpu0) / wall:.0%} of one core "
+                f"({(server.loop_cpu_seconds() - loop0) / wall:.0%} in its event loop, "
+                f"{(server.helper_cpu_seconds() - helpers0) / wall:.0%} in its helper processes); load average "
+                f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hostile clients' own CPU "
+                f"{client_cpu / wall:.0%} of one core",
+                flush=True,
+            )
+            print(
+                f"   slowest /healthz {probe.slowest_ms():.1f} ms; {commits_line(slow_commits(log, log_mark))}",
+                flush=True,
+            )
             goals = {
                 "every hostile answer within 2 s with its code": alone_ok and hostile_ok,
                 "honest clients: no error": not loaded["errors"],
@@ -559,17 +645,20 @@ def main() -> None:
                 shutil.rmtree(store, ignore_errors=True)
 
 
-def stomp_flood_phase(port: int, stomp_port: int, passcode: str, args: argparse.Namespace, quiet: dict,
-                      queue: multiprocessing.Queue) -> dict[str, bool]:
+def stomp_flood_phase(
+    port: int, stomp_port: int, passcode: str, args: argparse.Namespace, quiet: dict, queue: multiprocessing.Queue
+) -> dict[str, bool]:
     """Phase 4: the honest clients while the STOMP listener is flooded; its goals."""
     probe = HealthProbe(port)
     probe.start()
-    flood = multiprocessing.Process(target=stomp_flood.flood_process, args=(stomp_port, passcode, args.seconds + 2,
-                                                                            queue))
+    flood = multiprocessing.Process(
+        target=stomp_flood.flood_process, args=(stomp_port, passcode, args.seconds + 2, queue)
+    )
     flood.start()
     time.sleep(1)  # the flood first
-    honest = multiprocessing.Process(target=honest_process, args=(port, args.seconds, args.honest, args.rate,
-                                                                  "stomp", queue))
+    honest = multiprocessing.Process(
+        target=honest_process, args=(port, args.seconds, args.honest, args.rate, "stomp", queue)
+    )
     honest.start()
     results = [queue.get(), queue.get()]
     honest.join()
@@ -578,14 +667,22 @@ def stomp_flood_phase(port: int, stomp_port: int, passcode: str, args: argparse.
     probe.join()
     loaded = next(r for r in results if "p99" in r)
     seen = next(r for r in results if "stomp" in r)["stomp"]
-    print(f"4. {args.honest} honest clients while STOMP is flooded: {loaded['count']} round trips, "
-          f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), "
-          f"errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}; slowest /healthz "
-          f"{probe.slowest_ms():.1f} ms", flush=True)
-    print(f"   the flood sent {seen['sent_mb']:.0f} MB after CONNECT; ERROR frames it got: "
-          + ", ".join(f"{k} x{v}" for k, v in sorted(seen["errors"].items())), flush=True)
-    return {"STOMP flood: honest clients without error": not loaded["errors"],
-            "STOMP flood: honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"]}
+    print(
+        f"4. {args.honest} honest clients while STOMP is flooded: {loaded['count']} round trips, "
+        f"p50 {loaded['p50']:.1f} ms, p99 {loaded['p99']:.1f} ms ({loaded['p99'] / quiet['p99']:.1f}x quiet), "
+        f"errors {len(loaded['errors'])} {sorted(set(loaded['errors']))[:5]}; slowest /healthz "
+        f"{probe.slowest_ms():.1f} ms",
+        flush=True,
+    )
+    print(
+        f"   the flood sent {seen['sent_mb']:.0f} MB after CONNECT; ERROR frames it got: "
+        + ", ".join(f"{k} x{v}" for k, v in sorted(seen["errors"].items())),
+        flush=True,
+    )
+    return {
+        "STOMP flood: honest clients without error": not loaded["errors"],
+        "STOMP flood: honest p99 within 3x quiet": loaded["p99"] <= 3 * quiet["p99"],
+    }
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.exchange.assemble import assemble_or_raise  # noqa: E402
 from gateway.config.loader import load_settings  # noqa: E402
+from gateway.exchange.assemble import assemble_or_raise  # noqa: E402
 from gateway.exchange.keys import idempotency_key  # noqa: E402
 from gateway.exchange.submission import document_digest  # noqa: E402
 from gateway.intake.xmlsafe import parse_document_text  # noqa: E402
@@ -84,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in rows:
         timings[name] = per_call(fn, args.repeat)
         print(f"  {name:<24} {timings[name]:8.2f} us")
-    added = (timings["digest sha256 (used)"] + timings["sender party (XPath)"]
-             + timings["key with party"] - timings["key without party"])
+    added = (
+        timings["digest sha256 (used)"]
+        + timings["sender party (XPath)"]
+        + timings["key with party"]
+        - timings["key without party"]
+    )
     print(f"  {'added per document':<24} {added:8.2f} us  (digest + party + the longer key)")
     return 0
 

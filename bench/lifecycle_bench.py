@@ -61,14 +61,58 @@ from ledger_contract.tables import pack_xml  # noqa: E402
 REPLY = (REPO.parent / "shared" / "ubl-2.1" / "xml" / "UBL-OrderResponse-2.1-Example.xml").read_bytes()
 NS = "urn:oasis:names:specification:ubl:schema:xsd:Order-2"
 DAY_MS = 86_400_000
-WORDS = ("pallet", "carton", "blue", "steel", "urgent", "dock", "gate", "north", "frozen", "spare", "bolt", "valve",
-         "invoice", "weekly", "ramp", "crate", "label", "batch", "return", "fragile")
-FACTS = json.dumps({"v": 1, "order_id": "x", "lines": [{"id": str(i), "qty": "10", "amount": "12.50"}
-                                                      for i in range(8)], "buyer": "GLN:7300072311115"})
+WORDS = (
+    "pallet",
+    "carton",
+    "blue",
+    "steel",
+    "urgent",
+    "dock",
+    "gate",
+    "north",
+    "frozen",
+    "spare",
+    "bolt",
+    "valve",
+    "invoice",
+    "weekly",
+    "ramp",
+    "crate",
+    "label",
+    "batch",
+    "return",
+    "fragile",
+)
+FACTS = json.dumps(
+    {
+        "v": 1,
+        "order_id": "x",
+        "lines": [{"id": str(i), "qty": "10", "amount": "12.50"} for i in range(8)],
+        "buyer": "GLN:7300072311115",
+    }
+)
 PG_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-COLUMNS = ("message_id", "partner", "doc_type", "doc_namespace", "doc_id", "idempotency_key", "correlation_id",
-           "route", "destination", "status", "received_at", "updated_at", "document", "reply", "reply_type",
-           "receipt", "facts", "facts_version", "digest")
+COLUMNS = (
+    "message_id",
+    "partner",
+    "doc_type",
+    "doc_namespace",
+    "doc_id",
+    "idempotency_key",
+    "correlation_id",
+    "route",
+    "destination",
+    "status",
+    "received_at",
+    "updated_at",
+    "document",
+    "reply",
+    "reply_type",
+    "receipt",
+    "facts",
+    "facts_version",
+    "digest",
+)
 
 
 def rows(start: int, count: int, days_ago: float, rng: random.Random) -> Any:
@@ -81,10 +125,30 @@ def rows(start: int, count: int, days_ago: float, rng: random.Random) -> Any:
         at = base + k
         mid = f"ID:bench-{k:09d}"
         receipt = json.dumps({"message_id": mid, "status": "accepted", "status_url": f"/v1/documents/{mid}"})
-        yield ((mid, "acme", "Order", NS, f"LC-{k}", f"acme|Order|LC-{k}", f"c-{k}", "ubl-order",
-                "queue://orders.inbound", "replied", at, at + 40, pack_xml(body), reply, "OrderResponse", receipt,
-                FACTS, 1, "sha256:" + hashlib.sha256(body).hexdigest()),
-               [(mid, "accepted", at), (mid, "replied", at + 40)])
+        yield (
+            (
+                mid,
+                "acme",
+                "Order",
+                NS,
+                f"LC-{k}",
+                f"acme|Order|LC-{k}",
+                f"c-{k}",
+                "ubl-order",
+                "queue://orders.inbound",
+                "replied",
+                at,
+                at + 40,
+                pack_xml(body),
+                reply,
+                "OrderResponse",
+                receipt,
+                FACTS,
+                1,
+                "sha256:" + hashlib.sha256(body).hexdigest(),
+            ),
+            [(mid, "accepted", at), (mid, "replied", at + 40)],
+        )
 
 
 def fill(url: str, start: int, count: int, days_ago: float, seed: int) -> float:
@@ -153,7 +217,8 @@ def _pg(url: str) -> tuple[str, str]:
     parsed = sa.engine.make_url(url)
     schema = str(parsed.query["schema"])
     return parsed.difference_update_query(["schema"]).render_as_string(hide_password=False).replace(
-        "postgresql+psycopg://", "postgresql://"), schema
+        "postgresql+psycopg://", "postgresql://"
+    ), schema
 
 
 # --------------------------------------------------------------------------- sizes
@@ -172,9 +237,13 @@ def size(url: str) -> int:
 
     dsn, schema = _pg(url)
     with psycopg.connect(dsn) as conn:
-        return int(conn.execute(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'", (schema,)).fetchone()[0])
+        return int(
+            conn.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+                (schema,),
+            ).fetchone()[0]
+        )
 
 
 def fresh_copy_size(url: str, folder: Path) -> int | None:
@@ -218,9 +287,15 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
         upgrade_ledger(broker.engine)
         policy = RetentionPolicy(default=Rule(90 * 86400.0, after), batch=5000)
         t0 = time.time()
-        result = archive.run(policy, engine=broker.engine, write=archive.store_writer(broker),
-                             purge_write=archive.store_writer(broker, durable=False), root=root,
-                             wait_for_warehouse=False, vacuum=False)
+        result = archive.run(
+            policy,
+            engine=broker.engine,
+            write=archive.store_writer(broker),
+            purge_write=archive.store_writer(broker, durable=False),
+            root=root,
+            wait_for_warehouse=False,
+            vacuum=False,
+        )
         t1 = time.time()
         vacuumed = 0.0
         if vacuum:
@@ -231,14 +306,29 @@ def worker(url: str, root: str, after: str, vacuum: bool) -> None:
             vacuumed = time.perf_counter() - v
     finally:
         broker.close()
-    print(json.dumps({"start": t0, "end": t1, "archived": result.archived, "purged": result.purged,
-                      "bytes": result.bytes, "seconds": result.seconds, "vacuumed_pages": result.vacuumed_pages,
-                      "vacuum_seconds": vacuumed}))
+    print(
+        json.dumps(
+            {
+                "start": t0,
+                "end": t1,
+                "archived": result.archived,
+                "purged": result.purged,
+                "bytes": result.bytes,
+                "seconds": result.seconds,
+                "vacuumed_pages": result.vacuumed_pages,
+                "vacuum_seconds": vacuumed,
+            }
+        )
+    )
 
 
 def run_worker(url: str, root: Path, after: str, vacuum: bool) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "--worker", url, str(root), after, str(int(vacuum))],
-                            stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, __file__, "--worker", url, str(root), after, str(int(vacuum))],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
 
 
 # --------------------------------------------------------------------------- intake load
@@ -358,32 +448,44 @@ def bench_store(kind: str, url: str, folder: Path, args: argparse.Namespace) -> 
 
 def report(r: dict[str, Any]) -> None:
     mb = 1 << 20
-    print(f"\n== {r['store']}: {r['rows']:,} due ledger rows (+{max(1, r['rows'] // 10):,} kept), filled in "
-          f"{r['fill_s']:.0f}s")
+    print(
+        f"\n== {r['store']}: {r['rows']:,} due ledger rows (+{max(1, r['rows'] // 10):,} kept), filled in "
+        f"{r['fill_s']:.0f}s"
+    )
     a = r["archive"]
     print(f"1. intake alone:               {r['intake_alone']:8.0f} accepted orders/s")
-    print(f"2. archive + purge:            {r['archive_rate']:8.0f} documents/s ({a['purged']:,} in {a['seconds']:.1f}s, "
-          f"{a['bytes'] / mb:.0f} MB of Parquet, {a['bytes'] / max(a['archived'], 1):.0f} bytes/document)"
-          f"   goal >= 5,000: {'met' if r['archive_rate'] >= 5000 else 'NOT met'}")
+    print(
+        f"2. archive + purge:            {r['archive_rate']:8.0f} documents/s ({a['purged']:,} in {a['seconds']:.1f}s, "
+        f"{a['bytes'] / mb:.0f} MB of Parquet, {a['bytes'] / max(a['archived'], 1):.0f} bytes/document)"
+        f"   goal >= 5,000: {'met' if r['archive_rate'] >= 5000 else 'NOT met'}"
+    )
     print(f"3. store size before:          {r['size_before'] / mb:8.0f} MB")
     print(f"   after the purge:            {r['size_after_purge'] / mb:8.0f} MB")
     v = r["vacuum"]
-    print(f"   after the vacuum:           {r['size_after_vacuum'] / mb:8.0f} MB ({v.get('pages', '-')} pages in "
-          f"{v['seconds']:.1f}s)")
+    print(
+        f"   after the vacuum:           {r['size_after_vacuum'] / mb:8.0f} MB ({v.get('pages', '-')} pages in "
+        f"{v['seconds']:.1f}s)"
+    )
     if r["size_fresh_copy"]:
         ratio = r["size_after_vacuum"] / r["size_fresh_copy"]
-        print(f"   the same content afresh:    {r['size_fresh_copy'] / mb:8.0f} MB: after the vacuum x{ratio:.3f}"
-              f"   goal <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'}")
+        print(
+            f"   the same content afresh:    {r['size_fresh_copy'] / mb:8.0f} MB: after the vacuum x{ratio:.3f}"
+            f"   goal <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'}"
+        )
     before, after = r["intake_before_purge"], r["intake_after_purge"]
     without = (before + after) / 2
     ratio = r["intake_during_purge"] / without if without else 0.0
     p = r["purge"]
     print(f"4. intake just before a purge: {before:8.0f} accepted orders/s (x{before / r['intake_alone']:.3f} of 1.)")
-    print(f"   intake during the purge:    {r['intake_during_purge']:8.0f} accepted orders/s (the purge: "
-          f"{p['purged']:,} documents in {p['seconds']:.1f}s, {r['purge_rate']:.0f}/s)")
+    print(
+        f"   intake during the purge:    {r['intake_during_purge']:8.0f} accepted orders/s (the purge: "
+        f"{p['purged']:,} documents in {p['seconds']:.1f}s, {r['purge_rate']:.0f}/s)"
+    )
     print(f"   intake just after it:       {after:8.0f} accepted orders/s")
-    print(f"   during / without (the mean of before and after): x{ratio:.3f}"
-          f"   goal >= 0.90: {'met' if ratio >= 0.90 else 'NOT met'}")
+    print(
+        f"   during / without (the mean of before and after): x{ratio:.3f}"
+        f"   goal >= 0.90: {'met' if ratio >= 0.90 else 'NOT met'}"
+    )
 
 
 def main() -> int:

@@ -42,16 +42,18 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway_bench import ServerProcess, closed_loop, free_port, order_with_id, write_config  # noqa: E402
+from gateway_bench import ServerProcess, closed_loop, free_port, order_with_id, write_config
 
-from gateway.routing.partners import hash_key  # noqa: E402
+from gateway.routing.partners import hash_key
 
 POSTGRES_URL = os.environ.get("B2BGW_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BENCH_KEY = "bench." + "k" * 43
 OPERATOR = ("bench-operator", "bench-operator-secret")
-BODY = ("<Invoice xmlns=\"urn:oasis:names:specification:ubl:schema:xsd:Invoice-2\" "
-        "xmlns:cbc=\"urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2\">"
-        "<cbc:ID>{}</cbc:ID><cbc:IssueDate>2025-06-01</cbc:IssueDate></Invoice>")
+BODY = (
+    '<Invoice xmlns="urn:oasis:names:specification:ubl:schema:xsd:Invoice-2" '
+    'xmlns:cbc="urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2">'
+    "<cbc:ID>{}</cbc:ID><cbc:IssueDate>2025-06-01</cbc:IssueDate></Invoice>"
+)
 DEEP = "bench.q0000"
 
 
@@ -64,14 +66,28 @@ def rows(messages: int, destinations: int, now_us: int):
     for i in range(1, messages + 1):
         box = DEEP if i <= half else f"bench.q{1 + (i % (destinations - 1)):04d}"
         mid = f"ID:bench-{i}"
-        message = (i, mid, f"queue://{box}", 2, now_us // 1000, f"corr-{i}", None, "Invoice",
-                   '{"partner":"bench","InvoiceID":"INV-%d"}' % i, "xml", BODY.format(i).encode(), None)
+        message = (
+            i,
+            mid,
+            f"queue://{box}",
+            2,
+            now_us // 1000,
+            f"corr-{i}",
+            None,
+            "Invoice",
+            f'{{"partner":"bench","InvoiceID":"INV-{i}"}}',
+            "xml",
+            BODY.format(i).encode(),
+            None,
+        )
         entry = (i, f"queue://{box}", now_us + i, 4, 0, 0, 0, None, 0, i)
         yield message, entry
 
 
-MESSAGE_COLS = "id, message_id, destination, delivery_mode, timestamp, correlation_id, reply_to, type, " \
-               "properties, kind, body, origin"
+MESSAGE_COLS = (
+    "id, message_id, destination, delivery_mode, timestamp, correlation_id, reply_to, type, "
+    "properties, kind, body, origin"
+)
 ENTRY_COLS = "id, box, seq, priority, expiration, state, ready_at, owner, delivery_count, message"
 
 
@@ -97,8 +113,10 @@ def fill_sqlite(path: Path, messages: int, destinations: int) -> None:
             flush()
     flush()
     # the store keeps each box's count (b2b_box_depth): rows written behind its back are counted here
-    db.execute("INSERT INTO b2b_box_depth (instance, box, entries) SELECT '', box, count(*) FROM b2b_entries "
-               "GROUP BY box ON CONFLICT (instance, box) DO UPDATE SET entries = excluded.entries")
+    db.execute(
+        "INSERT INTO b2b_box_depth (instance, box, entries) SELECT '', box, count(*) FROM b2b_entries "
+        "GROUP BY box ON CONFLICT (instance, box) DO UPDATE SET entries = excluded.entries"
+    )
     db.commit()
     db.execute("ANALYZE")
     db.commit()
@@ -118,9 +136,11 @@ def fill_postgres(url: str, schema: str, messages: int, destinations: int) -> No
             with cur.copy(f"COPY b2b_entries ({ENTRY_COLS}) FROM STDIN") as copy_e:
                 for _, entry in rows(messages, destinations, now_us):
                     copy_e.write_row(entry)
-            cur.execute("INSERT INTO b2b_box_depth (instance, box, entries) SELECT '', box, count(*) "
-                        "FROM b2b_entries GROUP BY box ON CONFLICT (instance, box) DO UPDATE SET "
-                        "entries = excluded.entries")
+            cur.execute(
+                "INSERT INTO b2b_box_depth (instance, box, entries) SELECT '', box, count(*) "
+                "FROM b2b_entries GROUP BY box ON CONFLICT (instance, box) DO UPDATE SET "
+                "entries = excluded.entries"
+            )
             for table in ("b2b_messages", "b2b_entries"):
                 cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
             cur.execute("ANALYZE b2b_messages")
@@ -132,17 +152,19 @@ def deep_cursors(url: str, schema: str | None, count: int, messages: int) -> lis
     """Browse cursors from 300,000 (scaled) messages into DEEP onwards (read once, before the timing)."""
     import sqlalchemy as sa
 
-    engine = sa.create_engine(url.split("?")[0] if schema else url,
-                              connect_args={"options": f"-c search_path={schema}"} if schema else {})
+    engine = sa.create_engine(
+        url.split("?")[0] if schema else url, connect_args={"options": f"-c search_path={schema}"} if schema else {}
+    )
     first = int(messages * 0.3)
     last = int(messages * 0.49)
     step = max(1, (last - first) // count)
     out = []
     with engine.connect() as conn:
         for i in range(count):
-            row = conn.execute(sa.text(
-                "SELECT priority, seq, id FROM b2b_entries WHERE box = :box AND state = 0 AND id = :id"),
-                {"box": f"queue://{DEEP}", "id": first + i * step}).first()
+            row = conn.execute(
+                sa.text("SELECT priority, seq, id FROM b2b_entries WHERE box = :box AND state = 0 AND id = :id"),
+                {"box": f"queue://{DEEP}", "id": first + i * step},
+            ).first()
             if row is not None:
                 out.append(f"0.{9 - row.priority}.{row.seq}.{row.id}")
     engine.dispose()
@@ -190,8 +212,9 @@ def one_way(base: str, seconds: float, scrape: bool) -> tuple[float, int]:
     if thread is not None:
         thread.start()
     prefix = uuid.uuid4().hex[:8]
-    result = asyncio.run(closed_loop(base + "/v1/documents", headers, seconds, 32,
-                                     lambda i: order_with_id(f"OPS-{prefix}-{i}"), 202))
+    result = asyncio.run(
+        closed_loop(base + "/v1/documents", headers, seconds, 32, lambda i: order_with_id(f"OPS-{prefix}-{i}"), 202)
+    )
     stop.set()
     if thread is not None:
         thread.join(10)
@@ -204,9 +227,17 @@ def hot_path_cost() -> tuple[float, float]:
     from gateway.telemetry.metrics import HttpMetrics
 
     observer = HttpMetrics({"acme"})
-    start = {"type": "http.response.start", "status": 202,
-             "headers": [(b"x-message-id", b"ID:1"), (b"x-correlation-id", b"c"), (b"x-route-id", b"ubl-order"),
-                         (b"content-type", b"application/json"), (b"content-length", b"80")]}
+    start = {
+        "type": "http.response.start",
+        "status": 202,
+        "headers": [
+            (b"x-message-id", b"ID:1"),
+            (b"x-correlation-id", b"c"),
+            (b"x-route-id", b"ubl-order"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"80"),
+        ],
+    }
     body = {"type": "http.response.body", "body": b"x" * 80}
     scope = {"type": "http", "method": "POST", "path": "/v1/documents"}
 
@@ -276,12 +307,14 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
             raise RuntimeError("db upgrade failed")
         started = time.perf_counter()
         if kind == "sqlite":
-            fill_sqlite(Path(url[len("sqlite:///"):]), args.messages, args.destinations)
+            fill_sqlite(Path(url[len("sqlite:///") :]), args.messages, args.destinations)
         else:
             fill_postgres(url, schema, args.messages, args.destinations)
         out["fill_s"] = time.perf_counter() - started
-        print(f"{kind}: filled {args.messages:,} messages in {args.destinations:,} queues in {out['fill_s']:.1f} s",
-              flush=True)
+        print(
+            f"{kind}: filled {args.messages:,} messages in {args.destinations:,} queues in {out['fill_s']:.1f} s",
+            flush=True,
+        )
         cursors = deep_cursors(url, schema, args.requests, args.messages)
         port = free_port()
         server = ServerProcess(config_path, port, folder / f"server-{kind}.log")
@@ -296,8 +329,12 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
                 out["first_reading_ms"] = (time.perf_counter() - started) * 1000
                 client.get("/metrics").raise_for_status()
                 out["overview"] = timed(client, "/console", args.requests)
-                out["browse"] = timed(client, "/admin/api/v1/messages", args.requests, lambda i: {
-                    "destination": f"queue://{DEEP}", "cursor": cursors[i % len(cursors)], "limit": "50"})
+                out["browse"] = timed(
+                    client,
+                    "/admin/api/v1/messages",
+                    args.requests,
+                    lambda i: {"destination": f"queue://{DEEP}", "cursor": cursors[i % len(cursors)], "limit": "50"},
+                )
                 out["metrics"] = timed(client, "/metrics", args.requests)
                 if args.screenshot:
                     out["screenshot"] = screenshot(base, client.cookies.get("b2bgw_session"), folder, kind)
@@ -305,8 +342,11 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
             for scrape in [False, True] * args.rounds:
                 rate, scrapes = one_way(base, args.seconds, scrape)
                 rates.append((scrape, rate, scrapes))
-                print(f"  one-way {'with' if scrape else 'without'} scraping: {rate:7.1f} orders/s"
-                      + (f" ({scrapes} scrapes)" if scrape else ""), flush=True)
+                print(
+                    f"  one-way {'with' if scrape else 'without'} scraping: {rate:7.1f} orders/s"
+                    + (f" ({scrapes} scrapes)" if scrape else ""),
+                    flush=True,
+                )
             out["rates"] = rates
         finally:
             server.stop()
@@ -314,8 +354,9 @@ def run_store(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, ob
         if schema is not None:
             import psycopg
 
-            with psycopg.connect(POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://"),
-                                 autocommit=True) as conn:
+            with psycopg.connect(
+                POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+            ) as conn:
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return out
 
@@ -329,8 +370,16 @@ def screenshot(base: str, session: str | None, folder: Path, kind: str) -> str |
     if not Path("/usr/bin/chromium").exists() or session is None:
         return None
     path = Path(tempfile.gettempdir()) / f"b2bgw-console-{kind}-{uuid.uuid4().hex[:6]}.png"
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=args)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -348,8 +397,12 @@ def main() -> int:
     parser.add_argument("--destinations", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=60, help="timed requests of each kind (default 60)")
     parser.add_argument("--seconds", type=float, default=15.0, help="each one-way phase (default 15)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="one-way phases without then with scraping, alternating, this many times each (default 3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="one-way phases without then with scraping, alternating, this many times each (default 3)",
+    )
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--no-screenshot", dest="screenshot", action="store_false")
     args = parser.parse_args()
@@ -363,7 +416,9 @@ def main() -> int:
     print()
     print(f"== operations benchmark: {args.destinations:,} queues, {args.messages:,} waiting messages ==")
     for r in results:
-        print(f"{r['store']}: filled in {r['fill_s']:.1f} s; first reading of the counters {r['first_reading_ms']:.0f} ms")
+        print(
+            f"{r['store']}: filled in {r['fill_s']:.1f} s; first reading of the counters {r['first_reading_ms']:.0f} ms"
+        )
         print(line("console overview", r["overview"]))
         print(line("browse page deep in the queue", r["browse"]))
         print(line("/metrics scrape", r["metrics"]))
@@ -371,13 +426,18 @@ def main() -> int:
         with_ = [rate for scrape, rate, _ in r["rates"] if scrape]
         a, b = statistics.median(without), statistics.median(with_)  # medians: this machine's speed drifts
         gap = abs(a - b) / a * 100 if a else 0.0
-        print(f"  one-way rate: {a:.1f} orders/s without scraping, {b:.1f} with /metrics every 5 s: "
-              f"{gap:.1f}% apart (goal <2%: {'met' if gap < 2 else 'NOT met'}; runs: "
-              + ", ".join(f"{rate:.1f}{'*' if scrape else ''}" for scrape, rate, _ in r["rates"]) + "; * scraped)")
+        print(
+            f"  one-way rate: {a:.1f} orders/s without scraping, {b:.1f} with /metrics every 5 s: "
+            f"{gap:.1f}% apart (goal <2%: {'met' if gap < 2 else 'NOT met'}; runs: "
+            + ", ".join(f"{rate:.1f}{'*' if scrape else ''}" for scrape, rate, _ in r["rates"])
+            + "; * scraped)"
+        )
         if r.get("screenshot"):
             print(f"  screenshot of the overview: {r['screenshot']}")
-    print(f"metrics on the intake's hot path: {observed_us - bare_us:.2f} us per request "
-          f"(a request through the observer {observed_us:.2f} us, without {bare_us:.2f} us)")
+    print(
+        f"metrics on the intake's hot path: {observed_us - bare_us:.2f} us per request "
+        f"(a request through the observer {observed_us:.2f} us, without {bare_us:.2f} us)"
+    )
     return 0
 
 

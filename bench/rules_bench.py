@@ -43,10 +43,10 @@ sys.path.insert(0, str(BENCH))
 
 import gateway_bench as gb  # noqa: E402
 
+from gateway.intake.xmlsafe import parse_document_text  # noqa: E402
 from gateway.routing.partners import generate_key, hash_key  # noqa: E402
 from gateway.rules.rulesets import RuleBook, RuleSet, RulesRunner  # noqa: E402
 from gateway.rules.schematron import SaxonRules, compile_schematron, document_text, load_schematron  # noqa: E402
-from gateway.intake.xmlsafe import parse_document_text  # noqa: E402
 
 SAMPLE_RULES = REPO / "rules" / "ubl-order.sch"
 BENCH_RULES = BENCH / "rules" / "order-100.sch"
@@ -82,8 +82,12 @@ def compile_times(path: Path, cache: Path, rounds: int = 3) -> dict[str, float]:
         runner.start()
         starts.append(time.perf_counter() - started)
         runner.close()
-    return {"cold": statistics.median(cold), "cached": statistics.median(cached),
-            "worker_start": statistics.median(starts), "assertions": len(compiled.assertions)}
+    return {
+        "cold": statistics.median(cold),
+        "cached": statistics.median(cached),
+        "worker_start": statistics.median(starts),
+        "assertions": len(compiled.assertions),
+    }
 
 
 # --------------------------------------------------------------------------- 2. the engine alone
@@ -125,9 +129,15 @@ def engine_rates(path: Path, seconds: float) -> dict[str, float]:
     del nodes
     with_parse, with_parse_cpu = _rate(lambda: rules.run(text), seconds)
     parse, parse_cpu = _rate(lambda: rules.parse(text), seconds / 2)
-    return {"with_parse": with_parse, "with_parse_cpu_us": with_parse_cpu, "alone": alone,
-            "alone_cpu_us": alone_cpu, "parse": parse, "parse_cpu_us": parse_cpu,
-            "findings": len(rules.run(text))}
+    return {
+        "with_parse": with_parse,
+        "with_parse_cpu_us": with_parse_cpu,
+        "alone": alone,
+        "alone_cpu_us": alone_cpu,
+        "parse": parse,
+        "parse_cpu_us": parse_cpu,
+        "findings": len(rules.run(text)),
+    }
 
 
 # --------------------------------------------------------------------------- 3. through a worker process
@@ -172,11 +182,20 @@ def gateway_rates(seconds: float, connections: int, use_wrk: bool) -> dict[str, 
     plain_key, rules_key = generate_key("bench"), generate_key("benchrules")
     config_path = gb.write_config(folder, plain_key)
     config = yaml.safe_load(config_path.read_text())
-    config["partners"]["benchrules"] = {"name": "Benchmark client (rules)",
-                                        "keys": [{"id": "benchrules", "hash": hash_key(rules_key, ln=10)}]}
+    config["partners"]["benchrules"] = {
+        "name": "Benchmark client (rules)",
+        "keys": [{"id": "benchrules", "hash": hash_key(rules_key, ln=10)}],
+    }
     plain = next(r for r in config["routes"] if r["id"] == "bench-order-one-way")
-    config["routes"].append({**plain, "id": "bench-order-rules", "partners": ["benchrules"],
-                             "destination": "queue://orders.bench-rules", "rules": ["ubl-order"]})
+    config["routes"].append(
+        {
+            **plain,
+            "id": "bench-order-rules",
+            "partners": ["benchrules"],
+            "destination": "queue://orders.bench-rules",
+            "rules": ["ubl-order"],
+        }
+    )
     config["rules"]["sets"]["ubl-order"]["file"] = str(SAMPLE_RULES)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = gb.free_port()
@@ -195,8 +214,12 @@ def gateway_rates(seconds: float, connections: int, use_wrk: bool) -> dict[str, 
 
         for kind in ("without", "with"):  # warm up: keys, routes, the rules workers
             for i in range(50):
-                response = httpx.post(f"{base}/v1/documents", content=gb.order_with_id(f"warm-{kind}-{i}"),
-                                      headers=headers[kind], timeout=30)
+                response = httpx.post(
+                    f"{base}/v1/documents",
+                    content=gb.order_with_id(f"warm-{kind}-{i}"),
+                    headers=headers[kind],
+                    timeout=30,
+                )
                 assert response.status_code == 202, response.text
         for round_ in range(2):
             for kind in ("without", "with"):
@@ -206,14 +229,24 @@ def gateway_rates(seconds: float, connections: int, use_wrk: bool) -> dict[str, 
                     script = gb.wrk_script(folder / f"{tag}.lua", headers[kind], unique=True)
                     result = gb.run_wrk(base, script, seconds, connections, [tag])
                 else:
-                    result = asyncio.run(gb.closed_loop(f"{base}/v1/documents", headers[kind], seconds, connections,
-                                                        lambda n, t=tag: gb.order_with_id(f"{t}-{n}"), 202))
+                    result = asyncio.run(
+                        gb.closed_loop(
+                            f"{base}/v1/documents",
+                            headers[kind],
+                            seconds,
+                            connections,
+                            lambda n, t=tag: gb.order_with_id(f"{t}-{n}"),
+                            202,
+                        )
+                    )
                 if result["bad"]:
                     print(f"   ({result['bad']:.0f} requests failed in the {kind} phase: see {folder / 'server.log'})")
                 rates[kind].append(result["rate"])
                 cpu[kind].append((server.cpu_seconds() - before) / max(1, result["total"]) * 1e6)
-                print(f"   {kind} rules: {result['rate']:.0f} orders/s, {cpu[kind][-1]:.0f} us server CPU per order",
-                      flush=True)
+                print(
+                    f"   {kind} rules: {result['rate']:.0f} orders/s, {cpu[kind][-1]:.0f} us server CPU per order",
+                    flush=True,
+                )
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -229,8 +262,11 @@ def main() -> int:
     parser.add_argument("--no-wrk", action="store_true", help="use the asyncio client even if wrk is installed")
     args = parser.parse_args()
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
-    print(f"b2bgw business rules benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"{len(ORDER)} byte UBL Order example; load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"b2bgw business rules benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"{len(ORDER)} byte UBL Order example; load average before: {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
     cache = Path(tempfile.mkdtemp(prefix="b2bgw-rules-cache-"))
     results = {}
@@ -248,37 +284,48 @@ def main() -> int:
         shutil.rmtree(cache, ignore_errors=True)
     gateway = None
     if not args.no_gateway:
-        print(f"4. the gateway, one-way Orders with and without the sample rules "
-              f"({'wrk' if use_wrk else 'asyncio client'}, {args.connections} connections, "
-              f"{args.gateway_seconds:g} s per phase) ...", flush=True)
+        print(
+            f"4. the gateway, one-way Orders with and without the sample rules "
+            f"({'wrk' if use_wrk else 'asyncio client'}, {args.connections} connections, "
+            f"{args.gateway_seconds:g} s per phase) ...",
+            flush=True,
+        )
         gateway = gateway_rates(args.gateway_seconds, args.connections, use_wrk)
 
     print()
     for name in ("sample", "order-100"):
         c = results[f"compile {name}"]
-        print(f"compile {name} ({c['assertions']} assertions): cold {c['cold'] * 1000:.0f} ms, from the cache "
-              f"{c['cached'] * 1000:.0f} ms (goal < 1 s: {'met' if c['cached'] < 1 else 'NOT met'}), a worker "
-              f"process's start {c['worker_start'] * 1000:.0f} ms (medians of 3)")
+        print(
+            f"compile {name} ({c['assertions']} assertions): cold {c['cold'] * 1000:.0f} ms, from the cache "
+            f"{c['cached'] * 1000:.0f} ms (goal < 1 s: {'met' if c['cached'] < 1 else 'NOT met'}), a worker "
+            f"process's start {c['worker_start'] * 1000:.0f} ms (medians of 3)"
+        )
     goals = {"sample": 1000, "order-100": 600}
     for name in ("sample", "order-100"):
         e = results[f"engine {name}"]
-        print(f"engine {name}: {e['with_parse']:.0f} documents/s with the parse ({e['with_parse_cpu_us']:.0f} us CPU "
-              f"each; goal >= {goals[name]}: {'met' if e['with_parse'] >= goals[name] else 'NOT met'}), "
-              f"{e['alone']:.0f}/s on documents parsed beforehand ({e['alone_cpu_us']:.0f} us CPU), "
-              f"Saxon's parse alone "
-              f"{e['parse']:.0f}/s ({e['parse_cpu_us']:.0f} us CPU); {e['findings']} findings per document")
+        print(
+            f"engine {name}: {e['with_parse']:.0f} documents/s with the parse ({e['with_parse_cpu_us']:.0f} us CPU "
+            f"each; goal >= {goals[name]}: {'met' if e['with_parse'] >= goals[name] else 'NOT met'}), "
+            f"{e['alone']:.0f}/s on documents parsed beforehand ({e['alone_cpu_us']:.0f} us CPU), "
+            f"Saxon's parse alone "
+            f"{e['parse']:.0f}/s ({e['parse_cpu_us']:.0f} us CPU); {e['findings']} findings per document"
+        )
         rate, parent_cpu, worker_cpu = results[f"worker {name}"]
-        print(f"   through one worker process: {rate:.0f} documents/s ({worker_cpu:.0f} us CPU in the worker, "
-              f"{parent_cpu:.0f} us in the gateway's process per document)")
+        print(
+            f"   through one worker process: {rate:.0f} documents/s ({worker_cpu:.0f} us CPU in the worker, "
+            f"{parent_cpu:.0f} us in the gateway's process per document)"
+        )
     if gateway is not None:
         without = statistics.mean(gateway["rates"]["without"])
         with_rules = statistics.mean(gateway["rates"]["with"])
         share = with_rules / without if without else 0.0
-        print(f"gateway one-way: {with_rules:.0f} orders/s with the sample rules against {without:.0f} without = "
-              f"{share:.0%} (goal >= 70%: {'met' if share >= 0.7 else 'NOT met'}); server CPU per order "
-              f"{statistics.mean(gateway['cpu']['with']):.0f} us with, {statistics.mean(gateway['cpu']['without']):.0f}"
-              f" us without (runs: {', '.join(f'{r:.0f}' for r in gateway['rates']['without'])} without; "
-              f"{', '.join(f'{r:.0f}' for r in gateway['rates']['with'])} with)")
+        print(
+            f"gateway one-way: {with_rules:.0f} orders/s with the sample rules against {without:.0f} without = "
+            f"{share:.0%} (goal >= 70%: {'met' if share >= 0.7 else 'NOT met'}); server CPU per order "
+            f"{statistics.mean(gateway['cpu']['with']):.0f} us with, {statistics.mean(gateway['cpu']['without']):.0f}"
+            f" us without (runs: {', '.join(f'{r:.0f}' for r in gateway['rates']['without'])} without; "
+            f"{', '.join(f'{r:.0f}' for r in gateway['rates']['with'])} with)"
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
     return 0
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker_core import Int, TextMessage, XMLMessage  # noqa: E402
-from broker_core.selectors import STRING_NUMBERS_PROPERTY, Envelope, compile_selector, snapshot  # noqa: E402
+from broker_core import Int, TextMessage, XMLMessage
+from broker_core.selectors import STRING_NUMBERS_PROPERTY, Envelope, compile_selector, snapshot
 
 NS = {"cbc": "urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2"}
 XML = (
@@ -38,10 +38,27 @@ def envelope(props: dict, *, body: str | None = None, type_: str | None = "invoi
     return snapshot(message)
 
 
-HIT = {"partner": "acme", "amount": 125.5, "region": "EU", "urgent": True, "doc": "INV-2024-001", "fee": Int(3),
-       "a": 5, "b": 1, "c": "x"}
-MISS = {"partner": "globex", "amount": Int(50), "region": "LATAM", "urgent": False, "doc": "PO-7", "fee": Int(3),
-        "a": 0, "b": 9}
+HIT = {
+    "partner": "acme",
+    "amount": 125.5,
+    "region": "EU",
+    "urgent": True,
+    "doc": "INV-2024-001",
+    "fee": Int(3),
+    "a": 5,
+    "b": 1,
+    "c": "x",
+}
+MISS = {
+    "partner": "globex",
+    "amount": Int(50),
+    "region": "LATAM",
+    "urgent": False,
+    "doc": "PO-7",
+    "fee": Int(3),
+    "a": 0,
+    "b": 9,
+}
 
 CASES = [
     "partner = 'acme' AND amount > 100",
@@ -88,8 +105,10 @@ def main() -> None:
         sel = compile_selector(text, xpath_namespaces=NS)
         assert sel.matches(hit) and not sel.matches(miss), text
         ms = compile_time(text) * 1000
-        print(f"{text:<66} {ms:>7.3f}ms {rate(sel.matches, hit, args.seconds):>11,.0f} "
-              f"{rate(sel.matches, miss, args.seconds):>11,.0f}")
+        print(
+            f"{text:<66} {ms:>7.3f}ms {rate(sel.matches, hit, args.seconds):>11,.0f} "
+            f"{rate(sel.matches, miss, args.seconds):>11,.0f}"
+        )
 
     stomp_hit = envelope({STRING_NUMBERS_PROPERTY: True, "partner": "acme", "amount": "125.5"})
     stomp_miss = envelope({STRING_NUMBERS_PROPERTY: True, "partner": "acme", "amount": "50"})
@@ -98,19 +117,22 @@ def main() -> None:
         sel = compile_selector(text)
         assert sel.matches(stomp_hit) and not sel.matches(stomp_miss) and not sel.matches(strict), text
         label = f"{text} (STOMP strings)"
-        print(f"{label:<66} {'':>9} {rate(sel.matches, stomp_hit, args.seconds):>11,.0f} "
-              f"{rate(sel.matches, stomp_miss, args.seconds):>11,.0f}")
+        print(
+            f"{label:<66} {'':>9} {rate(sel.matches, stomp_hit, args.seconds):>11,.0f} "
+            f"{rate(sel.matches, stomp_miss, args.seconds):>11,.0f}"
+        )
         label = f"{text} (strings, JMS rule)"
         print(f"{label:<66} {'':>9} {'-':>11} {rate(sel.matches, strict, args.seconds):>11,.0f}")
 
     def by_hand(e: Envelope) -> bool:  # the first selector, written directly
         p = e.properties
         partner, amount = p.get("partner"), p.get("amount")
-        return (partner.__class__ is str and partner == "acme" and amount.__class__ in (int, float, Int)
-                and amount > 100)
+        return partner.__class__ is str and partner == "acme" and amount.__class__ in (int, float, Int) and amount > 100
 
-    print(f"{'(hand-written Python for the first selector)':<66} {'':>9} {rate(by_hand, hit, args.seconds):>11,.0f} "
-          f"{rate(by_hand, miss, args.seconds):>11,.0f}")
+    print(
+        f"{'(hand-written Python for the first selector)':<66} {'':>9} {rate(by_hand, hit, args.seconds):>11,.0f} "
+        f"{rate(by_hand, miss, args.seconds):>11,.0f}"
+    )
 
 
 if __name__ == "__main__":

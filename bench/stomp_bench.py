@@ -79,9 +79,26 @@ def start_server(url: str) -> tuple[subprocess.Popen, int]:
     from broker_core.stomp import hash_passcode
 
     # the clients log in as bench/bench, a user with every right (the listener checks it like any other)
-    proc = subprocess.Popen([sys.executable, "-m", "broker_core.stomp", "--url", url, "--port", "0",
-                             "--log-level", "WARNING", "--heartbeat", "0,0", "--user", "bench:" + hash_passcode("bench")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "broker_core.stomp",
+            "--url",
+            url,
+            "--port",
+            "0",
+            "--log-level",
+            "WARNING",
+            "--heartbeat",
+            "0,0",
+            "--user",
+            "bench:" + hash_passcode("bench"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         match = re.search(r"STOMP listening on [\d.]+:(\d+)", line)
@@ -116,8 +133,9 @@ def request_reply(port: int, rounds: int) -> tuple[float, float]:
 
     class Responder(stomp.ConnectionListener):
         def on_message(self, frame: Any) -> None:
-            responder_conn.send(frame.headers["reply-to"], frame.body,
-                                headers={"correlation-id": frame.headers["message-id"]})
+            responder_conn.send(
+                frame.headers["reply-to"], frame.body, headers={"correlation-id": frame.headers["message-id"]}
+            )
 
     responder_conn = connect(port, Responder())
     responder_conn.subscribe("/queue/rr", id="r", ack="auto")
@@ -156,15 +174,18 @@ def selective(port: int, n: int, size: int) -> tuple[int, int, float]:
     for i in range(n):
         match = i % 10 == 0
         matches += match
-        producer.send("/queue/selective", body, headers={"kind": "wanted" if match else "other",
-                                                         "persistent": "true"})
+        producer.send("/queue/selective", body, headers={"kind": "wanted" if match else "other", "persistent": "true"})
     producer.send("/queue/selective", b"", headers={"kind": "marker"}, receipt="filled")
     sync.wait("filled")
     counter = Counter(matches)
     consumer = connect(port, counter)
     start = time.perf_counter()
-    consumer.subscribe("/queue/selective", id="s", ack="client-individual",
-                       headers={"selector": "kind = 'wanted'", "activemq.prefetchSize": "1000"})
+    consumer.subscribe(
+        "/queue/selective",
+        id="s",
+        ack="client-individual",
+        headers={"selector": "kind = 'wanted'", "activemq.prefetchSize": "1000"},
+    )
 
     # acknowledge as they come (client-individual), from the receiver thread
     class Acker(stomp.ConnectionListener):
@@ -196,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         rate = throughput(port, args.messages, args.size, True, "p")
         print(f"persistent:     {args.messages} x {args.size} B end-to-end {rate:,.0f} msg/s  (ActiveMQ 5.17: ~6.3k)")
         p50, p99 = request_reply(port, args.rounds)
-        print(f"request-reply via temp queue, {args.rounds} rounds: p50 {p50:.2f} ms, p99 {p99:.2f} ms  "
-              f"(ActiveMQ 5.17: 0.4-0.5 / 1.5-4 ms)")
+        print(
+            f"request-reply via temp queue, {args.rounds} rounds: p50 {p50:.2f} ms, p99 {p99:.2f} ms  "
+            f"(ActiveMQ 5.17: 0.4-0.5 / 1.5-4 ms)"
+        )
         got, matches, elapsed = selective(port, args.messages, args.size)
-        print(f"selective subscriber on a {args.messages}-deep queue, 10% match: {got} of {matches} in "
-              f"{elapsed:.2f} s  (ActiveMQ 5.17: 58 of 1,560 in 60 s)")
+        print(
+            f"selective subscriber on a {args.messages}-deep queue, 10% match: {got} of {matches} in "
+            f"{elapsed:.2f} s  (ActiveMQ 5.17: 58 of 1,560 in 60 s)"
+        )
         return 0 if got == matches else 1
     finally:
         proc.terminate()

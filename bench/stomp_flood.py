@@ -32,7 +32,7 @@ def _answer(sock: socket.socket, timeout: float = 5) -> bytes:
             if not chunk:
                 break
             data += chunk
-    except (socket.timeout, OSError):
+    except (TimeoutError, OSError):
         pass
     return data
 
@@ -63,8 +63,10 @@ class Flood:
         self.errors: dict[str, int] = {}
         self.sent_bytes = 0
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=fn, daemon=True) for fn in
-                        (self._silent, self._oversized, self._guessing, self._sender, self._sender, self._transaction)]
+        self.threads = [
+            threading.Thread(target=fn, daemon=True)
+            for fn in (self._silent, self._oversized, self._guessing, self._sender, self._sender, self._transaction)
+        ]
 
     def _saw(self, data: bytes) -> None:
         for line in data.split(b"\n"):
@@ -101,8 +103,9 @@ class Flood:
         while not self.stop.is_set():
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
-                    sock.sendall(f"CONNECT\naccept-version:1.2\nlogin:backend\npasscode:{uuid.uuid4().hex}\n\n\x00"
-                                 .encode())
+                    sock.sendall(
+                        f"CONNECT\naccept-version:1.2\nlogin:backend\npasscode:{uuid.uuid4().hex}\n\n\x00".encode()
+                    )
                     self._saw(_answer(sock))
             except OSError:
                 time.sleep(0.1)

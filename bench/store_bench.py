@@ -134,15 +134,18 @@ def end_to_end(url: str, producers: int, per_producer: int, use_async: bool) -> 
         consumers = _Consumers(broker, queue, total)
         start, cpu_before = time.perf_counter(), _cpu()
         if use_async:
+
             async def produce_all() -> None:
                 conn = broker.connect()
                 sessions = [conn.create_session() for _ in range(producers)]
                 window = asyncio.Semaphore(64 * producers)
-                await asyncio.gather(*(_produce(session, session.create_producer(queue), per_producer, window)
-                                       for session in sessions))
+                await asyncio.gather(
+                    *(_produce(session, session.create_producer(queue), per_producer, window) for session in sessions)
+                )
 
             asyncio.run(produce_all())
         else:
+
             def produce() -> None:
                 with broker.connect() as conn:
                     session = conn.create_session()
@@ -175,7 +178,9 @@ def _producer_process(url: str, queue_name: str, count: int, start: Any, cpu_out
         before = _cpu()
 
         async def produce_all() -> None:
-            await asyncio.gather(*(_produce(session, producer, count // producers, None) for session, producer in pairs))
+            await asyncio.gather(
+                *(_produce(session, producer, count // producers, None) for session, producer in pairs)
+            )
 
         asyncio.run(produce_all())
         cpu_out.put(_cpu() - before)
@@ -202,8 +207,10 @@ def end_to_end_processes(url: str, producers: int, total: int, processes: int | 
     processes = processes or producers
     per = total // processes  # messages each producer process sends
     sent = per * processes
-    procs = [ctx.Process(target=_producer_process, args=(url, name, per, start, cpu_out, producers // processes))
-             for _ in range(processes)]
+    procs = [
+        ctx.Process(target=_producer_process, args=(url, name, per, start, cpu_out, producers // processes))
+        for _ in range(processes)
+    ]
     procs.append(ctx.Process(target=_consumer_process, args=(url, name, sent, start, done, cpu_out)))
     for proc in procs:
         proc.start()
@@ -238,14 +245,21 @@ def run(name: str, url: str, raw: float, messages: int) -> None:
         for use_async in (False, True):
             rate, cpu = end_to_end(url, producers, messages // producers, use_async)
             kind = "async send_async, 64 in flight each" if use_async else "threads, synchronous send"
-            print(f"  {producers} producer{'s' if producers > 1 else ' '} ({kind}): {rate:,.0f} msg/s end to end "
-                  f"({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message")
+            print(
+                f"  {producers} producer{'s' if producers > 1 else ' '} ({kind}): {rate:,.0f} msg/s end to end "
+                f"({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message"
+            )
     for producers, processes in ((1, 1), (4, 4), (4, 1)):
         rate, cpu = end_to_end_processes(url, producers, messages, processes)
-        where = (f"{producers} producer process{'es' if producers > 1 else ''}" if processes == producers
-                 else f"{producers} producers in 1 process")
-        print(f"  {where} + 1 consumer process: {rate:,.0f} msg/s "
-              f"end to end ({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message over all processes")
+        where = (
+            f"{producers} producer process{'es' if producers > 1 else ''}"
+            if processes == producers
+            else f"{producers} producers in 1 process"
+        )
+        print(
+            f"  {where} + 1 consumer process: {rate:,.0f} msg/s "
+            f"end to end ({rate / raw:.0%} of raw), {cpu:.0f} us CPU per message over all processes"
+        )
     p50, p99 = send_latency(url, 1000)
     print(f"  single persistent send latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 

@@ -9,8 +9,10 @@ SQL store). It imports nothing from the gateway, the routes or the ETL.
 
 from ._broker import Broker
 from ._browse import BrowsedMessage, BrowsePage
+from ._browser import QueueBrowser
 from ._connection import Connection
 from ._constants import AckMode, DeliveryMode
+from ._consumer import MessageConsumer
 from ._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic, parse_destination
 from ._envelope import Byte, Float, Int, Short
 from ._errors import (
@@ -44,11 +46,9 @@ from ._message import (
     TextMessage,
     XMLMessage,
 )
+from ._producer import MessageProducer
 from ._requestor import Requestor, reply_correlation_id
 from ._selector import STRING_NUMBERS_PROPERTY, string_number
-from ._browser import QueueBrowser
-from ._consumer import MessageConsumer
-from ._producer import MessageProducer
 from ._session import Session
 from ._store import DestinationStats, RedeliveryPolicy
 

@@ -9,7 +9,8 @@ import itertools
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._browse import BrowsedMessage, BrowsePage, _cursor, _position
 from ._commit import close_off_loop, store_commit_async
@@ -48,8 +49,9 @@ def _checked_ids(message_ids: Any) -> list[str] | None:
         return None
     ids = list(message_ids)
     if not ids or len(ids) > MAX_MESSAGE_IDS or not all(isinstance(i, str) and 0 < len(i) <= 128 for i in ids):
-        raise InvalidArgumentError(f"message_ids must be 1 to {MAX_MESSAGE_IDS} message ids (strings of at most 128 "
-                                   f"characters)")
+        raise InvalidArgumentError(
+            f"message_ids must be 1 to {MAX_MESSAGE_IDS} message ids (strings of at most 128 characters)"
+        )
     return list(dict.fromkeys(ids))
 
 
@@ -60,6 +62,7 @@ _POLICY_OPTIONS = {field.name for field in dataclasses.fields(RedeliveryPolicy)}
 
 def _collecting(fns: Sequence[Callable[[Any], Any]], results: list[Any]) -> list[Callable[[Any], None]]:
     """*fns* as store transaction functions that keep their results in *results*."""
+
     def keep(i: int, fn: Callable[[Any], Any]) -> Callable[[Any], None]:
         def run(conn: Any) -> None:
             results[i] = fn(conn)
@@ -89,11 +92,19 @@ class Broker:
     :meth:`replay_dead_letters`) serve operators and the command line.
     """
 
-    def __init__(self, store: Store, policy: RedeliveryPolicy, *, xpath_namespaces: dict[str, str] | None = None,
-                 sweep_interval: float = 30.0, selector_string_numbers: str = "convert") -> None:
+    def __init__(
+        self,
+        store: Store,
+        policy: RedeliveryPolicy,
+        *,
+        xpath_namespaces: dict[str, str] | None = None,
+        sweep_interval: float = 30.0,
+        selector_string_numbers: str = "convert",
+    ) -> None:
         if selector_string_numbers not in ("strict", "convert"):
             raise InvalidArgumentError(
-                f"selector_string_numbers must be 'strict' or 'convert', not {selector_string_numbers!r}")
+                f"selector_string_numbers must be 'strict' or 'convert', not {selector_string_numbers!r}"
+            )
         self.store = store
         self.policy = policy
         self.xpath_namespaces = dict(xpath_namespaces or {})
@@ -107,7 +118,7 @@ class Broker:
         self._consumers: collections.Counter[str] = collections.Counter()
         self._active_durables: set[str] = set()
         self._client_ids: set[str] = set()
-        self._temporaries: dict[Destination, "Connection"] = {}
+        self._temporaries: dict[Destination, Connection] = {}
         self._connections: set[Connection] = set()
         self._closed = False
         self._sweeper: threading.Thread | None = None
@@ -121,7 +132,7 @@ class Broker:
             self._sweeper.start()
 
     @classmethod
-    def open(cls, url: str = "memory://", **options: Any) -> "Broker":
+    def open(cls, url: str = "memory://", **options: Any) -> Broker:
         """Open a broker on the store named by ``url``.
 
         Redelivery options (see :class:`RedeliveryPolicy` for defaults):
@@ -142,8 +153,13 @@ class Broker:
         sweep_interval = options.pop("sweep_interval", 30.0)
         string_numbers = options.pop("selector_string_numbers", "CONVERT").lower()
         store = _open_store(url, options)
-        return cls(store, policy, xpath_namespaces=xpath_namespaces, sweep_interval=sweep_interval,
-                   selector_string_numbers=string_numbers)
+        return cls(
+            store,
+            policy,
+            xpath_namespaces=xpath_namespaces,
+            sweep_interval=sweep_interval,
+            selector_string_numbers=string_numbers,
+        )
 
     @staticmethod
     def check_options(url: str, **options: Any) -> None:
@@ -152,19 +168,19 @@ class Broker:
         :class:`InvalidArgumentError` (its ``option`` names the one at fault)."""
         check_options(url, options)
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Broker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    async def __aenter__(self) -> "Broker":
+    async def __aenter__(self) -> Broker:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await close_off_loop(self.store, self.close)
 
-    def connect(self, client_id: str | None = None, user: str | None = None) -> "Connection":
+    def connect(self, client_id: str | None = None, user: str | None = None) -> Connection:
         """A new, stopped connection. ``client_id`` (needed for durable
         subscriptions) must be unique among open connections; ``user``, when
         given, is stamped on every sent message as ``JMSXUserID``."""
@@ -188,7 +204,7 @@ class Broker:
     # ------------------------------------------------------------ the store's database
 
     @property
-    def engine(self) -> "sa.Engine | None":
+    def engine(self) -> sa.Engine | None:
         """The SQLAlchemy engine of a SQL store (None on the memory store): for reads
         of an application's own tables in the broker's database. Write them with
         :meth:`write`, which runs in the store's own transactions (on SQLite one
@@ -196,8 +212,12 @@ class Broker:
         engine: sa.Engine | None = getattr(self.store, "engine", None)
         return engine
 
-    def write(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True,
-              callback: Callable[[BaseException | None], None] | None = None) -> list[Any]:
+    def write(
+        self,
+        *fns: Callable[[sa.Connection | None], Any],
+        durable: bool = True,
+        callback: Callable[[BaseException | None], None] | None = None,
+    ) -> list[Any]:
         """Run ``fn(conn)`` for each of *fns*, in order, inside one transaction of the
         store's writer (``conn``: a SQLAlchemy connection; None on the memory store);
         returns their results once committed. ``durable=False``: the commit need not
@@ -208,7 +228,7 @@ class Broker:
         self.store.commit((), (), _collecting(fns, results), callback, durable=durable)
         return results if callback is None else []
 
-    async def write_async(self, *fns: Callable[["sa.Connection | None"], Any], durable: bool = True) -> list[Any]:
+    async def write_async(self, *fns: Callable[[sa.Connection | None], Any], durable: bool = True) -> list[Any]:
         """Like :meth:`write`, for asyncio: waits for the commit without blocking the event loop."""
         results: list[Any] = [None] * len(fns)
         await store_commit_async(self.store, (), (), _collecting(fns, results), durable=durable)
@@ -281,10 +301,7 @@ class Broker:
         and consumers are those of every process (see :class:`DestinationStats`)."""
         stats = self.store.stats()
         counts = self._consumers
-        out = [
-            dataclasses.replace(s, consumers=s.consumers + counts.get(s.name, 0))
-            for s in stats
-        ]
+        out = [dataclasses.replace(s, consumers=s.consumers + counts.get(s.name, 0)) for s in stats]
         return sorted(out, key=lambda s: s.name)
 
     def stats(self, destination: Destination | str) -> DestinationStats:
@@ -295,8 +312,15 @@ class Broker:
                 return s
         return DestinationStats(key, 0, 0, self._consumers.get(key, 0), 0, 0, 0, 0)
 
-    def browse_page(self, destination: Destination | str, selector: str | None = None, *,
-                    cursor: str | None = None, limit: int = 50, scan_limit: int = 10_000) -> BrowsePage:
+    def browse_page(
+        self,
+        destination: Destination | str,
+        selector: str | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        scan_limit: int = 10_000,
+    ) -> BrowsePage:
         """One page of the messages waiting in a queue (or subscription box), in delivery order, without
         consuming them: at most *limit* that match *selector*, after *cursor* (a previous page's), looking
         at no more than *scan_limit* messages. Memory and time are bounded by those, however deep the
@@ -321,23 +345,42 @@ class Broker:
         key = destination if isinstance(destination, str) else queue_box(destination)
         return self.store.purge(key)
 
-    def remove_messages(self, destination: Destination | str, *, message_ids: Iterable[str] | None = None,
-                        selector: str | None = None, limit: int | None = None) -> list[str]:
+    def remove_messages(
+        self,
+        destination: Destination | str,
+        *,
+        message_ids: Iterable[str] | None = None,
+        selector: str | None = None,
+        limit: int | None = None,
+    ) -> list[str]:
         """Delete waiting messages of a queue (or subscription box): those named by *message_ids* (at most
         1000) and/or matching *selector*, at most *limit*; returns the ids of those deleted."""
         return self._take(destination, message_ids, selector, limit, None)
 
-    def move_messages(self, destination: Destination | str, target: Queue | str, *,
-                      message_ids: Iterable[str] | None = None,
-                      selector: str | None = None, limit: int | None = None) -> list[str]:
+    def move_messages(
+        self,
+        destination: Destination | str,
+        target: Queue | str,
+        *,
+        message_ids: Iterable[str] | None = None,
+        selector: str | None = None,
+        limit: int | None = None,
+    ) -> list[str]:
         """Move waiting messages of a queue (or subscription box) to queue *target*, as they are (same id,
         headers and properties, a fresh delivery count): those named by *message_ids* and/or matching
         *selector*, at most *limit*; returns the ids of those moved."""
         queue = _queue(target)
         return self._take(destination, message_ids, selector, limit, lambda env: queue)
 
-    def _take(self, destination: Destination | str, message_ids: Any, selector: str | None, limit: int | None,
-              target: Callable[[Any], Destination | None] | None, strip: bool = False) -> list[str]:
+    def _take(
+        self,
+        destination: Destination | str,
+        message_ids: Any,
+        selector: str | None,
+        limit: int | None,
+        target: Callable[[Any], Destination | None] | None,
+        strip: bool = False,
+    ) -> list[str]:
         """Claim the messages named by *message_ids* (each found by its id) or matching *selector* (found
         page by page, as :meth:`browse_page` finds them: memory bounded however deep the box) and, in
         batches of up to 200 per store transaction, acknowledge them, sending each to
@@ -380,9 +423,12 @@ class Broker:
                 for start in range(0, len(ids), 200):
                     if room() <= 0:
                         break
-                    found = [self.store.find(key, i) for i in ids[start:start + 200]]
-                    positions = [m.position for m in found if m is not None and m.state == "pending"
-                                 and (compiled is None or compiled.matches(m.envelope))][:room()]
+                    found = [self.store.find(key, i) for i in ids[start : start + 200]]
+                    positions = [
+                        m.position
+                        for m in found
+                        if m is not None and m.state == "pending" and (compiled is None or compiled.matches(m.envelope))
+                    ][: room()]
                     settle(self.store.claim_positions(key, positions))
             else:
                 cursor = None
@@ -403,8 +449,9 @@ class Broker:
         stops. The observer runs in the store's writer thread: it must be quick and must not raise."""
         self.store.observe_commits(observer)
 
-    def browse(self, destination: Destination | str, selector: str | None = None,
-               limit: int | None = None) -> Iterator[Message]:
+    def browse(
+        self, destination: Destination | str, selector: str | None = None, limit: int | None = None
+    ) -> Iterator[Message]:
         """Read-only messages waiting in a queue (or subscription box), in
         delivery order, without consuming them."""
         key = destination if isinstance(destination, str) else queue_box(destination)
@@ -436,18 +483,29 @@ class Broker:
                 out[message_id] = where[1]
         return out
 
-    def replay_dead_letters(self, dead_letter_queue: Queue | str, limit: int | None = None, *,
-                            message_ids: Any = None, selector: str | None = None) -> int:
+    def replay_dead_letters(
+        self,
+        dead_letter_queue: Queue | str,
+        limit: int | None = None,
+        *,
+        message_ids: Any = None,
+        selector: str | None = None,
+    ) -> int:
         """Move messages from a dead-letter queue back to their original
         destination (``JMS_DLQ_OriginalDestination``) with a fresh delivery
         count; returns how many moved. Only those named by *message_ids* (at
         most 1000) and/or matching *selector*, when given; at most *limit*.
         Messages whose original destination is unknown stay where they are."""
-        return len(self.replay_dead_letter_ids(dead_letter_queue, limit, message_ids=message_ids,
-                                               selector=selector))
+        return len(self.replay_dead_letter_ids(dead_letter_queue, limit, message_ids=message_ids, selector=selector))
 
-    def replay_dead_letter_ids(self, dead_letter_queue: Queue | str, limit: int | None = None, *,
-                               message_ids: Any = None, selector: str | None = None) -> list[str]:
+    def replay_dead_letter_ids(
+        self,
+        dead_letter_queue: Queue | str,
+        limit: int | None = None,
+        *,
+        message_ids: Any = None,
+        selector: str | None = None,
+    ) -> list[str]:
         """:meth:`replay_dead_letters`, returning the ids of the messages moved."""
         queue = _queue(dead_letter_queue)
 

@@ -39,12 +39,27 @@ class BrowsedMessage:
     cursor: str
 
     @classmethod
-    def _of(cls, stored: StoredMessage, body: bool = True) -> "BrowsedMessage":
+    def _of(cls, stored: StoredMessage, body: bool = True) -> BrowsedMessage:
         env = stored.envelope
-        return cls(stored.box, env.message_id, str(env.destination), env.priority, env.timestamp, env.expiration,
-                   env.delivery_mode, env.correlation_id, None if env.reply_to is None else str(env.reply_to),
-                   env.type, dict(env.properties), env.kind, env.body if body else None, stored.size, stored.state,
-                   stored.delivery_count, _cursor(stored.position))
+        return cls(
+            stored.box,
+            env.message_id,
+            str(env.destination),
+            env.priority,
+            env.timestamp,
+            env.expiration,
+            env.delivery_mode,
+            env.correlation_id,
+            None if env.reply_to is None else str(env.reply_to),
+            env.type,
+            dict(env.properties),
+            env.kind,
+            env.body if body else None,
+            stored.size,
+            stored.state,
+            stored.delivery_count,
+            _cursor(stored.position),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

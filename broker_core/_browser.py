@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ._destinations import Queue
 from ._errors import IllegalStateError
@@ -37,7 +38,7 @@ class QueueBrowser:
         if self in self._session._browsers:
             self._session._browsers.remove(self)
 
-    def __enter__(self) -> "QueueBrowser":
+    def __enter__(self) -> QueueBrowser:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -8,7 +8,8 @@ and await it, or close a store-backed object from an event loop.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._waiters import loop_completion
 
@@ -18,9 +19,14 @@ if TYPE_CHECKING:
 __all__ = ["close_off_loop", "store_commit_async"]
 
 
-def store_commit_async(store: Any, sends: Sequence[Any], acks: Sequence["Delivery"],
-                       in_transaction: Sequence[Callable[[Any], Any]] = (), *,
-                       durable: bool = True) -> "asyncio.Future[None]":
+def store_commit_async(
+    store: Any,
+    sends: Sequence[Any],
+    acks: Sequence[Delivery],
+    in_transaction: Sequence[Callable[[Any], Any]] = (),
+    *,
+    durable: bool = True,
+) -> asyncio.Future[None]:
     """Start a store commit and return a future of the running loop that
     completes when it is durable."""
     future, complete, post = loop_completion()

@@ -4,7 +4,8 @@ the store's reader of their box."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._commit import close_off_loop
 from ._constants import AckMode
@@ -35,8 +36,17 @@ class MessageConsumer:
     Also a context manager, plain or ``async with``, that closes it.
     """
 
-    def __init__(self, session: Session, destination: Destination, box: str, reader: Any, selector: str | None,
-                 no_local: bool, subscription: Subscription | None, durable: bool = False) -> None:
+    def __init__(
+        self,
+        session: Session,
+        destination: Destination,
+        box: str,
+        reader: Any,
+        selector: str | None,
+        no_local: bool,
+        subscription: Subscription | None,
+        durable: bool = False,
+    ) -> None:
         self._session = session
         self._destination = destination
         self._box = box
@@ -55,22 +65,25 @@ class MessageConsumer:
 
     def _waiting(self) -> bool:
         """Whether this consumer is waiting for a message right now."""
-        return (not self._closed and self._session._connection._started
-                and (self._waiter is not None or self._listener is not None))
+        return (
+            not self._closed
+            and self._session._connection._started
+            and (self._waiter is not None or self._listener is not None)
+        )
 
-    def __enter__(self) -> "MessageConsumer":
+    def __enter__(self) -> MessageConsumer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    async def __aenter__(self) -> "MessageConsumer":
+    async def __aenter__(self) -> MessageConsumer:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await close_off_loop(self._session._store, self.close)
 
-    def __aiter__(self) -> "MessageConsumer":
+    def __aiter__(self) -> MessageConsumer:
         return self
 
     async def __anext__(self) -> Message:

@@ -145,7 +145,7 @@ class Envelope:
     def expired(self, now_ms: int) -> bool:
         return 0 < self.expiration <= now_ms
 
-    def replace(self, **changes: Any) -> "Envelope":
+    def replace(self, **changes: Any) -> Envelope:
         """A copy with some fields changed (used for dead letters and replays)."""
         fields = {name: getattr(self, name) for name in self.__slots__ if not name.startswith("_")}
         if "body" in changes:

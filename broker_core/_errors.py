@@ -1,24 +1,24 @@
 """The one error hierarchy of the broker, named as in ``javax.jms``::
 
-    JMSError
-    ├── IllegalStateError            (also RuntimeError)
-    │   ├── TransactionInProgressError
-    │   └── LeaseExpiredError
-    ├── InvalidClientIDError
-    ├── InvalidDestinationError
-    ├── InvalidSelectorError         (also ValueError)
-    ├── InvalidArgumentError         (also ValueError)
-    ├── MessageFormatError           (also TypeError)
-    │   └── InvalidPropertyError     (also ValueError)
-    ├── MessageNotReadableError
-    ├── MessageNotWriteableError
-    ├── MessageEOFError
-    ├── TransactionRolledBackError
-    ├── JMSSecurityError
-    ├── ResourceAllocationError
-    ├── RequestTimeoutError          (also TimeoutError)
-    └── StoreError
-        └── StoreUnavailableError    (retryable)
+JMSError
+├── IllegalStateError            (also RuntimeError)
+│   ├── TransactionInProgressError
+│   └── LeaseExpiredError
+├── InvalidClientIDError
+├── InvalidDestinationError
+├── InvalidSelectorError         (also ValueError)
+├── InvalidArgumentError         (also ValueError)
+├── MessageFormatError           (also TypeError)
+│   └── InvalidPropertyError     (also ValueError)
+├── MessageNotReadableError
+├── MessageNotWriteableError
+├── MessageEOFError
+├── TransactionRolledBackError
+├── JMSSecurityError
+├── ResourceAllocationError
+├── RequestTimeoutError          (also TimeoutError)
+└── StoreError
+    └── StoreUnavailableError    (retryable)
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import collections
 import heapq
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from ._destinations import Destination, Queue
 from ._envelope import Envelope
@@ -49,12 +50,27 @@ class _Entry:
 
 
 class _Box:
-    __slots__ = ("key", "destination", "subscription", "selector", "levels", "delayed", "selective",
-                 "available", "in_flight", "enqueued", "dequeued", "expired", "dead_lettered", "redelivered",
-                 "deleted")
+    __slots__ = (
+        "key",
+        "destination",
+        "subscription",
+        "selector",
+        "levels",
+        "delayed",
+        "selective",
+        "available",
+        "in_flight",
+        "enqueued",
+        "dequeued",
+        "expired",
+        "dead_lettered",
+        "redelivered",
+        "deleted",
+    )
 
-    def __init__(self, key: str, destination: Destination, subscription: Subscription | None = None,
-                 selector: Any = None) -> None:
+    def __init__(
+        self, key: str, destination: Destination, subscription: Subscription | None = None, selector: Any = None
+    ) -> None:
         self.key = key
         self.destination = destination
         self.subscription = subscription
@@ -190,9 +206,16 @@ class MemoryStore(Store):
             self._route(envelope, touched)
         self._notify(touched)
 
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
-               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
+    def commit(
+        self,
+        sends: Sequence[Envelope],
+        acks: Sequence[Delivery],
+        extra: Sequence[Callable[[Any], Any]] = (),
+        callback: Callable[[BaseException | None], None] | None = None,
+        *,
+        durable: bool = True,
+        finish_on: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         try:  # all of it in the caller's thread: finish_on has nothing to take over
             for fn in extra:
                 fn(None)
@@ -308,7 +331,7 @@ class MemoryStore(Store):
             self._notify(touched)
         return delivery
 
-    def _claim_selective(self, reader: "_SelectiveReader", now: int, auto_ack: bool) -> Delivery | None:
+    def _claim_selective(self, reader: _SelectiveReader, now: int, auto_ack: bool) -> Delivery | None:
         touched: list[str] = []
         delivery = None
         box = reader.box
@@ -436,8 +459,9 @@ class MemoryStore(Store):
             if item[2].state is DELAYED:
                 yield item[2]
 
-    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
-                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+    def browse_page(
+        self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int, scan_limit: int
+    ) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
         from ._selector import compile_selector
 
         compiled = compile_selector(selector, xpath_namespaces=self._xpath_namespaces)
@@ -473,12 +497,24 @@ class MemoryStore(Store):
                 return None
             for entry in self._waiting(found):
                 if entry.env.message_id == message_id:
-                    return StoredMessage(box, entry.env, "pending", entry.count, body_size(entry.env),
-                                         (9 - entry.env.priority, entry.seq))
+                    return StoredMessage(
+                        box,
+                        entry.env,
+                        "pending",
+                        entry.count,
+                        body_size(entry.env),
+                        (9 - entry.env.priority, entry.seq),
+                    )
             for entry, key in self._flying.items():
                 if key == box and entry.env.message_id == message_id:
-                    return StoredMessage(box, entry.env, "in_flight", entry.count, body_size(entry.env),
-                                         (9 - entry.env.priority, entry.seq))
+                    return StoredMessage(
+                        box,
+                        entry.env,
+                        "in_flight",
+                        entry.count,
+                        body_size(entry.env),
+                        (9 - entry.env.priority, entry.seq),
+                    )
         return None
 
     def claim_positions(self, box: str, positions: Sequence[tuple[int, ...]]) -> list[Delivery]:
@@ -518,19 +554,21 @@ class MemoryStore(Store):
                 oldest = None
                 if box.available:
                     oldest = min((e.env.timestamp for e in self._waiting(box)), default=None)
-                out.append(DestinationStats(
-                    name=box.key,
-                    depth=box.available,
-                    in_flight=box.in_flight,
-                    consumers=0,
-                    enqueued=box.enqueued,
-                    dequeued=box.dequeued,
-                    expired=box.expired,
-                    dead_lettered=box.dead_lettered,
-                    topic=str(box.subscription.topic) if box.subscription else None,
-                    oldest=oldest,
-                    redelivered=box.redelivered,
-                ))
+                out.append(
+                    DestinationStats(
+                        name=box.key,
+                        depth=box.available,
+                        in_flight=box.in_flight,
+                        consumers=0,
+                        enqueued=box.enqueued,
+                        dequeued=box.dequeued,
+                        expired=box.expired,
+                        dead_lettered=box.dead_lettered,
+                        topic=str(box.subscription.topic) if box.subscription else None,
+                        oldest=oldest,
+                        redelivered=box.redelivered,
+                    )
+                )
             return out
 
     def sweep_expired(self, now: int) -> int:

@@ -11,8 +11,9 @@ told so at start-up (``b2bgw routes check`` tells it before), instead of a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ._errors import InvalidArgumentError
 
@@ -38,8 +39,11 @@ class _Rule:
             return "one of " + ", ".join(self.choices)
         if self.kind == "namespaces":
             return "a mapping of prefixes to namespace URIs"
-        what, unit = {"int": ("a whole number", ""), "seconds": ("a number of seconds", " s"),
-                      "number": ("a number", "")}[self.kind]
+        what, unit = {
+            "int": ("a whole number", ""),
+            "seconds": ("a number of seconds", " s"),
+            "number": ("a number", ""),
+        }[self.kind]
         if self.minimum is not None and self.maximum is not None:
             return f"{what} from {self.minimum:g} to {self.maximum:g}{unit}"
         if self.minimum is not None:
@@ -61,13 +65,19 @@ class _Rule:
         else:  # a number; bool is an int to Python, never to a reader of the configuration
             number = isinstance(value, int) if self.kind == "int" else isinstance(value, (int, float))
             number = number and not isinstance(value, bool)
-            ok = (number and math.isfinite(value)
-                  and (self.minimum is None or value > self.minimum or (value == self.minimum and not self.above_minimum))
-                  and (self.maximum is None or value <= self.maximum))
+            ok = (
+                number
+                and math.isfinite(value)
+                and (self.minimum is None or value > self.minimum or (value == self.minimum and not self.above_minimum))
+                and (self.maximum is None or value <= self.maximum)
+            )
         if not ok:
             shown = repr(value)
-            raise InvalidArgumentError(f"option {name} must be {self.describe()}{self.hint}, not "
-                                       f"{shown if len(shown) <= 80 else shown[:77] + '...'}", option=name)
+            raise InvalidArgumentError(
+                f"option {name} must be {self.describe()}{self.hint}, not "
+                f"{shown if len(shown) <= 80 else shown[:77] + '...'}",
+                option=name,
+            )
         return value
 
 
@@ -112,7 +122,8 @@ def store_kind(url: str) -> str:
     if url.startswith(("sqlite:", "postgresql")):
         return "sql"
     raise InvalidArgumentError(
-        f"unknown broker URL {url!r}: use memory://, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
+        f"unknown broker URL {url!r}: use memory://, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+    )
 
 
 def _store_rules(url: str) -> tuple[str, dict[str, _Rule]]:
@@ -126,15 +137,16 @@ def check_store_options(url: str, options: Mapping[str, Any], *, also: Iterable[
     unknown = sorted(set(options) - set(rules))
     if unknown:
         known = sorted({*rules, *also})
-        raise InvalidArgumentError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
-                                   f"{store}: {'the options are ' + ', '.join(known) if known else 'it takes none'}",
-                                   option=unknown[0])
+        raise InvalidArgumentError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+            f"{store}: {'the options are ' + ', '.join(known) if known else 'it takes none'}",
+            option=unknown[0],
+        )
     return {name: rules[name].check(name, value) for name, value in options.items()}
 
 
 def check_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Every :meth:`Broker.open` option for *url*, checked without opening anything."""
     broker = {name: rule.check(name, options[name]) for name, rule in BROKER_OPTIONS.items() if name in options}
-    store = check_store_options(url, {k: v for k, v in options.items() if k not in BROKER_OPTIONS},
-                                also=BROKER_OPTIONS)
+    store = check_store_options(url, {k: v for k, v in options.items() if k not in BROKER_OPTIONS}, also=BROKER_OPTIONS)
     return {**broker, **store}

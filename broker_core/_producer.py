@@ -37,28 +37,38 @@ class MessageProducer:
     def close(self) -> None:
         self._closed = True
 
-    def __enter__(self) -> "MessageProducer":
+    def __enter__(self) -> MessageProducer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    async def __aenter__(self) -> "MessageProducer":
+    async def __aenter__(self) -> MessageProducer:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
 
-    def send(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
-             time_to_live: int | None = None) -> None:
+    def send(
+        self,
+        *args: Destination | Message,
+        delivery_mode: int | None = None,
+        priority: int | None = None,
+        time_to_live: int | None = None,
+    ) -> None:
         """``send(message)`` on a producer with a destination, or
         ``send(destination, message)`` on an unidentified one. Sets the sent
         message's ``jms_message_id``, ``jms_timestamp`` and the other headers."""
         destination, message = self._target(args)
         self._send(destination, message, delivery_mode, priority, time_to_live, None)
 
-    def send_async(self, *args: Destination | Message, delivery_mode: int | None = None, priority: int | None = None,
-                   time_to_live: int | None = None) -> "asyncio.Future[None]":
+    def send_async(
+        self,
+        *args: Destination | Message,
+        delivery_mode: int | None = None,
+        priority: int | None = None,
+        time_to_live: int | None = None,
+    ) -> asyncio.Future[None]:
         """Like :meth:`send`, for asyncio (JMS 2.0's asynchronous send):
         ``await producer.send_async(message)`` returns once the message is
         stored (durably, when persistent) without blocking the event loop;
@@ -90,8 +100,15 @@ class MessageProducer:
             return args[0], args[1]
         raise TypeError("send() takes (message) or (destination, message)")
 
-    def _send(self, destination: Destination, message: Message, delivery_mode: int | None, priority: int | None,
-              time_to_live: int | None, message_id: str | None) -> None:
+    def _send(
+        self,
+        destination: Destination,
+        message: Message,
+        delivery_mode: int | None,
+        priority: int | None,
+        time_to_live: int | None,
+        message_id: str | None,
+    ) -> None:
         env = self._envelope(destination, message, delivery_mode, priority, time_to_live, message_id)
         if self._session.transacted:
             self._stage(env)
@@ -114,8 +131,15 @@ class MessageProducer:
         message.jms_timestamp = env.timestamp
         message.jms_expiration = env.expiration
 
-    def _envelope(self, destination: Destination, message: Message, delivery_mode: int | None,
-                  priority: int | None, time_to_live: int | None, message_id: str | None) -> Any:
+    def _envelope(
+        self,
+        destination: Destination,
+        message: Message,
+        delivery_mode: int | None,
+        priority: int | None,
+        time_to_live: int | None,
+        message_id: str | None,
+    ) -> Any:
         """Check the arguments and snapshot ``message`` for sending."""
         session = self._session
         if self._closed:
@@ -137,14 +161,17 @@ class MessageProducer:
         broker = self._broker
         if destination.is_temporary:
             if destination not in broker._temporaries and not broker.store.temporary_exists(destination):
-                raise InvalidDestinationError(f"{destination} does not exist any more (deleted, or its connection closed)")
+                raise InvalidDestinationError(
+                    f"{destination} does not exist any more (deleted, or its connection closed)"
+                )
             mode = NON_PERSISTENT
         connection = session._connection
         timestamp = int(time.time() * 1000)
         if message_id is None:
             message_id = f"ID:{broker.instance_id}-{next(broker._ids)}"
-        env = message._to_envelope(message_id, destination, mode, prio, timestamp + ttl if ttl else 0,
-                                   timestamp, connection.origin)
+        env = message._to_envelope(
+            message_id, destination, mode, prio, timestamp + ttl if ttl else 0, timestamp, connection.origin
+        )
         if connection.user is not None:  # stamped on the sent copy: a received message stays forwardable
             env.properties["JMSXUserID"] = connection.user
         return env

@@ -6,7 +6,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._commit import store_commit_async
 from ._destinations import Destination
@@ -47,8 +48,9 @@ class Requestor:
     to ``on_late_reply`` (logged and dropped when not given).
     """
 
-    def __init__(self, session: Any, destination: Destination,
-                 on_late_reply: Callable[[Message], Any] | None = None) -> None:
+    def __init__(
+        self, session: Any, destination: Destination, on_late_reply: Callable[[Message], Any] | None = None
+    ) -> None:
         session._check_open()
         if session.transacted:
             raise IllegalStateError(
@@ -69,7 +71,7 @@ class Requestor:
         self._closed = False
         self._broker._add_waker(self._box, self._route)
 
-    def __enter__(self) -> "Requestor":
+    def __enter__(self) -> Requestor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -97,8 +99,11 @@ class Requestor:
 
     def _late(self, reply: Message) -> None:
         if self._on_late_reply is None:
-            log.warning("reply %s (correlation id %r) came after its request timed out; dropped",
-                        reply.jms_message_id, reply.jms_correlation_id)
+            log.warning(
+                "reply %s (correlation id %r) came after its request timed out; dropped",
+                reply.jms_message_id,
+                reply.jms_correlation_id,
+            )
             return
         try:
             self._on_late_reply(reply)
@@ -126,8 +131,14 @@ class Requestor:
 
     def _send(self, message: Message, message_id: str, key: str, slot: _Slot, options: dict[str, Any]) -> None:
         try:
-            self._producer._send(self.destination, message, options.get("delivery_mode"), options.get("priority"),
-                                 options.get("time_to_live"), message_id)
+            self._producer._send(
+                self.destination,
+                message,
+                options.get("delivery_mode"),
+                options.get("priority"),
+                options.get("time_to_live"),
+                message_id,
+            )
         except BaseException:
             self._forget(key, slot)
             raise
@@ -147,8 +158,13 @@ class Requestor:
             waiter.wait(remaining)
         return self._outcome(message_id, key, slot, timeout)
 
-    async def request_async(self, message: Message, timeout: float | None = None,
-                            in_transaction: Sequence[Callable[[Any], Any]] = (), **options: Any) -> Message:
+    async def request_async(
+        self,
+        message: Message,
+        timeout: float | None = None,
+        in_transaction: Sequence[Callable[[Any], Any]] = (),
+        **options: Any,
+    ) -> Message:
         """Like :meth:`request`, for asyncio: waits without blocking the loop.
         ``in_transaction`` functions run in the store transaction that stores
         the request (see ``Session.commit``), e.g. to record it in a ledger."""
@@ -156,8 +172,14 @@ class Requestor:
         message_id, key, slot = self._prepare(message, waiter)
         producer = self._producer
         try:
-            env = producer._envelope(self.destination, message, options.get("delivery_mode"),
-                                     options.get("priority"), options.get("time_to_live"), message_id)
+            env = producer._envelope(
+                self.destination,
+                message,
+                options.get("delivery_mode"),
+                options.get("priority"),
+                options.get("time_to_live"),
+                message_id,
+            )
             producer._stamp(message, env)  # ``in_transaction`` code can read message.jms_message_id
             await store_commit_async(self._broker.store, (env,), (), in_transaction)
         except BaseException:
@@ -197,4 +219,3 @@ class Requestor:
             self._pending.clear()
         for slot in pending:
             slot.waiter.wake()
-

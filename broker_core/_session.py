@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._browser import QueueBrowser
 from ._commit import close_off_loop, store_commit_async
@@ -49,7 +50,7 @@ class Session:
     ``AckMode.TRANSACTED``. Listener calls of one session never overlap.
     """
 
-    def __init__(self, connection: "Connection", transacted: bool, ack_mode: AckMode) -> None:
+    def __init__(self, connection: Connection, transacted: bool, ack_mode: AckMode) -> None:
         if not transacted:
             try:
                 ack_mode = AckMode(ack_mode)
@@ -75,20 +76,20 @@ class Session:
         self._dispatcher: threading.Thread | None = None
         self._dispatch_thread_id: int | None = None
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await close_off_loop(self._store, self.close)
 
     @property
-    def connection(self) -> "Connection":
+    def connection(self) -> Connection:
         return self._connection
 
     def _check_open(self) -> None:
@@ -135,7 +136,7 @@ class Session:
 
     # ------------------------------------------------------------ producers and consumers
 
-    def create_producer(self, destination: Destination | None = None) -> "MessageProducer":
+    def create_producer(self, destination: Destination | None = None) -> MessageProducer:
         """A producer for ``destination``, or an unidentified one (``None``)
         that names the destination at each ``send(destination, message)``."""
         self._check_open()
@@ -156,8 +157,14 @@ class Session:
                 "temporary destination may consume from it"
             )
 
-    def create_consumer(self, destination: Destination, selector: str | None = None,
-                        no_local: bool = False, *, prefetch: int | None = None) -> "MessageConsumer":
+    def create_consumer(
+        self,
+        destination: Destination,
+        selector: str | None = None,
+        no_local: bool = False,
+        *,
+        prefetch: int | None = None,
+    ) -> MessageConsumer:
         """A consumer of a queue, or a non-durable subscriber of a topic.
         ``no_local`` (topics only) skips messages sent by this connection.
         ``prefetch`` (ActiveMQ's ``consumer.prefetchSize``): at most this many
@@ -186,8 +193,9 @@ class Session:
         reader = store.reader(box, selector or None, prefetch)
         return self._add_consumer(MessageConsumer(self, destination, box, reader, selector, False, None))
 
-    def create_durable_subscriber(self, topic: Topic, name: str, selector: str | None = None,
-                                  no_local: bool = False) -> "MessageConsumer":
+    def create_durable_subscriber(
+        self, topic: Topic, name: str, selector: str | None = None, no_local: bool = False
+    ) -> MessageConsumer:
         """A durable subscription (client id + ``name``) that keeps messages
         while its subscriber is away. Re-creating it with another topic,
         selector or ``no_local`` replaces it (its messages are dropped)."""
@@ -209,14 +217,18 @@ class Session:
         box = subscription_box(client_id, name)
         with broker._lock:
             if box in broker._active_durables:
-                raise IllegalStateError(f"durable subscription {name!r} of client {client_id!r} already has an active subscriber")
+                raise IllegalStateError(
+                    f"durable subscription {name!r} of client {client_id!r} already has an active subscriber"
+                )
             existing = store.durable_subscription(client_id, name)
-            if existing is not None and (existing.topic != topic or existing.selector != selector
-                                         or existing.no_local != bool(no_local)):
+            if existing is not None and (
+                existing.topic != topic or existing.selector != selector or existing.no_local != bool(no_local)
+            ):
                 store.delete_box(existing.box)
                 existing = None
-            sub = existing or Subscription(box, topic, selector, bool(no_local), self._connection.origin,
-                                           client_id=client_id, name=name)
+            sub = existing or Subscription(
+                box, topic, selector, bool(no_local), self._connection.origin, client_id=client_id, name=name
+            )
             if existing is None:
                 store.create_subscription(sub)
             reader = store.reader(box, None)
@@ -237,7 +249,7 @@ class Session:
                 raise InvalidDestinationError(f"no durable subscription {name!r} for client {client_id!r}")
             self._store.delete_box(box)
 
-    def _add_consumer(self, consumer: "MessageConsumer") -> "MessageConsumer":
+    def _add_consumer(self, consumer: MessageConsumer) -> MessageConsumer:
         self._consumers.append(consumer)
         broker = self._broker
         with broker._lock:
@@ -245,7 +257,7 @@ class Session:
         broker._add_waker(consumer._box, consumer._wake)
         return consumer
 
-    def create_browser(self, queue: Queue, selector: str | None = None) -> "QueueBrowser":
+    def create_browser(self, queue: Queue, selector: str | None = None) -> QueueBrowser:
         """A browser: iterate over a queue's waiting messages without consuming them."""
         self._check_open()
         if not isinstance(queue, Queue):
@@ -259,7 +271,7 @@ class Session:
 
     # ------------------------------------------------------------ delivery and acknowledgement
 
-    def _deliver(self, consumer: "MessageConsumer", delivery: Delivery, for_listener: bool) -> Message:
+    def _deliver(self, consumer: MessageConsumer, delivery: Delivery, for_listener: bool) -> Message:
         """Wrap a claimed delivery and track it as the session's mode says."""
         mode = self.ack_mode
         ack = None
@@ -270,7 +282,7 @@ class Session:
         elif mode is AckMode.INDIVIDUAL:
             with self._lock:
                 self._unacked[id(delivery)] = delivery
-            ack = lambda: self._acknowledge_one(delivery)  # noqa: E731
+            ack = lambda: self._acknowledge_one(delivery)
         elif mode is AckMode.TRANSACTED:
             with self._lock:
                 self._unacked[id(delivery)] = delivery
@@ -383,8 +395,9 @@ class Session:
             raise IllegalStateError("rollback() is only for transacted sessions")
         with self._lock:
             self._staged = []
-        self._release_unacked(f"the transaction was rolled back: {reason}"[:500] if reason
-                              else "the transaction was rolled back")
+        self._release_unacked(
+            f"the transaction was rolled back: {reason}"[:500] if reason else "the transaction was rolled back"
+        )
 
     def close(self) -> None:
         """Close consumers, producers and browsers; roll back an open
@@ -419,7 +432,7 @@ class Session:
             with self._dispatch_lock:
                 pass
 
-    def _set_listener(self, consumer: "MessageConsumer", listener: MessageListener | None) -> None:
+    def _set_listener(self, consumer: MessageConsumer, listener: MessageListener | None) -> None:
         with self._lock:
             if listener is None:
                 if consumer in self._listeners:
@@ -456,7 +469,7 @@ class Session:
                 timeout = None if next_ready is None else max(0.0, (next_ready - now_ms()) / 1000)
                 waiter.wait(timeout if timeout is not None else 1.0)
 
-    def _dispatch_one(self, consumer: "MessageConsumer", listener: MessageListener) -> bool:
+    def _dispatch_one(self, consumer: MessageConsumer, listener: MessageListener) -> bool:
         mode = self.ack_mode
         no_ack = mode is AckMode.NO_ACKNOWLEDGE
         try:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 from urllib.parse import quote
 
 from ._destinations import Destination
@@ -244,8 +245,12 @@ class Store(abc.ABC):
     #: destinations and subscriptions must be registered in the store).
     shared = False
 
-    def attach(self, policy: RedeliveryPolicy, on_available: Callable[[str], None],
-               xpath_namespaces: dict[str, str] | None = None) -> None:
+    def attach(
+        self,
+        policy: RedeliveryPolicy,
+        on_available: Callable[[str], None],
+        xpath_namespaces: dict[str, str] | None = None,
+    ) -> None:
         self.policy = policy
         self._on_available = on_available
         self._xpath_namespaces = xpath_namespaces
@@ -287,9 +292,16 @@ class Store(abc.ABC):
         a persistent message on a durable store)."""
 
     @abc.abstractmethod
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
-               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
+    def commit(
+        self,
+        sends: Sequence[Envelope],
+        acks: Sequence[Delivery],
+        extra: Sequence[Callable[[Any], Any]] = (),
+        callback: Callable[[BaseException | None], None] | None = None,
+        *,
+        durable: bool = True,
+        finish_on: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         """Atomically store ``sends`` and acknowledge ``acks`` (a transacted
         session's commit). Each ``extra`` function is called inside the same
         transaction with the store's handle (a SQLAlchemy connection on the SQL
@@ -339,8 +351,9 @@ class Store(abc.ABC):
     def browse(self, box: str, selector: str | None) -> Iterator[Envelope]:
         """Available entries in delivery order, without consuming them."""
 
-    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
-                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+    def browse_page(
+        self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int, scan_limit: int
+    ) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
         """Up to ``limit`` waiting entries of ``box`` that match ``selector``, in
         delivery order, strictly after position ``after`` (``None``: from the
         start), looking at no more than ``scan_limit`` entries; and the

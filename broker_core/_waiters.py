@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["ThreadWaiter", "AsyncWaiter", "loop_future", "loop_completion"]
 
@@ -92,7 +93,7 @@ class _LoopBridge:
             fn(arg)
 
 
-_bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge]" = weakref.WeakKeyDictionary()
+_bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge] = weakref.WeakKeyDictionary()
 
 
 def _bridge() -> _LoopBridge:
@@ -103,8 +104,9 @@ def _bridge() -> _LoopBridge:
     return bridge
 
 
-def loop_completion() -> ("tuple[asyncio.Future[None], Callable[[BaseException | None], None], "
-                          "Callable[[Callable[[], None]], None]]"):
+def loop_completion() -> tuple[
+    asyncio.Future[None], Callable[[BaseException | None], None], Callable[[Callable[[], None]], None]
+]:
     """A future of the running loop; ``complete(error)``, which completes it and is called on the loop;
     and ``post(fn)``, which runs ``fn()`` on the loop from any thread: a store's completion handed over
     whole, so that what follows the commit runs where its caller waits (see ``Store.commit``)."""
@@ -128,7 +130,7 @@ def _call(fn: Callable[[], None]) -> None:
     fn()
 
 
-def loop_future() -> "tuple[asyncio.Future[Any], Callable[[Any, BaseException | None], None]]":
+def loop_future() -> tuple[asyncio.Future[Any], Callable[[Any, BaseException | None], None]]:
     """A future of the running loop, and ``settle(result, error)``, which
     completes it from any thread (a store writer's completion callback)."""
     bridge = _bridge()

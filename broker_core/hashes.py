@@ -66,6 +66,5 @@ def verify_secret(secret: str, encoded: str) -> bool:
     if parsed is None:
         return False
     ln, r, p, salt, digest = parsed
-    candidate = hashlib.scrypt(secret.encode("utf-8"), salt=salt, n=2**ln, r=r, p=p, maxmem=2**26,
-                               dklen=len(digest))
+    candidate = hashlib.scrypt(secret.encode("utf-8"), salt=salt, n=2**ln, r=r, p=p, maxmem=2**26, dklen=len(digest))
     return hmac.compare_digest(candidate, digest)

@@ -21,5 +21,12 @@ def snapshot(message: Message, destination: Destination | None = None) -> Envelo
     destination by default, else a queue ``selectors``): its headers, properties
     and body, frozen as a send would freeze them."""
     where = destination or message.jms_destination or Queue("selectors")
-    return message._to_envelope(message.jms_message_id or "ID:snapshot", where, message.jms_delivery_mode,
-                                message.jms_priority, message.jms_expiration, message.jms_timestamp, None)
+    return message._to_envelope(
+        message.jms_message_id or "ID:snapshot",
+        where,
+        message.jms_delivery_mode,
+        message.jms_priority,
+        message.jms_expiration,
+        message.jms_timestamp,
+        None,
+    )

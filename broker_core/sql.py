@@ -93,8 +93,15 @@ def absolute_url(url: str) -> str:
     return parsed.set(database=os.path.abspath(path)).render_as_string(hide_password=False)
 
 
-def make_engine(url: str, *, read_only: bool = False, pool_size: int = 5, max_overflow: int = 10,
-                sqlite_pooled: bool = True, sqlite_synchronous: str = "FULL") -> sa.Engine:
+def make_engine(
+    url: str,
+    *,
+    read_only: bool = False,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    sqlite_pooled: bool = True,
+    sqlite_synchronous: str = "FULL",
+) -> sa.Engine:
     """An engine on the store's database.
 
     SQLite: the store's settings (WAL, 16 KB pages, incremental vacuum, 30 s
@@ -110,7 +117,9 @@ def make_engine(url: str, *, read_only: bool = False, pool_size: int = 5, max_ov
         path = sa.engine.make_url(clean).database
         if read_only and path and path != ":memory:":
             return _read_only_sqlite(path)
-        sqlite_synchronous = check_store_options(clean, {"sqlite_synchronous": sqlite_synchronous})["sqlite_synchronous"]
+        sqlite_synchronous = check_store_options(clean, {"sqlite_synchronous": sqlite_synchronous})[
+            "sqlite_synchronous"
+        ]
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         connect_args = {"timeout": 30, "check_same_thread": False}
@@ -123,8 +132,9 @@ def make_engine(url: str, *, read_only: bool = False, pool_size: int = 5, max_ov
     pg_args: dict[str, Any] = {"connect_timeout": 10}
     if schema:
         pg_args["options"] = f"-csearch_path={schema}"
-    return sa.create_engine(clean, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True,
-                            connect_args=pg_args)
+    return sa.create_engine(
+        clean, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True, connect_args=pg_args
+    )
 
 
 def _read_only_sqlite(path: str) -> sa.Engine:
@@ -180,7 +190,7 @@ def _alembic_config(script_location: str) -> Any:
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def head_revision(script_location: str) -> str:
     """The head revision of an Alembic script directory (read once per process)."""
     from alembic.script import ScriptDirectory
@@ -227,8 +237,12 @@ def run_migrations(metadata: sa.MetaData, version_table: str) -> None:
     from alembic import context
 
     connection = context.config.attributes["connection"]
-    context.configure(connection=connection, target_metadata=metadata, version_table=version_table,
-                      render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        version_table=version_table,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -88,7 +88,7 @@ def _clip_head(text: str, limit: int) -> str:
     """Like :func:`clip` but keeps the end (the specific part of a path)."""
     if len(text) <= limit:
         return text
-    return _ELLIPSIS + text[len(text) - max(limit - 1, 0):]
+    return _ELLIPSIS + text[len(text) - max(limit - 1, 0) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,8 +367,14 @@ class RuleFailureDetail:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict: id, flag, location, text, line, column."""
-        return {"id": self.id, "flag": self.flag, "location": self.location, "text": self.text,
-                "line": self.line, "column": self.column}
+        return {
+            "id": self.id,
+            "flag": self.flag,
+            "location": self.location,
+            "text": self.text,
+            "line": self.line,
+            "column": self.column,
+        }
 
     def __str__(self) -> str:
         where = f"line {self.line}, " if self.line is not None else ""
@@ -455,11 +461,14 @@ class IdempotencyConflictError(GatewayError):
 
     status = 409
     code = "idempotency-conflict"
-    default_detail = ("Another document was accepted before under the same idempotency key; this one was not "
-                      "accepted. Give a new document its own document id or Idempotency-Key.")
+    default_detail = (
+        "Another document was accepted before under the same idempotency key; this one was not "
+        "accepted. Give a new document its own document id or Idempotency-Key."
+    )
 
-    def __init__(self, detail: str | None = None, *, first_message_id: str | None = None,
-                 first_status_url: str | None = None) -> None:
+    def __init__(
+        self, detail: str | None = None, *, first_message_id: str | None = None, first_status_url: str | None = None
+    ) -> None:
         self.first_message_id = first_message_id
         self.first_status_url = first_status_url
         super().__init__(detail)
@@ -477,8 +486,9 @@ class _PurgedDocumentError(GatewayError):
     """An error about a document retention took out of the ledger: ``message_id``, ``status_url``,
     ``received_at`` and ``archived_at`` (ISO 8601 UTC; when it left the ledger) are problem members."""
 
-    def __init__(self, detail: str | None = None, *, message_id: str, status_url: str, received_at: str,
-                 archived_at: str) -> None:
+    def __init__(
+        self, detail: str | None = None, *, message_id: str, status_url: str, received_at: str, archived_at: str
+    ) -> None:
         self.message_id = message_id
         self.status_url = status_url
         self.received_at = received_at
@@ -487,8 +497,12 @@ class _PurgedDocumentError(GatewayError):
 
     def to_dict(self) -> dict[str, Any]:
         body = super().to_dict()
-        body.update(message_id=self.message_id, status_url=self.status_url, received_at=self.received_at,
-                    archived_at=self.archived_at)
+        body.update(
+            message_id=self.message_id,
+            status_url=self.status_url,
+            received_at=self.received_at,
+            archived_at=self.archived_at,
+        )
         return body
 
 
@@ -499,8 +513,10 @@ class ArchivedReplayError(_PurgedDocumentError):
 
     status = 409
     code = "archived-replay"
-    default_detail = ("A document was accepted before under the same idempotency key and has been archived since; "
-                      "this one was not accepted.")
+    default_detail = (
+        "A document was accepted before under the same idempotency key and has been archived since; "
+        "this one was not accepted."
+    )
 
 
 class DocumentArchivedError(_PurgedDocumentError):
@@ -533,8 +549,10 @@ class RulesTimeoutError(GatewayError):
     def __init__(self, detail: str | None = None, *, seconds: float | None = None) -> None:
         self.seconds = seconds
         if detail is None and seconds is not None:
-            detail = (f"The business rules did not finish within {seconds:g} s on this document, the most this "
-                      "gateway spends on one; nothing was accepted. Send a smaller document (fewer lines).")
+            detail = (
+                f"The business rules did not finish within {seconds:g} s on this document, the most this "
+                "gateway spends on one; nothing was accepted. Send a smaller document (fewer lines)."
+            )
         super().__init__(detail)
 
 

@@ -17,9 +17,21 @@ import yaml
 from gateway.errors import ConfigError, clip
 
 __all__ = [
-    "NOWHERE", "MarkedDict", "MarkedList", "Where", "check_keys", "expect_bool", "expect_choice", "expect_int",
-    "expect_list", "expect_mapping", "expect_str", "load_yaml", "parse_duration",
+    "NOWHERE",
+    "MarkedDict",
+    "MarkedList",
+    "Where",
+    "check_keys",
+    "expect_bool",
+    "expect_choice",
+    "expect_int",
+    "expect_list",
+    "expect_mapping",
+    "expect_str",
+    "load_yaml",
+    "parse_duration",
 ]
+
 
 @dataclass(frozen=True, slots=True)
 class Where:
@@ -81,12 +93,14 @@ class _MarkedLoader(yaml.SafeLoader):
             try:
                 hash(key)
             except TypeError:
-                raise ConfigError("a mapping key must be a plain value", file=self.file_name,
-                                  line=key_node.start_mark.line + 1) from None
+                raise ConfigError(
+                    "a mapping key must be a plain value", file=self.file_name, line=key_node.start_mark.line + 1
+                ) from None
             if key in result:
                 raise ConfigError(
                     f"duplicate key {clip(str(key), 80)!r} (first at line {result.key_where[key].line})",
-                    file=self.file_name, line=key_node.start_mark.line + 1,
+                    file=self.file_name,
+                    line=key_node.start_mark.line + 1,
                 )
             result[key] = self.construct_object(value_node, deep=True)
             result.key_where[key] = self._where(key_node)
@@ -187,8 +201,7 @@ def expect_list(value: Any, where: Where, what: str) -> MarkedList:
     return value
 
 
-def expect_str(value: Any, where: Where, what: str, *, pattern: re.Pattern[str] | None = None,
-               hint: str = "") -> str:
+def expect_str(value: Any, where: Where, what: str, *, pattern: re.Pattern[str] | None = None, hint: str = "") -> str:
     if not isinstance(value, str) or not value.strip():
         raise where.error(f"{what} must be a non-empty string, not {_kind(value)}")
     if pattern is not None and not pattern.match(value):

@@ -101,8 +101,9 @@ def problem_body(error: GatewayError, instance: str | None = None) -> dict[str, 
     return body
 
 
-def problem_response(error: GatewayError, instance: str | None = None,
-                     headers: dict[str, str] | None = None) -> Response:
+def problem_response(
+    error: GatewayError, instance: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
     """The HTTP response for *error*."""
     set_problem(error.code)  # the log line and the refusal metric of this request name it
     body = json.dumps(problem_body(error, instance), ensure_ascii=False, separators=(",", ":")).encode("utf-8")

@@ -33,5 +33,8 @@ def attachment(name: str) -> str:
 
 def raw_document_response(data: bytes, filename: str, headers: dict[str, str] | None = None) -> Response:
     """*data* (stored XML) as an attachment that no browser runs."""
-    return Response(data, media_type="application/xml; charset=utf-8",
-                    headers={**RAW_DOCUMENT_HEADERS, "Content-Disposition": attachment(filename), **(headers or {})})
+    return Response(
+        data,
+        media_type="application/xml; charset=utf-8",
+        headers={**RAW_DOCUMENT_HEADERS, "Content-Disposition": attachment(filename), **(headers or {})},
+    )

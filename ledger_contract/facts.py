@@ -124,8 +124,11 @@ def _party(role: str, prefix: str) -> list[tuple[str, str, str]]:
 
 
 def _header_paths(kind: str) -> list[tuple[str, str, str]]:
-    a, b = ("AccountingSupplierParty", "AccountingCustomerParty") if kind == "invoice" else (
-        "BuyerCustomerParty", "SellerSupplierParty")
+    a, b = (
+        ("AccountingSupplierParty", "AccountingCustomerParty")
+        if kind == "invoice"
+        else ("BuyerCustomerParty", "SellerSupplierParty")
+    )
     total = "cac:LegalMonetaryTotal" if kind == "invoice" else "cac:AnticipatedMonetaryTotal"
     paths = [
         ("doc_id", "cbc:ID", "s"),
@@ -314,7 +317,7 @@ def _values(names: tuple[str, ...], xpath: etree.XPath, el: etree._Element) -> d
     values = xpath(el).split(_SEP)
     if len(values) != len(names):
         return None
-    return {name: value.strip() or None for name, value in zip(names, values)}
+    return {name: value.strip() or None for name, value in zip(names, values, strict=False)}
 
 
 def _collect(root: etree._Element, kind: str) -> tuple[dict[str, str | None], list[dict[str, str | None]]]:
@@ -427,7 +430,7 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
             "line_id": ids,
             "line_status": [r.get("line_status") for r in raw_lines],
             "ref_line_id": [r.get("ref_line_id") for r in raw_lines],
-            "item_id": [r.get("sellers_id") or r.get("buyers_id") or s for r, s in zip(raw_lines, std)],
+            "item_id": [r.get("sellers_id") or r.get("buyers_id") or s for r, s in zip(raw_lines, std, strict=False)],
             "item_std_id": std,
             "item_name": [r.get("item_name") or r.get("item_desc") for r in raw_lines],
             "quantity": [r.get("quantity") for r in raw_lines],
@@ -458,14 +461,14 @@ def extract(root: etree._Element, doc_type: str) -> tuple[dict[str, Any], int, d
 def _bad_number(h: dict[str, Any], n: int, lines: dict[str, list[Any]]) -> None:
     """Raise BadDocumentError for the first decimal that does not fit, in reading order."""
     if n:
-        for line_id, amount in zip(lines["line_id"], lines["line_amount"]):
+        for line_id, amount in zip(lines["line_id"], lines["line_amount"], strict=False):
             _num(amount, f"line {line_id} LineExtensionAmount")
     _num(h["payable_amount"], "PayableAmount")
     for name in AMOUNT_FIELDS:
         _num(h[name], name)
     if n:
         for name in LINE_AMOUNT_FIELDS:
-            for line_id, value in zip(lines["line_id"], lines[name]):
+            for line_id, value in zip(lines["line_id"], lines[name], strict=False):
                 _num(value, f"line {line_id} {name}")
     raise BadDocumentError("a decimal does not fit decimal(18,6)")  # pragma: no cover - one of the above raised
 
@@ -492,6 +495,6 @@ def for_ledger(root: etree._Element, doc_type: str) -> str | None:
         return encode(header, lines)
     except BadDocumentError as exc:
         log.debug("no warehouse facts for a %s: %s", doc_type, exc)
-    except Exception:  # noqa: BLE001 - never fail an intake for the warehouse's sake
+    except Exception:  # never fail an intake for the warehouse's sake
         log.warning("extracting the warehouse facts of a %s failed", doc_type, exc_info=True)
     return None

@@ -76,13 +76,21 @@ def class_condition(cls: PolicyClass) -> sa.ColumnElement[bool]:
     return sa.and_(sa.true(), *conds)
 
 
-def scan_due(engine: sa.Engine, cls: PolicyClass, status: str, cutoff: int, after: tuple[int, str] | None,
-             limit: int, columns: Sequence[sa.ColumnElement[Any]] = ARCHIVE_COLUMNS) -> list[Any]:
+def scan_due(
+    engine: sa.Engine,
+    cls: PolicyClass,
+    status: str,
+    cutoff: int,
+    after: tuple[int, str] | None,
+    limit: int,
+    columns: Sequence[sa.ColumnElement[Any]] = ARCHIVE_COLUMNS,
+) -> list[Any]:
     """Up to *limit* ledger rows of *cls* in *status* last changed before *cutoff* (epoch ms), in
     (updated_at, message_id) order after the cursor *after*: a range of the ledger's status index.
     *columns*: what to read of them (:data:`PURGE_COLUMNS` for a purge, which needs no XML)."""
-    query = sa.select(*columns).where(documents.c.status == status, documents.c.updated_at < cutoff,
-                                              class_condition(cls))
+    query = sa.select(*columns).where(
+        documents.c.status == status, documents.c.updated_at < cutoff, class_condition(cls)
+    )
     if after is not None:
         query = query.where(sa.tuple_(documents.c.updated_at, documents.c.message_id) > sa.tuple_(*after))
     query = query.order_by(documents.c.updated_at, documents.c.message_id).limit(limit)
@@ -95,11 +103,14 @@ def scan_due(engine: sa.Engine, cls: PolicyClass, status: str, cutoff: int, afte
 def histories(engine: sa.Engine, message_ids: Sequence[str], chunk: int = 900) -> dict[str, list[tuple[int, str, int]]]:
     """``message_id -> [(seq, status, at), ...]`` (in seq order) of the documents' ledger events."""
     out: dict[str, list[tuple[int, str, int]]] = {mid: [] for mid in message_ids}
-    query = (sa.select(events.c.message_id, events.c.seq, events.c.status, events.c.at)
-             .where(events.c.message_id.in_(sa.bindparam("ids", expanding=True))).order_by(events.c.seq))
+    query = (
+        sa.select(events.c.message_id, events.c.seq, events.c.status, events.c.at)
+        .where(events.c.message_id.in_(sa.bindparam("ids", expanding=True)))
+        .order_by(events.c.seq)
+    )
     with engine.connect() as conn:
         for i in range(0, len(message_ids), chunk):
-            for mid, seq, status, at in conn.execute(query, {"ids": list(message_ids[i:i + chunk])}).all():
+            for mid, seq, status, at in conn.execute(query, {"ids": list(message_ids[i : i + chunk])}).all():
                 out[mid].append((seq, status, at))
         conn.rollback()
     return out
@@ -123,16 +134,31 @@ def due_counts(engine: sa.Engine, policy: RetentionPolicy, at: int) -> dict[str,
     with engine.connect() as conn:
         for cls in policy.classes():
             cutoff = at - cls.rule.online_ms
-            n = conn.execute(sa.select(sa.func.count()).select_from(documents).where(
-                documents.c.status.in_(FINAL_STATUSES), documents.c.updated_at < cutoff,
-                class_condition(cls))).scalar_one()
-            waiting = conn.execute(sa.select(sa.func.count()).select_from(documents).where(
-                documents.c.status.in_(("accepted", "dead_lettered")), documents.c.updated_at < cutoff,
-                class_condition(cls))).scalar_one()
+            n = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(documents)
+                .where(documents.c.status.in_(FINAL_STATUSES), documents.c.updated_at < cutoff, class_condition(cls))
+            ).scalar_one()
+            waiting = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(documents)
+                .where(
+                    documents.c.status.in_(("accepted", "dead_lettered")),
+                    documents.c.updated_at < cutoff,
+                    class_condition(cls),
+                )
+            ).scalar_one()
             out[cls.rule.after] += n
             out["not_final"] += waiting
-            out["classes"].append({"class": _describe(cls), "online_days": cls.rule.online / 86400,
-                                   "after": cls.rule.after, "due": n, "not_final": waiting})
+            out["classes"].append(
+                {
+                    "class": _describe(cls),
+                    "online_days": cls.rule.online / 86400,
+                    "after": cls.rule.after,
+                    "due": n,
+                    "not_final": waiting,
+                }
+            )
         conn.rollback()
     return out
 
@@ -156,18 +182,36 @@ def purge(conn: sa.Connection, items: Sequence[tuple[str, int]], batch_id: int, 
     if not items:
         return 0
     ids = [mid for mid, _ in items]
-    params = {"ids": ids, "newest": max(updated for _, updated in items), "at": at, "batch": batch_id,
-              "archived": archived}
+    params = {
+        "ids": ids,
+        "newest": max(updated for _, updated in items),
+        "at": at,
+        "batch": batch_id,
+        "archived": archived,
+    }
     # set-based, by explicit id lists (index lookups on both databases)
-    conn.execute(sa.text(
-        f"INSERT INTO {tombstones.name} (message_id, partner, idempotency_key, digest, received_at, purged_at, "
-        f"batch_id, archived) SELECT message_id, partner, idempotency_key, digest, received_at, :at, :batch, "
-        f":archived FROM {documents.name} WHERE message_id IN :ids AND updated_at <= :newest"
-    ).bindparams(sa.bindparam("ids", expanding=True)), params)
-    conn.execute(documents.delete().where(documents.c.message_id.in_(sa.bindparam("ids", expanding=True)),
-                                          documents.c.updated_at <= sa.bindparam("newest")), params)
-    gone = list(conn.execute(sa.select(tombstones.c.message_id).where(
-        tombstones.c.message_id.in_(ids), tombstones.c.batch_id == batch_id)).scalars())
+    conn.execute(
+        sa.text(
+            f"INSERT INTO {tombstones.name} (message_id, partner, idempotency_key, digest, received_at, purged_at, "
+            f"batch_id, archived) SELECT message_id, partner, idempotency_key, digest, received_at, :at, :batch, "
+            f":archived FROM {documents.name} WHERE message_id IN :ids AND updated_at <= :newest"
+        ).bindparams(sa.bindparam("ids", expanding=True)),
+        params,
+    )
+    conn.execute(
+        documents.delete().where(
+            documents.c.message_id.in_(sa.bindparam("ids", expanding=True)),
+            documents.c.updated_at <= sa.bindparam("newest"),
+        ),
+        params,
+    )
+    gone = list(
+        conn.execute(
+            sa.select(tombstones.c.message_id).where(
+                tombstones.c.message_id.in_(ids), tombstones.c.batch_id == batch_id
+            )
+        ).scalars()
+    )
     if gone:
         conn.execute(events.delete().where(events.c.message_id.in_(gone)))
     return len(gone)
@@ -176,8 +220,11 @@ def purge(conn: sa.Connection, items: Sequence[tuple[str, int]], batch_id: int, 
 def expire_tombstones(conn: sa.Connection, batch_id: int) -> int:
     """Drop the tombstones of one purged batch (their time is over); how many."""
     removed = conn.execute(tombstones.delete().where(tombstones.c.batch_id == batch_id)).rowcount
-    conn.execute(archive_batches.update().where(archive_batches.c.batch_id == batch_id)
-                 .values(status="expired", updated_at=now_ms()))
+    conn.execute(
+        archive_batches.update()
+        .where(archive_batches.c.batch_id == batch_id)
+        .values(status="expired", updated_at=now_ms())
+    )
     return int(removed or 0)
 
 
@@ -190,15 +237,28 @@ class Pacer:
     others' writes raise: the ledger's newest event) rose since the last one. With the default a busy
     store's purge takes a tenth of the time at most, and runs at full speed once the intake is quiet."""
 
-    def __init__(self, target: float = 0.01, rest: float = 0.25, busy_rest: float = 9.0, first: int = 50,
-                 most: int = 2000, least: int = 20, activity: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        target: float = 0.01,
+        rest: float = 0.25,
+        busy_rest: float = 9.0,
+        first: int = 50,
+        most: int = 2000,
+        least: int = 20,
+        activity: Callable[[], Any] | None = None,
+    ) -> None:
         self.target, self.rest, self.busy_rest = target, rest, busy_rest
         self.size, self.most, self.least = first, most, least
         self.activity = activity
         self.busy = 0  # transactions that found the store busy
 
-    def run(self, write: Write, fn: Callable[[sa.Connection, Sequence[Any]], Any], items: Sequence[Any],
-            stop: Callable[[], bool] = lambda: False) -> list[Any]:
+    def run(
+        self,
+        write: Write,
+        fn: Callable[[sa.Connection, Sequence[Any]], Any],
+        items: Sequence[Any],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> list[Any]:
         """``write(lambda conn: fn(conn, chunk))`` for consecutive chunks of *items*; the results."""
         results = []
         i = 0
@@ -208,10 +268,10 @@ class Pacer:
         while i < len(items):
             if stop():
                 break
-            chunk = items[i:i + self.size]
+            chunk = items[i : i + self.size]
             ran = [0.0]
 
-            def timed(conn: sa.Connection, chunk: Sequence[Any] = chunk) -> Any:
+            def timed(conn: sa.Connection, chunk: Sequence[Any] = chunk, ran: list[float] = ran) -> Any:
                 t = time.perf_counter()
                 try:
                     return fn(conn, chunk)
@@ -253,9 +313,20 @@ def activity_mark(engine: sa.Engine) -> int | None:
 
 def start_run(write: Write, owner: str) -> int:
     def op(conn: sa.Connection) -> int:
-        return int(conn.execute(archive_runs.insert().values(
-            owner=owner, status="running", started_at=now_ms(), archived=0, purged=0, waiting=0,
-            tombstones_expired=0, bytes=0)).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                archive_runs.insert().values(
+                    owner=owner,
+                    status="running",
+                    started_at=now_ms(),
+                    archived=0,
+                    purged=0,
+                    waiting=0,
+                    tombstones_expired=0,
+                    bytes=0,
+                )
+            ).inserted_primary_key[0]
+        )
 
     return write(op)
 
@@ -266,13 +337,25 @@ def update_run(write: Write, run_id: int, **values: Any) -> None:
     write(lambda conn: conn.execute(archive_runs.update().where(archive_runs.c.run_id == run_id).values(**values)))
 
 
-def new_batch(write: Write, run_id: int, kind: str, documents_: int, files: list[dict[str, Any]] | None,
-              status: str) -> int:
+def new_batch(
+    write: Write, run_id: int, kind: str, documents_: int, files: list[dict[str, Any]] | None, status: str
+) -> int:
     def op(conn: sa.Connection) -> int:
         now = now_ms()
-        return int(conn.execute(archive_batches.insert().values(
-            run_id=run_id, kind=kind, status=status, created_at=now, updated_at=now, documents=documents_,
-            purged=0, files=json.dumps(files) if files is not None else None)).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                archive_batches.insert().values(
+                    run_id=run_id,
+                    kind=kind,
+                    status=status,
+                    created_at=now,
+                    updated_at=now,
+                    documents=documents_,
+                    purged=0,
+                    files=json.dumps(files) if files is not None else None,
+                )
+            ).inserted_primary_key[0]
+        )
 
     return write(op)
 
@@ -281,16 +364,24 @@ def set_batch(write: Write, batch_id: int, **values: Any) -> None:
     if "files" in values and not isinstance(values["files"], (str, type(None))):
         values["files"] = json.dumps(values["files"])
     values.setdefault("updated_at", now_ms())
-    write(lambda conn: conn.execute(archive_batches.update().where(archive_batches.c.batch_id == batch_id)
-                                    .values(**values)))
+    write(
+        lambda conn: conn.execute(
+            archive_batches.update().where(archive_batches.c.batch_id == batch_id).values(**values)
+        )
+    )
 
 
 def open_batches(engine: sa.Engine) -> list[dict[str, Any]]:
     """Batches a run left between ``writing`` and ``purged`` (a crash): recovery finishes them."""
     with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(
-            sa.select(archive_batches).where(archive_batches.c.status.in_(("writing", "written", "verified")))
-            .order_by(archive_batches.c.batch_id))]
+        rows = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.select(archive_batches)
+                .where(archive_batches.c.status.in_(("writing", "written", "verified")))
+                .order_by(archive_batches.c.batch_id)
+            )
+        ]
         conn.rollback()
     for row in rows:
         row["files"] = json.loads(row["files"]) if row["files"] else []
@@ -299,18 +390,29 @@ def open_batches(engine: sa.Engine) -> list[dict[str, Any]]:
 
 def abandon_runs(write: Write) -> int:
     """Mark runs still ``running`` (their process died) as interrupted; how many."""
+
     def op(conn: sa.Connection) -> int:
-        return int(conn.execute(archive_runs.update().where(archive_runs.c.status == "running").values(
-            status="interrupted", finished_at=now_ms(),
-            error="the process ended during the run; the next run finished its batches")).rowcount or 0)
+        return int(
+            conn.execute(
+                archive_runs.update()
+                .where(archive_runs.c.status == "running")
+                .values(
+                    status="interrupted",
+                    finished_at=now_ms(),
+                    error="the process ended during the run; the next run finished its batches",
+                )
+            ).rowcount
+            or 0
+        )
 
     return write(op)
 
 
 def load_cursor(engine: sa.Engine, name: str) -> tuple[int, str] | None:
     with engine.connect() as conn:
-        row = conn.execute(sa.select(archive_cursors.c.updated_at, archive_cursors.c.message_id)
-                           .where(archive_cursors.c.name == name)).first()
+        row = conn.execute(
+            sa.select(archive_cursors.c.updated_at, archive_cursors.c.message_id).where(archive_cursors.c.name == name)
+        ).first()
         conn.rollback()
     return None if row is None else (int(row.updated_at), row.message_id)
 
@@ -327,10 +429,15 @@ def save_cursor(write: Write, name: str, cursor: tuple[int, str]) -> None:
 def expired_batches(engine: sa.Engine, before: int, limit: int = 100) -> list[int]:
     """Purged batches whose tombstones are older than *before* (epoch ms)."""
     with engine.connect() as conn:
-        ids = [int(r[0]) for r in conn.execute(
-            sa.select(archive_batches.c.batch_id).where(archive_batches.c.status == "purged",
-                                                        archive_batches.c.updated_at < before)
-            .order_by(archive_batches.c.batch_id).limit(limit))]
+        ids = [
+            int(r[0])
+            for r in conn.execute(
+                sa.select(archive_batches.c.batch_id)
+                .where(archive_batches.c.status == "purged", archive_batches.c.updated_at < before)
+                .order_by(archive_batches.c.batch_id)
+                .limit(limit)
+            )
+        ]
         conn.rollback()
     return ids
 
@@ -339,8 +446,10 @@ def list_runs(engine: sa.Engine, limit: int = 20) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(archive_runs.name):
             return []
-        rows = [dict(r._mapping) for r in conn.execute(
-            sa.select(archive_runs).order_by(archive_runs.c.run_id.desc()).limit(limit))]
+        rows = [
+            dict(r._mapping)
+            for r in conn.execute(sa.select(archive_runs).order_by(archive_runs.c.run_id.desc()).limit(limit))
+        ]
         conn.rollback()
     for row in rows:
         row["stats"] = json.loads(row["stats"]) if row["stats"] else None
@@ -349,5 +458,4 @@ def list_runs(engine: sa.Engine, limit: int = 20) -> list[dict[str, Any]]:
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
-
+        yield items[i : i + size]

@@ -12,8 +12,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["AFTER", "DEFAULT_BATCH", "DEFAULT_ONLINE", "DEFAULT_SCHEDULE", "DEFAULT_TOMBSTONES", "PolicyClass",
-           "RetentionPolicy", "Rule"]
+__all__ = [
+    "AFTER",
+    "DEFAULT_BATCH",
+    "DEFAULT_ONLINE",
+    "DEFAULT_SCHEDULE",
+    "DEFAULT_TOMBSTONES",
+    "PolicyClass",
+    "RetentionPolicy",
+    "Rule",
+]
 
 #: What happens to a document once its time online is over.
 AFTER = ("archive", "purge")
@@ -75,8 +83,9 @@ class RetentionPolicy:
 
     @property
     def needs_archive(self) -> bool:
-        return any(rule.after == "archive" for rule in (self.default, *self.routes.values(),
-                                                        *self.document_types.values()))
+        return any(
+            rule.after == "archive" for rule in (self.default, *self.routes.values(), *self.document_types.values())
+        )
 
     def classes(self) -> list[PolicyClass]:
         """The policy as disjoint classes of documents, one per distinct rule and kind of match; each class's
@@ -89,10 +98,20 @@ class RetentionPolicy:
             out.append(PolicyClass(_name("routes", rule, members), rule, routes=members))
         for rule in sorted(set(self.document_types.values()), key=lambda r: (r.online, r.after)):
             members = tuple(t for t in types if self.document_types[t] == rule)
-            out.append(PolicyClass(_name("types", rule, members + ("|",) + routes), rule, doc_types=members,
-                                   except_routes=routes))
-        out.append(PolicyClass(_name("default", self.default, routes + ("|",) + types), self.default,
-                               except_routes=routes, except_types=types, default=True))
+            out.append(
+                PolicyClass(
+                    _name("types", rule, members + ("|",) + routes), rule, doc_types=members, except_routes=routes
+                )
+            )
+        out.append(
+            PolicyClass(
+                _name("default", self.default, routes + ("|",) + types),
+                self.default,
+                except_routes=routes,
+                except_types=types,
+                default=True,
+            )
+        )
         return out
 
 

@@ -20,14 +20,22 @@ def sqlite_space(engine: sa.Engine) -> dict[str, Any]:
     """SQLite: the file, its WAL, page size, pages and free pages, auto_vacuum mode."""
     path = engine.url.database or ""
     with engine.connect() as conn:
-        page_size, pages, free, mode = (conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in
-                                        ("page_size", "page_count", "freelist_count", "auto_vacuum"))
+        page_size, pages, free, mode = (
+            conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+            for p in ("page_size", "page_count", "freelist_count", "auto_vacuum")
+        )
         conn.rollback()
     wal = path + "-wal"
-    return {"file": path, "file_bytes": os.path.getsize(path) if os.path.exists(path) else None,
-            "wal_bytes": os.path.getsize(wal) if os.path.exists(wal) else 0, "page_size": page_size,
-            "pages": pages, "free_pages": free, "free_bytes": free * page_size,
-            "auto_vacuum": {0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode))}
+    return {
+        "file": path,
+        "file_bytes": os.path.getsize(path) if os.path.exists(path) else None,
+        "wal_bytes": os.path.getsize(wal) if os.path.exists(wal) else 0,
+        "page_size": page_size,
+        "pages": pages,
+        "free_pages": free,
+        "free_bytes": free * page_size,
+        "auto_vacuum": {0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
+    }
 
 
 def vacuum_step(conn: sa.Connection, pages: int) -> int:
@@ -44,8 +52,15 @@ def vacuum_step(conn: sa.Connection, pages: int) -> int:
     return int(free)
 
 
-def vacuum(engine: sa.Engine, write: Write, *, step_pages: int = 256, max_pages: int | None = None,
-           rest: float = 1.0, stop: Callable[[], bool] = lambda: False) -> int:
+def vacuum(
+    engine: sa.Engine,
+    write: Write,
+    *,
+    step_pages: int = 256,
+    max_pages: int | None = None,
+    rest: float = 1.0,
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
     """Give the free pages of a SQLite store back, *step_pages* per store transaction (pausing *rest* times
     as long as each took), up to *max_pages*; the pages freed. Nothing on PostgreSQL (autovacuum) or on a
     SQLite file whose auto_vacuum is not incremental (see :func:`full_vacuum`)."""
@@ -57,7 +72,7 @@ def vacuum(engine: sa.Engine, write: Write, *, step_pages: int = 256, max_pages:
         if want <= 0:
             break
         t = time.perf_counter()
-        free = write(lambda conn: vacuum_step(conn, want))
+        free = write(lambda conn, want=want: vacuum_step(conn, want))
         took = time.perf_counter() - t
         done = min(want, free)
         freed += done

@@ -103,8 +103,12 @@ documents = sa.Table(
     sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),
     # the rows written before the digest (none are written since): the gateway's start-up finds the recent ones
-    sa.Index("ix_b2b_ledger_undigested", "received_at", sqlite_where=sa.text("digest IS NULL"),
-             postgresql_where=sa.text("digest IS NULL")),
+    sa.Index(
+        "ix_b2b_ledger_undigested",
+        "received_at",
+        sqlite_where=sa.text("digest IS NULL"),
+        postgresql_where=sa.text("digest IS NULL"),
+    ),
     # operators' searches (migration g0005): by time, and by a correlation id or a document id alone
     sa.Index("ix_b2b_ledger_received", "received_at", "message_id"),
     sa.Index("ix_b2b_ledger_correlation", "correlation_id"),
@@ -144,8 +148,7 @@ tombstones = sa.Table(
 archive_batches = sa.Table(
     "b2b_archive_batches",
     metadata,
-    sa.Column("batch_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
-              autoincrement=True),
+    sa.Column("batch_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.BigInteger, nullable=False),
     sa.Column("kind", sa.String(10), nullable=False),  # archive | purge
     # writing -> written -> verified -> purged (-> expired: its tombstones are gone too) | abandoned

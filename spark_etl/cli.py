@@ -48,16 +48,22 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="etl_command", metavar="{run,status}")
     run = sub.add_parser("run", help="load the documents delivered since the last successful run")
     run.add_argument("--full", action="store_true", help="rebuild the whole warehouse from the ledger")
-    run.add_argument("--reparse", action="store_true",
-                     help="parse every document's XML, ignoring the facts extracted at intake "
-                          "(with --full: a rebuild from the raw documents alone)")
+    run.add_argument(
+        "--reparse",
+        action="store_true",
+        help="parse every document's XML, ignoring the facts extracted at intake "
+        "(with --full: a rebuild from the raw documents alone)",
+    )
     run.add_argument("--since", metavar="ISO", help="also reload the documents delivered since this date/time")
     _common(run)
     run.add_argument("--warehouse", metavar="DIR", help="warehouse root (overrides etl.warehouse)")
     run.add_argument("--master", metavar="MASTER", help="Spark master (overrides etl.spark_master)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--verbose", action="store_true",
-                     help="show Spark's own log lines (by default they go to a temporary file, named on failure)")
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's own log lines (by default they go to a temporary file, named on failure)",
+    )
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="list the load's runs")
     _common(status)
@@ -137,8 +143,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spark_log is not None and os.path.exists(spark_log):
             os.unlink(spark_log)
     if result.nothing_new:
-        print(f"etl run {result.run_id} ({result.mode}) {result.status}: nothing new: no document was delivered in "
-              f"ledger seq ({result.seq_from}, {result.seq_to}]" + ("" if result.spark_started else "; Spark not started"))
+        print(
+            f"etl run {result.run_id} ({result.mode}) {result.status}: nothing new: no document was delivered in "
+            f"ledger seq ({result.seq_from}, {result.seq_to}]" + ("" if result.spark_started else "; Spark not started")
+        )
         return 0
     print(
         f"etl run {result.run_id} ({result.mode}) {result.status}: ledger seq ({result.seq_from}, {result.seq_to}], "
@@ -155,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _ts(ms: int | None) -> str:
     if not ms:
         return "-"
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def format_status(runs: list, watermark: int, quarantine: list[dict] | None = None, n_quarantined: int = 0) -> str:
@@ -169,8 +177,8 @@ def format_status(runs: list, watermark: int, quarantine: list[dict] | None = No
                      f"{r.seq_from}->{r.seq_to}", error])  # fmt: skip
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = [f"watermark (ledger event seq): {watermark}; quarantined documents: {n_quarantined}"]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if not rows:
         lines.append("(no runs yet)")
     if quarantine:

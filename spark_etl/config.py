@@ -15,13 +15,21 @@ import copy
 import math
 import os
 import zoneinfo
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import SparkEtlError
 
-__all__ = ["DEFAULT_CONFIG_FILE", "DEFAULT_DB_URL", "DEFAULTS", "EtlSettingError", "check_section", "load_settings",
-           "resolve"]
+__all__ = [
+    "DEFAULT_CONFIG_FILE",
+    "DEFAULT_DB_URL",
+    "DEFAULTS",
+    "EtlSettingError",
+    "check_section",
+    "load_settings",
+    "resolve",
+]
 
 DEFAULT_CONFIG_FILE = "config/b2bgw.yaml"
 DEFAULT_DB_URL = "sqlite:///var/b2bgw.db"
@@ -82,8 +90,12 @@ class EtlSettingError(SparkEtlError, ValueError):
 
 def _number(value: Any, *, minimum: float, whole: bool = False, above: bool = False) -> bool:
     kinds = int if whole else (int, float)
-    return (isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > minimum if above else value >= minimum))
+    return (
+        isinstance(value, kinds)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if above else value >= minimum)
+    )
 
 
 def _crontab(value: Any, timezone: Any) -> bool:
@@ -107,20 +119,28 @@ def _timezone(value: Any) -> bool:
 #: key -> (the check, what the value must be)
 _RULES: dict[str, tuple[Callable[[Any, dict[str, Any]], bool], str]] = {
     "enabled": (lambda v, s: isinstance(v, bool), "true or false"),
-    "schedule": (lambda v, s: isinstance(v, str) and _crontab(v, s.get("timezone", "UTC")),
-                 "a crontab expression of five fields (minute hour day month day-of-week), e.g. \"0 2 * * *\""),
+    "schedule": (
+        lambda v, s: isinstance(v, str) and _crontab(v, s.get("timezone", "UTC")),
+        'a crontab expression of five fields (minute hour day month day-of-week), e.g. "0 2 * * *"',
+    ),
     "timezone": (lambda v, s: isinstance(v, str) and _timezone(v), "an IANA time zone name, e.g. UTC or Europe/Paris"),
     "misfire_grace_time": (lambda v, s: _number(v, minimum=0, above=True), "a number of seconds over 0"),
     "warehouse": (lambda v, s: isinstance(v, str) and v.strip() != "", "a directory or a Hadoop file system URI"),
     "spark_master": (lambda v, s: isinstance(v, str) and v.strip() != "", "a Spark master URL, e.g. local[2]"),
-    "spark_conf": (lambda v, s: isinstance(v, dict) and all(
-        isinstance(k, str) and isinstance(x, (str, int, float, bool)) for k, x in v.items()),
-        "a mapping of Spark settings to values, e.g. {spark.driver.memory: 2g}"),
+    "spark_conf": (
+        lambda v, s: (
+            isinstance(v, dict)
+            and all(isinstance(k, str) and isinstance(x, (str, int, float, bool)) for k, x in v.items())
+        ),
+        "a mapping of Spark settings to values, e.g. {spark.driver.memory: 2g}",
+    ),
     "read_partitions": (lambda v, s: _number(v, minimum=0, whole=True), "a whole number, 0 (automatic) or more"),
     "docs_per_partition": (lambda v, s: _number(v, minimum=1, whole=True), "a whole number, 1 or more"),
     "lock_ttl": (lambda v, s: _number(v, minimum=0, above=True), "a number of seconds over 0"),
-    "arrow_staging": (lambda v, s: isinstance(v, bool) or (isinstance(v, str) and v.lower() in ("auto", "true", "false")),
-                      "auto, true or false"),
+    "arrow_staging": (
+        lambda v, s: isinstance(v, bool) or (isinstance(v, str) and v.lower() in ("auto", "true", "false")),
+        "auto, true or false",
+    ),
 }
 
 

@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -110,20 +111,25 @@ def run(
         lease = state.Lease(engine, ttl=float(settings.get("lock_ttl", 600)))
         if not lease.acquire(slot):
             engine.dispose()
-            raise LockBusyError("another process holds the warehouse lock" + (" or already ran this slot" if slot else ""))
+            raise LockBusyError(
+                "another process holds the warehouse lock" + (" or already ran this slot" if slot else "")
+            )
     try:
         with engine.connect() as conn:
             if not sa.inspect(conn).has_table(ledger_events.name):
-                raise EtlError(f"the store {engine.url.render_as_string()} has no gateway ledger "
-                               f"({ledger_events.name}): name the gateway's store (store.url, --db-url), "
-                               f"or create the ledger there with `b2bgw db upgrade`")
+                raise EtlError(
+                    f"the store {engine.url.render_as_string()} has no gateway ledger "
+                    f"({ledger_events.name}): name the gateway's store (store.url, --db-url), "
+                    f"or create the ledger there with `b2bgw db upgrade`"
+                )
         if full:
             purged = _purged_documents(engine)
             if purged:
                 raise EtlError(
                     f"the ledger's retention has purged {purged} documents (their facts are in the warehouse, "
                     "their XML in archive_document): a full rebuild reads the ledger alone and would drop them from "
-                    "the warehouse; reload what is online with `etl run --since DATE` instead")
+                    "the warehouse; reload what is online with `etl run --since DATE` instead"
+                )
         if not full:
             with engine.connect() as conn:
                 unfinished = state.unfinished_runs(conn)
@@ -137,8 +143,9 @@ def run(
         source.register(spark)
         storage = Storage(spark, settings["warehouse"])
         recover(engine, storage, lease)
-        return _Job(settings, db_url, engine, spark, storage, lease, full=full, since=since, progress=progress,
-                    reparse=reparse).run()
+        return _Job(
+            settings, db_url, engine, spark, storage, lease, full=full, since=since, progress=progress, reparse=reparse
+        ).run()
     finally:
         if own_lease:
             lease.release()
@@ -152,8 +159,11 @@ def _purged_documents(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(archive_batches.name):
             return 0
-        n = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(archive_batches.c.purged), 0))
-                         .where(archive_batches.c.status.in_(("purged", "expired")))).scalar_one()
+        n = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(archive_batches.c.purged), 0)).where(
+                archive_batches.c.status.in_(("purged", "expired"))
+            )
+        ).scalar_one()
         conn.rollback()
     return int(n)
 
@@ -240,7 +250,9 @@ class _Load:
 
 
 class _Job:
-    def __init__(self, settings, db_url, engine, spark, storage, lease, *, full, since, progress, reparse=False) -> None:
+    def __init__(
+        self, settings, db_url, engine, spark, storage, lease, *, full, since, progress, reparse=False
+    ) -> None:
         self.settings = settings
         self.db_url = db_url
         self.engine = engine
@@ -391,8 +403,12 @@ class _Job:
         live, in_win = ld.live[t], ld.in_win
         if ld.n_kc and t in ("fact_order", "fact_order_change"):
             flagged = live.join(F.broadcast(ld.kc.withColumn("_kc", F.lit(True))), KEY, "left")
-            rows = flagged.where(in_win | F.col("_kc").isNotNull()).select(
-                PARTITION, F.col("_kc").isNotNull().alias("kc")).distinct().collect()
+            rows = (
+                flagged.where(in_win | F.col("_kc").isNotNull())
+                .select(PARTITION, F.col("_kc").isNotNull().alias("kc"))
+                .distinct()
+                .collect()
+            )
             ld.kc_dates[t] = {str(r[PARTITION]) for r in rows if r["kc"]}
             return {str(r[PARTITION]) for r in rows}
         return {str(r[PARTITION]) for r in live.where(in_win).select(PARTITION).distinct().collect()}
@@ -495,9 +511,12 @@ class _Job:
         storage, staged = self.storage, ld.staged
         dim_path = f"{self.staging}/dim_partner"
         if self.arrow:  # the same with pyarrow, from the local files (no Spark job)
+
             def after_dirs(t: str) -> list[str]:
-                kept = [stage.local_path(storage.path(t, warehouse.partition_name(d)))
-                        for d in sorted(ld.live_dates[t] - ld.touched[t])]
+                kept = [
+                    stage.local_path(storage.path(t, warehouse.partition_name(d)))
+                    for d in sorted(ld.live_dates[t] - ld.touched[t])
+                ]
                 return kept + ([stage.local_path(staged[t])] if t in staged else [])
 
             stage.write_table(stage.local_path(dim_path),
@@ -518,15 +537,19 @@ class _Job:
     def _dim_date(self, ld: _Load) -> None:
         all_dates = set()
         for t in warehouse.FACT_TABLES:
-            staged_parts = {p.split("=", 1)[1] for p, d in self.storage.list(ld.staged[t])
-                            if d and p.startswith(PARTITION + "=")} if t in ld.staged else set()
+            staged_parts = (
+                {p.split("=", 1)[1] for p, d in self.storage.list(ld.staged[t]) if d and p.startswith(PARTITION + "=")}
+                if t in ld.staged
+                else set()
+            )
             all_dates |= (ld.live_dates[t] - ld.touched[t]) | staged_parts
         date_rows = warehouse.dim_date_rows(_dt.date.fromisoformat(d) for d in all_dates)
         if self.arrow:
             stage.write_table(stage.local_path(f"{self.staging}/dim_date"), stage.dim_date(date_rows))
         else:
             self.spark.createDataFrame(date_rows, warehouse.schema("dim_date")).coalesce(1).write.mode(
-                "overwrite").parquet(f"{self.staging}/dim_date")
+                "overwrite"
+            ).parquet(f"{self.staging}/dim_date")
 
     def _publish(self, ld: _Load, result: RunResult) -> None:
         """Journal, publish, record (the watermark moves with the record)."""
@@ -568,8 +591,17 @@ class _Job:
     def _read_spark(self, ranges, total: int, max_files: int):
         """The window read by the Python Data Source on the executors (any master): see
         :func:`spark_etl.readers.read_spark`."""
-        read = readers.read_spark(self.spark, self.db_url, ranges, reparse=self.reparse, batch_size=READ_BATCH_DOCS,
-                                  partitions=max_files, keep=self._keep, steps=self.steps, total=total)
+        read = readers.read_spark(
+            self.spark,
+            self.db_url,
+            ranges,
+            reparse=self.reparse,
+            batch_size=READ_BATCH_DOCS,
+            partitions=max_files,
+            keep=self._keep,
+            steps=self.steps,
+            total=total,
+        )
         self.repeated_keys = read.repeated_keys
         control = self._control(read.summary)
         quarantined = read.quarantined() if control["quarantined"] else []
@@ -644,8 +676,14 @@ class _Job:
         window = (self.window.lo, self.window.hi)
         self.stats["ledger"] = self.ledger_counts
         report, result.rows_written, mismatches = reconcile.compare(
-            control, staged, in_win, ledger_counts=self.ledger_counts, window=window, storage=self.storage,
-            arrow=self.arrow)
+            control,
+            staged,
+            in_win,
+            ledger_counts=self.ledger_counts,
+            window=window,
+            storage=self.storage,
+            arrow=self.arrow,
+        )
         self.stats["reconciliation"] = report
         if mismatches:
             raise ReconciliationError(mismatches, window)
@@ -660,7 +698,10 @@ class _Job:
                 p: {"old": storage.data_files(storage.path(t, p)), "new": storage.data_files(f"{path}/{p}")}
                 for p in sorted(parts)
             }
-            self.stats["tables"][t] = {"partitions": len(parts), "files": sum(len(v["new"]) for v in tables[t].values())}
+            self.stats["tables"][t] = {
+                "partitions": len(parts),
+                "files": sum(len(v["new"]) for v in tables[t].values()),
+            }
         for t in warehouse.DIM_TABLES:
             tables[t] = {"": {"old": storage.data_files(storage.path(t)),
                               "new": storage.data_files(f"{self.staging}/{t}")}}  # fmt: skip

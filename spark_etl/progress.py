@@ -58,7 +58,9 @@ class Steps:
                 stages = [s for s in stages if s is not None and s.numTasks]
                 if stages:
                     s = stages[0]
-                    self.bar.set_postfix_str(f"read & parse: ~{total * s.numCompletedTasks // s.numTasks:,}/{total:,} documents")
+                    self.bar.set_postfix_str(
+                        f"read & parse: ~{total * s.numCompletedTasks // s.numTasks:,}/{total:,} documents"
+                    )
 
         threading.Thread(target=poll, daemon=True).start()
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spark_etl import warehouse
 from spark_etl.progress import Steps
@@ -26,8 +27,18 @@ class WindowRead:
     quarantined: Callable[[], list[dict[str, Any]]]  # collects the quarantined documents (a Spark job)
 
 
-def read_spark(spark: Any, db_url: str, ranges: Any, *, reparse: bool, batch_size: int, partitions: int,
-               keep: Callable[[Any], Any], steps: Steps, total: int) -> WindowRead:
+def read_spark(
+    spark: Any,
+    db_url: str,
+    ranges: Any,
+    *,
+    reparse: bool,
+    batch_size: int,
+    partitions: int,
+    keep: Callable[[Any], Any],
+    steps: Steps,
+    total: int,
+) -> WindowRead:
     """The window read by the ``b2b_ledger`` data source in *ranges*: the documents hash-partitioned by issue
     date into *partitions* and kept by *keep* (a local checkpoint or the cache), then one query for what the
     driver must know. *steps* is the run's progress: ``steps.docs`` counts documents while they are read, and

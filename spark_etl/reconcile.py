@@ -50,8 +50,16 @@ def control_totals(summary: list) -> dict[str, Any]:
     return c
 
 
-def compare(control: dict[str, Any], staged: dict[str, str], in_win: Any, *, ledger_counts: dict[str, int],
-            window: tuple[int, int], storage: Storage, arrow: bool) -> tuple[dict[str, Any], int, list[str]]:
+def compare(
+    control: dict[str, Any],
+    staged: dict[str, str],
+    in_win: Any,
+    *,
+    ledger_counts: dict[str, int],
+    window: tuple[int, int],
+    storage: Storage,
+    arrow: bool,
+) -> tuple[dict[str, Any], int, list[str]]:
     """The staged files of the window (*staged*: table -> directory; *in_win*: the Spark condition of a row of
     the window) read back and compared with the *control* totals and the ledger's count of delivered documents
     per type: (the report kept in the run's stats, the rows written, the mismatches). Read back with pyarrow
@@ -109,11 +117,17 @@ def compare(control: dict[str, Any], staged: dict[str, str], in_win: Any, *, led
             mismatches.append(f"{t}: {got['rows'] - got['docs']} duplicate rows for the window")
         if t in ("fact_order", "fact_invoice"):
             if _dec(got.get("payable")) != want["payable"]:
-                mismatches.append(f"{t}: payable amounts sum to {_dec(got.get('payable'))}, the ledger documents to {want['payable']}")
+                mismatches.append(
+                    f"{t}: payable amounts sum to {_dec(got.get('payable'))}, the ledger documents to {want['payable']}"
+                )
             if int(got.get("lines") or 0) != want["lines"]:
-                mismatches.append(f"{t}: line counts sum to {got.get('lines') or 0}, the ledger documents have {want['lines']} lines")
+                mismatches.append(
+                    f"{t}: line counts sum to {got.get('lines') or 0}, the ledger documents have {want['lines']} lines"
+                )
         if t in ("fact_order_line", "fact_invoice_line") and _dec(got.get("amount")) != want["amount"]:
-            mismatches.append(f"{t}: line amounts sum to {_dec(got.get('amount'))}, the ledger documents to {want['amount']}")
+            mismatches.append(
+                f"{t}: line amounts sum to {_dec(got.get('amount'))}, the ledger documents to {want['amount']}"
+            )
     report = {
         "window": list(window),
         "ledger": ledger_counts,

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -40,7 +41,9 @@ class NightlyLoad:
     ``runner(settings, db_url, lease=lease)`` with the lease already held.
     """
 
-    def __init__(self, settings: dict[str, Any] | None, db_url: str, *, runner: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self, settings: dict[str, Any] | None, db_url: str, *, runner: Callable[..., Any] | None = None
+    ) -> None:
         self.settings = config.resolve(settings or {})
         self.db_url = db_url
         self.runner = runner
@@ -87,7 +90,7 @@ class NightlyLoad:
     def current_slot(self, now: _dt.datetime | None = None) -> int:
         """The scheduled fire time (epoch ms) of the run starting now: the
         first fire time after ``now - misfire_grace_time``."""
-        now = now or _dt.datetime.now(_dt.timezone.utc)
+        now = now or _dt.datetime.now(_dt.UTC)
         start = now - _dt.timedelta(seconds=int(self.settings["misfire_grace_time"]))
         fire = self.trigger.get_next_fire_time(None, start)
         if fire is None or fire > now:

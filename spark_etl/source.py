@@ -21,8 +21,9 @@ its XML; ``mode=raw`` yields the XML itself.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -108,7 +109,9 @@ def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
                  sa.case((current, documents.c.facts), else_=null)]  # fmt: skip
     else:
         raise ValueError(f"unknown content {content!r}")
-    return sa.select(*cols).join_from(first, documents, documents.c.message_id == first.c.message_id).order_by(first.c.seq)
+    return (
+        sa.select(*cols).join_from(first, documents, documents.c.message_id == first.c.message_id).order_by(first.c.seq)
+    )
 
 
 def window_counts(conn: sa.Connection, window: Window) -> dict[str, int]:
@@ -152,7 +155,7 @@ def plan_ranges(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     n = max(1, min(n, hi - lo))
     step = (hi - lo) / n
     bounds = [lo + round(step * i) for i in range(n)] + [hi]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
 def spark_schema(schema: pa.Schema):
@@ -210,8 +213,9 @@ def _documents(url: str, message_ids: list[str]) -> dict[str, bytes]:
         engine.dispose()
 
 
-def read_range(url: str, lo: int, hi: int, *, mode: str = "parsed", batch_size: int = 1000,
-               reparse: bool = False) -> Iterator[pa.RecordBatch]:
+def read_range(
+    url: str, lo: int, hi: int, *, mode: str = "parsed", batch_size: int = 1000, reparse: bool = False
+) -> Iterator[pa.RecordBatch]:
     """The documents of the window (lo, hi] as Arrow record batches."""
     if mode == "parsed":
         rows = _rows(url, lo, hi, content="reparse" if reparse else "facts")
@@ -221,7 +225,7 @@ def read_range(url: str, lo: int, hi: int, *, mode: str = "parsed", batch_size: 
     buf: list[tuple] = []
 
     def flush() -> pa.RecordBatch:
-        cols = list(zip(*buf))
+        cols = list(zip(*buf, strict=False))
         arrays = [pa.array(cols[i], RAW_SCHEMA.field(i).type) for i in range(6)]
         arrays.append(pa.array([bytes(d).decode("utf-8") for d in cols[6]], pa.string()))
         buf.clear()
@@ -299,8 +303,9 @@ class LedgerReader(DataSourceReader):  # type: ignore[misc]
     def read(self, partition):
         if partition.hi <= partition.lo:
             return iter(())
-        return read_range(self.url, partition.lo, partition.hi, mode=self.mode, batch_size=self.batch_size,
-                          reparse=self.reparse)
+        return read_range(
+            self.url, partition.lo, partition.hi, mode=self.mode, batch_size=self.batch_size, reparse=self.reparse
+        )
 
 
 def register(spark) -> None:

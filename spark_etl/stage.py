@@ -22,13 +22,14 @@ warehouse and a local master only; on a cluster the executors read the ledger
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import re
 import uuid
-import functools
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -183,7 +184,7 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
             parent, flat = pc.filter(all_parent, mask), pc.filter(all_flat, mask)
         else:
             continue
-        take = lambda col: pc.take(head[col], parent)  # noqa: E731
+        take = lambda col, parent=parent: pc.take(head[col], parent)
         lf = {f: flat.field(f) for f in ("line_no", "line_id", "item_id", "item_std_id", "item_name", "quantity",
                                          "unit_code", "price_amount", "line_amount", "tax_amount", "currency")}  # fmt: skip
         if table == "fact_order_line":
@@ -232,7 +233,7 @@ def _summary(docs: pa.Table | None) -> tuple[list[dict[str, Any]], list[tuple[st
     keys = docs.select(["partner", "doc_id"]).filter(is_order)
     counted = keys.group_by(["partner", "doc_id"], use_threads=False).aggregate([("partner", "count")])
     repeated = counted.filter(pc.greater(counted["partner_count"], 1))
-    repeated_keys = list(zip(repeated["partner"].to_pylist(), repeated["doc_id"].to_pylist()))
+    repeated_keys = list(zip(repeated["partner"].to_pylist(), repeated["doc_id"].to_pylist(), strict=False))
     q = docs.select(["message_id", "partner", "doc_type", "ledger_seq", "reason"])
     quarantined = q.filter(pc.equal(docs["outcome"], "quarantined")).to_pylist()
     return summary, repeated_keys, quarantined
@@ -328,8 +329,15 @@ def _stage(read, ranges, staging_dir, threads, procs, t0) -> Staged:
         jobs.sort(key=lambda j: -j[0])
         list(pool.map(lambda j: _write(j[1], pa.concat_tables(j[2])), jobs))
     t3 = time.perf_counter()
-    return Staged(new_dir, summary, repeated, quarantined, rows, dates,
-                  {"read": round(t1 - t0, 3), "transform": round(t2 - t1, 3), "write": round(t3 - t2, 3)})
+    return Staged(
+        new_dir,
+        summary,
+        repeated,
+        quarantined,
+        rows,
+        dates,
+        {"read": round(t1 - t0, 3), "transform": round(t2 - t1, 3), "write": round(t3 - t2, 3)},
+    )
 
 
 def _read_range(url: str, r: tuple[int, int], *, content: str, batch_size: int, combine: bool = False
@@ -403,7 +411,9 @@ def read_back(path: str, table: str, lo: int, hi: int) -> dict[str, Any]:
     header = table in ("fact_order", "fact_invoice", "fact_order_change")
     amounts = table in ("fact_order", "fact_invoice")
     lines = table in ("fact_order_line", "fact_invoice_line")
-    cols = ["ledger_seq"] + ["message_id"] * header + ["payable_amount", "line_count"] * amounts + ["line_amount"] * lines
+    cols = (
+        ["ledger_seq"] + ["message_id"] * header + ["payable_amount", "line_count"] * amounts + ["line_amount"] * lines
+    )
     tbl = _read(path, cols)
     out: dict[str, Any] = {"rows": 0, "docs": 0 if header else None, "payable": None, "lines": None, "amount": None}
     if tbl is None:
@@ -463,7 +473,7 @@ def dim_partner(orders: list[str], invoices: list[str]) -> pa.Table:
 
 def dim_date(rows: list[tuple]) -> pa.Table:
     schema = arrow_schema("dim_date")
-    return pa.Table.from_pylist([dict(zip(schema.names, r)) for r in rows], schema=schema)
+    return pa.Table.from_pylist([dict(zip(schema.names, r, strict=False)) for r in rows], schema=schema)
 
 
 def write_table(directory: str, tbl: pa.Table) -> str:

@@ -34,8 +34,9 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -166,8 +167,9 @@ def watermark(conn: sa.Connection) -> int:
 def start_run(engine: sa.Engine, *, mode: str, owner: str, seq_from: int, seq_to: int) -> int:
     with write_connection(engine) as conn:
         run_id = conn.execute(
-            runs.insert().values(mode=mode, status="running", owner=owner, started_at=now_ms(), seq_from=seq_from,
-                                 seq_to=seq_to)  # fmt: skip
+            runs.insert().values(
+                mode=mode, status="running", owner=owner, started_at=now_ms(), seq_from=seq_from, seq_to=seq_to
+            )  # fmt: skip
         ).inserted_primary_key[0]
         conn.commit()
     return int(run_id)
@@ -203,7 +205,7 @@ def finish_run(
     engine: sa.Engine,
     run_id: int,
     *,
-    lease: "Lease | None",
+    lease: Lease | None,
     quarantine_rows: Iterable[dict[str, Any]] = (),
     window_ids_cleared: tuple[int, int] | None = None,
     **values: Any,
@@ -226,9 +228,7 @@ def finish_run(
         if rows:
             conn.execute(quarantine.delete().where(quarantine.c.message_id.in_([r["message_id"] for r in rows])))
             conn.execute(quarantine.insert(), [{**r, "run_id": run_id, "quarantined_at": now} for r in rows])
-        conn.execute(
-            runs.update().where(runs.c.run_id == run_id).values(status="succeeded", finished_at=now, **values)
-        )
+        conn.execute(runs.update().where(runs.c.run_id == run_id).values(status="succeeded", finished_at=now, **values))
         conn.commit()
 
 
@@ -337,7 +337,7 @@ class Lease:
             )
             conn.commit()
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -26,8 +26,9 @@ import datetime as _dt
 import io
 import logging
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -280,7 +281,7 @@ def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     of :data:`DOC_SCHEMA`, every document ``ok``. Raises :class:`BadFactsError`
     (or an Arrow error) when a facts value does not read or cast."""
     n = len(rows)
-    mid, partner, doc_type, seq, received, delivered, fact = zip(*rows)
+    mid, partner, doc_type, seq, received, delivered, fact = zip(*rows, strict=False)
     data = "\n".join(fact).encode("utf-8")
     table = pa_json.read_json(
         io.BytesIO(data),
@@ -300,7 +301,7 @@ def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     lines = table.column("lines").combine_chunks().flatten()  # struct of lists -> the lists (nulls kept)
     lengths = pc.fill_null(pc.list_value_length(lines[_LINE_FIELDS.index("line_id")]), 0)
     children = []
-    for f, values in zip(LINE_TYPE, lines):
+    for f, values in zip(LINE_TYPE, lines, strict=False):
         if not pc.all(pc.equal(pc.fill_null(pc.list_value_length(values), 0), lengths)).as_py():
             raise BadFactsError(f"the line column {f.name} does not have one value per line")
         flat = values.flatten()

@@ -28,8 +28,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ def columns(table: str) -> list[str]:
 def _conform(df, table: str):
     """Select *table*'s columns in order, cast to its types (one SQL
     projection: building it column by column costs a JVM round trip each)."""
-    return df.selectExpr(*(f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`" for f in schema(table).fields))
+    return df.selectExpr(
+        *(f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`" for f in schema(table).fields)
+    )
 
 
 class _Tables(dict):
@@ -229,7 +232,9 @@ def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any,
     eff = ranked.where("_rank = 1").select(*KEY, F.col("message_id").alias("_eff"))
 
     chg = keep(changes.drop("applied", "applied_to_message_id").join(eff, KEY, "left"))
-    changes_out = chg.withColumn("applied", F.col("_eff").isNotNull()).withColumn("applied_to_message_id", F.col("_eff"))
+    changes_out = chg.withColumn("applied", F.col("_eff").isNotNull()).withColumn(
+        "applied_to_message_id", F.col("_eff")
+    )
     applied = chg.where(F.col("_eff").isNotNull())
     is_change, is_cancel = F.col("kind") == "change", F.col("kind") == "cancellation"
     agg = applied.groupBy(*KEY).agg(
@@ -255,9 +260,7 @@ def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any,
     )
     last = F.col("_next").isNull()
     line_cancelled = F.coalesce(F.lower(F.col("line_status")) == "cancelled", F.lit(False))
-    live = live.withColumn(
-        "is_current", last & ~line_cancelled & F.col("_cancel").isNull()
-    ).withColumn(
+    live = live.withColumn("is_current", last & ~line_cancelled & F.col("_cancel").isNull()).withColumn(
         "superseded_by",
         F.when(~last, F.col("_next")).when(~line_cancelled & F.col("_cancel").isNotNull(), F.col("_cancel")),
     )
@@ -268,8 +271,10 @@ def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any,
     )
     lines_out = keep(_conform(live, "fact_order_line").unionByName(_conform(dead, "fact_order_line")))
 
-    current = lines_out.where("is_current").groupBy(*KEY).agg(
-        F.count(F.lit(1)).cast("int").alias("_cur_lines"), F.sum("line_amount").alias("_cur_amount")
+    current = (
+        lines_out.where("is_current")
+        .groupBy(*KEY)
+        .agg(F.count(F.lit(1)).cast("int").alias("_cur_lines"), F.sum("line_amount").alias("_cur_amount"))
     )
     o = ranked.drop("status", "revision", "last_change_message_id", "cancel_message_id", "current_line_count",
                     "current_line_extension_amount", "current_payable_amount")  # fmt: skip
@@ -394,7 +399,9 @@ class Storage:
         return [(st.getPath().getName(), bool(st.isDirectory())) for st in self._fs.listStatus(p)]
 
     def data_files(self, path: str) -> list[str]:
-        return sorted(n for n, d in self.list(path) if not d and n.endswith(".parquet") and not n.startswith(("_", ".")))
+        return sorted(
+            n for n, d in self.list(path) if not d and n.endswith(".parquet") and not n.startswith(("_", "."))
+        )
 
     def partitions(self, table: str) -> list[str]:
         """The partition directories (``issue_date=...``) of a fact table."""

@@ -78,9 +78,12 @@ def postgres_schema(_postgres_session_schema):
     schema, url = _postgres_session_schema
     dsn = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        tables = [row[0] for row in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename NOT LIKE %s",
-            (schema, "%version"))]
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename NOT LIKE %s", (schema, "%version")
+            )
+        ]
         if tables:
             conn.execute("TRUNCATE " + ", ".join(f'"{schema}"."{t}"' for t in tables) + " RESTART IDENTITY")
     return url

@@ -78,7 +78,8 @@ def _catches_import_error(handler: ast.ExceptHandler) -> bool:
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(path: Path, root: Path = ROOT) -> list[Use]:
@@ -161,8 +162,16 @@ def test_every_imported_distribution_is_declared(package):
                 continue
             ok = provided_by & (anywhere if use.guarded else allowed)
             if not ok:
-                where = "in some extra" if use.guarded else (
-                    "in [project] dependencies" + "".join(f" or the {e!r} extra" for e in EXTRAS_OF.get(package, ())))
-                problems.append(f"{use.file}:{use.line}: imports {use.module!r} ({' / '.join(sorted(provided_by))}), "
-                                f"which pyproject.toml does not declare {where}")
+                where = (
+                    "in some extra"
+                    if use.guarded
+                    else (
+                        "in [project] dependencies"
+                        + "".join(f" or the {e!r} extra" for e in EXTRAS_OF.get(package, ()))
+                    )
+                )
+                problems.append(
+                    f"{use.file}:{use.line}: imports {use.module!r} ({' / '.join(sorted(provided_by))}), "
+                    f"which pyproject.toml does not declare {where}"
+                )
     assert not problems, "\n".join(problems)

@@ -3,7 +3,8 @@ the envelope it is sent as."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .._constants import DEFAULT_PRIORITY, DeliveryMode
 from .._destinations import Destination
@@ -203,8 +204,16 @@ class Message:
 
     # -- envelopes
 
-    def _to_envelope(self, message_id: str, destination: Destination, delivery_mode: int, priority: int,
-                     expiration: int, timestamp: int, origin: str | None) -> Envelope:
+    def _to_envelope(
+        self,
+        message_id: str,
+        destination: Destination,
+        delivery_mode: int,
+        priority: int,
+        expiration: int,
+        timestamp: int,
+        origin: str | None,
+    ) -> Envelope:
         """Snapshot for sending; the message object stays the sender's."""
         return Envelope(
             message_id,

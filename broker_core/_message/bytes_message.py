@@ -11,8 +11,18 @@ from .._errors import MessageEOFError, MessageFormatError, MessageNotReadableErr
 from .base import Message
 from .properties import BodyValue, Char, check_bool, check_float, check_int, check_str
 
-_S_BYTE, _S_UBYTE, _S_SHORT, _S_USHORT = struct.Struct(">b"), struct.Struct(">B"), struct.Struct(">h"), struct.Struct(">H")
-_S_INT, _S_LONG, _S_FLOAT, _S_DOUBLE = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">f"), struct.Struct(">d")
+_S_BYTE, _S_UBYTE, _S_SHORT, _S_USHORT = (
+    struct.Struct(">b"),
+    struct.Struct(">B"),
+    struct.Struct(">h"),
+    struct.Struct(">H"),
+)
+_S_INT, _S_LONG, _S_FLOAT, _S_DOUBLE = (
+    struct.Struct(">i"),
+    struct.Struct(">q"),
+    struct.Struct(">f"),
+    struct.Struct(">d"),
+)
 
 
 class BytesMessage(Message):
@@ -113,9 +123,19 @@ class BytesMessage(Message):
     def write_object(self, value: BodyValue | bytearray) -> None:
         """Write a bool, int (as long), float (as double), str (as UTF), bytes,
         or a narrow type (``Byte``, ``Short``, ``Int``, ``Float``, ``Char``)."""
-        writer = {bool: self.write_boolean, Byte: self.write_byte, Short: self.write_short, Int: self.write_int,
-                  int: self.write_long, Float: self.write_float, float: self.write_double, str: self.write_utf,
-                  Char: self.write_char, bytes: self.write_bytes, bytearray: self.write_bytes}.get(type(value))
+        writer = {
+            bool: self.write_boolean,
+            Byte: self.write_byte,
+            Short: self.write_short,
+            Int: self.write_int,
+            int: self.write_long,
+            Float: self.write_float,
+            float: self.write_double,
+            str: self.write_utf,
+            Char: self.write_char,
+            bytes: self.write_bytes,
+            bytearray: self.write_bytes,
+        }.get(type(value))
         if writer is None:
             raise MessageFormatError(f"write_object: {type(value).__name__} is not a JMS primitive type")
         writer(value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .._envelope import Envelope
 from .base import Message
@@ -17,8 +17,7 @@ _KINDS: dict[str, type[Message]] = {
 }
 
 
-def message_from_envelope(env: Envelope, delivery_count: int = 1,
-                          ack: Callable[[], None] | None = None) -> Message:
+def message_from_envelope(env: Envelope, delivery_count: int = 1, ack: Callable[[], None] | None = None) -> Message:
     """A fresh, read-only message for one delivery of ``env``."""
     cls = _KINDS[env.kind]
     msg = cls.__new__(cls)

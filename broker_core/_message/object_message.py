@@ -97,7 +97,7 @@ def _decode_object(value: Any) -> Any:
         return [_decode_object(v) for v in value]
     if isinstance(value, dict):
         if len(value) == 1:
-            (tag, inner), = value.items()
+            ((tag, inner),) = value.items()
             if tag == "$f":
                 return float(inner)
             if tag == "$b":

@@ -53,9 +53,24 @@ def check_property_name(name: Any) -> str:
     return name
 
 
-_INT_RANGES = {Byte: (-(2**7), 2**7 - 1), Short: (-(2**15), 2**15 - 1), Int: (-(2**31), 2**31 - 1), int: (-(2**63), 2**63 - 1)}
-_TYPE_NAMES = {bool: "boolean", Byte: "byte", Short: "short", Int: "int", int: "long", Float: "float", float: "double",
-               str: "String", Char: "char", bytes: "byte[]"}
+_INT_RANGES = {
+    Byte: (-(2**7), 2**7 - 1),
+    Short: (-(2**15), 2**15 - 1),
+    Int: (-(2**31), 2**31 - 1),
+    int: (-(2**63), 2**63 - 1),
+}
+_TYPE_NAMES = {
+    bool: "boolean",
+    Byte: "byte",
+    Short: "short",
+    Int: "int",
+    int: "long",
+    Float: "float",
+    float: "double",
+    str: "String",
+    Char: "char",
+    bytes: "byte[]",
+}
 
 
 def _type_name(value: Any) -> str:

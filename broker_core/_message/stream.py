@@ -3,7 +3,8 @@ conversion table: :class:`StreamMessage`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .._envelope import Byte, Float, Int, Short
 from .._errors import MessageEOFError, MessageFormatError, MessageNotReadableError, MessageNotWriteableError

@@ -102,6 +102,7 @@ class _Like:
                     segments.append([])
             else:
                 segments[-1].append(part)
+
         # segments[0] is anchored at the start, segments[-1] at the end (if
         # there was a '%'), the ones between float. Matching each floating
         # segment at its leftmost place is correct for LIKE and, in atomic
@@ -174,9 +175,7 @@ class _Checker:
     def selector(self, tree: Tree | Token) -> _Node:
         node = self.build(tree, 0)
         if node.type not in (_BOOL, _ANY):
-            raise self.error(
-                node.pos, f"a selector must be a condition (TRUE or FALSE), found {self.describe(node)}"
-            )
+            raise self.error(node.pos, f"a selector must be a condition (TRUE or FALSE), found {self.describe(node)}")
         return node
 
     def build(self, item: Tree | Token, depth: int) -> _Node:
@@ -318,7 +317,9 @@ class _Checker:
                 continue
             node = self.build(item, depth)
             if node.kind != "lit" or node.type != _STR:
-                raise self.error(node.pos, f"the {context} list holds string literals only, found {self.describe(node)}")
+                raise self.error(
+                    node.pos, f"the {context} list holds string literals only, found {self.describe(node)}"
+                )
             values.add(node.value)
         return _Node("in", _BOOL, *_span(tree), args=(subject,), value=(negated is not None, frozenset(values)))
 

@@ -4,7 +4,8 @@ one test function, run against :mod:`.runtime`'s helpers."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .checker import _ANY, _BOOL, _NUM, _STR, _Node
 from .runtime import _ARITH_NAMES, _PY_CMP, _RUNTIME, _SLOW_CMP
@@ -91,7 +92,7 @@ class _Generator:
             operands = [self.num_value(a, depth + 1) for a in node.args]
             if len(operands) <= 4:
                 code = operands[0]
-                for op, operand in zip(node.value, operands[1:]):
+                for op, operand in zip(node.value, operands[1:], strict=False):
                     code = f"{_ARITH_NAMES[op]}({code}, {operand})"
                 return code
             return f"_chain({node.value!r}, ({', '.join(operands)},))"
@@ -130,7 +131,7 @@ class _Generator:
             decisive, other = (False, True) if kind == "and" else (True, False)
             temps = [self.temp() for _ in node.args]
             firsts = " or ".join(
-                f"({t} := {self.cond(a, depth + 1)}) is {decisive}" for t, a in zip(temps, node.args)
+                f"({t} := {self.cond(a, depth + 1)}) is {decisive}" for t, a in zip(temps, node.args, strict=False)
             )
             unknown = " or ".join(f"{t} is None" for t in temps)
             return f"({decisive} if {firsts} else (None if {unknown} else {other}))"
@@ -205,8 +206,11 @@ class _Generator:
             guard = f"(({t} := ({v} := {self.value(x, depth + 1)}).__class__) is int or {t} is float)"
             convert = x.kind == "prop"
             if node.value:
-                return (guard, f"{v} < {lo_c} or {v} > {hi_c}",
-                        self.slow_num("_not_between", v, f"{lo_c}, {hi_c}", convert))
+                return (
+                    guard,
+                    f"{v} < {lo_c} or {v} > {hi_c}",
+                    self.slow_num("_not_between", v, f"{lo_c}, {hi_c}", convert),
+                )
             return guard, f"{lo_c} <= {v} <= {hi_c}", self.slow_num("_between", v, f"{lo_c}, {hi_c}", convert)
         if kind == "in":
             negated, values = node.value

@@ -149,9 +149,7 @@ def _syntax_error(text: str, exc: UnexpectedInput) -> InvalidSelectorError:
         if after is not None and after.type in _AFTER_IDENT:
             return _error(text, pos, f"'{tok.value}' is a reserved word and cannot be used as an identifier")
         if tok.type == "NULL":
-            return _error(
-                text, pos, "NULL is not a value: test for it with IS NULL or IS NOT NULL"
-            )
+            return _error(text, pos, "NULL is not a value: test for it with IS NULL or IS NOT NULL")
     # `NOT = 1`: NOT parsed as the operator, then the '=' makes no sense.
     if (
         prev is not None

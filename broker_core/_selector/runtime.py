@@ -261,7 +261,7 @@ _ARITH_NAMES = {"+": "_add", "-": "_sub", "*": "_mul", "/": "_div"}
 
 def _chain(ops: tuple, values: tuple) -> Any:
     result = values[0]
-    for op, value in zip(ops, values[1:]):
+    for op, value in zip(ops, values[1:], strict=False):
         result = _ARITH[op](result, value)
     return result
 

@@ -3,8 +3,8 @@ parse (:mod:`.grammar`), check (:mod:`.checker`), generate (:mod:`.codegen`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lark.exceptions import UnexpectedInput
 

@@ -4,8 +4,8 @@ tried once when the selector is checked, then evaluated as XPath's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lxml import etree
 
@@ -14,8 +14,7 @@ from .error_text import _shorten
 __all__ = ["compile_xpath"]
 
 
-def compile_xpath(expr: str, namespaces: Mapping[str, str] | None,
-                  fail: Callable[[str], Exception]) -> etree.XPath:
+def compile_xpath(expr: str, namespaces: Mapping[str, str] | None, fail: Callable[[str], Exception]) -> etree.XPath:
     """*expr* compiled with *namespaces*; ``fail(what)`` gives the error raised when it does not compile,
     or names an unknown prefix, function or variable (found now rather than per message)."""
     try:

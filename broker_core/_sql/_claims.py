@@ -49,7 +49,7 @@ class _Claims:
         result = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)
         return self._claimed(box, ids, result)
 
-    async def _claim_rows_async(self, reader: "_SQLReader", limit: int, now: int) -> int:
+    async def _claim_rows_async(self, reader: _SQLReader, limit: int, now: int) -> int:
         """:meth:`_claim_rows` for an event loop: the writer's completion wakes it (no thread waits). The rows
         go to *reader* from the writer's thread, as a hand-over does (back to the box if it closed meanwhile),
         so that a claim whose task is cancelled while it waits loses nothing. How many it got."""
@@ -66,12 +66,13 @@ class _Claims:
                     if rows:  # the task awaiting the claim is woken by its future, not by the reader
                         self._hand_over({reader: rows}, wake=False)
                     got = len(rows)
-                except Exception as exc:  # noqa: BLE001 - the waiting task gets it
+                except Exception as exc:  # the waiting task gets it
                     error = exc
             settle(got, error)
 
-        self._writer.submit(lambda batch: self._op_claim(batch, box, limit, None, now), callback=landed,
-                            durable=False, awaited=True)
+        self._writer.submit(
+            lambda batch: self._op_claim(batch, box, limit, None, now), callback=landed, durable=False, awaited=True
+        )
         return int(await future)
 
     def _claimed(self, box: str, ids: list[int] | None, result: Any) -> list[Delivery]:

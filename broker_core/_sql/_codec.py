@@ -93,8 +93,9 @@ def encode_body(kind: str, body: Any) -> bytes | None:
     return body  # bytes, object: already bytes
 
 
-def stored_body(kind: str, body: Any, compress_over: int = COMPRESS_OVER,
-                encoded: bytes | None = None) -> tuple[str, bytes | None]:
+def stored_body(
+    kind: str, body: Any, compress_over: int = COMPRESS_OVER, encoded: bytes | None = None
+) -> tuple[str, bytes | None]:
     """The ``kind`` and ``body`` columns of a body (*encoded*: its encoding, known already): compressed
     (see the module docstring) when it is at least ``compress_over`` bytes (0: never) and compression
     saves at least an eighth."""
@@ -109,7 +110,7 @@ def stored_body(kind: str, body: Any, compress_over: int = COMPRESS_OVER,
 def read_body(kind: str, data: bytes | None) -> tuple[str, Any]:
     """The message kind and body of a row's ``kind`` and ``body`` columns (either form)."""
     if kind.endswith(COMPRESSED):
-        kind = kind[:-len(COMPRESSED)]
+        kind = kind[: -len(COMPRESSED)]
         if data is not None:
             data = _decompress(data)
     return kind, decode_body(kind, data)
@@ -148,22 +149,45 @@ def message_values(env: Envelope, row_id: int, compress_over: int = COMPRESS_OVE
     ``("id", *MESSAGE_COLUMNS)`` order (the hot path: no dict per row)."""
     reply_to = env.reply_to
     kind, body = stored_body(env.kind, env.body, compress_over, env.encoded)
-    return (row_id, env.message_id, str(env.destination), env.delivery_mode, env.timestamp, env.correlation_id,
-            None if reply_to is None else str(reply_to), env.type, encode_properties(env.properties), kind,
-            body, env.origin)
+    return (
+        row_id,
+        env.message_id,
+        str(env.destination),
+        env.delivery_mode,
+        env.timestamp,
+        env.correlation_id,
+        None if reply_to is None else str(reply_to),
+        env.type,
+        encode_properties(env.properties),
+        kind,
+        body,
+        env.origin,
+    )
 
 
 #: The b2b_messages columns an envelope is rebuilt from (with the entry's
 #: priority and expiration).
-MESSAGE_COLUMNS = ("message_id", "destination", "delivery_mode", "timestamp", "correlation_id", "reply_to", "type",
-                   "properties", "kind", "body", "origin")
+MESSAGE_COLUMNS = (
+    "message_id",
+    "destination",
+    "delivery_mode",
+    "timestamp",
+    "correlation_id",
+    "reply_to",
+    "type",
+    "properties",
+    "kind",
+    "body",
+    "origin",
+)
 
 
 def row_envelope(row: Any, priority: int, expiration: int, at: int = 0) -> Envelope:
     """Rebuild an envelope from the MESSAGE_COLUMNS values of a
     ``b2b_messages`` row, starting at index ``at`` of ``row``."""
-    (message_id, dest, delivery_mode, timestamp, correlation_id, reply_to, type_, properties, kind, body,
-     origin) = row[at:at + 11]
+    (message_id, dest, delivery_mode, timestamp, correlation_id, reply_to, type_, properties, kind, body, origin) = row[
+        at : at + 11
+    ]
     kind, body = read_body(kind, body)
     return Envelope(
         message_id,

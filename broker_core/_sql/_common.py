@@ -15,8 +15,15 @@ from ._schema import entries, messages
 _CHANNEL = "b2b_available"
 _MESSAGE_COLS = [messages.c[name] for name in _codec.MESSAGE_COLUMNS]
 #: What a claim returns of each entry.
-_CLAIMED = [entries.c.id, entries.c.box, entries.c.delivery_count, entries.c.seq, entries.c.priority,
-            entries.c.expiration, entries.c.message]
+_CLAIMED = [
+    entries.c.id,
+    entries.c.box,
+    entries.c.delivery_count,
+    entries.c.seq,
+    entries.c.priority,
+    entries.c.expiration,
+    entries.c.message,
+]
 #: A claimed entry (the columns of ``_CLAIMED``, in order).
 _Claimed = collections.namedtuple("_Claimed", "id box delivery_count seq priority expiration message")
 #: Entry columns copied when an entry is put back under a new id.
@@ -53,7 +60,7 @@ class _Counters:
         with self._lock:
             counted = self._by_box.get(box, (0, 0, 0, 0, 0))
             shared = self._shared.get(box, (0, 0, 0, 0, 0))
-            return [a - b for a, b in zip(counted, shared)]
+            return [a - b for a, b in zip(counted, shared, strict=False)]
 
     def boxes(self) -> list[str]:
         with self._lock:
@@ -67,7 +74,7 @@ class _Counters:
                 if not _shared_box(box):
                     continue
                 shared = self._shared.get(box, (0, 0, 0, 0, 0))
-                delta = [a - b for a, b in zip(counted, shared)]
+                delta = [a - b for a, b in zip(counted, shared, strict=False)]
                 if any(delta):
                     out[box] = delta
             return out

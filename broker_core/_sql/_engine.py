@@ -37,7 +37,7 @@ class _WriteTurn:
         os.close(self._fd)
 
     @staticmethod
-    def for_url(url: str) -> "_WriteTurn | None":
+    def for_url(url: str) -> _WriteTurn | None:
         path = sa.engine.make_url(split_url(url)[0]).database
         if not path or path == ":memory:" or path.startswith("file:"):
             return None

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -48,8 +48,15 @@ class _Liveness:
         if self._wakeups is None:
             return
         with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(instances.c.id).where(instances.c.host == socket.gethostname()[:200],
-                                                                instances.c.id != self.instance_id)).scalars().all()
+            ids = (
+                conn.execute(
+                    sa.select(instances.c.id).where(
+                        instances.c.host == socket.gethostname()[:200], instances.c.id != self.instance_id
+                    )
+                )
+                .scalars()
+                .all()
+            )
         self._wakeups.set_peers(ids)
 
     def _housekeeping_loop(self) -> None:
@@ -93,10 +100,21 @@ class _Liveness:
             instances.update().where(instances.c.id == self.instance_id).values(heartbeat=now)
         ).rowcount
         if not updated:
-            log.warning("this broker instance (%s) was presumed dead by another process; the messages it held "
-                        "are being redelivered", self.instance_id)
-            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
-                                              "pid": os.getpid(), "started": now, "heartbeat": now})
+            log.warning(
+                "this broker instance (%s) was presumed dead by another process; the messages it held "
+                "are being redelivered",
+                self.instance_id,
+            )
+            conn.execute(
+                instances.insert(),
+                {
+                    "id": self.instance_id,
+                    "host": socket.gethostname()[:200],
+                    "pid": os.getpid(),
+                    "started": now,
+                    "heartbeat": now,
+                },
+            )
             self._published_consumers = {}  # the reaper deleted them
         return self._share_stats(conn)
 
@@ -110,8 +128,10 @@ class _Liveness:
         if changed:
             conn.execute(consumers.delete().where(consumers.c.instance == self.instance_id))
             if current:
-                conn.execute(consumers.insert(), [{"instance": self.instance_id, "box": box, "consumers": n}
-                                                  for box, n in sorted(current.items())])
+                conn.execute(
+                    consumers.insert(),
+                    [{"instance": self.instance_id, "box": box, "consumers": n} for box, n in sorted(current.items())],
+                )
         if not (deltas or changed):
             return None
 
@@ -129,15 +149,20 @@ class _Liveness:
         deltas = self._counters.unshared()
         if deltas:
             mark = self._sql._mark
-            self._sql.run(conn, (
-                "INSERT INTO b2b_box_counters (box, enqueued, dequeued, expired, dead_lettered, redelivered) "
-                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}) ON CONFLICT (box) DO UPDATE SET "
-                "enqueued = b2b_box_counters.enqueued + excluded.enqueued, "
-                "dequeued = b2b_box_counters.dequeued + excluded.dequeued, "
-                "expired = b2b_box_counters.expired + excluded.expired, "
-                "dead_lettered = b2b_box_counters.dead_lettered + excluded.dead_lettered, "
-                "redelivered = b2b_box_counters.redelivered + excluded.redelivered"),
-                [(box, *delta) for box, delta in sorted(deltas.items())], many=True)
+            self._sql.run(
+                conn,
+                (
+                    "INSERT INTO b2b_box_counters (box, enqueued, dequeued, expired, dead_lettered, redelivered) "
+                    f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}) ON CONFLICT (box) DO UPDATE SET "
+                    "enqueued = b2b_box_counters.enqueued + excluded.enqueued, "
+                    "dequeued = b2b_box_counters.dequeued + excluded.dequeued, "
+                    "expired = b2b_box_counters.expired + excluded.expired, "
+                    "dead_lettered = b2b_box_counters.dead_lettered + excluded.dead_lettered, "
+                    "redelivered = b2b_box_counters.redelivered + excluded.redelivered"
+                ),
+                [(box, *delta) for box, delta in sorted(deltas.items())],
+                many=True,
+            )
         return deltas
 
     def _share_stats_at_goodbye(self, batch: Batch) -> None:
@@ -193,12 +218,18 @@ class _Liveness:
                         if time.monotonic() < next_poll:
                             continue
                         next_poll = time.monotonic() + self.poll_interval
-                        high = conn.exec_driver_sql(
-                            "SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar() or 0
+                        high = (
+                            conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = 'b2b_entries'").scalar()
+                            or 0
+                        )
                         if high > last and self._foreign_ids(last, high):
-                            boxes = conn.exec_driver_sql(
-                                "SELECT DISTINCT box FROM b2b_entries WHERE id > ? AND id <= ?", (last, high)
-                            ).scalars().all()
+                            boxes = (
+                                conn.exec_driver_sql(
+                                    "SELECT DISTINCT box FROM b2b_entries WHERE id > ? AND id <= ?", (last, high)
+                                )
+                                .scalars()
+                                .all()
+                            )
                             for box in boxes:
                                 self._available(box)
                         conn.rollback()
@@ -233,22 +264,38 @@ class _Liveness:
         """Reclaim what dead broker instances held."""
         conn = batch.conn
         cutoff = now_ms() - int(self.lease_timeout * 1000)
-        dead = conn.execute(
-            sa.select(instances.c.id).where(instances.c.heartbeat < cutoff, instances.c.id != self.instance_id)
-        ).scalars().all()
+        dead = (
+            conn.execute(
+                sa.select(instances.c.id).where(instances.c.heartbeat < cutoff, instances.c.id != self.instance_id)
+            )
+            .scalars()
+            .all()
+        )
         for owner in dead:
             log.warning("broker instance %s stopped sending heartbeats; reclaiming its messages", owner)
             self._reclaim(batch, owner)
             conn.execute(instances.delete().where(instances.c.id == owner))
         # depth deltas of instances that are gone (written in the very transaction that said goodbye)
-        for owner in conn.execute(sa.select(box_depth.c.instance).where(
-                box_depth.c.instance != "", box_depth.c.instance != self.instance_id,
-                ~box_depth.c.instance.in_(sa.select(instances.c.id))).distinct()).scalars().all():
+        for owner in (
+            conn.execute(
+                sa.select(box_depth.c.instance)
+                .where(
+                    box_depth.c.instance != "",
+                    box_depth.c.instance != self.instance_id,
+                    ~box_depth.c.instance.in_(sa.select(instances.c.id)),
+                )
+                .distinct()
+            )
+            .scalars()
+            .all()
+        ):
             self._fold_depth(batch, owner)
         # in-flight rows whose owner is unknown (instance row lost) come back too
-        orphans = conn.execute(
-            sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id)))
-        ).scalars().all()
+        orphans = (
+            conn.execute(sa.select(entries.c.id).where(_IN_FLIGHT, ~entries.c.owner.in_(sa.select(instances.c.id))))
+            .scalars()
+            .all()
+        )
         if orphans:
             self._op_release(batch, list(orphans), "the consumer's process died", None)
 
@@ -269,6 +316,7 @@ class _Liveness:
     def acquire_lease(self, name: str, seconds: float) -> bool:
         """Take or renew the named lease for ``seconds``; False if another
         live owner holds it."""
+
         def op(batch: Batch) -> bool:
             conn = batch.conn
             now = now_ms()
@@ -285,5 +333,6 @@ class _Liveness:
         return self._write(op)
 
     def release_lease(self, name: str) -> None:
-        self._write(lambda b: b.conn.execute(
-            leases.delete().where(leases.c.name == name, leases.c.owner == self.instance_id)))
+        self._write(
+            lambda b: b.conn.execute(leases.delete().where(leases.c.name == name, leases.c.owner == self.instance_id))
+        )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import collections
 import os
 import socket
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -46,8 +47,8 @@ class _Operations:
     _MARK_WITH_DEPTH = (
         "WITH depth AS (INSERT INTO b2b_box_depth (instance, box, entries) "
         "SELECT %s, t.box, t.n FROM unnest(%s::varchar[], %s::bigint[]) AS t(box, n) "
-        "ON CONFLICT (instance, box) DO UPDATE SET entries = b2b_box_depth.entries + excluded.entries) "
-        + _MARK)
+        "ON CONFLICT (instance, box) DO UPDATE SET entries = b2b_box_depth.entries + excluded.entries) " + _MARK
+    )
 
     def _mark_commit(self, batch: Batch) -> None:
         """Record this transaction's number in our instance row (PostgreSQL):
@@ -57,16 +58,26 @@ class _Operations:
         conn = batch.conn
         changed = [(box, n) for box, n in sorted(batch.depth.items()) if n]
         if changed:
-            marked = self._sql.run(conn, self._MARK_WITH_DEPTH, (self.instance_id, [b for b, _ in changed],
-                                                                 [n for _, n in changed], batch.number,
-                                                                 self.instance_id))
+            marked = self._sql.run(
+                conn,
+                self._MARK_WITH_DEPTH,
+                (self.instance_id, [b for b, _ in changed], [n for _, n in changed], batch.number, self.instance_id),
+            )
         else:
             marked = self._sql.run(conn, self._MARK, (batch.number, self.instance_id))
         if not marked and not self._stop.is_set():  # presumed dead and reaped meanwhile: register again
             now = now_ms()
-            conn.execute(instances.insert(), {"id": self.instance_id, "host": socket.gethostname()[:200],
-                                              "pid": os.getpid(), "started": now, "heartbeat": now,
-                                              "last_commit": batch.number})
+            conn.execute(
+                instances.insert(),
+                {
+                    "id": self.instance_id,
+                    "host": socket.gethostname()[:200],
+                    "pid": os.getpid(),
+                    "started": now,
+                    "heartbeat": now,
+                    "last_commit": batch.number,
+                },
+            )
 
     def _was_committed(self, number: int) -> bool:
         with self.engine.connect() as conn:
@@ -78,7 +89,8 @@ class _Operations:
         """``n`` new ids of ``table`` in one query (the write lock is held)."""
         if self._pg:
             rows = self._sql.run(
-                conn, f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,))
+                conn, f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", (n,)
+            )
             return [row[0] for row in rows]
         rows = self._sql.run(conn, "SELECT seq FROM sqlite_sequence WHERE name = ?", (table,))
         base = rows[0][0] if rows else 0
@@ -100,8 +112,12 @@ class _Operations:
                 subs = topic_subs.get(key)
                 if subs is None:
                     subs = topic_subs[key] = conn.execute(
-                        sa.select(subscriptions.c.box, subscriptions.c.selector, subscriptions.c.no_local,
-                                  subscriptions.c.local_origin).where(subscriptions.c.topic == key)
+                        sa.select(
+                            subscriptions.c.box,
+                            subscriptions.c.selector,
+                            subscriptions.c.no_local,
+                            subscriptions.c.local_origin,
+                        ).where(subscriptions.c.topic == key)
                     ).all()
                 boxes = []
                 for sub in subs:
@@ -125,7 +141,7 @@ class _Operations:
         compress_over = self._compress_over
         message_rows = []
         pending: list[tuple[str, int, int, int, int, Envelope]] = []  # box, seq, priority, expiration, message
-        for (env, boxes), message in zip(placed, ids):
+        for (env, boxes), message in zip(placed, ids, strict=False):
             message_rows.append(message_values(env, message, compress_over))
             for box in boxes:
                 pending.append((box, seq, env.priority, env.expiration, message, env))
@@ -134,17 +150,22 @@ class _Operations:
         handed = self._pick_waiting_readers(pending) if self._waiting_boxes else None
         if handed:
             owner = self.instance_id
-            rows = [(entry_id, box, s, prio, exp, 1, 0, owner, 1, message) if i in handed
-                    else (entry_id, box, s, prio, exp, 0, 0, None, 0, message)
-                    for i, (entry_id, (box, s, prio, exp, message, _)) in enumerate(zip(entry_ids, pending))]
+            rows = [
+                (entry_id, box, s, prio, exp, 1, 0, owner, 1, message)
+                if i in handed
+                else (entry_id, box, s, prio, exp, 0, 0, None, 0, message)
+                for i, (entry_id, (box, s, prio, exp, message, _)) in enumerate(zip(entry_ids, pending, strict=False))
+            ]
             by_reader: dict[_SQLReader, list[Delivery]] = {}
             for i, reader in handed.items():
                 box, _, _, _, _, env = pending[i]
                 by_reader.setdefault(reader, []).append(Delivery(box, entry_ids[i], env, 1))
             batch.after_commit.append(lambda: self._hand_over(by_reader))
         else:
-            rows = [(entry_id, box, s, prio, exp, 0, 0, None, 0, message)
-                    for entry_id, (box, s, prio, exp, message, _) in zip(entry_ids, pending)]
+            rows = [
+                (entry_id, box, s, prio, exp, 0, 0, None, 0, message)
+                for entry_id, (box, s, prio, exp, message, _) in zip(entry_ids, pending, strict=False)
+            ]
         sql = self._sql
         sql.insert_rows(conn, "messages", message_rows)
         sql.insert_rows(conn, "entries", rows)
@@ -168,21 +189,32 @@ class _Operations:
         changed = [(self.instance_id, box, n) for box, n in sorted(batch.depth.items()) if n]
         if changed:
             mark = self._sql._mark
-            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
-                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
-                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
+            self._sql.run(
+                batch.conn,
+                f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                "entries = b2b_box_depth.entries + excluded.entries",
+                changed,
+                many=True,
+            )
 
     def _fold_depth(self, batch: Batch, owner: str) -> None:
         """Fold the depth deltas of a broker instance that is gone into the base rows (instance ``''``).
         DELETE ... RETURNING takes them, so two processes folding the same instance cannot both count it."""
-        rows = batch.conn.execute(box_depth.delete().where(box_depth.c.instance == owner)
-                                  .returning(box_depth.c.box, box_depth.c.entries)).all()
+        rows = batch.conn.execute(
+            box_depth.delete().where(box_depth.c.instance == owner).returning(box_depth.c.box, box_depth.c.entries)
+        ).all()
         changed = [("", box, n) for box, n in rows if n]
         if changed:
             mark = self._sql._mark
-            self._sql.run(batch.conn, f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
-                                      f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
-                                      "entries = b2b_box_depth.entries + excluded.entries", changed, many=True)
+            self._sql.run(
+                batch.conn,
+                f"INSERT INTO b2b_box_depth (instance, box, entries) VALUES ({mark}, {mark}, "
+                f"{mark}) ON CONFLICT (instance, box) DO UPDATE SET "
+                "entries = b2b_box_depth.entries + excluded.entries",
+                changed,
+                many=True,
+            )
 
     _RECENT_COUNT = 4096
 
@@ -196,7 +228,7 @@ class _Operations:
             return
         recent = self._recent
         size = self._recent_bytes
-        for message, (env, boxes) in zip(ids, placed):
+        for message, (env, boxes) in zip(ids, placed, strict=False):
             # one a consumer here may claim, and not one an XPATH selector parsed (its tree would not count
             # in the bound); a consumer that comes later reads the row back
             if env._xml is None and any(box in readers for box in boxes):
@@ -214,8 +246,9 @@ class _Operations:
                 if env is not None:
                     self._recent_bytes -= _body_size(env)
 
-    def _pick_waiting_readers(self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
-                              ) -> dict[int, "_SQLReader"]:
+    def _pick_waiting_readers(
+        self, pending: Sequence[tuple[str, int, int, int, int, Envelope]]
+    ) -> dict[int, _SQLReader]:
         """Which of ``pending`` (by index) go straight to a consumer of this
         process: one blocked waiting on a box where it found nothing for it,
         with nothing changed since (so nothing older that it could take is
@@ -248,7 +281,7 @@ class _Operations:
                         break
         return chosen
 
-    def _hand_over(self, by_reader: dict["_SQLReader", list[Delivery]], wake: bool = True) -> None:
+    def _hand_over(self, by_reader: dict[_SQLReader, list[Delivery]], wake: bool = True) -> None:
         """After the commit: give the pre-claimed entries to their readers (and, with *wake*, wake their
         consumers); a reader closed meanwhile gets nothing and the entries go back."""
         give_back: list[int] = []
@@ -257,14 +290,17 @@ class _Operations:
             if not reader._accept(deliveries, wake):
                 give_back.extend(d.ref for d in deliveries)
         if give_back:
-            self._write(lambda b: self._op_release(b, give_back, "not delivered", self.instance_id, counted=False),
-                        wait=False, durable=False)
+            self._write(
+                lambda b: self._op_release(b, give_back, "not delivered", self.instance_id, counted=False),
+                wait=False,
+                durable=False,
+            )
 
-    def _register_reader(self, reader: "_SQLReader") -> None:
+    def _register_reader(self, reader: _SQLReader) -> None:
         with self._readers_lock:
             self._waiting_boxes.setdefault(reader._box, []).append(reader)
 
-    def _unregister_reader(self, reader: "_SQLReader") -> None:
+    def _unregister_reader(self, reader: _SQLReader) -> None:
         with self._readers_lock:
             readers = self._waiting_boxes.get(reader._box)
             if readers is not None and reader in readers:
@@ -300,15 +336,19 @@ class _Operations:
     def _delete_box_entries(self, batch: Batch, box: str) -> None:
         refs = []
         for state in (_WAITING, _IN_FLIGHT):  # each through its partial index
-            refs += batch.conn.execute(
-                entries.delete().where(entries.c.box == box, state).returning(entries.c.message)).scalars().all()
+            refs += (
+                batch.conn.execute(entries.delete().where(entries.c.box == box, state).returning(entries.c.message))
+                .scalars()
+                .all()
+            )
         # the box is gone: so are its counts (every instance's), and this transaction's
         batch.depth.pop(box, None)
         batch.conn.execute(box_depth.delete().where(box_depth.c.box == box))
         self._collect(batch, refs)
 
-    def _op_release(self, batch: Batch, ids: list[int], reason: str, owner: str | None, *,
-                    counted: bool = True) -> None:
+    def _op_release(
+        self, batch: Batch, ids: list[int], reason: str, owner: str | None, *, counted: bool = True
+    ) -> None:
         """Put in-flight entries back (after the policy's delay) or dead-letter
         them; ``counted=False`` undoes a claim whose message was never handed
         out (prefetched, then the consumer closed)."""
@@ -324,8 +364,10 @@ class _Operations:
             found = self._envelopes(conn, dead)
             letters = []
             for row in dead:
-                why = (f"delivered {row.delivery_count} times without acknowledgement "
-                       f"(max_deliveries={policy.max_deliveries}); last failure: {reason}")
+                why = (
+                    f"delivered {row.delivery_count} times without acknowledgement "
+                    f"(max_deliveries={policy.max_deliveries}); last failure: {reason}"
+                )
                 env = _codec.row_envelope(found[row.message], row.priority, row.expiration, 1)
                 letters.append(dead_letter_envelope(env, policy, why, row.box))
                 batch.after_commit.append(lambda box=row.box: self._counters.add(box, DLQ))
@@ -341,20 +383,29 @@ class _Operations:
             if counted:
                 batch.after_commit.append(lambda box=row.box: self._counters.add(box, RED))
             # a new id, so that selective readers that scanned past it see it again
-            conn.execute(entries.insert().from_select(
-                [*(c.name for c in _COPY_COLS), "state", "ready_at", "owner", "delivery_count"],
-                sa.select(*_COPY_COLS, sa.literal(0), sa.literal(now + delay if delay else 0),
-                          sa.null(), sa.literal(count)).where(entries.c.id == row.id),
-            ))
+            conn.execute(
+                entries.insert().from_select(
+                    [*(c.name for c in _COPY_COLS), "state", "ready_at", "owner", "delivery_count"],
+                    sa.select(
+                        *_COPY_COLS,
+                        sa.literal(0),
+                        sa.literal(now + delay if delay else 0),
+                        sa.null(),
+                        sa.literal(count),
+                    ).where(entries.c.id == row.id),
+                )
+            )
             conn.execute(entries.delete().where(entries.c.id == row.id))
             batch.touched.add(row.box)
 
     def _op_dead_letter(self, batch: Batch, ids: list[int], reason: str) -> None:
         """Move this instance's in-flight entries to their dead-letter queues now."""
         conn = batch.conn
-        rows = conn.execute(sa.select(*_CLAIMED).where(entries.c.id.in_(ids), entries.c.state == 1,
-                                                        entries.c.owner == self.instance_id)
-                            .order_by(entries.c.seq)).all()
+        rows = conn.execute(
+            sa.select(*_CLAIMED)
+            .where(entries.c.id.in_(ids), entries.c.state == 1, entries.c.owner == self.instance_id)
+            .order_by(entries.c.seq)
+        ).all()
         if not rows:
             return
         found = self._envelopes(conn, rows)
@@ -377,8 +428,9 @@ class _Operations:
         if self.policy.expiry_queue is not None:
             found = self._envelopes(batch.conn, rows)
             for row in rows:
-                copy = expired_envelope(_codec.row_envelope(found[row.message], row.priority, row.expiration, 1),
-                                        self.policy)
+                copy = expired_envelope(
+                    _codec.row_envelope(found[row.message], row.priority, row.expiration, 1), self.policy
+                )
                 if copy is not None:
                     copies.append(copy)
         self._delete_entries(batch, [row.id for row in rows])
@@ -387,8 +439,9 @@ class _Operations:
         if copies:
             self._insert(batch, copies)
 
-    def _op_claim(self, batch: Batch, box: str, limit: int, ids: list[int] | None,
-                  now: int) -> tuple[list[Delivery], int | None]:
+    def _op_claim(
+        self, batch: Batch, box: str, limit: int, ids: list[int] | None, now: int
+    ) -> tuple[list[Delivery], int | None]:
         conn = batch.conn
         sql = self._sql
         some = ids is not None and limit < len(ids)  # candidates of which competing consumers may have taken some
@@ -427,5 +480,7 @@ class _Operations:
         unknown = {row[6] for row in rows if row[6] not in recent}
         if unknown:
             stored = {row[0]: row for row in sql.by_ids(conn, "messages", list(unknown))}
-        return [(entry_box, entry_id, count, priority, expiration, recent.get(message) or stored[message])
-                for entry_id, entry_box, count, _, priority, expiration, message in rows], None
+        return [
+            (entry_box, entry_id, count, priority, expiration, recent.get(message) or stored[message])
+            for entry_id, entry_box, count, _, priority, expiration, message in rows
+        ], None

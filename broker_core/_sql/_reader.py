@@ -34,8 +34,7 @@ class _SQLReader(Reader):
     selective consumer never rescans a backlog it does not match.
     """
 
-    def __init__(self, store: "SQLStore", box: str, selector: Any, memory: Reader,
-                 prefetch: int | None = None) -> None:
+    def __init__(self, store: SQLStore, box: str, selector: Any, memory: Reader, prefetch: int | None = None) -> None:
         self._store = store
         #: at most this many entries claimed for the consumer at once
         self.prefetch = max(1, prefetch if prefetch is not None else store.prefetch)
@@ -172,8 +171,15 @@ class _SQLReader(Reader):
         """For the writer: this reader found its box empty, nothing came in
         since, it holds nothing, and its consumer is waiting."""
         demand = self.demand
-        return (not self._buffer and not self._candidates and self._empty_at is not None and not self._closed
-                and self._empty_at == self._store._version(self._box) and demand is not None and demand())
+        return (
+            not self._buffer
+            and not self._candidates
+            and self._empty_at is not None
+            and not self._closed
+            and self._empty_at == self._store._version(self._box)
+            and demand is not None
+            and demand()
+        )
 
     def _accept(self, deliveries: list[Delivery], wake: bool = True) -> bool:
         """Entries claimed for this reader by the writer (*wake*: its consumer waits for them); False if
@@ -196,8 +202,20 @@ class _SQLReader(Reader):
             while True:
                 rows = conn.exec_driver_sql(statement, (self._box, self._cursor)).cursor.fetchall()
                 for row in rows:
-                    (entry_id, priority, seq, ready_at, expiration, message_id, timestamp, correlation_id, type_,
-                     delivery_mode, properties, kind) = row[:12]
+                    (
+                        entry_id,
+                        priority,
+                        seq,
+                        ready_at,
+                        expiration,
+                        message_id,
+                        timestamp,
+                        correlation_id,
+                        type_,
+                        delivery_mode,
+                        properties,
+                        kind,
+                    ) = row[:12]
                     self._cursor = entry_id
                     if 0 < expiration <= now:
                         continue
@@ -205,8 +223,20 @@ class _SQLReader(Reader):
                         kind, body = read_body(kind, row[12])
                     else:
                         kind, body = kind.removesuffix(_codec.COMPRESSED), None
-                    env = Envelope(message_id, None, delivery_mode, priority, expiration, timestamp, correlation_id,
-                                   None, type_, decode_properties(properties), kind, body)
+                    env = Envelope(
+                        message_id,
+                        None,
+                        delivery_mode,
+                        priority,
+                        expiration,
+                        timestamp,
+                        correlation_id,
+                        None,
+                        type_,
+                        decode_properties(properties),
+                        kind,
+                        body,
+                    )
                     if selector.matches(env):
                         heapq.heappush(self._candidates, (-priority, seq, entry_id, ready_at))
                 if len(rows) < 5000:
@@ -239,7 +269,7 @@ class _SQLReader(Reader):
                 # candidates after the last one taken may still be waiting, the ones before were gone
                 got = {d.ref for d in rows}
                 last = max(i for i, item in enumerate(picked) if item[2] in got) if got else len(picked)
-                for item in picked[last + 1:]:
+                for item in picked[last + 1 :]:
                     if item[2] not in got:
                         heapq.heappush(self._candidates, item)
             if rows:
@@ -283,7 +313,9 @@ class _SQLReader(Reader):
         if ids and not self._store._closed:
             store = self._store
             try:
-                store._write(lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False),
-                             durable=False)
+                store._write(
+                    lambda b: store._op_release(b, ids, "not delivered", store.instance_id, counted=False),
+                    durable=False,
+                )
             except StoreError:
                 log.warning("could not give back %d prefetched messages; they return when the lease expires", len(ids))

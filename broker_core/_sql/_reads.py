@@ -3,7 +3,8 @@ for operators, one message, and the statistics of every box."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import lz4.frame
 import sqlalchemy as sa
@@ -39,7 +40,8 @@ class _Reads:
         now = now_ms()
         with self.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(entries.c.priority, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
+                sa.select(entries.c.priority, entries.c.expiration, *_MESSAGE_COLS)
+                .select_from(_JOINED)
                 .where(entries.c.box == box, _WAITING)
                 .order_by(entries.c.priority.desc(), entries.c.seq)
             ).all()
@@ -58,58 +60,95 @@ class _Reads:
         ``b2b_box_depth`` (a few rows per box), those in flight (few: consumers' prefetch) and the head of
         each box (one index seek each)."""
         with self.engine.connect() as conn:
-            totals = dict(conn.execute(sa.select(box_depth.c.box, sa.func.sum(box_depth.c.entries))
-                                       .group_by(box_depth.c.box)).all())
-            flying = dict(conn.execute(
-                sa.select(entries.c.box, sa.func.count()).where(_IN_FLIGHT).group_by(entries.c.box)).all())
+            totals = dict(
+                conn.execute(
+                    sa.select(box_depth.c.box, sa.func.sum(box_depth.c.entries)).group_by(box_depth.c.box)
+                ).all()
+            )
+            flying = dict(
+                conn.execute(sa.select(entries.c.box, sa.func.count()).where(_IN_FLIGHT).group_by(entries.c.box)).all()
+            )
             heads = dict(conn.execute(self._heads_query).all()) if totals else {}
             subs = dict(conn.execute(sa.select(subscriptions.c.box, subscriptions.c.topic)).all())
-            shared = {row[0]: row[1:] for row in conn.execute(sa.select(
-                box_counters.c.box, box_counters.c.enqueued, box_counters.c.dequeued, box_counters.c.expired,
-                box_counters.c.dead_lettered, box_counters.c.redelivered)).all()}
-            others = dict(conn.execute(
-                sa.select(consumers.c.box, sa.func.sum(consumers.c.consumers))
-                .where(consumers.c.instance != self.instance_id).group_by(consumers.c.box)).all())
+            shared = {
+                row[0]: row[1:]
+                for row in conn.execute(
+                    sa.select(
+                        box_counters.c.box,
+                        box_counters.c.enqueued,
+                        box_counters.c.dequeued,
+                        box_counters.c.expired,
+                        box_counters.c.dead_lettered,
+                        box_counters.c.redelivered,
+                    )
+                ).all()
+            }
+            others = dict(
+                conn.execute(
+                    sa.select(consumers.c.box, sa.func.sum(consumers.c.consumers))
+                    .where(consumers.c.instance != self.instance_id)
+                    .group_by(consumers.c.box)
+                ).all()
+            )
             conn.rollback()
-        waiting = [(box, max(0, int(total) - flying.get(box, 0)), heads.get(box))
-                   for box, total in totals.items() if total]
+        waiting = [
+            (box, max(0, int(total) - flying.get(box, 0)), heads.get(box)) for box, total in totals.items() if total
+        ]
         depth = {box: (n, oldest) for box, n, oldest in waiting}
         memory = {s.name: s for s in self._mem.stats()}
-        names = set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared) \
-            | set(others)  # a box only another process consumes from
+        names = (
+            set(depth) | set(flying) | set(subs) | set(memory) | set(self._counters.boxes()) | set(shared) | set(others)
+        )  # a box only another process consumes from
         out = []
         for name in sorted(names):
             db_depth, oldest_seq = depth.get(name, (0, None))
             mem = memory.get(name)
-            counts = [a + b for a, b in zip(self._counters.get(name), shared.get(name, (0, 0, 0, 0, 0)))]
+            counts = [a + b for a, b in zip(self._counters.get(name), shared.get(name, (0, 0, 0, 0, 0)), strict=False)]
             oldest = oldest_seq // 1000 if oldest_seq is not None else None  # seqs are microseconds
             if mem is not None and mem.oldest is not None:
                 oldest = mem.oldest if oldest is None else min(oldest, mem.oldest)
-            out.append(DestinationStats(
-                name=name,
-                depth=db_depth + (mem.depth if mem else 0),
-                in_flight=flying.get(name, 0) + (mem.in_flight if mem else 0),
-                consumers=int(others.get(name) or 0),
-                enqueued=counts[ENQ] + (mem.enqueued if mem else 0),
-                dequeued=counts[DEQ] + (mem.dequeued if mem else 0),
-                expired=counts[EXP] + (mem.expired if mem else 0),
-                dead_lettered=counts[DLQ] + (mem.dead_lettered if mem else 0),
-                topic=subs.get(name) or (mem.topic if mem else None),
-                oldest=oldest,
-                redelivered=counts[RED] + (mem.redelivered if mem else 0),
-            ))
+            out.append(
+                DestinationStats(
+                    name=name,
+                    depth=db_depth + (mem.depth if mem else 0),
+                    in_flight=flying.get(name, 0) + (mem.in_flight if mem else 0),
+                    consumers=int(others.get(name) or 0),
+                    enqueued=counts[ENQ] + (mem.enqueued if mem else 0),
+                    dequeued=counts[DEQ] + (mem.dequeued if mem else 0),
+                    expired=counts[EXP] + (mem.expired if mem else 0),
+                    dead_lettered=counts[DLQ] + (mem.dead_lettered if mem else 0),
+                    topic=subs.get(name) or (mem.topic if mem else None),
+                    oldest=oldest,
+                    redelivered=counts[RED] + (mem.redelivered if mem else 0),
+                )
+            )
         return out
 
     #: The listing columns of a browse page: the entry, the message's headers and properties, the body's
     #: stored length and first bytes (an LZ4 frame's header says the original size), not the body itself.
-    _PAGE_COLUMNS = (entries.c.id, entries.c.priority, entries.c.seq, entries.c.expiration, entries.c.delivery_count,
-                     messages.c.message_id, messages.c.destination, messages.c.delivery_mode, messages.c.timestamp,
-                     messages.c.correlation_id, messages.c.reply_to, messages.c.type, messages.c.properties,
-                     messages.c.kind, sa.func.length(messages.c.body), sa.func.substr(messages.c.body, 1, 32),
-                     messages.c.origin)
+    _PAGE_COLUMNS = (
+        entries.c.id,
+        entries.c.priority,
+        entries.c.seq,
+        entries.c.expiration,
+        entries.c.delivery_count,
+        messages.c.message_id,
+        messages.c.destination,
+        messages.c.delivery_mode,
+        messages.c.timestamp,
+        messages.c.correlation_id,
+        messages.c.reply_to,
+        messages.c.type,
+        messages.c.properties,
+        messages.c.kind,
+        sa.func.length(messages.c.body),
+        sa.func.substr(messages.c.body, 1, 32),
+        messages.c.origin,
+    )
 
-    def browse_page(self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int,
-                    scan_limit: int) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
+    def browse_page(
+        self, box: str, selector: str | None, after: tuple[int, ...] | None, limit: int, scan_limit: int
+    ) -> tuple[list[StoredMessage], tuple[int, ...] | None]:
         """Keyset pages: positions are ``(0, 9 - priority, seq, id)`` for the database's entries, then
         ``(1, ...)`` for this process's non-persistent ones. Each query is a range of the claim index
         (box, priority DESC, seq) from the position on, never an OFFSET: a page deep in a queue of
@@ -148,27 +187,34 @@ class _Reads:
             return out, position
         if exhausted:  # on to this process's non-persistent messages
             rest, more = self._mem.browse_page(box, selector, None, limit - len(out), scan_limit - scanned)
-            out.extend(StoredMessage(m.box, m.envelope, m.state, m.delivery_count, m.size, (1, *m.position))
-                       for m in rest)
+            out.extend(
+                StoredMessage(m.box, m.envelope, m.state, m.delivery_count, m.size, (1, *m.position)) for m in rest
+            )
             return out, None if more is None else (1, *more)
         return out, position
 
-    def _page_rows(self, conn: sa.Connection, box: str, after: tuple[int, ...] | None, n: int,
-                   with_body: bool) -> list[Any]:
+    def _page_rows(
+        self, conn: sa.Connection, box: str, after: tuple[int, ...] | None, n: int, with_body: bool
+    ) -> list[Any]:
         columns = list(self._PAGE_COLUMNS) + ([messages.c.body] if with_body else [])
         base = sa.select(*columns).select_from(_JOINED).where(entries.c.box == box, _WAITING)
         rows: list[Any] = []
         if after is not None:
             _, rank, seq, entry_id = after
             priority = 9 - rank
-            rows = conn.execute(base.where(
-                entries.c.priority == priority, sa.tuple_(entries.c.seq, entries.c.id) > sa.tuple_(seq, entry_id))
-                .order_by(entries.c.seq, entries.c.id).limit(n)).all()
+            rows = conn.execute(
+                base.where(
+                    entries.c.priority == priority, sa.tuple_(entries.c.seq, entries.c.id) > sa.tuple_(seq, entry_id)
+                )
+                .order_by(entries.c.seq, entries.c.id)
+                .limit(n)
+            ).all()
             if len(rows) >= n:
                 return rows
             base = base.where(entries.c.priority < priority)
-        rows += conn.execute(base.order_by(entries.c.priority.desc(), entries.c.seq, entries.c.id)
-                             .limit(n - len(rows))).all()
+        rows += conn.execute(
+            base.order_by(entries.c.priority.desc(), entries.c.seq, entries.c.id).limit(n - len(rows))
+        ).all()
         return rows
 
     @staticmethod
@@ -182,25 +228,53 @@ class _Reads:
             except RuntimeError:
                 pass
         body = None
-        plain_kind = kind[:-len(_codec.COMPRESSED)] if kind.endswith(_codec.COMPRESSED) else kind
+        plain_kind = kind[: -len(_codec.COMPRESSED)] if kind.endswith(_codec.COMPRESSED) else kind
         if with_body:
             plain_kind, body = _codec.read_body(kind, row[17])
-        env = Envelope(row[5], _codec.destination(row[6]), row[7], row[1], row[3], row[8], row[9],
-                       _codec.destination(row[10]), row[11], _codec.decode_properties(row[12]), plain_kind, body,
-                       row[16])
+        env = Envelope(
+            row[5],
+            _codec.destination(row[6]),
+            row[7],
+            row[1],
+            row[3],
+            row[8],
+            row[9],
+            _codec.destination(row[10]),
+            row[11],
+            _codec.decode_properties(row[12]),
+            plain_kind,
+            body,
+            row[16],
+        )
         return env, size
 
     def find(self, box: str, message_id: str) -> StoredMessage | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                sa.select(entries.c.state, entries.c.delivery_count, entries.c.priority, entries.c.seq,
-                          entries.c.id, entries.c.expiration, *_MESSAGE_COLS).select_from(_JOINED)
-                .where(messages.c.message_id == message_id, entries.c.box == box).limit(1)).first()
+                sa.select(
+                    entries.c.state,
+                    entries.c.delivery_count,
+                    entries.c.priority,
+                    entries.c.seq,
+                    entries.c.id,
+                    entries.c.expiration,
+                    *_MESSAGE_COLS,
+                )
+                .select_from(_JOINED)
+                .where(messages.c.message_id == message_id, entries.c.box == box)
+                .limit(1)
+            ).first()
             conn.rollback()
         if row is None:
             return self._mem.find(box, message_id)
         env = _codec.row_envelope(row, row.priority, row.expiration, 6)
         from .._store import body_size
 
-        return StoredMessage(box, env, "in_flight" if row.state == 1 else "pending", row.delivery_count,
-                             body_size(env), (0, 9 - row.priority, row.seq, row.id))
+        return StoredMessage(
+            box,
+            env,
+            "in_flight" if row.state == 1 else "pending",
+            row.delivery_count,
+            body_size(env),
+            (0, 9 - row.priority, row.seq, row.id),
+        )

@@ -48,11 +48,21 @@ entries = sa.Table(
     sa.Column("message", sa.BigInteger, nullable=False),  # b2b_messages.id
     # partial (migration 0004): queries that must use them spell ``state = 0``, ``state = 1`` or
     # ``expiration > 0`` literally (a bound parameter does not imply an index's condition)
-    sa.Index("b2b_entries_claim", "box", sa.text("priority DESC"), "seq",
-             sqlite_where=sa.text("state = 0"), postgresql_where=sa.text("state = 0")),
+    sa.Index(
+        "b2b_entries_claim",
+        "box",
+        sa.text("priority DESC"),
+        "seq",
+        sqlite_where=sa.text("state = 0"),
+        postgresql_where=sa.text("state = 0"),
+    ),
     sa.Index("b2b_entries_owner", "owner", sqlite_where=sa.text("state = 1"), postgresql_where=sa.text("state = 1")),
-    sa.Index("b2b_entries_expiration", "expiration",
-             sqlite_where=sa.text("expiration > 0"), postgresql_where=sa.text("expiration > 0")),
+    sa.Index(
+        "b2b_entries_expiration",
+        "expiration",
+        sqlite_where=sa.text("expiration > 0"),
+        postgresql_where=sa.text("expiration > 0"),
+    ),
     sa.Index("b2b_entries_message", "message"),
     sqlite_autoincrement=True,
 )

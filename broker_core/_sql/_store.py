@@ -32,7 +32,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -66,9 +67,9 @@ from ..sql import (
     upgrade_database,
 )
 from . import _codec
+from ._claims import _Claims
 from ._common import _CLAIMED, _EXPIRING, _WAITING, DEQ, EXP, _Counters
 from ._engine import _WriteTurn
-from ._claims import _Claims
 from ._liveness import _Liveness
 from ._operations import _Operations
 from ._reader import _SQLReader
@@ -138,8 +139,7 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
         self._sqlite_mode = self._sqlite_sync  # what the writer connection is set to now
         self._writer_raw: Any = None  # the writer's driver connection, once set up (SQLite)
         self._checkpoint_due = 0.0
-        self.engine = make_engine(url, sqlite_synchronous=self._sqlite_sync,
-                                  pool_size=int(options.get("pool_size", 5)))
+        self.engine = make_engine(url, sqlite_synchronous=self._sqlite_sync, pool_size=int(options.get("pool_size", 5)))
         self.dialect = self.engine.dialect.name
         self._pg = self.dialect == "postgresql"
         self._sql = _Statements(self._pg, self.engine.dialect.dbapi.Error)
@@ -210,8 +210,12 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, policy: RedeliveryPolicy, on_available: Callable[[str], None],
-               xpath_namespaces: dict[str, str] | None = None) -> None:
+    def attach(
+        self,
+        policy: RedeliveryPolicy,
+        on_available: Callable[[str], None],
+        xpath_namespaces: dict[str, str] | None = None,
+    ) -> None:
         super().attach(policy, self._available, xpath_namespaces)
         self._broker_wake = on_available
         self._mem.attach(policy, on_available, xpath_namespaces)
@@ -233,9 +237,18 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
         #: the writer's thread: completion callbacks run there, and a write it asked for would wait for itself
         self._writer_thread = self._writer._thread.ident
         now = now_ms()
-        self._write(lambda b: b.conn.execute(instances.insert(), {
-            "id": self.instance_id, "host": socket.gethostname()[:200], "pid": os.getpid(),
-            "started": now, "heartbeat": now}))
+        self._write(
+            lambda b: b.conn.execute(
+                instances.insert(),
+                {
+                    "id": self.instance_id,
+                    "host": socket.gethostname()[:200],
+                    "pid": os.getpid(),
+                    "started": now,
+                    "heartbeat": now,
+                },
+            )
+        )
         self._write(self._op_reap)
         self._spawn(self._housekeeping_loop, "b2b-sql-heartbeat")
         if self._pg:
@@ -320,8 +333,13 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
             self._sql.run(batch.conn, "SELECT pg_advisory_xact_lock(%s)", (PG_WRITE_LOCK,))
             batch.ordered = True
 
-    def _write(self, fn: Callable[[Batch], Any], wait: bool = True,
-               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True) -> Any:
+    def _write(
+        self,
+        fn: Callable[[Batch], Any],
+        wait: bool = True,
+        callback: Callable[[Any, BaseException | None], None] | None = None,
+        durable: bool = True,
+    ) -> Any:
         if self._closed or self._writer is None:
             raise StoreError("the store is closed")
         return self._writer.submit(fn, wait, callback, durable)
@@ -364,9 +382,13 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
     def create_subscription(self, subscription: Subscription) -> None:
         self._selector(subscription.selector)  # InvalidSelectorError before anything is written
         row = {
-            "box": subscription.box, "topic": str(subscription.topic), "selector": subscription.selector,
-            "no_local": subscription.no_local, "local_origin": subscription.local_origin,
-            "client_id": subscription.client_id, "name": subscription.name,
+            "box": subscription.box,
+            "topic": str(subscription.topic),
+            "selector": subscription.selector,
+            "no_local": subscription.no_local,
+            "local_origin": subscription.local_origin,
+            "client_id": subscription.client_id,
+            "name": subscription.name,
             "owner": None if subscription.durable else self.instance_id,
         }
 
@@ -382,8 +404,15 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
             row = conn.execute(sa.select(subscriptions).where(subscriptions.c.box == box)).first()
         if row is None:
             return None
-        return Subscription(row.box, _codec.destination(row.topic), row.selector, row.no_local, row.local_origin,
-                            client_id=row.client_id, name=row.name)
+        return Subscription(
+            row.box,
+            _codec.destination(row.topic),
+            row.selector,
+            row.no_local,
+            row.local_origin,
+            client_id=row.client_id,
+            name=row.name,
+        )
 
     def durable_subscription(self, client_id: str, name: str) -> Subscription | None:
         from .._store import subscription_box
@@ -393,8 +422,9 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
 
     def register_temporary(self, destination: Destination) -> None:
         self._local_temps.add(destination)
-        self._write(lambda b: b.conn.execute(temporaries.insert(), {"name": str(destination),
-                                                                     "owner": self.instance_id}))
+        self._write(
+            lambda b: b.conn.execute(temporaries.insert(), {"name": str(destination), "owner": self.instance_id})
+        )
 
     def unregister_temporary(self, destination: Destination) -> None:
         self._local_temps.discard(destination)
@@ -434,9 +464,16 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
             return
         self._write(lambda batch: self._insert(batch, (envelope,)))
 
-    def commit(self, sends: Sequence[Envelope], acks: Sequence[Delivery], extra: Sequence[Callable[[Any], Any]] = (),
-               callback: Callable[[BaseException | None], None] | None = None, *, durable: bool = True,
-               finish_on: Callable[[Callable[[], None]], None] | None = None) -> None:
+    def commit(
+        self,
+        sends: Sequence[Envelope],
+        acks: Sequence[Delivery],
+        extra: Sequence[Callable[[Any], Any]] = (),
+        callback: Callable[[BaseException | None], None] | None = None,
+        *,
+        durable: bool = True,
+        finish_on: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         sync = durable or bool(sends or acks)  # messages and acknowledgements are stored as they ask
         if len(sends) == 1 and not acks and not self._in_memory(sends[0]):  # the common single send
             durable, sql_acks, memory_sends, memory_acks = sends, (), (), ()
@@ -472,6 +509,7 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
             return
 
         if finish_on is not None:  # the caller's own context finishes: one thread hop fewer than below
+
             def finished(result: Any, error: BaseException | None) -> None:
                 finish_on(lambda: _finish(memory_part, callback) if error is None else callback(error))
 
@@ -497,7 +535,8 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
             with self._completion_lock:
                 if self._completion_pool is None:
                     self._completion_pool = concurrent.futures.ThreadPoolExecutor(
-                        1, thread_name_prefix="b2b-sql-completions")
+                        1, thread_name_prefix="b2b-sql-completions"
+                    )
                 pool = self._completion_pool
         return pool
 
@@ -518,8 +557,11 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
         counts = collections.Counter(d.box for d in deliveries if type(d.ref) is int)
         batch.after_commit.append(lambda: [self._counters.add(b, DEQ, n) for b, n in counts.items()])
         if missing and not strict:
-            log.warning("%d acknowledged messages had been taken back after this process's lease expired; "
-                        "they will be redelivered", missing)
+            log.warning(
+                "%d acknowledged messages had been taken back after this process's lease expired; "
+                "they will be redelivered",
+                missing,
+            )
         return missing
 
     def ack(self, deliveries: Sequence[Delivery], wait: bool = True) -> None:
@@ -571,6 +613,7 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
 
     def _expire_held(self, delivery: Delivery) -> None:
         """A claimed (prefetched) entry that expired before it was handed out."""
+
         def op(batch: Batch) -> None:
             if self._delete_entries(batch, [delivery.ref], self.instance_id):
                 self._sql.tombstones(batch.conn, [(delivery.envelope.message_id, delivery.box, now_ms())])
@@ -614,7 +657,8 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
     #: index per box): when the message the box's consumers get next came in.
     _heads_query = sa.text(
         "SELECT d.box, (SELECT e.seq FROM b2b_entries e WHERE e.box = d.box AND e.state = 0 "
-        "ORDER BY e.priority DESC, e.seq LIMIT 1) FROM (SELECT DISTINCT box FROM b2b_box_depth) d")
+        "ORDER BY e.priority DESC, e.seq LIMIT 1) FROM (SELECT DISTINCT box FROM b2b_box_depth) d"
+    )
 
     # ------------------------------------------------------------ operators' actions
 
@@ -641,9 +685,19 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
         total = self._mem.purge(box)
 
         def op(batch: Batch) -> int:
-            refs = batch.conn.execute(entries.delete().where(entries.c.id.in_(
-                sa.select(entries.c.id).where(entries.c.box == box, _WAITING).limit(5000).scalar_subquery()))
-                .returning(entries.c.message)).scalars().all()
+            refs = (
+                batch.conn.execute(
+                    entries.delete()
+                    .where(
+                        entries.c.id.in_(
+                            sa.select(entries.c.id).where(entries.c.box == box, _WAITING).limit(5000).scalar_subquery()
+                        )
+                    )
+                    .returning(entries.c.message)
+                )
+                .scalars()
+                .all()
+            )
             if refs:
                 batch.depth[box] = batch.depth.get(box, 0) - len(refs)
             self._collect(batch, refs)
@@ -659,14 +713,13 @@ class SQLStore(_Liveness, _Operations, _Claims, _Reads, Store):
     def sweep_expired(self, now: int) -> int:
         def op(batch: Batch) -> int:
             rows = batch.conn.execute(
-                sa.select(*_CLAIMED)
-                .where(_WAITING, _EXPIRING, entries.c.expiration <= now)
-                .limit(10_000)
+                sa.select(*_CLAIMED).where(_WAITING, _EXPIRING, entries.c.expiration <= now).limit(10_000)
             ).all()
             if rows:
                 self._expire_rows(batch, rows)
-            batch.conn.execute(expired_table.delete().where(
-                expired_table.c.at < now - int(self.expired_retention * 1000)))
+            batch.conn.execute(
+                expired_table.delete().where(expired_table.c.at < now - int(self.expired_retention * 1000))
+            )
             return len(rows)
 
         return self._write(op) + self._mem.sweep_expired(now)
@@ -676,7 +729,7 @@ def _finish(memory_part: Callable[[], None], callback: Callable[[BaseException |
     """The end of an asynchronous commit once its SQL part is durable: its memory-tier part, then the callback."""
     try:
         memory_part()
-    except BaseException as error:  # noqa: BLE001 - the caller hears of it
+    except BaseException as error:  # the caller hears of it
         callback(error)
         return
     callback(None)

@@ -120,7 +120,7 @@ class LocalWakeups:
         sock.settimeout(max(timeout, 0.0))
         try:
             data = sock.recv(65536)
-        except (TimeoutError, BlockingIOError, socket.timeout):
+        except (TimeoutError, BlockingIOError):
             return boxes
         except OSError:  # closed while waiting
             return boxes

@@ -20,7 +20,9 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -57,9 +59,14 @@ class Batch:
 class _Op:
     __slots__ = ("fn", "waiter", "callback", "durable", "streamed", "result", "error", "done")
 
-    def __init__(self, fn: Callable[[Batch], Any], waiter: ThreadWaiter | None,
-                 callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True,
-                 streamed: bool = False) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Batch], Any],
+        waiter: ThreadWaiter | None,
+        callback: Callable[[Any, BaseException | None], None] | None = None,
+        durable: bool = True,
+        streamed: bool = False,
+    ) -> None:
         self.fn = fn
         self.durable = durable
         self.waiter = waiter
@@ -106,15 +113,22 @@ class GroupCommitter:
     :data:`QUIET_FRACTION` of the delay.
     """
 
-    def __init__(self, engine: sa.Engine, *, begin: Callable[[sa.Connection, bool], None],
-                 before_commit: Callable[[Batch], None] | None = None,
-                 on_touched: Callable[[set[str]], None] | None = None,
-                 on_reconnect: Callable[[], None] | None = None,
-                 serialize: Callable[[], ContextManager[Any]] | None = None,
-                 after_turn: Callable[[sa.Connection], None] | None = None,
-                 was_committed: Callable[[int], bool] | None = None,
-                 max_batch: int = 2000, retry_for: float = 30.0, commit_delay: float = 0.0,
-                 slow_commit: float = 0.5) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        begin: Callable[[sa.Connection, bool], None],
+        before_commit: Callable[[Batch], None] | None = None,
+        on_touched: Callable[[set[str]], None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+        serialize: Callable[[], ContextManager[Any]] | None = None,
+        after_turn: Callable[[sa.Connection], None] | None = None,
+        was_committed: Callable[[int], bool] | None = None,
+        max_batch: int = 2000,
+        retry_for: float = 30.0,
+        commit_delay: float = 0.0,
+        slow_commit: float = 0.5,
+    ) -> None:
         self._engine = engine
         self._serialize = serialize or contextlib.nullcontext
         self._after_turn = after_turn
@@ -148,9 +162,14 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="b2b-sql-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[Batch], Any], wait: bool = True,
-               callback: Callable[[Any, BaseException | None], None] | None = None, durable: bool = True,
-               awaited: bool = False) -> Any:
+    def submit(
+        self,
+        fn: Callable[[Batch], Any],
+        wait: bool = True,
+        callback: Callable[[Any, BaseException | None], None] | None = None,
+        durable: bool = True,
+        awaited: bool = False,
+    ) -> Any:
         """Run ``fn`` in the next transaction; with ``wait``, return its result
         once committed (or raise its error); with ``callback``, return at once
         and call ``callback(result, error)`` from the writer thread when done.
@@ -221,8 +240,13 @@ class GroupCommitter:
                 if not self._ops and self._closed:
                     return
                 dense = 2 * self._async_gap < self.commit_delay  # two more are due within the delay
-                if ((streaming or dense) and self.commit_delay > 0 and len(self._ops) == self._queued_async
-                        and len(self._ops) < self._max_batch and not self._closed):
+                if (
+                    (streaming or dense)
+                    and self.commit_delay > 0
+                    and len(self._ops) == self._queued_async
+                    and len(self._ops) < self._max_batch
+                    and not self._closed
+                ):
                     self._delaying = True  # until the delay is over, or a blocking submit() notifies
                     self._delay()
                     self._delaying = False
@@ -246,8 +270,12 @@ class GroupCommitter:
             if remaining <= 0:
                 return
             self._cond.wait(min(quiet, remaining))
-            if (len(self._ops) == queued or len(self._ops) != self._queued_async or self._closed
-                    or len(self._ops) >= self._max_batch):
+            if (
+                len(self._ops) == queued
+                or len(self._ops) != self._queued_async
+                or self._closed
+                or len(self._ops) >= self._max_batch
+            ):
                 return
 
     def _transaction(self, ops: list[_Op]) -> set[str]:
@@ -293,10 +321,16 @@ class GroupCommitter:
             return
         self.slow_commits += 1
         self.slowest_commit = max(self.slowest_commit, took)
-        log.warning("slow commit: a transaction of %d operations took %.0f ms: %.0f ms waiting for the write "
-                    "turn (held by another process), %.0f ms running the operations, %.0f ms in COMMIT "
-                    "(mostly the disk's sync); its callers waited that long", count, took * 1e3,
-                    (turn - asked) * 1e3, (ran - turn) * 1e3, (committed - ran) * 1e3)
+        log.warning(
+            "slow commit: a transaction of %d operations took %.0f ms: %.0f ms waiting for the write "
+            "turn (held by another process), %.0f ms running the operations, %.0f ms in COMMIT "
+            "(mostly the disk's sync); its callers waited that long",
+            count,
+            took * 1e3,
+            (turn - asked) * 1e3,
+            (ran - turn) * 1e3,
+            (committed - ran) * 1e3,
+        )
 
     @staticmethod
     def _after_commit(batch: Batch) -> set[str]:
@@ -344,7 +378,7 @@ class GroupCommitter:
                     except Exception:  # housekeeping: the transaction itself is done and answered
                         log.warning("store housekeeping after a commit failed", exc_info=True)
                 return
-            except BaseException as error:  # noqa: BLE001 - sorted below
+            except BaseException as error:  # sorted below
                 if is_retryable(error) and time.monotonic() < deadline and not self._closed:
                     log.warning("store write failed (%s); retrying in %.2f s", str(error).splitlines()[0][:200], delay)
                     self._drop_connection()
@@ -354,18 +388,28 @@ class GroupCommitter:
                     continue
                 in_doubt, self._in_doubt = self._in_doubt is not None, None
                 if is_retryable(error):
-                    effect = ("the answer to its last commit was lost, so this call may or may not have taken "
-                              "effect: check (Broker.message_status for sends) before retrying" if in_doubt
-                              else "nothing of this call took effect, retry later")
-                    self._finish(ops, StoreUnavailableError(
-                        f"the database is unavailable ({str(error).splitlines()[0][:300]}); {effect}"))
+                    effect = (
+                        "the answer to its last commit was lost, so this call may or may not have taken "
+                        "effect: check (Broker.message_status for sends) before retrying"
+                        if in_doubt
+                        else "nothing of this call took effect, retry later"
+                    )
+                    self._finish(
+                        ops,
+                        StoreUnavailableError(
+                            f"the database is unavailable ({str(error).splitlines()[0][:300]}); {effect}"
+                        ),
+                    )
                     return
                 if len(ops) > 1:
                     for op in ops:  # isolate the faulty operation
                         self._execute([op])
                     return
-                wrapped = error if isinstance(error, StoreError) else StoreError(
-                    f"store write failed: {type(error).__name__}: {str(error)[:500]}")
+                wrapped = (
+                    error
+                    if isinstance(error, StoreError)
+                    else StoreError(f"store write failed: {type(error).__name__}: {str(error)[:500]}")
+                )
                 if not isinstance(error, Exception):
                     wrapped = error
                 self._finish(ops, wrapped)

@@ -17,6 +17,20 @@ from ._passcodes import generate_passcode, hash_passcode, is_passcode_hash, veri
 from ._server import DEFAULT_PORT, NoUsersError, StompServer
 from ._users import ALL_DESTINATIONS, DestinationPattern, StompUser
 
-__all__ = ["StompServer", "StompUser", "StompLimits", "NoUsersError", "DestinationPattern", "ALL_DESTINATIONS",
-           "DEFAULT_PORT", "Frame", "FrameError", "FrameParser", "encode", "hash_passcode", "verify_passcode",
-           "is_passcode_hash", "generate_passcode"]
+__all__ = [
+    "StompServer",
+    "StompUser",
+    "StompLimits",
+    "NoUsersError",
+    "DestinationPattern",
+    "ALL_DESTINATIONS",
+    "DEFAULT_PORT",
+    "Frame",
+    "FrameError",
+    "FrameParser",
+    "encode",
+    "hash_passcode",
+    "verify_passcode",
+    "is_passcode_hash",
+    "generate_passcode",
+]

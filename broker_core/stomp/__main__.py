@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import Broker
 from ._passcodes import hash_passcode, is_passcode_hash
@@ -20,8 +20,10 @@ from ._users import StompUser
 
 def _users(values: Sequence[str]) -> list[StompUser]:
     if not values:
-        raise SystemExit("give at least one --user LOGIN:HASH (the hash from --hash-passcode): a listener without "
-                         "users would accept any login")
+        raise SystemExit(
+            "give at least one --user LOGIN:HASH (the hash from --hash-passcode): a listener without "
+            "users would accept any login"
+        )
     users = []
     for value in values:
         login, sep, encoded = value.partition(":")
@@ -36,17 +38,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", default="memory://", help="broker store URL (memory://, sqlite:///path, ...)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)")
-    parser.add_argument("--user", action="append", default=[], metavar="LOGIN:HASH",
-                        help="a login and its passcode's hash, with every right (repeatable; at least one)")
-    parser.add_argument("--hash-passcode", action="store_true",
-                        help="print the hash of the passcode read on standard input, and exit")
-    parser.add_argument("--heartbeat", default="10000,10000", metavar="SEND,RECV",
-                        help="heart-beat milliseconds offered (default 10000,10000)")
+    parser.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="LOGIN:HASH",
+        help="a login and its passcode's hash, with every right (repeatable; at least one)",
+    )
+    parser.add_argument(
+        "--hash-passcode", action="store_true", help="print the hash of the passcode read on standard input, and exit"
+    )
+    parser.add_argument(
+        "--heartbeat",
+        default="10000,10000",
+        metavar="SEND,RECV",
+        help="heart-beat milliseconds offered (default 10000,10000)",
+    )
     parser.add_argument("--prefetch", type=int, default=1000, help="default per-subscription prefetch")
     parser.add_argument("--max-frame-size", type=int, default=10 * 1024 * 1024, help="largest body accepted (bytes)")
-    parser.add_argument("--selector-string-numbers", choices=("convert", "strict"), default="convert",
-                        help="selectors read the string headers of messages sent here as numbers where they want "
-                             "one (convert, as ActiveMQ; the default) or keep the JMS rule (strict)")
+    parser.add_argument(
+        "--selector-string-numbers",
+        choices=("convert", "strict"),
+        default="convert",
+        help="selectors read the string headers of messages sent here as numbers where they want "
+        "one (convert, as ActiveMQ; the default) or keep the JMS rule (strict)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     if args.hash_passcode:
@@ -64,9 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker = Broker.open(args.url)
 
     async def run() -> None:
-        server = StompServer(broker, host=args.host, port=args.port, users=users, heartbeat=(sx, sy),
-                             max_frame_size=args.max_frame_size, prefetch=args.prefetch,
-                             selector_string_numbers=args.selector_string_numbers)
+        server = StompServer(
+            broker,
+            host=args.host,
+            port=args.port,
+            users=users,
+            heartbeat=(sx, sy),
+            max_frame_size=args.max_frame_size,
+            prefetch=args.prefetch,
+            selector_string_numbers=args.selector_string_numbers,
+        )
         await server.start()
         print(f"STOMP listening on {server.host}:{server.port} ({args.url})", flush=True)
         await server.serve_forever()

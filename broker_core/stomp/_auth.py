@@ -19,7 +19,7 @@ import collections
 import hashlib
 import hmac
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from ._passcodes import hash_passcode, verify_passcode
 from ._users import StompUser
@@ -88,10 +88,12 @@ class Authenticator:
             raise AuthenticationError(
                 "authentication throttled",
                 f"too many failed logins from {address}: try again in {wait:.0f} s (each failure doubles the wait, "
-                f"up to {MAX_DELAY:.0f} s)")
+                f"up to {MAX_DELAY:.0f} s)",
+            )
         if self._waiting >= MAX_WAITING:
-            raise AuthenticationError("authentication busy",
-                                      "too many logins are being checked at once: try again in a few seconds")
+            raise AuthenticationError(
+                "authentication busy", "too many logins are being checked at once: try again in a few seconds"
+            )
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(1)
         self._waiting += 1
@@ -112,5 +114,8 @@ class Authenticator:
             self._failures.pop(address, None)
             return user
         self._failed(address)
-        raise AuthenticationError("authentication failed", f"login {(login or '')[:100]!r}: unknown user or wrong "
-                                  "passcode (failed logins from one address are throttled)")
+        raise AuthenticationError(
+            "authentication failed",
+            f"login {(login or '')[:100]!r}: unknown user or wrong "
+            "passcode (failed logins from one address are throttled)",
+        )

@@ -31,14 +31,15 @@ import collections
 import itertools
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from .._commit import store_commit_async as _store_commit_async
 from .._constants import AckMode, DeliveryMode
-from .._envelope import NON_PERSISTENT
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
+from .._envelope import NON_PERSISTENT
 from .._errors import InvalidDestinationError, JMSError
 from .._memory import MemoryStore
-from .._commit import store_commit_async as _store_commit_async
 from .._store import Delivery, now_ms
 from .._waiters import AsyncWaiter
 from ._auth import AuthenticationError
@@ -89,8 +90,17 @@ class _Transaction:
 class Subscription:
     """A SUBSCRIBE: a consumer and the task that delivers its messages."""
 
-    def __init__(self, conn: "StompConnection", sub_id: str, destination: Destination, ack: str, prefetch: int,
-                 session: Any, consumer: Any, durable_name: str | None) -> None:
+    def __init__(
+        self,
+        conn: StompConnection,
+        sub_id: str,
+        destination: Destination,
+        ack: str,
+        prefetch: int,
+        session: Any,
+        consumer: Any,
+        durable_name: str | None,
+    ) -> None:
         self.conn = conn
         self.id = sub_id
         self.destination = destination
@@ -147,8 +157,16 @@ class Subscription:
                         conn.acks[token] = self
                         with session._lock:  # so that closing the session redelivers it
                             session._unacked[id(delivery)] = delivery
-                    chunks.append(encode_message(delivery.envelope, self.id, token if ack_header else None,
-                                                 delivery.count > 1, version, conn.destination_text))
+                    chunks.append(
+                        encode_message(
+                            delivery.envelope,
+                            self.id,
+                            token if ack_header else None,
+                            delivery.count > 1,
+                            version,
+                            conn.destination_text,
+                        )
+                    )
                 if chunks:
                     conn.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
                     await conn.drain_if_needed()
@@ -168,8 +186,11 @@ class Subscription:
         """Remove and return the deliveries an ACK/NACK of ``token`` covers."""
         pending = self.pending
         if token not in pending:
-            raise ProtocolError("unknown ack id", f"no unacknowledged message with ack id {token!r} on "
-                                f"subscription {self.id!r}; it was acknowledged already or never delivered")
+            raise ProtocolError(
+                "unknown ack id",
+                f"no unacknowledged message with ack id {token!r} on "
+                f"subscription {self.id!r}; it was acknowledged already or never delivered",
+            )
         taken: list[tuple[str, Delivery]] = []
         if cumulative:
             for key in list(pending):
@@ -181,7 +202,7 @@ class Subscription:
         acks = self.conn.acks
         unacked = self.session._unacked
         with self.session._lock:
-            for key, delivery in taken:
+            for _, delivery in taken:
                 unacked.pop(id(delivery), None)
         for key, delivery in taken:
             acks.pop(key, None)
@@ -210,8 +231,13 @@ class StompConnection:
     """One client: *settings* are its listener's, *on_closed* is called with
     the connection once it is finished."""
 
-    def __init__(self, settings: ListenerSettings, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 on_closed: Callable[["StompConnection"], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ListenerSettings,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_closed: Callable[[StompConnection], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.limits = settings.limits
         self.on_closed = on_closed
@@ -222,9 +248,12 @@ class StompConnection:
         self.writer = writer
         self.transport = writer.transport
         before = settings.limits.connect_frame_bytes  # small until the client has authenticated
-        self.parser = FrameParser("1.2", max_frame_size=min(before, settings.max_frame_size),
-                                  max_headers=min(64, settings.max_headers),
-                                  max_header_bytes=min(before, settings.max_header_bytes))
+        self.parser = FrameParser(
+            "1.2",
+            max_frame_size=min(before, settings.max_frame_size),
+            max_headers=min(64, settings.max_headers),
+            max_header_bytes=min(before, settings.max_header_bytes),
+        )
         self.user: Any = None  # the StompUser once CONNECTed
         self.login: str = ""
         self.version: str | None = None
@@ -247,8 +276,9 @@ class StompConnection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self._connect_timer = asyncio.get_running_loop().call_later(settings.limits.connect_timeout,
-                                                                    self._connect_timed_out)
+        self._connect_timer = asyncio.get_running_loop().call_later(
+            settings.limits.connect_timeout, self._connect_timed_out
+        )
         try:
             self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         except Exception:
@@ -293,8 +323,10 @@ class StompConnection:
 
     def _connect_timed_out(self) -> None:
         if self.version is None and not self.closed:
-            self.error("connect timeout", f"no CONNECT within {self.limits.connect_timeout:g} s of the connection; "
-                       "the connection is closed")
+            self.error(
+                "connect timeout",
+                f"no CONNECT within {self.limits.connect_timeout:g} s of the connection; the connection is closed",
+            )
             self.transport.close()
 
     async def _read_loop(self) -> None:
@@ -327,8 +359,11 @@ class StompConnection:
                     raise
                 except Exception as error:
                     log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
-                    self.error(f"internal error: {_error_title(error)}",
-                               "the server failed processing this frame; see its log", frame)
+                    self.error(
+                        f"internal error: {_error_title(error)}",
+                        "the server failed processing this frame; see its log",
+                        frame,
+                    )
                 if self.closed:
                     return
 
@@ -406,7 +441,7 @@ class StompConnection:
 
     # ------------------------------------------------------------ pipelined store writes
 
-    def track(self, future: "asyncio.Future[None]") -> None:
+    def track(self, future: asyncio.Future[None]) -> None:
         inflight = self.inflight
         while inflight and inflight[0].done():
             inflight.popleft()
@@ -417,7 +452,7 @@ class StompConnection:
         future.add_done_callback(self._settled)
         inflight.append(future)
 
-    def _settled(self, future: "asyncio.Future[None]") -> None:
+    def _settled(self, future: asyncio.Future[None]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.fail(future.exception())  # type: ignore[arg-type]
 
@@ -455,8 +490,11 @@ class StompConnection:
         if kind == "queue" or kind == "topic":
             action = "send" if purpose == "reply-to" else purpose
             if not self.user.may(action, kind, name):
-                raise ProtocolError("not authorised", f"user {self.login!r} may not {_VERBS[purpose]} {text}; the "
-                                    f"operator grants it in stomp.users.{self.login}.{action}")
+                raise ProtocolError(
+                    "not authorised",
+                    f"user {self.login!r} may not {_VERBS[purpose]} {text}; the "
+                    f"operator grants it in stomp.users.{self.login}.{action}",
+                )
             return Queue(name) if kind == "queue" else Topic(name)
         topic = kind.endswith("topic")
         cls = TemporaryTopic if topic else TemporaryQueue
@@ -473,15 +511,20 @@ class StompConnection:
         if foreign is not None and (foreign in self.broker._temporaries or self.store.temporary_exists(foreign)):
             if purpose == "send":
                 return foreign
-            raise ProtocolError("not authorised", f"{text} is another connection's temporary destination: only the "
-                                "connection that created it may " + ("name it in reply-to" if purpose == "reply-to"
-                                                                     else "consume or browse it"))
+            raise ProtocolError(
+                "not authorised",
+                f"{text} is another connection's temporary destination: only the "
+                "connection that created it may "
+                + ("name it in reply-to" if purpose == "reply-to" else "consume or browse it"),
+            )
         if kind.startswith("remote-"):
             raise InvalidDestinationError(f"{text}: no such temporary destination (its connection closed?)")
         if len(self.temps) >= self.limits.temporary_destinations:
-            raise ProtocolError("too many temporary destinations",
-                                f"this connection already created {len(self.temps)} temporary destinations (the "
-                                "limit); reuse them by name")
+            raise ProtocolError(
+                "too many temporary destinations",
+                f"this connection already created {len(self.temps)} temporary destinations (the "
+                "limit); reuse them by name",
+            )
         temp = self.jms.create_temporary_topic() if topic else self.jms.create_temporary_queue()
         self.temps[(kind, name)] = temp
         self.aliases[temp] = name
@@ -491,9 +534,12 @@ class StompConnection:
         """Refuse a SEND to another connection's temporary destination unless it
         replies to a message this user consumed (``_grants``)."""
         if not self.settings.grants.allows(self.login, destination, correlation_id):
-            raise ProtocolError("not authorised", f"{text} is another connection's temporary destination: a user "
-                                "may send there only a reply to a message it consumed whose reply-to named it, with "
-                                "the correlation-id that message asks for (its correlation-id, else its message-id)")
+            raise ProtocolError(
+                "not authorised",
+                f"{text} is another connection's temporary destination: a user "
+                "may send there only a reply to a message it consumed whose reply-to named it, with "
+                "the correlation-id that message asks for (its correlation-id, else its message-id)",
+            )
 
     # ------------------------------------------------------------ frames
 
@@ -508,9 +554,10 @@ class StompConnection:
         if handler is None:
             if command in ("CONNECT", "STOMP"):
                 raise ProtocolError("already connected", "CONNECT was sent twice on one connection")
-            raise ProtocolError(f"unknown command {command[:40]}",
-                                "valid commands: SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, NACK, BEGIN, COMMIT, ABORT, "
-                                "DISCONNECT")
+            raise ProtocolError(
+                f"unknown command {command[:40]}",
+                "valid commands: SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, NACK, BEGIN, COMMIT, ABORT, DISCONNECT",
+            )
         await handler(self, frame)
         receipt = frame.headers.get("receipt")
         if receipt is not None and not self.closed:
@@ -526,10 +573,21 @@ class StompConnection:
         version = next((v for v in VERSIONS if v in offered), None)
         if version is None:
             self.version = "1.0"
-            self.write(encode(Frame("ERROR", {"version": ",".join(reversed(VERSIONS)), "content-type": "text/plain",
-                                               "message": "unsupported protocol version"},
-                                    f"Supported protocol versions are {', '.join(reversed(VERSIONS))}; the client "
-                                    f"offered {headers.get('accept-version')!r}".encode()), "1.0"))
+            self.write(
+                encode(
+                    Frame(
+                        "ERROR",
+                        {
+                            "version": ",".join(reversed(VERSIONS)),
+                            "content-type": "text/plain",
+                            "message": "unsupported protocol version",
+                        },
+                        f"Supported protocol versions are {', '.join(reversed(VERSIONS))}; the client "
+                        f"offered {headers.get('accept-version')!r}".encode(),
+                    ),
+                    "1.0",
+                )
+            )
             self.closed = True
             return
         login = headers.get("login")
@@ -543,17 +601,21 @@ class StompConnection:
         per_user = self.settings.per_user
         if per_user.get(user.login, 0) >= self.limits.connections_per_user:
             self.version = version
-            raise ProtocolError("too many connections for this user",
-                                f"user {user.login!r} already has {per_user[user.login]} connections (the limit)")
+            raise ProtocolError(
+                "too many connections for this user",
+                f"user {user.login!r} already has {per_user[user.login]} connections (the limit)",
+            )
         client_id = headers.get("client-id") or None
         if client_id is not None:
             owner = self.settings.client_owners.get(client_id)
             if not user.may_claim(client_id) or (owner is not None and owner != user.login):
                 self.version = version
-                raise ProtocolError("client-id not allowed",
-                                    f"user {user.login!r} may not use client-id {client_id[:100]!r}: it belongs to "
-                                    "another user, or is not one of this user's client_ids (by default the login and "
-                                    "LOGIN.anything)")
+                raise ProtocolError(
+                    "client-id not allowed",
+                    f"user {user.login!r} may not use client-id {client_id[:100]!r}: it belongs to "
+                    "another user, or is not one of this user's client_ids (by default the login and "
+                    "LOGIN.anything)",
+                )
         cx = cy = 0
         if version != "1.0" and "heart-beat" in headers:
             try:
@@ -562,9 +624,10 @@ class StompConnection:
                     raise ValueError
             except ValueError:
                 self.version = version
-                raise ProtocolError("invalid heart-beat header",
-                                    f"heart-beat must be two non-negative integers 'cx,cy', got "
-                                    f"{headers['heart-beat']!r}") from None
+                raise ProtocolError(
+                    "invalid heart-beat header",
+                    f"heart-beat must be two non-negative integers 'cx,cy', got {headers['heart-beat']!r}",
+                ) from None
         sx, sy = self.settings.heartbeat if version != "1.0" else (0, 0)
         self.version = version
         self.parser.version = version
@@ -605,9 +668,11 @@ class StompConnection:
                 if self.send_interval and now - self.last_write >= self.send_interval / 2:
                     self.write(b"\n")
                 if self.recv_interval and now - self.last_read > self.recv_interval * 2:
-                    self.error("heart-beat timeout",
-                               f"nothing received for {now - self.last_read:.1f} s; the negotiated heart-beat is "
-                               f"{self.recv_interval * 1000:.0f} ms")
+                    self.error(
+                        "heart-beat timeout",
+                        f"nothing received for {now - self.last_read:.1f} s; the negotiated heart-beat is "
+                        f"{self.recv_interval * 1000:.0f} ms",
+                    )
                     self.transport.close()
                     return
         except (ConnectionError, OSError):
@@ -633,8 +698,9 @@ class StompConnection:
         destination = self.resolve(text)
         if destination.is_temporary and destination not in self.aliases:
             self.check_foreign_send(destination, text, frame.headers.get("correlation-id"))
-        message, mode, priority, ttl = message_from_send(frame.headers, frame.body, self._resolve_reply_to,
-                                                         self.settings.string_numbers)
+        message, mode, priority, ttl = message_from_send(
+            frame.headers, frame.body, self._resolve_reply_to, self.settings.string_numbers
+        )
         memory = self.settings.memory
         tx = self._transaction(frame)
         if tx is not None:
@@ -663,8 +729,11 @@ class StompConnection:
     def _count(self, tx: _Transaction) -> None:
         tx.count += 1
         if tx.count > self.limits.transaction_messages:
-            raise ProtocolError("transaction too large", f"a transaction holds at most "
-                                f"{self.limits.transaction_messages} SENDs, ACKs and NACKs; commit more often")
+            raise ProtocolError(
+                "transaction too large",
+                f"a transaction holds at most "
+                f"{self.limits.transaction_messages} SENDs, ACKs and NACKs; commit more often",
+            )
 
     async def _wait_for_memory(self) -> None:
         """Producer flow control: wait (the socket is not read meanwhile) until
@@ -674,10 +743,12 @@ class StompConnection:
         delay = 0.005
         while memory.full:
             if time.monotonic() >= deadline:
-                raise ProtocolError("memory limit reached",
-                                    f"the listener's messages in memory reached its limit ({memory.limit} bytes) and "
-                                    f"no room was freed within {self.limits.send_wait:g} s: consume what was sent, "
-                                    "send persistent messages, or retry later")
+                raise ProtocolError(
+                    "memory limit reached",
+                    f"the listener's messages in memory reached its limit ({memory.limit} bytes) and "
+                    f"no room was freed within {self.limits.send_wait:g} s: consume what was sent, "
+                    "send persistent messages, or retry later",
+                )
             await asyncio.sleep(delay)
             delay = min(0.1, delay * 2)
 
@@ -692,8 +763,10 @@ class StompConnection:
         if sub_id in self.subs:
             raise ProtocolError("duplicate subscription id", f"subscription id {sub_id!r} is already in use")
         if len(self.subs) >= self.limits.subscriptions:
-            raise ProtocolError("too many subscriptions", f"this connection already has {len(self.subs)} "
-                                "subscriptions (the limit); UNSUBSCRIBE some first")
+            raise ProtocolError(
+                "too many subscriptions",
+                f"this connection already has {len(self.subs)} subscriptions (the limit); UNSUBSCRIBE some first",
+            )
         ack = headers.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
             raise ProtocolError("invalid ack mode", f"ack must be auto, client or client-individual, got {ack!r}")
@@ -718,11 +791,12 @@ class StompConnection:
         try:
             if durable_name:
                 if not destination.is_topic or destination.is_temporary:
-                    raise ProtocolError("durable subscriptions need a topic",
-                                        f"{text} is not a /topic/ destination")
+                    raise ProtocolError("durable subscriptions need a topic", f"{text} is not a /topic/ destination")
                 if self.jms.client_id is None:
-                    raise ProtocolError("durable subscriptions need a client-id",
-                                        "send a client-id header in CONNECT to use durable subscriptions")
+                    raise ProtocolError(
+                        "durable subscriptions need a client-id",
+                        "send a client-id header in CONNECT to use durable subscriptions",
+                    )
                 consumer = session.create_durable_subscriber(destination, durable_name, selector, no_local)
             else:
                 consumer = session.create_consumer(destination, selector, no_local)
@@ -750,8 +824,15 @@ class StompConnection:
                 self.write(b"".join(chunks))
         finally:
             browser.close()
-        self.send_frame("MESSAGE", {"subscription": sub_id, "destination": self.destination_text(destination),
-                                    "message-id": "BrowseDone", "browser": "end"})
+        self.send_frame(
+            "MESSAGE",
+            {
+                "subscription": sub_id,
+                "destination": self.destination_text(destination),
+                "message-id": "BrowseDone",
+                "browser": "end",
+            },
+        )
 
     async def on_unsubscribe(self, frame: Frame) -> None:
         headers = frame.headers
@@ -775,8 +856,11 @@ class StompConnection:
             token = self._required(frame, "id")
             sub = self.acks.get(token)
             if sub is None:
-                raise ProtocolError("unknown ack id", f"no unacknowledged message has ack id {token!r}; it was "
-                                    "acknowledged already, or belongs to an auto-ack subscription")
+                raise ProtocolError(
+                    "unknown ack id",
+                    f"no unacknowledged message has ack id {token!r}; it was "
+                    "acknowledged already, or belongs to an auto-ack subscription",
+                )
             return sub, token
         message_id = self._required(frame, "message-id")
         sub_id = headers.get("subscription")
@@ -819,8 +903,11 @@ class StompConnection:
         if name in self.txs:
             raise ProtocolError("transaction already begun", f"transaction {name!r} is already open")
         if len(self.txs) >= self.limits.transactions:
-            raise ProtocolError("too many transactions", f"this connection already has {len(self.txs)} open "
-                                "transactions (the limit); COMMIT or ABORT some first")
+            raise ProtocolError(
+                "too many transactions",
+                f"this connection already has {len(self.txs)} open "
+                "transactions (the limit); COMMIT or ABORT some first",
+            )
         self.txs[name] = _Transaction(self.jms.create_session(True))
 
     async def on_commit(self, frame: Frame) -> None:

@@ -13,7 +13,7 @@ and the parser is unusable afterwards (the connection must close).
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = [
     "Frame",
@@ -58,8 +58,12 @@ class Frame:
         self.body = body
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Frame) and other.command == self.command and other.headers == self.headers
-                and other.body == self.body)
+        return (
+            isinstance(other, Frame)
+            and other.command == self.command
+            and other.headers == self.headers
+            and other.body == self.body
+        )
 
     def __repr__(self) -> str:
         body = self.body if len(self.body) <= 40 else self.body[:40] + b"..."
@@ -97,13 +101,15 @@ def unescape(value: str, version: str) -> str:
         return value
     table = _UNESC_12 if version == "1.2" else _UNESC_11
 
-    def sub(match: "re.Match[str]") -> str:
+    def sub(match: re.Match[str]) -> str:
         seq = match.group()
         try:
             return table[seq]
         except KeyError:
-            raise FrameError(f"invalid escape sequence {seq!r} in header {value!r} (STOMP {version} allows "
-                             f"{', '.join(sorted(table))})") from None
+            raise FrameError(
+                f"invalid escape sequence {seq!r} in header {value!r} (STOMP {version} allows "
+                f"{', '.join(sorted(table))})"
+            ) from None
 
     return _UNESC_RE.sub(sub, value)
 
@@ -138,8 +144,14 @@ class FrameParser:
     whose headers are never unescaped).
     """
 
-    def __init__(self, version: str = "1.2", *, max_headers: int = DEFAULT_MAX_HEADERS,
-                 max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self,
+        version: str = "1.2",
+        *,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
         self.version = version
         self.max_headers = max_headers
         self.max_header_bytes = max_header_bytes
@@ -227,16 +239,17 @@ class FrameParser:
             if len(buf) <= end:
                 return None
             if buf[end] != 0:
-                raise FrameError(f"the body is longer than its content-length ({length}): "
-                                 f"no NUL after {length} bytes")
+                raise FrameError(f"the body is longer than its content-length ({length}): no NUL after {length} bytes")
             frame.body = bytes(buf[body_start:end])
         else:
             nul = buf.find(b"\0", self._scan)
             if nul < 0:
                 self._scan = len(buf)
                 if len(buf) - body_start > self.max_frame_size:
-                    raise FrameError(f"frame body exceeds the maximum frame size of {self.max_frame_size} bytes "
-                                     "(or its NUL terminator is missing)")
+                    raise FrameError(
+                        f"frame body exceeds the maximum frame size of {self.max_frame_size} bytes "
+                        "(or its NUL terminator is missing)"
+                    )
                 return None
             if nul - body_start > self.max_frame_size:
                 raise FrameError(f"frame body exceeds the maximum frame size of {self.max_frame_size} bytes")
@@ -281,8 +294,9 @@ class FrameParser:
                 raise FrameError(f"content-length must be a non-negative integer, got {cl[:40]!r}")
             length = int(cl)
             if length > self.max_frame_size:
-                raise FrameError(f"content-length {length} exceeds the maximum frame size of "
-                                 f"{self.max_frame_size} bytes")
+                raise FrameError(
+                    f"content-length {length} exceeds the maximum frame size of {self.max_frame_size} bytes"
+                )
         return Frame(command, headers), length
 
 

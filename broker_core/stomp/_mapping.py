@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .._constants import DeliveryMode
 from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
@@ -47,19 +48,44 @@ _PREFIXES = (
 )
 
 #: SEND headers that are not copied into properties.
-SEND_HEADERS = frozenset({
-    "destination", "content-length", "transaction", "receipt", "persistent", "priority", "expires",
-    "correlation-id", "reply-to", "type", "message-id", "timestamp", "redelivered", "subscription", "ack",
-    "amq-msg-type", "JMSDeliveryMode", "JMSPriority", "JMSExpiration", "JMSCorrelationID", "JMSReplyTo",
-    "JMSType", "JMSMessageID", "JMSTimestamp", "JMSRedelivered", "JMSDestination", STRING_NUMBERS_PROPERTY,
-})
+SEND_HEADERS = frozenset(
+    {
+        "destination",
+        "content-length",
+        "transaction",
+        "receipt",
+        "persistent",
+        "priority",
+        "expires",
+        "correlation-id",
+        "reply-to",
+        "type",
+        "message-id",
+        "timestamp",
+        "redelivered",
+        "subscription",
+        "ack",
+        "amq-msg-type",
+        "JMSDeliveryMode",
+        "JMSPriority",
+        "JMSExpiration",
+        "JMSCorrelationID",
+        "JMSReplyTo",
+        "JMSType",
+        "JMSMessageID",
+        "JMSTimestamp",
+        "JMSRedelivered",
+        "JMSDestination",
+        STRING_NUMBERS_PROPERTY,
+    }
+)
 
 
 def split_destination(text: str) -> tuple[str, str]:
     """``"/queue/a.b"`` -> ``("queue", "a.b")``; InvalidDestinationError otherwise."""
     for prefix, kind in _PREFIXES:
         if text.startswith(prefix):
-            name = text[len(prefix):]
+            name = text[len(prefix) :]
             if not name:
                 break
             return kind, name
@@ -76,8 +102,9 @@ def _bool(value: str) -> bool:
     return value.strip().lower() == "true"
 
 
-def message_from_send(headers: dict[str, str], body: bytes, resolve: Callable[[str], Destination],
-                      string_numbers: bool = False) -> tuple[Message, int, int, int]:
+def message_from_send(
+    headers: dict[str, str], body: bytes, resolve: Callable[[str], Destination], string_numbers: bool = False
+) -> tuple[Message, int, int, int]:
     """The JMS message a SEND frame describes, with its delivery mode,
     priority and time to live (ms) for ``producer.send``. ``resolve`` turns a
     STOMP destination (``reply-to``) into a broker destination;
@@ -150,8 +177,14 @@ def _property_text(value: Any) -> str | None:
     return None  # bytes and other values have no header form
 
 
-def encode_message(env: Any, subscription: str, ack: str | None, redelivered: bool, version: str,
-                   destination_text: Callable[[Destination], str]) -> bytes:
+def encode_message(
+    env: Any,
+    subscription: str,
+    ack: str | None,
+    redelivered: bool,
+    version: str,
+    destination_text: Callable[[Destination], str],
+) -> bytes:
     """The MESSAGE frame for one delivery of envelope ``env``."""
     esc = version != "1.0"
     lines = [
@@ -202,11 +235,26 @@ def encode_message(env: Any, subscription: str, ack: str | None, redelivered: bo
     return "\n".join(lines).encode("utf-8") + data + b"\0"
 
 
-_RESERVED_OUT = frozenset({
-    "message-id", "destination", "subscription", "ack", "redelivered", "persistent", "priority", "expires",
-    "timestamp", "correlation-id", "reply-to", "type", "content-length", "transformation", "amq-msg-type",
-    STRING_NUMBERS_PROPERTY,
-})
+_RESERVED_OUT = frozenset(
+    {
+        "message-id",
+        "destination",
+        "subscription",
+        "ack",
+        "redelivered",
+        "persistent",
+        "priority",
+        "expires",
+        "timestamp",
+        "correlation-id",
+        "reply-to",
+        "type",
+        "content-length",
+        "transformation",
+        "amq-msg-type",
+        STRING_NUMBERS_PROPERTY,
+    }
+)
 
 
 def _json_default(value: Any) -> Any:

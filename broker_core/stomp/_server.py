@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ._auth import Authenticator
 from ._connection import StompConnection
@@ -45,21 +46,33 @@ class StompServer:
     OS choose; :attr:`port` is the actual port once started.
     """
 
-    def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 users: Iterable[StompUser] | Mapping[str, StompUser] | None = None, heartbeat: tuple[int, int] = (10000, 10000),
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, prefetch: int = 1000,
-                 max_headers: int = DEFAULT_MAX_HEADERS, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-                 selector_string_numbers: str | None = None, limits: StompLimits | None = None) -> None:
+    def __init__(
+        self,
+        broker: Any,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        users: Iterable[StompUser] | Mapping[str, StompUser] | None = None,
+        heartbeat: tuple[int, int] = (10000, 10000),
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        prefetch: int = 1000,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        selector_string_numbers: str | None = None,
+        limits: StompLimits | None = None,
+    ) -> None:
         if isinstance(users, Mapping):
             users = list(users.values())
         found = list(users or ())
         if not found:
-            raise NoUsersError("a STOMP listener needs at least one user (login, passcode hash, rights): without "
-                               "users it would accept any login")
+            raise NoUsersError(
+                "a STOMP listener needs at least one user (login, passcode hash, rights): without "
+                "users it would accept any login"
+            )
         for user in found:
             if not isinstance(user, StompUser):
-                raise TypeError(f"users must be StompUser objects (the passcode's hash and the rights), got "
-                                f"{type(user).__name__}")
+                raise TypeError(
+                    f"users must be StompUser objects (the passcode's hash and the rights), got {type(user).__name__}"
+                )
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
         if selector_string_numbers is None:
@@ -80,9 +93,17 @@ class StompServer:
         self.prefetch = prefetch
         self.limits = limits if limits is not None else StompLimits()
         self.settings = ListenerSettings(
-            broker=broker, heartbeat=self.heartbeat, prefetch=prefetch, max_frame_size=max_frame_size,
-            max_headers=max_headers, max_header_bytes=max_header_bytes, string_numbers=self.string_numbers,
-            limits=self.limits, authenticator=Authenticator(self.users), memory=MemoryBudget(self.limits.memory_bytes))
+            broker=broker,
+            heartbeat=self.heartbeat,
+            prefetch=prefetch,
+            max_frame_size=max_frame_size,
+            max_headers=max_headers,
+            max_header_bytes=max_header_bytes,
+            string_numbers=self.string_numbers,
+            limits=self.limits,
+            authenticator=Authenticator(self.users),
+            memory=MemoryBudget(self.limits.memory_bytes),
+        )
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[StompConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -106,14 +127,25 @@ class StompServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.limits.connections:
             try:  # refused before anything is read
-                writer.write(encode(Frame("ERROR", {"message": "too many connections", "content-type": "text/plain"},
-                                          f"the listener already has {len(self._connections)} connections (its "
-                                          "limit); try again later".encode()), "1.0"))
+                writer.write(
+                    encode(
+                        Frame(
+                            "ERROR",
+                            {"message": "too many connections", "content-type": "text/plain"},
+                            f"the listener already has {len(self._connections)} connections (its "
+                            "limit); try again later".encode(),
+                        ),
+                        "1.0",
+                    )
+                )
                 writer.close()
             except Exception:
                 pass
-            log.warning("STOMP connection from %s refused: %d connections open", writer.get_extra_info("peername"),
-                        len(self._connections))
+            log.warning(
+                "STOMP connection from %s refused: %d connections open",
+                writer.get_extra_info("peername"),
+                len(self._connections),
+            )
             return
         conn = StompConnection(self.settings, reader, writer, on_closed=self._connection_done)
         self._connections.add(conn)
@@ -146,7 +178,7 @@ class StompServer:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 5)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 pass
             self._server = None
 
@@ -159,7 +191,7 @@ class StompServer:
         finally:
             await self.stop()
 
-    async def __aenter__(self) -> "StompServer":
+    async def __aenter__(self) -> StompServer:
         await self.start()
         return self
 

@@ -24,7 +24,7 @@ SENDs to another's only to reply to a message it consumed.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ._passcodes import is_passcode_hash
 
@@ -47,8 +47,10 @@ def _name_regex(name: str, what: str) -> str:
         elif segment == "*":
             parts.append(r"[^.]+")
         elif not segment or "*" in segment or ">" in segment:
-            raise ValueError(f"{what}: empty segment, or a wildcard inside a segment ('*' and '>' stand for "
-                             "whole dot-separated segments)")
+            raise ValueError(
+                f"{what}: empty segment, or a wildcard inside a segment ('*' and '>' stand for "
+                "whole dot-separated segments)"
+            )
         else:
             parts.append(re.escape(segment))
     return r"\.".join(parts)
@@ -63,11 +65,13 @@ class DestinationPattern:
         for prefix in ("/queue/", "/topic/"):
             if text.startswith(prefix):
                 self.kind = prefix.strip("/")
-                name = text[len(prefix):]
+                name = text[len(prefix) :]
                 break
         else:
-            raise ValueError(f"destination pattern {text!r} must start with /queue/ or /topic/ "
-                             "(temporary destinations need no rights)")
+            raise ValueError(
+                f"destination pattern {text!r} must start with /queue/ or /topic/ "
+                "(temporary destinations need no rights)"
+            )
         if not name:
             raise ValueError(f"destination pattern {text!r} names nothing: use {text}> for all of them")
         self.text = text
@@ -89,13 +93,23 @@ class StompUser:
     ``LOGIN.*``).
     """
 
-    def __init__(self, login: str, passcode_hash: str, *, consume: Iterable[str] = (), browse: Iterable[str] = (),
-                 send: Iterable[str] = (), client_ids: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        login: str,
+        passcode_hash: str,
+        *,
+        consume: Iterable[str] = (),
+        browse: Iterable[str] = (),
+        send: Iterable[str] = (),
+        client_ids: Iterable[str] | None = None,
+    ) -> None:
         if not login or not isinstance(login, str):
             raise ValueError("a STOMP user needs a non-empty login")
         if not is_passcode_hash(passcode_hash):
-            raise ValueError(f"STOMP user {login!r}: passcode_hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>' "
-                             "as broker_core.stomp.hash_passcode makes it")
+            raise ValueError(
+                f"STOMP user {login!r}: passcode_hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>' "
+                "as broker_core.stomp.hash_passcode makes it"
+            )
         self.login = login
         self.passcode_hash = passcode_hash
         self.rights = {
@@ -108,10 +122,16 @@ class StompUser:
         self._cache: dict[tuple[str, str, str], bool] = {}
 
     @classmethod
-    def with_all_rights(cls, login: str, passcode_hash: str) -> "StompUser":
+    def with_all_rights(cls, login: str, passcode_hash: str) -> StompUser:
         """A user that may consume, browse and send everywhere (a trusted back end, tests)."""
-        return cls(login, passcode_hash, consume=ALL_DESTINATIONS, browse=ALL_DESTINATIONS, send=ALL_DESTINATIONS,
-                   client_ids=(">",))
+        return cls(
+            login,
+            passcode_hash,
+            consume=ALL_DESTINATIONS,
+            browse=ALL_DESTINATIONS,
+            send=ALL_DESTINATIONS,
+            client_ids=(">",),
+        )
 
     def may(self, action: str, kind: str, name: str) -> bool:
         """Whether this user may *action* (consume, browse, send) the ``kind`` (queue, topic) *name*."""

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.telemetry.metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
-from gateway.config.operations import AdminSettings
 from gateway.admin.api import api_routes
 from gateway.admin.console import console_routes
 from gateway.admin.metrics_access import partner_port_metrics
 from gateway.admin.openapi import merge_admin
 from gateway.admin.service import AdminService
+from gateway.config.operations import AdminSettings
+from gateway.telemetry.metrics import HttpMetrics, StoreMetrics, observe_commit, scrape
 
 __all__ = ["Operations"]
 
@@ -116,28 +117,35 @@ class Operations:
         import uvicorn
 
         app = Starlette(routes=self.admin_routes() + [Route("/healthz", _healthz, methods=["GET"])])
-        from gateway.trust.peer import TrustMiddleware
         from gateway.runtime.trust_serving import admin_listener_options, start_reloading
+        from gateway.trust.peer import TrustMiddleware
 
         settings = self.assembly.settings
         trusted = TrustMiddleware(app, settings.trust, on_lifespan=lambda: start_reloading(None))
-        config = uvicorn.Config(trusted, host=self.admin.host or "127.0.0.1",
-                                port=self.admin.port or 0, lifespan="off", log_config=None,
-                                **admin_listener_options(settings))
+        config = uvicorn.Config(
+            trusted,
+            host=self.admin.host or "127.0.0.1",
+            port=self.admin.port or 0,
+            lifespan="off",
+            log_config=None,
+            **admin_listener_options(settings),
+        )
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
         try:
             await server.startup()
         except SystemExit:  # uvicorn exits when it cannot bind: the partner API still serves
-            log.error("admin listener not started on %s:%s (set admin.port to a free port)", config.host,
-                      config.port)
+            log.error("admin listener not started on %s:%s (set admin.port to a free port)", config.host, config.port)
             return
         self._server = server
         self._serving = asyncio.create_task(server.main_loop())
-        log.info("admin side (console, admin API, metrics) on %s://%s:%d",
-                 "https" if settings.trust.tls is not None else "http", config.host,
-                 server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port)
+        log.info(
+            "admin side (console, admin API, metrics) on %s://%s:%d",
+            "https" if settings.trust.tls is not None else "http",
+            config.host,
+            server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port,
+        )
 
     @property
     def listener_port(self) -> int | None:

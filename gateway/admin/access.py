@@ -40,11 +40,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import Broker
-
-from gateway.config.operations import AdminSettings, Operator
-from gateway.routing.partners import verify_key
 from gateway.admin.errors import CsrfError, ForbiddenError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.tables import sessions
+from gateway.config.operations import AdminSettings, Operator
+from gateway.routing.partners import verify_key
 from gateway.security.lockout import Lockout
 from gateway.security.names import UNVERIFIED_ROLE, unverified_name
 
@@ -155,12 +154,16 @@ class Access:
         (``form``, ``json``, ``basic``) is what the audit trail says of a failure."""
         now = time.monotonic()
         address = f"addr:{client}"
-        wait = max(self._limiter.retry_after(address, now),
-                   await asyncio.to_thread(self.lockout.retry_after, name, client))
+        wait = max(
+            self._limiter.retry_after(address, now), await asyncio.to_thread(self.lockout.retry_after, name, client)
+        )
         if wait > 0:
-            raise TooManyAttemptsError(f"Too many failed logins from this address or for this operator from it; "
-                                       f"try again in {math.ceil(wait)} s.", retry_after=math.ceil(wait))
-        digest = hmac.new(self._digest_key, f"{name}\0{secret}".encode("utf-8"), hashlib.blake2b).digest()
+            raise TooManyAttemptsError(
+                f"Too many failed logins from this address or for this operator from it; "
+                f"try again in {math.ceil(wait)} s.",
+                retry_after=math.ceil(wait),
+            )
+        digest = hmac.new(self._digest_key, f"{name}\0{secret}".encode(), hashlib.blake2b).digest()
         remembered = self._verified.get(digest)
         operator = self.admin.operators.get(name)
         if remembered is not None and remembered[1] > now and operator is not None and remembered[0] == operator.hash:
@@ -186,8 +189,14 @@ class Access:
     def _failed(self, name: str, client: str, via: str) -> None:
         locked = self.lockout.fail(name, client)
         detail = f"failed {via} login" + (f"; this name is locked from this address for {locked} s" if locked else "")
-        self.audit.record(operator=unverified_name(name), role=UNVERIFIED_ROLE, action="login", outcome="refused",
-                          client=client, detail=detail)
+        self.audit.record(
+            operator=unverified_name(name),
+            role=UNVERIFIED_ROLE,
+            action="login",
+            outcome="refused",
+            client=client,
+            detail=detail,
+        )
 
     # ----------------------------------------------------------------- sessions
 
@@ -284,7 +293,8 @@ class Access:
     def cookie_flags(self, scope: Any) -> str:
         """The attributes of the cookies the console sets."""
         secure = self.admin.secure_cookies == "true" or (
-            self.admin.secure_cookies == "auto" and scope.get("scheme") == "https")
+            self.admin.secure_cookies == "auto" and scope.get("scheme") == "https"
+        )
         return "; Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
 

@@ -11,20 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import GatewayError, NotFoundError
-from gateway.problems import problem_response
-from gateway.raw_documents import raw_document_response
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
 from gateway.admin.deliveries_api import delivery_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
+from gateway.errors import GatewayError, NotFoundError
+from gateway.problems import problem_response
+from gateway.raw_documents import raw_document_response
 
 __all__ = ["PREFIX", "api_routes"]
 
@@ -37,8 +38,12 @@ ACTIONS = ("replay", "delete", "move", "purge")
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     body = json.dumps(data, ensure_ascii=False, default=str, separators=(",", ":")).encode("utf-8")
-    return Response(body, status_code=status, media_type="application/json",
-                    headers={"Cache-Control": "no-store", **(headers or {})})
+    return Response(
+        body,
+        status_code=status,
+        media_type="application/json",
+        headers={"Cache-Control": "no-store", **(headers or {})},
+    )
 
 
 def problem(exc: GatewayError, path: str) -> Response:
@@ -88,7 +93,7 @@ def api_routes(service: AdminService) -> list[Route]:
                 return await endpoint(request, principal)
             except GatewayError as exc:
                 return problem(exc, request.url.path)
-            except Exception:  # noqa: BLE001 - a bug: logged, the client learns nothing of it
+            except Exception:  # a bug: logged, the client learns nothing of it
                 log.exception("unexpected error on %s %s", request.method, request.url.path)
                 return problem(GatewayError(), request.url.path)
 
@@ -109,24 +114,36 @@ def api_routes(service: AdminService) -> list[Route]:
             client = client_address(request.scope)
             operator = await access().verify(name[:64], secret[:512], client, "json")  # a failure is audited there
             token, csrf, expires = await thread(access().open_session, operator)
-            await thread(lambda: service.audit.record(operator=operator.name, role=operator.role, action="login",
-                                                      client=client))
-            response = _json({"operator": operator.name, "role": operator.role, "csrf_token": csrf,
-                              "expires_at": expires})
+            await thread(
+                lambda: service.audit.record(operator=operator.name, role=operator.role, action="login", client=client)
+            )
+            response = _json(
+                {"operator": operator.name, "role": operator.role, "csrf_token": csrf, "expires_at": expires}
+            )
             response.headers.append("Set-Cookie", f"{SESSION_COOKIE}={token}{access().cookie_flags(request.scope)}")
             return response
         except GatewayError as exc:
             return problem(exc, request.url.path)
 
     async def whoami(request: Request, principal: Principal) -> Response:
-        return _json({"operator": principal.name, "role": principal.role, "via": principal.via,
-                      "csrf_token": principal.csrf, "can_act": principal.can_act})
+        return _json(
+            {
+                "operator": principal.name,
+                "role": principal.role,
+                "via": principal.via,
+                "csrf_token": principal.csrf,
+                "can_act": principal.can_act,
+            }
+        )
 
     async def logout(request: Request, principal: Principal) -> Response:
         if principal.session_id is not None:
             await thread(access().close_session, principal.session_id)
-        await thread(lambda: service.audit.record(operator=principal.name, role=principal.role, action="logout",
-                                                  client=client_address(request.scope)))
+        await thread(
+            lambda: service.audit.record(
+                operator=principal.name, role=principal.role, action="logout", client=client_address(request.scope)
+            )
+        )
         response = Response(status_code=204, headers={"Cache-Control": "no-store"})
         response.headers.append("Set-Cookie", f"{SESSION_COOKIE}=; Max-Age=0{access().cookie_flags(request.scope)}")
         return response
@@ -150,8 +167,15 @@ def api_routes(service: AdminService) -> list[Route]:
     async def message(request: Request, principal: Principal) -> Response:
         q = request.query_params
         found = await thread(service.message, q.get("destination"), q.get("id") or "")
-        await audit_read(service, principal, "read-message", found["box"], client_address(request.scope),
-                         message_ids=[found["message_id"]], detail="admin API")
+        await audit_read(
+            service,
+            principal,
+            "read-message",
+            found["box"],
+            client_address(request.scope),
+            message_ids=[found["message_id"]],
+            detail="admin API",
+        )
         return _json(found)
 
     async def action(request: Request, principal: Principal) -> Response:
@@ -169,8 +193,14 @@ def api_routes(service: AdminService) -> list[Route]:
 
     async def document(request: Request, principal: Principal) -> Response:
         doc = await thread(service.document, request.path_params["message_id"])
-        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
-                         detail="admin API: document and reply")
+        await audit_read(
+            service,
+            principal,
+            "read-document",
+            doc["message_id"],
+            client_address(request.scope),
+            detail="admin API: document and reply",
+        )
         for key in ("document", "reply"):
             text, cut = pretty_xml(doc.pop(key))
             doc[key] = {"xml": text, "truncated": cut} if text is not None else None
@@ -184,8 +214,14 @@ def api_routes(service: AdminService) -> list[Route]:
         data = doc["document" if part == "request" else "reply"]
         if data is None:
             raise NotFoundError(f"Document {doc['message_id']} has no reply.")
-        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
-                         detail=f"admin API: {part} downloaded")
+        await audit_read(
+            service,
+            principal,
+            "read-document",
+            doc["message_id"],
+            client_address(request.scope),
+            detail=f"admin API: {part} downloaded",
+        )
         return raw_document_response(data, f"{doc['message_id']}-{part}")
 
     async def partners(request: Request, principal: Principal) -> Response:
@@ -204,10 +240,17 @@ def api_routes(service: AdminService) -> list[Route]:
         before = q.get("before")
         if before is not None and not before.isdigit():
             raise InvalidRequestError("before is an audit entry id (a whole number).")
-        entries = await thread(lambda: service.audit.recent(limit=limit, before=int(before) if before else None,
-                                                            operator=q.get("operator"), action=q.get("action")))
-        return _json({"entries": [e.to_json() for e in entries],
-                      "next_before": entries[-1].id if len(entries) == limit else None})
+        entries = await thread(
+            lambda: service.audit.recent(
+                limit=limit, before=int(before) if before else None, operator=q.get("operator"), action=q.get("action")
+            )
+        )
+        return _json(
+            {
+                "entries": [e.to_json() for e in entries],
+                "next_before": entries[-1].id if len(entries) == limit else None,
+            }
+        )
 
     p = PREFIX
     return [

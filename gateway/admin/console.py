@@ -16,21 +16,22 @@ import html
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.errors import GatewayError
-from ledger_contract.tables import STATUSES
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from gateway.admin.deliveries_console import delivery_console_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
+from gateway.errors import GatewayError
+from ledger_contract.tables import STATUSES
 
 __all__ = ["console_routes"]
 
@@ -97,36 +98,60 @@ def svg_series(points: list[float | None], width: int, height: int, css: str, la
         if p is None:
             continue
         coords.append(f"{i * step:.1f},{height - 2 - (p / top) * (height - 4):.1f}")
-    return (f'<svg class="{css}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'preserveAspectRatio="none" role="img" aria-label="{html.escape(label)}, max {top:g}">'
-            f'<polyline fill="none" stroke="#1f6feb" stroke-width="1.5" points="{" ".join(coords)}"/></svg>')
+    return (
+        f'<svg class="{css}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'preserveAspectRatio="none" role="img" aria-label="{html.escape(label)}, max {top:g}">'
+        f'<polyline fill="none" stroke="#1f6feb" stroke-width="1.5" points="{" ".join(coords)}"/></svg>'
+    )
 
 
 def console_routes(service: AdminService) -> list[Route]:
     """The console's routes."""
-    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(["html"]),
-                      trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=FileSystemLoader(str(HERE / "templates")),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     statics = _static_files()
     env.globals.update(
-        static=lambda name: f"/console/static/{name}?v={statics[name][2]}", when=when, age=age, ago=ago,
-        size=size, dest_url=dest_url, statuses=STATUSES, show_bytes=SHOW_BYTES)
+        static=lambda name: f"/console/static/{name}?v={statics[name][2]}",
+        when=when,
+        age=age,
+        ago=ago,
+        size=size,
+        dest_url=dest_url,
+        statuses=STATUSES,
+        show_bytes=SHOW_BYTES,
+    )
     env.filters["n"] = lambda value: f"{value:,}" if isinstance(value, int) else value
 
-    def render(template: str, request: Request, principal: Principal | None, status: int = 200,
-               **values: Any) -> HTMLResponse:
-        context = {"principal": principal,
-                   "flash": request.query_params.get("done") or request.query_params.get("error"),
-                   "flash_error": "error" in request.query_params}
+    def render(
+        template: str, request: Request, principal: Principal | None, status: int = 200, **values: Any
+    ) -> HTMLResponse:
+        context = {
+            "principal": principal,
+            "flash": request.query_params.get("done") or request.query_params.get("error"),
+            "flash_error": "error" in request.query_params,
+        }
         context.update(values)
         body = env.get_template(template).render(**context)
-        return HTMLResponse(body, status_code=status, headers={
-            "Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
-            "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                                       "frame-ancestors 'none'; form-action 'self'"})
+        return HTMLResponse(
+            body,
+            status_code=status,
+            headers={
+                "Cache-Control": "no-store",
+                "X-Frame-Options": "DENY",
+                "Referrer-Policy": "same-origin",
+                "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                "frame-ancestors 'none'; form-action 'self'",
+            },
+        )
 
     def error_page(request: Request, principal: Principal | None, exc: GatewayError) -> HTMLResponse:
-        return render("base.html", request, principal, status=exc.status, flash=exc.detail, flash_error=True,
-                      title="Error")
+        return render(
+            "base.html", request, principal, status=exc.status, flash=exc.detail, flash_error=True, title="Error"
+        )
 
     def page(handler: Callable[..., Any], nav: str | None = None) -> Callable[[Request], Any]:
         async def run(request: Request) -> Response:
@@ -159,8 +184,9 @@ def console_routes(service: AdminService) -> list[Route]:
                 raise InvalidRequestError("The form is too large.")
             chunks.append(chunk)
         try:
-            pairs = urllib.parse.parse_qsl(b"".join(chunks).decode("utf-8"), keep_blank_values=True,
-                                           max_num_fields=2000)
+            pairs = urllib.parse.parse_qsl(
+                b"".join(chunks).decode("utf-8"), keep_blank_values=True, max_num_fields=2000
+            )
         except (UnicodeDecodeError, ValueError):
             raise InvalidRequestError("The form could not be read.") from None
         form: dict[str, list[str]] = {}
@@ -183,10 +209,17 @@ def console_routes(service: AdminService) -> list[Route]:
 
     async def login_form(request: Request) -> Response:
         token = secrets.token_urlsafe(24)
-        response = render("login.html", request, None, title="Log in", login_token=token,
-                          next=request.query_params.get("next", "/console"))
-        response.headers.append("Set-Cookie", f"{LOGIN_COOKIE}={token}; Max-Age=900"
-                                              f"{service.access.cookie_flags(request.scope)}")
+        response = render(
+            "login.html",
+            request,
+            None,
+            title="Log in",
+            login_token=token,
+            next=request.query_params.get("next", "/console"),
+        )
+        response.headers.append(
+            "Set-Cookie", f"{LOGIN_COOKIE}={token}; Max-Age=900{service.access.cookie_flags(request.scope)}"
+        )
         return response
 
     async def login(request: Request) -> Response:
@@ -205,8 +238,9 @@ def console_routes(service: AdminService) -> list[Route]:
             except TooManyAttemptsError as exc:
                 return back("/console/login", error=exc.detail)
             cookie_value, _, _ = await thread(service.access.open_session, operator)
-            await thread(lambda: service.audit.record(operator=operator.name, role=operator.role, action="login",
-                                                      client=client))
+            await thread(
+                lambda: service.audit.record(operator=operator.name, role=operator.role, action="login", client=client)
+            )
             response = back(one(form, "next") or "/console")
             flags = service.access.cookie_flags(request.scope)
             response.headers.append("Set-Cookie", f"{SESSION_COOKIE}={cookie_value}{flags}")
@@ -219,16 +253,22 @@ def console_routes(service: AdminService) -> list[Route]:
         form = await read_form(request)
         service.access.check_change(principal, "POST", request.headers, one(form, "csrf"))
         await thread(service.access.close_session, principal.session_id)
-        await thread(lambda: service.audit.record(operator=principal.name, role=principal.role, action="logout",
-                                                  client=client_address(request.scope)))
+        await thread(
+            lambda: service.audit.record(
+                operator=principal.name, role=principal.role, action="logout", client=client_address(request.scope)
+            )
+        )
         response = RedirectResponse("/console/login", 303)
-        response.headers.append("Set-Cookie", f"{SESSION_COOKIE}=; Max-Age=0{service.access.cookie_flags(request.scope)}")
+        response.headers.append(
+            "Set-Cookie", f"{SESSION_COOKIE}=; Max-Age=0{service.access.cookie_flags(request.scope)}"
+        )
         return response
 
     # --------------------------------------------------------------- pages
 
-    def destinations_view(limit: int = OVERVIEW_ROWS, offset: int = 0, name_filter: str | None = None,
-                          by_name: bool = False) -> dict[str, Any]:
+    def destinations_view(
+        limit: int = OVERVIEW_ROWS, offset: int = 0, name_filter: str | None = None, by_name: bool = False
+    ) -> dict[str, Any]:
         data = service.destinations()
         history = service.sampler.history()
         items = data["destinations"]
@@ -247,9 +287,17 @@ def console_routes(service: AdminService) -> list[Route]:
         listed = [d for d in items if d["kind"] != "dead-letter" and (not name_filter or name_filter in d["name"])]
         if not by_name:  # the overview: the busiest first (dead letters, then depth)
             listed.sort(key=lambda d: (-d["dead_letter_depth"], -d["depth"], d["name"]))
-        return {"destinations": listed[offset:offset + limit], "listed": len(listed), "offset": offset,
-                "limit": limit, "totals": totals, "taken_at": data["taken_at"], "spark": spark,
-                "interval": service.admin.stats_interval, "name_filter": name_filter or ""}
+        return {
+            "destinations": listed[offset : offset + limit],
+            "listed": len(listed),
+            "offset": offset,
+            "limit": limit,
+            "totals": totals,
+            "taken_at": data["taken_at"],
+            "spark": spark,
+            "interval": service.admin.stats_interval,
+            "name_filter": name_filter or "",
+        }
 
     async def overview(request: Request, principal: Principal) -> Response:
         view = await thread(destinations_view)
@@ -260,8 +308,9 @@ def console_routes(service: AdminService) -> list[Route]:
 
     async def fragment(request: Request, principal: Principal) -> Response:
         view = await thread(destinations_view)
-        return HTMLResponse(env.get_template("_destinations.html").render(**view),
-                            headers={"Cache-Control": "no-store"})
+        return HTMLResponse(
+            env.get_template("_destinations.html").render(**view), headers={"Cache-Control": "no-store"}
+        )
 
     async def destination(request: Request, principal: Principal) -> Response:
         q = request.query_params
@@ -285,20 +334,44 @@ def console_routes(service: AdminService) -> list[Route]:
             return "/console/destination?" + urllib.parse.urlencode(params)
 
         points = d["history"][-120:]
-        chart = (svg_series([p["depth"] for p in points], 600, 140, "chart", f"depth of {d['name']}") +
-                 '<p class="muted">Depth over the last readings; enqueued per second: '
-                 + html.escape(", ".join(f"{p['enqueue_rate']:.1f}" for p in points[-8:] if p["enqueue_rate"] is not None)
-                               or "–") + "</p>")
+        chart = (
+            svg_series([p["depth"] for p in points], 600, 140, "chart", f"depth of {d['name']}")
+            + '<p class="muted">Depth over the last readings; enqueued per second: '
+            + html.escape(
+                ", ".join(f"{p['enqueue_rate']:.1f}" for p in points[-8:] if p["enqueue_rate"] is not None) or "–"
+            )
+            + "</p>"
+        )
         here = page_url(cursor)
-        return render("destination.html", request, principal, title=d["name"], nav="dlq" if d["kind"] == "dead-letter"
-                      else "overview", d=d, page=page_data, selector=selector, cursor=cursor, limit=limit,
-                      page_url=page_url, here=here, chart=chart, browse_error=browse_error)
+        return render(
+            "destination.html",
+            request,
+            principal,
+            title=d["name"],
+            nav="dlq" if d["kind"] == "dead-letter" else "overview",
+            d=d,
+            page=page_data,
+            selector=selector,
+            cursor=cursor,
+            limit=limit,
+            page_url=page_url,
+            here=here,
+            chart=chart,
+            browse_error=browse_error,
+        )
 
     async def message(request: Request, principal: Principal) -> Response:
         q = request.query_params
         m = await thread(service.message, q.get("destination"), q.get("id") or "")
-        await audit_read(service, principal, "read-message", m["box"], client_address(request.scope),
-                         message_ids=[m["message_id"]], detail="console")
+        await audit_read(
+            service,
+            principal,
+            "read-message",
+            m["box"],
+            client_address(request.scope),
+            message_ids=[m["message_id"]],
+            detail="console",
+        )
         is_dlq = m["box"].startswith(f"queue://{service.broker.policy.dead_letter_prefix}")
         return render("message.html", request, principal, title=m["message_id"], nav="overview", m=m, is_dlq=is_dlq)
 
@@ -307,9 +380,16 @@ def console_routes(service: AdminService) -> list[Route]:
         page_no = max(0, int(q.get("page") or 0)) if (q.get("page") or "0").isdigit() else 0
         name_filter = (q.get("q") or "").strip()[:200] or None
         view = await thread(lambda: destinations_view(PAGE_ROWS, page_no * PAGE_ROWS, name_filter, True))
-        return render("destinations.html", request, principal, title="Destinations", nav="overview", page_no=page_no,
-                      full_list=True,
-                      **view)
+        return render(
+            "destinations.html",
+            request,
+            principal,
+            title="Destinations",
+            nav="overview",
+            page_no=page_no,
+            full_list=True,
+            **view,
+        )
 
     async def dead_letters(request: Request, principal: Principal) -> Response:
         data = await thread(service.destinations)
@@ -357,23 +437,50 @@ def console_routes(service: AdminService) -> list[Route]:
         next_url = ""
         if result.get("next_cursor"):
             next_url = "/console/ledger?" + urllib.parse.urlencode({**params, "cursor": result["next_cursor"]})
-        return render("ledger.html", request, principal, title="Ledger", nav="ledger", q=params, result=result,
-                      error=error, next_url=next_url, partners=sorted(service.assembly.partners.partners))
+        return render(
+            "ledger.html",
+            request,
+            principal,
+            title="Ledger",
+            nav="ledger",
+            q=params,
+            result=result,
+            error=error,
+            next_url=next_url,
+            partners=sorted(service.assembly.partners.partners),
+        )
 
     async def document(request: Request, principal: Principal) -> Response:
         doc = await thread(service.document, request.path_params["message_id"])
-        await audit_read(service, principal, "read-document", doc["message_id"], client_address(request.scope),
-                         detail="console")
+        await audit_read(
+            service, principal, "read-document", doc["message_id"], client_address(request.scope), detail="console"
+        )
         request_xml, _ = pretty_xml(doc.get("document"))
         reply_xml, _ = pretty_xml(doc.get("reply"))
-        return render("document.html", request, principal, title=f"{doc['doc_type']} {doc.get('doc_id') or ''}",
-                      nav="ledger", doc=doc, request_xml=request_xml, reply_xml=reply_xml)
+        return render(
+            "document.html",
+            request,
+            principal,
+            title=f"{doc['doc_type']} {doc.get('doc_id') or ''}",
+            nav="ledger",
+            doc=doc,
+            request_xml=request_xml,
+            reply_xml=reply_xml,
+        )
 
     async def partners(request: Request, principal: Principal) -> Response:
         p = await thread(service.partners)
         r = await thread(service.routes)
-        return render("partners.html", request, principal, title="Partners", nav="partners", partners=p["partners"],
-                      routes=r["routes"], counted_at=p["counted_at"])
+        return render(
+            "partners.html",
+            request,
+            principal,
+            title="Partners",
+            nav="partners",
+            partners=p["partners"],
+            routes=r["routes"],
+            counted_at=p["counted_at"],
+        )
 
     async def etl(request: Request, principal: Principal) -> Response:
         runs = (await thread(service.etl_runs, 50))["runs"]
@@ -381,10 +488,18 @@ def console_routes(service: AdminService) -> list[Route]:
 
     async def audit(request: Request, principal: Principal) -> Response:
         before = request.query_params.get("before")
-        entries = await thread(lambda: service.audit.recent(
-            limit=100, before=int(before) if before and before.isdigit() else None))
-        return render("audit.html", request, principal, title="Audit", nav="audit", entries=entries,
-                      next_before=entries[-1].id if len(entries) == 100 else None)
+        entries = await thread(
+            lambda: service.audit.recent(limit=100, before=int(before) if before and before.isdigit() else None)
+        )
+        return render(
+            "audit.html",
+            request,
+            principal,
+            title="Audit",
+            nav="audit",
+            entries=entries,
+            next_before=entries[-1].id if len(entries) == 100 else None,
+        )
 
     async def static(request: Request) -> Response:
         found = statics.get(request.path_params["name"])
@@ -405,8 +520,16 @@ def console_routes(service: AdminService) -> list[Route]:
         Route("/console/message", page(message), methods=["GET"]),
         Route("/console/dead-letters", page(dead_letters), methods=["GET"]),
         Route("/console/actions", page(actions), methods=["POST"]),
-        *delivery_console_routes(service, render=render, page=page, read_form=read_form, one=one, back=back,
-                                 thread=thread, client=client_address),
+        *delivery_console_routes(
+            service,
+            render=render,
+            page=page,
+            read_form=read_form,
+            one=one,
+            back=back,
+            thread=thread,
+            client=client_address,
+        ),
         Route("/console/ledger", page(ledger), methods=["GET"]),
         Route("/console/ledger/{message_id}", page(document), methods=["GET"]),
         Route("/console/partners", page(partners), methods=["GET"]),

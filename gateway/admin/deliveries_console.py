@@ -20,9 +20,17 @@ from gateway.errors import GatewayError, NotFoundError
 __all__ = ["delivery_console_routes"]
 
 
-def delivery_console_routes(service: Any, *, render: Callable[..., Response], page: Callable[..., Any],
-                            read_form: Callable[..., Any], one: Callable[..., Any], back: Callable[..., Response],
-                            thread: Callable[..., Any], client: Callable[[Any], str]) -> list[Route]:
+def delivery_console_routes(
+    service: Any,
+    *,
+    render: Callable[..., Response],
+    page: Callable[..., Any],
+    read_form: Callable[..., Any],
+    one: Callable[..., Any],
+    back: Callable[..., Response],
+    thread: Callable[..., Any],
+    client: Callable[[Any], str],
+) -> list[Route]:
     def broker() -> Any:
         return service.parts()[0]
 
@@ -31,17 +39,30 @@ def delivery_console_routes(service: Any, *, render: Callable[..., Response], pa
         if q.get("status") not in (None, *_STATUSES):
             q.pop("status")
         summary = await thread(lambda: endpoint_summary(service, broker()))
-        rows = await thread(lambda: DeliveryLedger(broker().engine).list(
-            partner=q.get("partner"), endpoint=q.get("endpoint"), status=q.get("status") or "dead", limit=200))
-        return render("deliveries.html", request, principal, title="Deliveries", nav="deliveries",
-                      endpoints=summary["endpoints"], rows=[_row(r) for r in rows], q=q, statuses=_STATUSES)
+        rows = await thread(
+            lambda: DeliveryLedger(broker().engine).list(
+                partner=q.get("partner"), endpoint=q.get("endpoint"), status=q.get("status") or "dead", limit=200
+            )
+        )
+        return render(
+            "deliveries.html",
+            request,
+            principal,
+            title="Deliveries",
+            nav="deliveries",
+            endpoints=summary["endpoints"],
+            rows=[_row(r) for r in rows],
+            q=q,
+            statuses=_STATUSES,
+        )
 
     async def delivery(request: Request, principal: Any) -> Response:
         row = await thread(lambda: DeliveryLedger(broker().engine).get(request.path_params["message_id"]))
         if row is None:
             raise NotFoundError("No such delivery.")
-        return render("delivery.html", request, principal, title=f"Delivery {row.message_id}", nav="deliveries",
-                      d=_row(row))
+        return render(
+            "delivery.html", request, principal, title=f"Delivery {row.message_id}", nav="deliveries", d=_row(row)
+        )
 
     async def act(request: Request, principal: Any) -> Response:
         form = await read_form(request)
@@ -58,8 +79,11 @@ def delivery_console_routes(service: Any, *, render: Callable[..., Response], pa
         except GatewayError as exc:
             return back(return_to, error=exc.detail)
         ids = [i for i in form.get("message_id", []) if i][:1000] or None
-        done = await thread(lambda: getattr(operations, action)(broker(), endpoint, ids, operator=principal.name,
-                                                                role=principal.role, client=client(request.scope)))
+        done = await thread(
+            lambda: getattr(operations, action)(
+                broker(), endpoint, ids, operator=principal.name, role=principal.role, client=client(request.scope)
+            )
+        )
         verb = "Replayed" if action == "replay" else "Discarded"
         return back(return_to, done=f"{verb} {len(done)} dead deliver{'y' if len(done) == 1 else 'ies'}.")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from broker_core import Broker, Queue
-
 from gateway.admin.audit import Audit
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.records import DeliveryLedger
@@ -14,8 +13,15 @@ from gateway.delivery.records import DeliveryLedger
 __all__ = ["discard", "replay"]
 
 
-def replay(broker: Broker, endpoint: EndpointConfig, message_ids: Sequence[str] | None, *, operator: str,
-           role: str = "operator", client: str | None = None) -> list[str]:
+def replay(
+    broker: Broker,
+    endpoint: EndpointConfig,
+    message_ids: Sequence[str] | None,
+    *,
+    operator: str,
+    role: str = "operator",
+    client: str | None = None,
+) -> list[str]:
     """Move dead deliveries of *endpoint* (those named, else all) back to its queue; returns their ids."""
     dead = [m.jms_message_id for m in broker.browse(Queue(endpoint.dead_queue), limit=1000)]
     ids = [i for i in dead if i in set(message_ids)] if message_ids else dead
@@ -32,8 +38,15 @@ def replay(broker: Broker, endpoint: EndpointConfig, message_ids: Sequence[str] 
     return moved
 
 
-def discard(broker: Broker, endpoint: EndpointConfig, message_ids: Sequence[str] | None, *, operator: str,
-            role: str = "operator", client: str | None = None) -> list[str]:
+def discard(
+    broker: Broker,
+    endpoint: EndpointConfig,
+    message_ids: Sequence[str] | None,
+    *,
+    operator: str,
+    role: str = "operator",
+    client: str | None = None,
+) -> list[str]:
     """Delete dead deliveries of *endpoint* (those named, else all); returns their ids."""
     ids = list(message_ids) if message_ids else None
     removed = broker.remove_messages(Queue(endpoint.dead_queue), message_ids=ids)
@@ -43,10 +56,17 @@ def discard(broker: Broker, endpoint: EndpointConfig, message_ids: Sequence[str]
     return removed
 
 
-def _audit(broker: Broker, action: str, endpoint: EndpointConfig, ids: list[str], operator: str, role: str,
-           client: str | None) -> None:
+def _audit(
+    broker: Broker, action: str, endpoint: EndpointConfig, ids: list[str], operator: str, role: str, client: str | None
+) -> None:
     if broker.engine is None:
         return
-    Audit(broker.engine, broker).record(operator=operator, role=role, action=action,
-                                        target=f"{endpoint.partner}/{endpoint.name}", message_ids=ids,
-                                        count=len(ids), client=client)
+    Audit(broker.engine, broker).record(
+        operator=operator,
+        role=role,
+        action=action,
+        target=f"{endpoint.partner}/{endpoint.name}",
+        message_ids=ids,
+        count=len(ids),
+        client=client,
+    )

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from gateway.errors import AuthenticationError, GatewayError
 
-__all__ = ["AdminError", "CsrfError", "ForbiddenError", "InvalidRequestError", "OperatorAuthError",
-           "TooManyAttemptsError"]
+__all__ = [
+    "AdminError",
+    "CsrfError",
+    "ForbiddenError",
+    "InvalidRequestError",
+    "OperatorAuthError",
+    "TooManyAttemptsError",
+]
 
 
 class AdminError(GatewayError):
@@ -18,8 +24,10 @@ class OperatorAuthError(AdminError, AuthenticationError):
     """Raised when an admin request has no valid operator session or operator credentials (a partner's API
     key never counts)."""
 
-    default_detail = ("Log in to the console, or authenticate API calls with HTTP Basic: an operator's name and "
-                      "secret from the operators: section.")
+    default_detail = (
+        "Log in to the console, or authenticate API calls with HTTP Basic: an operator's name and "
+        "secret from the operators: section."
+    )
 
 
 class ForbiddenError(AdminError):
@@ -36,8 +44,10 @@ class CsrfError(AdminError):
 
     status = 403
     code = "csrf-failed"
-    default_detail = ("The request did not carry this session's CSRF token (X-CSRF-Token header or csrf form "
-                      "field); reload the page and try again.")
+    default_detail = (
+        "The request did not carry this session's CSRF token (X-CSRF-Token header or csrf form "
+        "field); reload the page and try again."
+    )
 
 
 class TooManyAttemptsError(AdminError):

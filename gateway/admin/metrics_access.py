@@ -13,7 +13,8 @@ who reaches the partner port) should read. On the partner port it is therefore s
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response

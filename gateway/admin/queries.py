@@ -32,9 +32,20 @@ __all__ = ["Counts", "LedgerQuery", "lineage", "search"]
 log = logging.getLogger(__name__)
 
 SCAN_LIMIT = 5000
-_SUMMARY = [documents.c.message_id, documents.c.partner, documents.c.doc_type, documents.c.doc_id,
-            documents.c.correlation_id, documents.c.route, documents.c.destination, documents.c.status,
-            documents.c.received_at, documents.c.updated_at, documents.c.reply_type, documents.c.error]
+_SUMMARY = [
+    documents.c.message_id,
+    documents.c.partner,
+    documents.c.doc_type,
+    documents.c.doc_id,
+    documents.c.correlation_id,
+    documents.c.route,
+    documents.c.destination,
+    documents.c.status,
+    documents.c.received_at,
+    documents.c.updated_at,
+    documents.c.reply_type,
+    documents.c.error,
+]
 
 
 @dataclass
@@ -79,12 +90,19 @@ def decode_cursor(text: str | None) -> tuple[int, str] | None:
 def search(engine: sa.Engine, q: LedgerQuery) -> SearchPage:
     """One page of documents matching *q*, newest first (see the module docstring)."""
     filters = []
-    for column, value in ((documents.c.partner, q.partner), (documents.c.doc_type, q.doc_type),
-                          (documents.c.status, q.status), (documents.c.route, q.route)):
+    for column, value in (
+        (documents.c.partner, q.partner),
+        (documents.c.doc_type, q.doc_type),
+        (documents.c.status, q.status),
+        (documents.c.route, q.route),
+    ):
         if value:
             filters.append(column == value)
-    exact = [(documents.c.message_id, q.message_id), (documents.c.doc_id, q.doc_id),
-             (documents.c.correlation_id, q.correlation_id)]
+    exact = [
+        (documents.c.message_id, q.message_id),
+        (documents.c.doc_id, q.doc_id),
+        (documents.c.correlation_id, q.correlation_id),
+    ]
     keyed = [column == value for column, value in exact if value]
     order = (documents.c.received_at.desc(), documents.c.message_id.desc())
     window = []
@@ -96,28 +114,44 @@ def search(engine: sa.Engine, q: LedgerQuery) -> SearchPage:
         window.append(sa.tuple_(documents.c.received_at, documents.c.message_id) < sa.tuple_(*q.cursor))
     with engine.connect() as conn:
         if keyed:  # an index names the few rows: no scan bound needed beyond the page
-            rows = conn.execute(sa.select(*_SUMMARY).where(*keyed, *filters, *window).order_by(*order)
-                                .limit(q.limit + 1)).all()
+            rows = conn.execute(
+                sa.select(*_SUMMARY).where(*keyed, *filters, *window).order_by(*order).limit(q.limit + 1)
+            ).all()
             conn.rollback()
             more = len(rows) > q.limit
-            rows = rows[:q.limit]
+            rows = rows[: q.limit]
             cursor = encode_cursor(rows[-1].received_at, rows[-1].message_id) if more and rows else None
             return SearchPage([_summary(r) for r in rows], cursor, len(rows))
         # the next SCAN_LIMIT rows by time, then the filters on those alone
-        span = (sa.select(documents.c.received_at, documents.c.message_id).where(*window).order_by(*order)
-                .limit(SCAN_LIMIT).subquery("span"))
-        last = conn.execute(sa.select(span.c.received_at, span.c.message_id, sa.func.count().over())
-                            .order_by(span.c.received_at, span.c.message_id).limit(1)).first()
+        span = (
+            sa.select(documents.c.received_at, documents.c.message_id)
+            .where(*window)
+            .order_by(*order)
+            .limit(SCAN_LIMIT)
+            .subquery("span")
+        )
+        last = conn.execute(
+            sa.select(span.c.received_at, span.c.message_id, sa.func.count().over())
+            .order_by(span.c.received_at, span.c.message_id)
+            .limit(1)
+        ).first()
         rows = conn.execute(
-            sa.select(*_SUMMARY).join(span, sa.and_(span.c.received_at == documents.c.received_at,
-                                                    span.c.message_id == documents.c.message_id))
-            .where(*filters).order_by(*order).limit(q.limit + 1)).all()
+            sa.select(*_SUMMARY)
+            .join(
+                span,
+                sa.and_(span.c.received_at == documents.c.received_at, span.c.message_id == documents.c.message_id),
+            )
+            .where(*filters)
+            .order_by(*order)
+            .limit(q.limit + 1)
+        ).all()
         conn.rollback()
     scanned = last[2] if last is not None else 0
     if len(rows) > q.limit:
-        rows = rows[:q.limit]
-        return SearchPage([_summary(r) for r in rows], encode_cursor(rows[-1].received_at, rows[-1].message_id),
-                          scanned)
+        rows = rows[: q.limit]
+        return SearchPage(
+            [_summary(r) for r in rows], encode_cursor(rows[-1].received_at, rows[-1].message_id), scanned
+        )
     if scanned >= SCAN_LIMIT and last is not None:  # looked at a whole span: more may match further back
         return SearchPage([_summary(r) for r in rows], encode_cursor(last[0], last[1]), scanned)
     return SearchPage([_summary(r) for r in rows], None, scanned)
@@ -130,21 +164,33 @@ def document(engine: sa.Engine, message_id: str) -> dict[str, Any] | None:
         if row is None:
             conn.rollback()
             return None
-        history = [{"seq": r.seq, "status": r.status, "at": r.at} for r in conn.execute(
-            sa.select(events.c.seq, events.c.status, events.c.at).where(events.c.message_id == message_id)
-            .order_by(events.c.seq).limit(1000))]
+        history = [
+            {"seq": r.seq, "status": r.status, "at": r.at}
+            for r in conn.execute(
+                sa.select(events.c.seq, events.c.status, events.c.at)
+                .where(events.c.message_id == message_id)
+                .order_by(events.c.seq)
+                .limit(1000)
+            )
+        ]
         conn.rollback()
     out = _summary(row)
-    out.update({
-        "doc_namespace": row.doc_namespace, "idempotency_key": row.idempotency_key,
-        "receipt": json.loads(row.receipt) if row.receipt else None,
-        "document": unpack_xml(row.document), "reply": unpack_xml(row.reply), "history": history,
-        "facts": json.loads(row.facts) if row.facts else None,
-    })
+    out.update(
+        {
+            "doc_namespace": row.doc_namespace,
+            "idempotency_key": row.idempotency_key,
+            "receipt": json.loads(row.receipt) if row.receipt else None,
+            "document": unpack_xml(row.document),
+            "reply": unpack_xml(row.reply),
+            "history": history,
+            "facts": json.loads(row.facts) if row.facts else None,
+        }
+    )
     return out
 
 
 # --------------------------------------------------------------------------- the warehouse load
+
 
 def _etl_tables(engine: sa.Engine) -> Any:
     """spark_etl.state's tables, or None when the load never ran on this store (or is not installed)."""
@@ -180,8 +226,13 @@ def lineage(engine: sa.Engine, doc: dict[str, Any], warehouse: str | None) -> di
     """Whether (and by which run) the warehouse load took *doc* (a :func:`document`), and its rows."""
     from ledger_contract.facts import LOADED_TYPES
 
-    out: dict[str, Any] = {"loaded_type": doc["doc_type"] in LOADED_TYPES, "state": "not-loaded-type",
-                           "run": None, "quarantine": None, "rows": {}}
+    out: dict[str, Any] = {
+        "loaded_type": doc["doc_type"] in LOADED_TYPES,
+        "state": "not-loaded-type",
+        "run": None,
+        "quarantine": None,
+        "rows": {},
+    }
     if not out["loaded_type"]:
         return out
     first = next((e["seq"] for e in doc["history"] if e["status"] in DELIVERED_STATUSES), None)
@@ -193,11 +244,15 @@ def lineage(engine: sa.Engine, doc: dict[str, Any], warehouse: str | None) -> di
         out["state"] = "no-load-yet"
         return out
     with engine.connect() as conn:
-        run = conn.execute(sa.select(state.runs).where(
-            state.runs.c.status == "succeeded", state.runs.c.seq_from < first, state.runs.c.seq_to >= first)
-            .order_by(state.runs.c.run_id).limit(1)).first()
-        quarantined = conn.execute(sa.select(state.quarantine).where(
-            state.quarantine.c.message_id == doc["message_id"])).first()
+        run = conn.execute(
+            sa.select(state.runs)
+            .where(state.runs.c.status == "succeeded", state.runs.c.seq_from < first, state.runs.c.seq_to >= first)
+            .order_by(state.runs.c.run_id)
+            .limit(1)
+        ).first()
+        quarantined = conn.execute(
+            sa.select(state.quarantine).where(state.quarantine.c.message_id == doc["message_id"])
+        ).first()
         conn.rollback()
     if quarantined is not None:
         out["state"] = "quarantined"
@@ -232,7 +287,7 @@ def _issue_date(doc: dict[str, Any]) -> str | None:
         for child in root:
             if isinstance(child.tag, str) and child.tag.endswith("}IssueDate"):
                 return (child.text or "").strip()[:10] or None
-    except Exception:  # noqa: BLE001 - no date: no rows shown
+    except Exception:  # no date: no rows shown
         return None
     return None
 
@@ -249,7 +304,7 @@ def warehouse_rows(warehouse: str, doc: dict[str, Any]) -> dict[str, list[dict[s
         import pyarrow.parquet as pq
     except (ImportError, ValueError):
         return {}
-    root = warehouse[len("file://"):] if warehouse.startswith("file://") else warehouse
+    root = warehouse[len("file://") :] if warehouse.startswith("file://") else warehouse
     out: dict[str, list[dict[str, Any]]] = {}
     for table in _FACT_TABLES:
         folder = os.path.join(root, table, f"issue_date={day}")
@@ -260,7 +315,7 @@ def warehouse_rows(warehouse: str, doc: dict[str, Any]) -> dict[str, list[dict[s
                 continue
             try:
                 data = pq.read_table(os.path.join(folder, name), filters=[("message_id", "=", doc["message_id"])])
-            except Exception as exc:  # noqa: BLE001 - a file being replaced by a load, say
+            except Exception as exc:  # a file being replaced by a load, say
                 log.info("could not read %s: %s", name, exc)
                 continue
             if data.num_rows:
@@ -271,6 +326,7 @@ def warehouse_rows(warehouse: str, doc: dict[str, Any]) -> dict[str, list[dict[s
 
 
 # --------------------------------------------------------------------------- counts over the last hour and day
+
 
 @dataclass
 class CountsSnapshot:
@@ -310,7 +366,8 @@ class Counts:
                     rows = conn.execute(
                         sa.select(documents.c.partner, documents.c.route, documents.c.status, sa.func.count())
                         .where(documents.c.received_at >= now - ms)
-                        .group_by(documents.c.partner, documents.c.route, documents.c.status)).all()
+                        .group_by(documents.c.partner, documents.c.route, documents.c.status)
+                    ).all()
                     by: dict[str, dict[str, dict[str, int]]] = {"partner": {}, "route": {}}
                     for partner, route, status, n in rows:
                         for kind, name in (("partner", partner), ("route", route)):

@@ -14,9 +14,25 @@ from typing import Any
 __all__ = ["audit_read"]
 
 
-async def audit_read(service: Any, principal: Any, action: str, target: str, client: str, *,
-                     detail: str | None = None, message_ids: list[str] | None = None) -> None:
+async def audit_read(
+    service: Any,
+    principal: Any,
+    action: str,
+    target: str,
+    client: str,
+    *,
+    detail: str | None = None,
+    message_ids: list[str] | None = None,
+) -> None:
     """Record that *principal* read *target* (``read-document`` or ``read-message``)."""
-    await asyncio.to_thread(lambda: service.audit.record(
-        operator=principal.name, role=principal.role, action=action, target=target, detail=detail,
-        message_ids=message_ids, client=client))
+    await asyncio.to_thread(
+        lambda: service.audit.record(
+            operator=principal.name,
+            role=principal.role,
+            action=action,
+            target=target,
+            detail=detail,
+            message_ids=message_ids,
+            client=client,
+        )
+    )

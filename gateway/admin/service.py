@@ -14,8 +14,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lxml import etree
 
@@ -28,16 +29,15 @@ from broker_core import (
     Queue,
     parse_destination,
 )
-
-from gateway.errors import NotFoundError, StoreUnavailableError
-from gateway.ledger.records import Ledger
-from ledger_contract.tables import STATUSES
-from gateway.config.operations import AdminSettings
 from gateway.admin import queries
 from gateway.admin.access import Access, Principal
 from gateway.admin.audit import Audit
 from gateway.admin.errors import InvalidRequestError
 from gateway.admin.snapshot import StatsSampler
+from gateway.config.operations import AdminSettings
+from gateway.errors import NotFoundError, StoreUnavailableError
+from gateway.ledger.records import Ledger
+from ledger_contract.tables import STATUSES
 
 __all__ = ["AdminService", "pretty_xml"]
 
@@ -57,8 +57,9 @@ def pretty_xml(data: bytes | str | None) -> tuple[str | None, bool]:
     if len(raw) > SHOW_BYTES:
         return raw[:SHOW_BYTES].decode("utf-8", errors="replace"), True
     try:
-        parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,
-                                 remove_blank_text=True)
+        parser = etree.XMLParser(
+            resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False, remove_blank_text=True
+        )
         root = etree.fromstring(raw, parser)
         return etree.tostring(root, pretty_print=True, encoding="unicode"), False
     except (etree.XMLSyntaxError, ValueError):
@@ -72,22 +73,38 @@ def _body_view(message: BrowsedMessage) -> dict[str, Any]:
         text, cut = pretty_xml(body) if looks_xml else (body[:SHOW_BYTES], len(body) > SHOW_BYTES)
         return {"format": "xml" if looks_xml else "text", "text": text, "truncated": cut}
     if isinstance(body, (bytes, bytearray)):
-        return {"format": "base64", "text": base64.b64encode(bytes(body[:SHOW_BYTES])).decode("ascii"),
-                "truncated": len(body) > SHOW_BYTES}
+        return {
+            "format": "base64",
+            "text": base64.b64encode(bytes(body[:SHOW_BYTES])).decode("ascii"),
+            "truncated": len(body) > SHOW_BYTES,
+        }
     if body is None:
         return {"format": "none", "text": None, "truncated": False}
-    return {"format": "json", "text": json.dumps(body, default=str, ensure_ascii=False, indent=2)[:SHOW_BYTES],
-            "truncated": False}
+    return {
+        "format": "json",
+        "text": json.dumps(body, default=str, ensure_ascii=False, indent=2)[:SHOW_BYTES],
+        "truncated": False,
+    }
 
 
 def message_json(message: BrowsedMessage, *, body: bool = False) -> dict[str, Any]:
     out = {
-        "message_id": message.message_id, "destination": message.destination, "box": message.box,
-        "priority": message.priority, "timestamp": message.timestamp, "expiration": message.expiration,
-        "persistent": message.delivery_mode == 2, "correlation_id": message.correlation_id,
-        "reply_to": message.reply_to, "type": message.type, "properties": message.properties,
-        "kind": message.kind, "size": message.size, "state": message.state,
-        "delivery_count": message.delivery_count, "cursor": message.cursor,
+        "message_id": message.message_id,
+        "destination": message.destination,
+        "box": message.box,
+        "priority": message.priority,
+        "timestamp": message.timestamp,
+        "expiration": message.expiration,
+        "persistent": message.delivery_mode == 2,
+        "correlation_id": message.correlation_id,
+        "reply_to": message.reply_to,
+        "type": message.type,
+        "properties": message.properties,
+        "kind": message.kind,
+        "size": message.size,
+        "state": message.state,
+        "delivery_count": message.delivery_count,
+        "cursor": message.cursor,
     }
     if body:
         out["body"] = _body_view(message)
@@ -142,8 +159,13 @@ class AdminService:
             sampler.start()
             if parts is not None:
                 parts[3].stop()
-            parts = self._parts = (broker, Access(self.admin, engine, broker), Audit(engine, broker),
-                                   sampler, queries.Counts(engine))
+            parts = self._parts = (
+                broker,
+                Access(self.admin, engine, broker),
+                Audit(engine, broker),
+                sampler,
+                queries.Counts(engine),
+            )
         return parts
 
     def close(self) -> None:
@@ -196,26 +218,42 @@ class AdminService:
         now = snapshot.taken_at
         for name in sorted(names):
             s = stats.get(name)
-            kind = ("subscription" if s is not None and s.topic else "dead-letter" if name.startswith(prefix)
-                    else "temporary" if name.startswith("temp-") else "queue" if name.startswith("queue://")
-                    else "subscription" if name.startswith(("durable://", "subscriber://")) else "other")
+            kind = (
+                "subscription"
+                if s is not None and s.topic
+                else "dead-letter"
+                if name.startswith(prefix)
+                else "temporary"
+                if name.startswith("temp-")
+                else "queue"
+                if name.startswith("queue://")
+                else "subscription"
+                if name.startswith(("durable://", "subscriber://"))
+                else "other"
+            )
             if kind == "temporary":
                 continue
             dlq = None
             if kind == "queue":
-                dlq = prefix + name[len("queue://"):]
+                dlq = prefix + name[len("queue://") :]
             item = {
-                "name": name, "kind": kind, "topic": s.topic if s else None,
-                "depth": s.depth if s else 0, "in_flight": s.in_flight if s else 0,
-                "consumers": s.consumers if s else 0, "enqueued": s.enqueued if s else 0,
-                "acknowledged": s.dequeued if s else 0, "dead_lettered": s.dead_lettered if s else 0,
-                "expired": s.expired if s else 0, "redelivered": s.redelivered if s else 0,
+                "name": name,
+                "kind": kind,
+                "topic": s.topic if s else None,
+                "depth": s.depth if s else 0,
+                "in_flight": s.in_flight if s else 0,
+                "consumers": s.consumers if s else 0,
+                "enqueued": s.enqueued if s else 0,
+                "acknowledged": s.dequeued if s else 0,
+                "dead_lettered": s.dead_lettered if s else 0,
+                "expired": s.expired if s else 0,
+                "redelivered": s.redelivered if s else 0,
                 "oldest_age_s": round(now - s.oldest / 1000, 3) if s and s.oldest else None,
                 "enqueue_rate": round(rates.get(name, (0, 0))[0], 3),
                 "ack_rate": round(rates.get(name, (0, 0))[1], 3),
                 "dead_letter_queue": dlq,
                 "dead_letter_depth": stats[dlq].depth if dlq and dlq in stats else 0,
-                "dead_letter_for": ("queue://" + name[len(prefix):]) if kind == "dead-letter" else None,
+                "dead_letter_for": ("queue://" + name[len(prefix) :]) if kind == "dead-letter" else None,
             }
             out.append(item)
         return {"taken_at": snapshot.taken_at, "took_s": round(snapshot.took, 4), "destinations": out}
@@ -261,8 +299,12 @@ class AdminService:
             page = self.broker.browse_page(box, selector or None, cursor=cursor or None, limit=limit)
         except (InvalidSelectorError, InvalidArgumentError) as exc:
             raise InvalidRequestError(str(exc)) from None
-        return {"destination": box, "selector": selector or None,
-                "messages": [message_json(m) for m in page.messages], "next_cursor": page.cursor}
+        return {
+            "destination": box,
+            "selector": selector or None,
+            "messages": [message_json(m) for m in page.messages],
+            "next_cursor": page.cursor,
+        }
 
     def message(self, name: str, message_id: str) -> dict[str, Any]:
         box = self.box(name)
@@ -275,8 +317,9 @@ class AdminService:
 
     # ----------------------------------------------------------------- actions
 
-    def _checked(self, spec: dict[str, Any], *, need_target: bool = False) -> tuple[list[str] | None, str | None,
-                                                                                      int | None]:
+    def _checked(
+        self, spec: dict[str, Any], *, need_target: bool = False
+    ) -> tuple[list[str] | None, str | None, int | None]:
         ids = spec.get("message_ids")
         selector = spec.get("selector")
         limit = spec.get("limit")
@@ -286,8 +329,9 @@ class AdminService:
             raise InvalidRequestError("message_ids names 1 to 1000 messages.")
         if selector is not None and (not isinstance(selector, str) or not selector.strip() or len(selector) > 4000):
             raise InvalidRequestError("selector must be a JMS message selector of at most 4000 characters.")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or not 1 <= limit <= MAX_ACTION_LIMIT):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_ACTION_LIMIT
+        ):
             raise InvalidRequestError(f"limit must be a whole number from 1 to {MAX_ACTION_LIMIT}.")
         if ids is None and selector is None:
             raise InvalidRequestError("Name the messages: message_ids, a selector, or both (with a limit).")
@@ -297,9 +341,15 @@ class AdminService:
         """Run *action* (replay, delete, move, purge) as *principal*; recorded in the audit trail."""
         target_name = spec.get("destination")
         box = self.box(target_name if isinstance(target_name, str) else None)
-        audit = {"operator": principal.name, "role": principal.role, "action": action, "target": box,
-                 "client": client, "selector": spec.get("selector") if isinstance(spec.get("selector"), str) else None,
-                 "message_ids": spec.get("message_ids") if isinstance(spec.get("message_ids"), list) else None}
+        audit = {
+            "operator": principal.name,
+            "role": principal.role,
+            "action": action,
+            "target": box,
+            "client": client,
+            "selector": spec.get("selector") if isinstance(spec.get("selector"), str) else None,
+            "message_ids": spec.get("message_ids") if isinstance(spec.get("message_ids"), list) else None,
+        }
         try:
             principal.require_operator()
         except Exception as exc:
@@ -318,9 +368,12 @@ class AdminService:
             raise
         if action == "move":
             audit["target"] = f"{box} -> {result.destination}"
-        self.audit.record(**audit, count=result.count, outcome="done",
-                          detail=f"{result.ledger_documents} ledger documents back to accepted"
-                          if result.ledger_documents else None)
+        self.audit.record(
+            **audit,
+            count=result.count,
+            outcome="done",
+            detail=f"{result.ledger_documents} ledger documents back to accepted" if result.ledger_documents else None,
+        )
         self.sampler.refresh()
         return result
 
@@ -328,16 +381,19 @@ class AdminService:
         broker = self.broker
         if action == "purge":
             confirm = spec.get("confirm")
-            if confirm not in (box, box[len("queue://"):] if box.startswith("queue://") else box):
-                raise InvalidRequestError(f"Purging deletes every waiting message of {box}: confirm with "
-                                          f"\"confirm\": \"{box}\".")
+            if confirm not in (box, box[len("queue://") :] if box.startswith("queue://") else box):
+                raise InvalidRequestError(
+                    f'Purging deletes every waiting message of {box}: confirm with "confirm": "{box}".'
+                )
             count = broker.purge(box)
             return ActionResult("purge", box, count, [])
         ids, selector, limit = self._checked(spec)
         if action == "replay":
             if not box.startswith(self._dlq_prefix()):
-                raise InvalidRequestError(f"{box} is not a dead-letter queue; replay moves messages from a "
-                                          f"dead-letter queue ({self._dlq_prefix()}NAME) back to where they failed.")
+                raise InvalidRequestError(
+                    f"{box} is not a dead-letter queue; replay moves messages from a "
+                    f"dead-letter queue ({self._dlq_prefix()}NAME) back to where they failed."
+                )
             moved = broker.replay_dead_letter_ids(box, limit, message_ids=ids, selector=selector)
             documents = self._ledger_after_replay(moved)
             return ActionResult("replay", box, len(moved), moved, documents)
@@ -349,8 +405,9 @@ class AdminService:
             target_box = self.box(target if isinstance(target, str) else None)
             if not target_box.startswith("queue://") or target_box == box:
                 raise InvalidRequestError("target must be another queue (queue://NAME).")
-            moved = broker.move_messages(box, target_box[len("queue://"):], message_ids=ids, selector=selector,
-                                         limit=limit)
+            moved = broker.move_messages(
+                box, target_box[len("queue://") :], message_ids=ids, selector=selector, limit=limit
+            )
             documents = self._ledger_after_replay(moved) if box.startswith(self._dlq_prefix()) else 0
             return ActionResult("move", target_box, len(moved), moved, documents)
         raise NotFoundError(f"No action {action!r}: replay, delete, move or purge.")
@@ -400,7 +457,7 @@ class AdminService:
 
         try:
             warehouse = resolve(self.settings.etl).get("warehouse")
-        except Exception:  # noqa: BLE001 - checked at load; nothing to show without it
+        except Exception:  # checked at load; nothing to show without it
             warehouse = None
         doc["lineage"] = queries.lineage(self.engine, doc, warehouse)
         doc["timeline"] = timeline(doc)
@@ -412,20 +469,33 @@ class AdminService:
         out = []
         for pid, partner in sorted(registry.partners.items()):
             keys = sorted(k.id for k in registry.keys.values() if k.partner == pid)
-            out.append({"id": pid, "name": partner.name, "enabled": partner.enabled, "keys": keys,
-                        "last_hour": counts.counts.get("hour", {}).get("partner", {}).get(pid, {}),
-                        "last_day": counts.counts.get("day", {}).get("partner", {}).get(pid, {})})
+            out.append(
+                {
+                    "id": pid,
+                    "name": partner.name,
+                    "enabled": partner.enabled,
+                    "keys": keys,
+                    "last_hour": counts.counts.get("hour", {}).get("partner", {}).get(pid, {}),
+                    "last_day": counts.counts.get("day", {}).get("partner", {}).get(pid, {}),
+                }
+            )
         return {"counted_at": time.time() - (time.monotonic() - counts.taken_at), "partners": out}
 
     def routes(self) -> dict[str, Any]:
         counts = self.parts()[4].get()
         out = []
         for route in self.assembly.routes:
-            out.append({"id": route.id, "document_type": route.doc_type, "destination": str(route.destination),
-                        "exchange": "request-reply" if route.request_reply else "one-way",
-                        "partners": sorted(route.partners) if route.partners is not None else None,
-                        "last_hour": counts.counts.get("hour", {}).get("route", {}).get(route.id, {}),
-                        "last_day": counts.counts.get("day", {}).get("route", {}).get(route.id, {})})
+            out.append(
+                {
+                    "id": route.id,
+                    "document_type": route.doc_type,
+                    "destination": str(route.destination),
+                    "exchange": "request-reply" if route.request_reply else "one-way",
+                    "partners": sorted(route.partners) if route.partners is not None else None,
+                    "last_hour": counts.counts.get("hour", {}).get("route", {}).get(route.id, {}),
+                    "last_day": counts.counts.get("day", {}).get("route", {}).get(route.id, {}),
+                }
+            )
         return {"counted_at": time.time() - (time.monotonic() - counts.taken_at), "routes": out}
 
     def etl_runs(self, limit: int = 20) -> dict[str, Any]:
@@ -442,11 +512,21 @@ def timeline(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if state == "loaded":
         run = lineage["run"]
         rows = sum(len(v) for v in lineage.get("rows", {}).values())
-        steps.append({"step": "warehouse", "at": run["finished_at"],
-                      "detail": f"loaded by run {run['run_id']} ({run['mode']})" + (f", {rows} rows" if rows else "")})
+        steps.append(
+            {
+                "step": "warehouse",
+                "at": run["finished_at"],
+                "detail": f"loaded by run {run['run_id']} ({run['mode']})" + (f", {rows} rows" if rows else ""),
+            }
+        )
     elif state == "quarantined":
-        steps.append({"step": "warehouse", "at": lineage["quarantine"].get("quarantined_at"),
-                      "detail": f"quarantined: {lineage['quarantine'].get('reason')}"})
+        steps.append(
+            {
+                "step": "warehouse",
+                "at": lineage["quarantine"].get("quarantined_at"),
+                "detail": f"quarantined: {lineage['quarantine'].get('reason')}",
+            }
+        )
     elif state in ("waiting-for-load", "no-load-yet"):
         steps.append({"step": "warehouse", "at": None, "detail": "not loaded yet"})
     return steps
@@ -474,8 +554,9 @@ def parse_time(value: str, what: str) -> int:
     try:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidRequestError(f"{what} must be an ISO 8601 time (2025-06-01T12:00:00Z) or epoch "
-                                  "milliseconds.") from None
+        raise InvalidRequestError(
+            f"{what} must be an ISO 8601 time (2025-06-01T12:00:00Z) or epoch milliseconds."
+        ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
     return int(parsed.timestamp() * 1000)

@@ -52,7 +52,8 @@ class StatsSampler:
         self.engine = engine
         self._snapshot: Snapshot | None = None
         self._history: collections.deque[tuple[float, dict[str, tuple[int, int, int]]]] = collections.deque(
-            maxlen=HISTORY)
+            maxlen=HISTORY
+        )
         self._wanted = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -126,5 +127,5 @@ class StatsSampler:
             try:
                 with self._lock:
                     self._read()
-            except Exception:  # noqa: BLE001 - the store may be away a moment: keep the last reading
+            except Exception:  # the store may be away a moment: keep the last reading
                 log.warning("reading the destinations' counters failed", exc_info=True)

@@ -20,7 +20,8 @@ from asn1crypto import cms
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, padding, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding as asym_padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import padding as asym_padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.serialization import pkcs7
@@ -34,13 +35,30 @@ from gateway.as2.errors import (
 )
 
 __all__ = [
-    "DIGESTS", "Identity", "Verified", "compress", "decompress", "decrypt", "encrypt", "micalg_name", "sign",
-    "verify", "verify_part",
+    "DIGESTS",
+    "Identity",
+    "Verified",
+    "compress",
+    "decompress",
+    "decrypt",
+    "encrypt",
+    "micalg_name",
+    "sign",
+    "verify",
+    "verify_part",
 ]
 
 #: AS2 ``micalg`` names (RFC 5751 3.4.3.2 and RFC 4130's older spellings) -> hashlib names
-DIGESTS = {"sha-256": "sha256", "sha256": "sha256", "sha-384": "sha384", "sha384": "sha384",
-           "sha-512": "sha512", "sha512": "sha512", "sha-1": "sha1", "sha1": "sha1"}
+DIGESTS = {
+    "sha-256": "sha256",
+    "sha256": "sha256",
+    "sha-384": "sha384",
+    "sha384": "sha384",
+    "sha-512": "sha512",
+    "sha512": "sha512",
+    "sha-1": "sha1",
+    "sha1": "sha1",
+}
 _HASHES = {"sha1": hashes.SHA1, "sha256": hashes.SHA256, "sha384": hashes.SHA384, "sha512": hashes.SHA512}
 _CBC = {"aes128_cbc": 16, "aes192_cbc": 24, "aes256_cbc": 32}
 _GCM = {"aes128_gcm": 16, "aes192_gcm": 24, "aes256_gcm": 32}
@@ -72,7 +90,7 @@ def _content_info(der: bytes, what: str, error: type[Exception]) -> cms.ContentI
         info = cms.ContentInfo.load(der, strict=True)
         info["content_type"].native  # noqa: B018 - parse now, fail here
         return info
-    except Exception:  # noqa: BLE001 - any malformed structure is the partner's
+    except Exception:  # any malformed structure is the partner's
         raise error(f"The {what} is not a well-formed CMS structure.") from None
 
 
@@ -81,8 +99,9 @@ def _content_info(der: bytes, what: str, error: type[Exception]) -> cms.ContentI
 
 def _matches(rid: cms.RecipientIdentifier, certificate: x509.Certificate) -> bool:
     if rid.name == "issuer_and_serial_number":
-        return (rid.chosen["serial_number"].native == certificate.serial_number
-                and rid.chosen["issuer"].dump() == _asn1_name(certificate.issuer))
+        return rid.chosen["serial_number"].native == certificate.serial_number and rid.chosen[
+            "issuer"
+        ].dump() == _asn1_name(certificate.issuer)
     if rid.name == "subject_key_identifier":
         try:
             ski = certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest
@@ -112,15 +131,19 @@ def _content_key(recipients: cms.RecipientInfos, identity: Identity) -> bytes:
             if name == "rsaes_oaep":
                 params = algorithm["parameters"]
                 hash_name = params["hash_algorithm"]["algorithm"].native if params.native else "sha1"
-                mgf_hash = (params["mask_gen_algorithm"]["parameters"]["algorithm"].native
-                            if params.native else "sha1")
-                return identity.key.decrypt(encrypted, asym_padding.OAEP(
-                    mgf=asym_padding.MGF1(_HASHES[mgf_hash]()), algorithm=_HASHES[hash_name](), label=None))
+                mgf_hash = params["mask_gen_algorithm"]["parameters"]["algorithm"].native if params.native else "sha1"
+                return identity.key.decrypt(
+                    encrypted,
+                    asym_padding.OAEP(
+                        mgf=asym_padding.MGF1(_HASHES[mgf_hash]()), algorithm=_HASHES[hash_name](), label=None
+                    ),
+                )
         except (ValueError, KeyError):
             raise As2DecryptionError("The content key could not be decrypted with our key.") from None
         raise As2DecryptionError(f"Key transport {name} is not supported; use RSA (PKCS #1 v1.5 or OAEP).")
-    raise As2DecryptionError("The message is not encrypted for our certificate; encrypt it with the certificate "
-                             "`b2bgw as2 cert` prints.")
+    raise As2DecryptionError(
+        "The message is not encrypted for our certificate; encrypt it with the certificate `b2bgw as2 cert` prints."
+    )
 
 
 def decrypt(der: bytes, identity: Identity, *, allow_3des: bool = False) -> tuple[bytes, str]:
@@ -131,12 +154,13 @@ def decrypt(der: bytes, identity: Identity, *, allow_3des: bool = False) -> tupl
         raise As2DecryptionError(f"An encrypted message must be CMS EnvelopedData; got {kind}.")
     try:
         data = info["content"]
-        encrypted = data["auth_encrypted_content_info" if kind == "authenticated_enveloped_data"
-                         else "encrypted_content_info"]
+        encrypted = data[
+            "auth_encrypted_content_info" if kind == "authenticated_enveloped_data" else "encrypted_content_info"
+        ]
         algorithm = encrypted["content_encryption_algorithm"]
         name = algorithm["algorithm"].native
         ciphertext = encrypted["encrypted_content"].native or b""
-    except Exception:  # noqa: BLE001
+    except Exception:
         raise As2DecryptionError("The EnvelopedData is malformed.") from None
     if name == "tripledes_3key" and not allow_3des:
         raise As2DecryptionError("3DES is not allowed for this partner; encrypt with AES-128 or AES-256 (CBC or GCM).")
@@ -200,17 +224,23 @@ def _check_validity(certificate: x509.Certificate, now: dt.datetime) -> None:
         raise As2AuthenticationError(
             f"The partner's certificate (serial {certificate.serial_number:x}) is valid from "
             f"{certificate.not_valid_before_utc:%Y-%m-%d} to {certificate.not_valid_after_utc:%Y-%m-%d}, not now; "
-            "exchange a current certificate.")
+            "exchange a current certificate."
+        )
 
 
-def _verify_with(certificate: x509.Certificate, signature: bytes, data: bytes, digest: str,
-                 signature_algorithm: str, params: object) -> bool:
+def _verify_with(
+    certificate: x509.Certificate, signature: bytes, data: bytes, digest: str, signature_algorithm: str, params: object
+) -> bool:
     public = certificate.public_key()
     try:
         if isinstance(public, rsa.RSAPublicKey):
             if signature_algorithm == "rsassa_pss":
-                public.verify(signature, data, asym_padding.PSS(asym_padding.MGF1(_HASHES[digest]()),
-                                                                asym_padding.PSS.AUTO), _HASHES[digest]())
+                public.verify(
+                    signature,
+                    data,
+                    asym_padding.PSS(asym_padding.MGF1(_HASHES[digest]()), asym_padding.PSS.AUTO),
+                    _HASHES[digest](),
+                )
             else:
                 public.verify(signature, data, asym_padding.PKCS1v15(), _HASHES[digest]())
         elif isinstance(public, ec.EllipticCurvePublicKey):
@@ -222,8 +252,14 @@ def _verify_with(certificate: x509.Certificate, signature: bytes, data: bytes, d
     return True
 
 
-def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificate], *, allow_sha1: bool = False,
-           now: dt.datetime | None = None) -> tuple[Verified, bytes]:
+def verify(
+    der: bytes,
+    content: bytes | None,
+    certificates: list[x509.Certificate],
+    *,
+    allow_sha1: bool = False,
+    now: dt.datetime | None = None,
+) -> tuple[Verified, bytes]:
     """Verify the SignedData *der* over *content* (detached) or over its own encapsulated content.
 
     Returns what verified and the signed content. The signer must be one of *certificates* (the partner's, from
@@ -238,11 +274,11 @@ def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificat
             content = signed["encap_content_info"]["content"].native
             if content is None:
                 raise ValueError
-    except Exception:  # noqa: BLE001
+    except Exception:
         raise As2AuthenticationError("The SignedData is malformed or carries no content.") from None
     if not signers:
         raise As2AuthenticationError("The SignedData has no signer.")
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     problem: Exception | None = None
     for signer in signers[:4]:
         try:
@@ -253,8 +289,9 @@ def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificat
                 raise As2AuthenticationError(f"Digest {digest} is not supported; sign with SHA-256, -384 or -512.")
             candidates = [c for c in certificates if _matches(signer["sid"], c)]
             if not candidates:
-                raise As2AuthenticationError("The message is not signed with the certificate configured for this "
-                                             "partner.")
+                raise As2AuthenticationError(
+                    "The message is not signed with the certificate configured for this partner."
+                )
             signature = signer["signature"].native
             sig_alg = signer["signature_algorithm"]["algorithm"].native
             content_digest = hashlib.new(digest, content).digest()
@@ -265,8 +302,9 @@ def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificat
                     if attr["type"].native == "message_digest":
                         declared = attr["values"][0].native
                 if declared is None or not hmac.compare_digest(declared, content_digest):
-                    raise As2IntegrityError("The content does not match its signed digest: it was changed after "
-                                            "signing.")
+                    raise As2IntegrityError(
+                        "The content does not match its signed digest: it was changed after signing."
+                    )
                 data = _signed_attrs_der(attrs)
             else:
                 data = content
@@ -277,14 +315,20 @@ def verify(der: bytes, content: bytes | None, certificates: list[x509.Certificat
             raise As2AuthenticationError("The signature does not verify with the partner's certificate.")
         except (As2AuthenticationError, As2IntegrityError) as exc:
             problem = exc
-        except Exception:  # noqa: BLE001 - a malformed signer
+        except Exception:  # a malformed signer
             problem = As2AuthenticationError("The SignedData's signer information is malformed.")
     assert problem is not None
     raise problem
 
 
-def verify_part(der: bytes, raw: bytes, certificates: list[x509.Certificate], *, allow_sha1: bool = False,
-                now: dt.datetime | None = None) -> tuple[Verified, bytes]:
+def verify_part(
+    der: bytes,
+    raw: bytes,
+    certificates: list[x509.Certificate],
+    *,
+    allow_sha1: bool = False,
+    now: dt.datetime | None = None,
+) -> tuple[Verified, bytes]:
     """Verify a detached signature over a MIME part's bytes *raw*; returns what verified and the bytes signed.
 
     Two sender habits are tolerated, for the digest only (the signature must still verify): a part signed with
@@ -308,10 +352,12 @@ def verify_part(der: bytes, raw: bytes, certificates: list[x509.Certificate], *,
 
 def sign(content: bytes, identity: Identity, *, digest: str = "sha256") -> bytes:
     """A detached SignedData (DER) over *content* (already canonical: signed as is)."""
-    builder = pkcs7.PKCS7SignatureBuilder().set_data(content).add_signer(
-        identity.certificate, identity.key, _HASHES[digest]())
-    return builder.sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.DetachedSignature,
-                                                     pkcs7.PKCS7Options.Binary])
+    builder = (
+        pkcs7.PKCS7SignatureBuilder()
+        .set_data(content)
+        .add_signer(identity.certificate, identity.key, _HASHES[digest]())
+    )
+    return builder.sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.DetachedSignature, pkcs7.PKCS7Options.Binary])
 
 
 # --------------------------------------------------------------------------- compression (RFC 3274, RFC 5402)
@@ -328,7 +374,7 @@ def decompress(der: bytes, limit: int) -> bytes:
         data = info["content"]
         algorithm = data["compression_algorithm"]["algorithm"].native
         compressed = data["encap_content_info"]["content"].native or b""
-    except Exception:  # noqa: BLE001
+    except Exception:
         raise As2DecompressionError("The CompressedData is malformed.") from None
     if algorithm != "zlib":
         raise As2DecompressionError(f"Compression {algorithm} is not supported; use zlib (RFC 3274).")
@@ -346,12 +392,15 @@ def decompress(der: bytes, limit: int) -> bytes:
 
 def compress(content: bytes) -> bytes:
     """CompressedData DER of *content* (zlib)."""
-    return cms.ContentInfo({
-        "content_type": "compressed_data",
-        "content": cms.CompressedData({
-            "version": "v0",
-            "compression_algorithm": {"algorithm": "zlib"},
-            "encap_content_info": {"content_type": "data", "content": zlib.compress(content)},
-        }),
-    }).dump()
-
+    return cms.ContentInfo(
+        {
+            "content_type": "compressed_data",
+            "content": cms.CompressedData(
+                {
+                    "version": "v0",
+                    "compression_algorithm": {"algorithm": "zlib"},
+                    "encap_content_info": {"content_type": "data", "content": zlib.compress(content)},
+                }
+            ),
+        }
+    ).dump()

@@ -26,8 +26,15 @@ __all__ = ["AS2_ID", "As2Settings", "PartnerAgreement", "parse_as2_section", "pa
 #: RFC 4130 6.2: an AS2 id is 1 to 128 printable ASCII characters (quoted when it has spaces; we take none)
 AS2_ID = re.compile(r"^[!-~]{1,128}$")
 _OUR_KEYS = {"id", "key", "certificate", "max_message_bytes", "mdn_timeout"}
-_PARTNER_KEYS = {"id", "certificate", "encryption_certificate", "require_signature", "require_encryption",
-                 "allow_3des", "allow_sha1"}
+_PARTNER_KEYS = {
+    "id",
+    "certificate",
+    "encryption_certificate",
+    "require_signature",
+    "require_encryption",
+    "allow_3des",
+    "allow_sha1",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +88,13 @@ def read_certificates(path: Path, where: Where, what: str) -> list[x509.Certific
 def parse_as2_section(section: MarkedDict) -> As2Settings:
     """The ``as2:`` section: ``id``, ``key``, ``certificate`` (both PEM files), bounds."""
     check_keys(section, _OUR_KEYS, "as2")
-    as2_id = expect_str(section.get("id"), section.at("id"), "as2.id", pattern=AS2_ID,
-                        hint="1-128 printable ASCII characters without spaces")
+    as2_id = expect_str(
+        section.get("id"),
+        section.at("id"),
+        "as2.id",
+        pattern=AS2_ID,
+        hint="1-128 printable ASCII characters without spaces",
+    )
     key_path = _path(section.get("key"), section.at("key"), "as2.key")
     try:
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
@@ -96,12 +108,18 @@ def parse_as2_section(section: MarkedDict) -> As2Settings:
         raise section.at("certificate").error("as2.certificate is not the certificate of as2.key")
     max_bytes = None
     if "max_message_bytes" in section:
-        max_bytes = expect_int(section["max_message_bytes"], section.at("max_message_bytes"), "as2.max_message_bytes",
-                               minimum=1024, maximum=1 << 31)
+        max_bytes = expect_int(
+            section["max_message_bytes"],
+            section.at("max_message_bytes"),
+            "as2.max_message_bytes",
+            minimum=1024,
+            maximum=1 << 31,
+        )
     timeout = 30.0
     if "mdn_timeout" in section:
-        timeout = float(expect_int(section["mdn_timeout"], section.at("mdn_timeout"), "as2.mdn_timeout",
-                                   minimum=1, maximum=600))
+        timeout = float(
+            expect_int(section["mdn_timeout"], section.at("mdn_timeout"), "as2.mdn_timeout", minimum=1, maximum=600)
+        )
     settings = As2Settings(as2_id, Identity(key, certificate), max_bytes, timeout, section.where)
     set_our_settings(settings)  # what the delivery engine's as2 transports send as
     return settings
@@ -112,18 +130,36 @@ def parse_partner_as2(partner_id: str, value: Any, where: Where) -> PartnerAgree
     what = f"partner {partner_id!r} as2"
     entry = expect_mapping(value, where, what)
     check_keys(entry, _PARTNER_KEYS, what)
-    as2_id = expect_str(entry.get("id"), entry.at("id"), f"{what}.id", pattern=AS2_ID,
-                        hint="1-128 printable ASCII characters without spaces")
-    certs = read_certificates(_path(entry.get("certificate"), entry.at("certificate"), f"{what}.certificate"),
-                              entry.at("certificate"), f"{what}.certificate")
+    as2_id = expect_str(
+        entry.get("id"),
+        entry.at("id"),
+        f"{what}.id",
+        pattern=AS2_ID,
+        hint="1-128 printable ASCII characters without spaces",
+    )
+    certs = read_certificates(
+        _path(entry.get("certificate"), entry.at("certificate"), f"{what}.certificate"),
+        entry.at("certificate"),
+        f"{what}.certificate",
+    )
     encryption = certs[0]
     if "encryption_certificate" in entry:
         encryption = read_certificates(
-            _path(entry["encryption_certificate"], entry.at("encryption_certificate"), f"{what}.encryption_certificate"),
-            entry.at("encryption_certificate"), f"{what}.encryption_certificate")[0]
-    flags = {name: expect_bool(entry.get(name, default), entry.at(name), f"{what}.{name}")
-             for name, default in (("require_signature", True), ("require_encryption", True),
-                                   ("allow_3des", False), ("allow_sha1", False))}
+            _path(
+                entry["encryption_certificate"], entry.at("encryption_certificate"), f"{what}.encryption_certificate"
+            ),
+            entry.at("encryption_certificate"),
+            f"{what}.encryption_certificate",
+        )[0]
+    flags = {
+        name: expect_bool(entry.get(name, default), entry.at(name), f"{what}.{name}")
+        for name, default in (
+            ("require_signature", True),
+            ("require_encryption", True),
+            ("allow_3des", False),
+            ("allow_sha1", False),
+        )
+    }
     return PartnerAgreement(partner_id, as2_id, tuple(certs), encryption, **flags)
 
 

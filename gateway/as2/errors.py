@@ -13,9 +13,19 @@ from typing import ClassVar
 from gateway.errors import GatewayError
 
 __all__ = [
-    "As2AuthenticationError", "As2DecompressionError", "As2DecompressionLimitError", "As2DecryptionError",
-    "As2Error", "As2HeaderError", "As2IntegrityError", "As2MimeError", "As2MdnError", "As2ProcessingError",
-    "As2RequestError", "As2UnknownPartnerError", "As2UnsignedError",
+    "As2AuthenticationError",
+    "As2DecompressionError",
+    "As2DecompressionLimitError",
+    "As2DecryptionError",
+    "As2Error",
+    "As2HeaderError",
+    "As2IntegrityError",
+    "As2MimeError",
+    "As2MdnError",
+    "As2ProcessingError",
+    "As2RequestError",
+    "As2UnknownPartnerError",
+    "As2UnsignedError",
 ]
 
 

@@ -78,8 +78,9 @@ class _Request:
 class As2Inbound:
     """The ``/as2`` endpoint's work for one gateway: ``handle`` answers one request."""
 
-    def __init__(self, settings: As2Settings, partners: Any, *, max_document_bytes: int,
-                 limits: MimeLimits | None = None) -> None:
+    def __init__(
+        self, settings: As2Settings, partners: Any, *, max_document_bytes: int, limits: MimeLimits | None = None
+    ) -> None:
         self.settings = settings
         self.by_as2_id = {p.as2.id: p for p in partners.partners.values() if p.as2 is not None}
         self.max_document_bytes = max_document_bytes
@@ -100,7 +101,8 @@ class As2Inbound:
         if partner is None or not partner.enabled or recipient != self.settings.id:
             raise As2UnknownPartnerError(
                 f"AS2-From {sender[:130]!r} to AS2-To {recipient[:130]!r} is not an agreement configured here; "
-                f"our AS2 id is {self.settings.id!r}.")
+                f"our AS2 id is {self.settings.id!r}."
+            )
         message_id = (headers.get("message-id") or "").strip()
         if not message_id or len(message_id) > _MAX_HEADER or not message_id.isprintable():
             raise As2HeaderError("The Message-ID header is missing or malformed (RFC 5322: <id@host>).")
@@ -110,27 +112,52 @@ class As2Inbound:
         kind = content_type.split(";", 1)[0].strip().lower()
         agreement = partner.as2
         mdn_kinds = ("multipart/report", "multipart/signed")
-        if agreement.require_encryption and kind not in ("application/pkcs7-mime", "application/x-pkcs7-mime") \
-                and kind not in mdn_kinds:
-            raise As2UnsignedError("Your agreement requires encrypted messages (application/pkcs7-mime); "
-                                   f"this one is {kind[:60]}.")
+        if (
+            agreement.require_encryption
+            and kind not in ("application/pkcs7-mime", "application/x-pkcs7-mime")
+            and kind not in mdn_kinds
+        ):
+            raise As2UnsignedError(
+                f"Your agreement requires encrypted messages (application/pkcs7-mime); this one is {kind[:60]}."
+            )
         if agreement.require_signature and kind not in (
-                "application/pkcs7-mime", "application/x-pkcs7-mime", "multipart/signed", "multipart/report"):
+            "application/pkcs7-mime",
+            "application/x-pkcs7-mime",
+            "multipart/signed",
+            "multipart/report",
+        ):
             raise As2UnsignedError(f"Your agreement requires signed messages; this one is {kind[:60]}.")
         receipt_to = headers.get("disposition-notification-to")
         async_url = headers.get("receipt-delivery-option")
         options = headers.get("disposition-notification-options")
-        return _Request(partner, message_id, content_type, options[:_MAX_HEADER] if options else None,
-                        receipt_to[:_MAX_HEADER] if receipt_to else None,
-                        async_url.strip()[:_MAX_HEADER] if async_url else None)
+        return _Request(
+            partner,
+            message_id,
+            content_type,
+            options[:_MAX_HEADER] if options else None,
+            receipt_to[:_MAX_HEADER] if receipt_to else None,
+            async_url.strip()[:_MAX_HEADER] if async_url else None,
+        )
 
-    async def handle(self, headers: Any, chunks: AsyncIterator[bytes], declared_length: int | None,
-                     submit: Callable[..., Awaitable[Any]], store: Callable[[], As2Store]) -> RawAnswer:
+    async def handle(
+        self,
+        headers: Any,
+        chunks: AsyncIterator[bytes],
+        declared_length: int | None,
+        submit: Callable[..., Awaitable[Any]],
+        store: Callable[[], As2Store],
+    ) -> RawAnswer:
         """Answer one AS2 request; *submit* is the gateway's :meth:`Gateway.submit`, *store* the AS2 ledger."""
         request = self._request(headers)
         body = await read_body(chunks, self.max_message_bytes, declared_length=declared_length)
-        top = Part([("content-type", request.content_type),
-                    ("content-transfer-encoding", headers.get("content-transfer-encoding") or "binary")], body, body)
+        top = Part(
+            [
+                ("content-type", request.content_type),
+                ("content-transfer-encoding", headers.get("content-transfer-encoding") or "binary"),
+            ],
+            body,
+            body,
+        )
         if self._is_mdn(top):
             from gateway.as2.outbound import record_mdn
 
@@ -139,12 +166,25 @@ class As2Inbound:
         agreement = request.partner.as2
         micalg = mdns.requested_micalg(request.options, agreement.allow_sha1)
         try:
-            unwrapped = await asyncio.to_thread(unwrap, top, agreement, self.settings.identity,
-                                                max_bytes=self.max_document_bytes, micalg=micalg, limits=self.limits)
+            unwrapped = await asyncio.to_thread(
+                unwrap,
+                top,
+                agreement,
+                self.settings.identity,
+                max_bytes=self.max_document_bytes,
+                micalg=micalg,
+                limits=self.limits,
+            )
         except As2ProcessingError as exc:
             log.info("AS2 %s from %s refused: %s", request.message_id[:200], request.partner.id, exc.code)
-            return await self._answer(request, store, None, None, f"processed/error: {exc.disposition}",
-                                      f"The message was not processed: {exc.code}. {exc.detail}")
+            return await self._answer(
+                request,
+                store,
+                None,
+                None,
+                f"processed/error: {exc.disposition}",
+                f"The message was not processed: {exc.code}. {exc.detail}",
+            )
         return await self._accept(request, unwrapped, submit, store)
 
     def _is_mdn(self, top: Part) -> bool:
@@ -159,60 +199,110 @@ class As2Inbound:
             return bool(parts) and parts[0].content_type[0] == "multipart/report"
         return False
 
-    async def _accept(self, request: _Request, unwrapped: Unwrapped, submit: Callable[..., Awaitable[Any]],
-                      store: Callable[[], As2Store]) -> RawAnswer:
+    async def _accept(
+        self,
+        request: _Request,
+        unwrapped: Unwrapped,
+        submit: Callable[..., Awaitable[Any]],
+        store: Callable[[], As2Store],
+    ) -> RawAnswer:
         partner = request.partner
         previous = await asyncio.to_thread(store().get, "in", partner.id, request.message_id)
         if previous is not None and previous.disposition == PROCESSED and previous.mdn is not None:
             if previous.mic == unwrapped.mic:  # a resend: the same MDN again
                 return await self._send(request, previous.mdn)
-            return await self._answer(request, store, unwrapped.mic, None,
-                                      "processed/error: unexpected-processing-error",
-                                      f"The message was not processed: {IdempotencyConflictError.code}. Message-ID "
-                                      "was already used for another message; send a new message with a new "
-                                      "Message-ID.", keep=False)
+            return await self._answer(
+                request,
+                store,
+                unwrapped.mic,
+                None,
+                "processed/error: unexpected-processing-error",
+                f"The message was not processed: {IdempotencyConflictError.code}. Message-ID "
+                "was already used for another message; send a new message with a new "
+                "Message-ID.",
+                keep=False,
+            )
         try:
-            charset = check_media_type(unwrapped.content_type + (f"; charset={unwrapped.charset}"
-                                                                 if unwrapped.charset else ""))
-            outcome = await submit(partner, unwrapped.payload, charset=charset,
-                                   idempotency_key=_idempotency_key(request.message_id))
+            charset = check_media_type(
+                unwrapped.content_type + (f"; charset={unwrapped.charset}" if unwrapped.charset else "")
+            )
+            outcome = await submit(
+                partner, unwrapped.payload, charset=charset, idempotency_key=_idempotency_key(request.message_id)
+            )
         except _RETRY:
             raise
         except IdempotencyConflictError as exc:
-            return await self._answer(request, store, unwrapped.mic, None,
-                                      "processed/error: unexpected-processing-error",
-                                      f"The message was not processed: {exc.code}. Message-ID was already used for "
-                                      "another message; send a new message with a new Message-ID.", keep=False)
+            return await self._answer(
+                request,
+                store,
+                unwrapped.mic,
+                None,
+                "processed/error: unexpected-processing-error",
+                f"The message was not processed: {exc.code}. Message-ID was already used for "
+                "another message; send a new message with a new Message-ID.",
+                keep=False,
+            )
         except UnsupportedMediaTypeError as exc:
-            return await self._answer(request, store, unwrapped.mic, None,
-                                      "processed/error: unexpected-processing-error",
-                                      f"The message was not processed: {exc.code}. Send an XML document "
-                                      "(application/xml).")
+            return await self._answer(
+                request,
+                store,
+                unwrapped.mic,
+                None,
+                "processed/error: unexpected-processing-error",
+                f"The message was not processed: {exc.code}. Send an XML document (application/xml).",
+            )
         except GatewayError as exc:
-            return await self._answer(request, store, unwrapped.mic, None,
-                                      "processed/error: unexpected-processing-error",
-                                      f"The document was refused: {exc.code} (HTTP {exc.status}). "
-                                      f"{type(exc).default_detail}")
-        return await self._answer(request, store, unwrapped.mic, outcome.message_id, PROCESSED,
-                                  f"The document was received and accepted as message {outcome.message_id}.")
+            return await self._answer(
+                request,
+                store,
+                unwrapped.mic,
+                None,
+                "processed/error: unexpected-processing-error",
+                f"The document was refused: {exc.code} (HTTP {exc.status}). {type(exc).default_detail}",
+            )
+        return await self._answer(
+            request,
+            store,
+            unwrapped.mic,
+            outcome.message_id,
+            PROCESSED,
+            f"The document was received and accepted as message {outcome.message_id}.",
+        )
 
-    async def _answer(self, request: _Request, store: Callable[[], As2Store], mic: str | None,
-                      message_id: str | None, disposition: str, text: str, *, keep: bool = True) -> RawAnswer:
+    async def _answer(
+        self,
+        request: _Request,
+        store: Callable[[], As2Store],
+        mic: str | None,
+        message_id: str | None,
+        disposition: str,
+        text: str,
+        *,
+        keep: bool = True,
+    ) -> RawAnswer:
         partner = request.partner
         agreement = partner.as2
         signed = mdns.wants_signed_mdn(request.options)
         digest = mdns.requested_micalg(request.options, agreement.allow_sha1) or "sha256"
         mdn = await asyncio.to_thread(
-            mdns.build_mdn, our_id=self.settings.id, partner_id=agreement.id, original_message_id=request.message_id,
-            disposition=disposition, text=text, mic=mic, signer=self.settings.identity if signed else None,
-            digest=digest)
+            mdns.build_mdn,
+            our_id=self.settings.id,
+            partner_id=agreement.id,
+            original_message_id=request.message_id,
+            disposition=disposition,
+            text=text,
+            mic=mic,
+            signer=self.settings.identity if signed else None,
+            digest=digest,
+        )
         raw = mdn.mime
         if keep:
             try:
-                record = await store().record_received(partner.id, request.message_id, message_id, mic, disposition,
-                                                      raw)
+                record = await store().record_received(
+                    partner.id, request.message_id, message_id, mic, disposition, raw
+                )
                 raw = record.mdn or raw  # a concurrent twin's accepted MDN stands
-            except Exception:  # noqa: BLE001 - the document is committed; its MDN is made again on a resend
+            except Exception:  # the document is committed; its MDN is made again on a resend
                 log.exception("the MDN of AS2 message %s could not be kept in the ledger", request.message_id[:200])
                 if disposition == PROCESSED:
                     raise StoreUnavailableError() from None

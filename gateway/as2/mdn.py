@@ -92,8 +92,17 @@ def message_id(our_id: str) -> str:
     return f"<{os.urandom(16).hex()}@{_SAFE.sub('_', our_id).replace(' ', '_')[:64]}>"
 
 
-def build_mdn(*, our_id: str, partner_id: str, original_message_id: str, disposition: str, text: str,
-              mic: str | None, signer: cms.Identity | None, digest: str = "sha256") -> MdnOut:
+def build_mdn(
+    *,
+    our_id: str,
+    partner_id: str,
+    original_message_id: str,
+    disposition: str,
+    text: str,
+    mic: str | None,
+    signer: cms.Identity | None,
+    digest: str = "sha256",
+) -> MdnOut:
     """Our MDN for *original_message_id*: ``disposition`` is ``processed`` or ``processed/error: <modifier>``;
     *mic* the ``Received-Content-MIC`` value (``<base64>, <micalg>``) when one was computed."""
     original = _SAFE.sub("", original_message_id)[:998]
@@ -111,25 +120,43 @@ def build_mdn(*, our_id: str, partner_id: str, original_message_id: str, disposi
     report_boundary = _boundary()
     report_type = f'multipart/report; report-type=disposition-notification; boundary="{report_boundary}"'
     report_body = (
-        f"--{report_boundary}\r\nContent-Type: text/plain; charset=us-ascii\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
-        .encode("ascii") + human + b"\r\n"
+        f"--{report_boundary}\r\nContent-Type: text/plain; charset=us-ascii\r\nContent-Transfer-Encoding: 7bit\r\n\r\n".encode(
+            "ascii"
+        )
+        + human
+        + b"\r\n"
         + f"--{report_boundary}\r\nContent-Type: message/disposition-notification\r\n"
-          "Content-Transfer-Encoding: 7bit\r\n\r\n".encode("ascii")
-        + notification + f"\r\n--{report_boundary}--\r\n".encode("ascii"))
+        "Content-Transfer-Encoding: 7bit\r\n\r\n".encode("ascii")
+        + notification
+        + f"\r\n--{report_boundary}--\r\n".encode("ascii")
+    )
     mid = message_id(our_id)
-    headers = [("AS2-Version", "1.2"), ("AS2-From", our_id), ("AS2-To", partner_id), ("Message-ID", mid),
-               ("Date", email.utils.formatdate(usegmt=True)), ("MIME-Version", "1.0")]
+    headers = [
+        ("AS2-Version", "1.2"),
+        ("AS2-From", our_id),
+        ("AS2-To", partner_id),
+        ("Message-ID", mid),
+        ("Date", email.utils.formatdate(usegmt=True)),
+        ("MIME-Version", "1.0"),
+    ]
     if signer is None:
         return MdnOut(headers + [("Content-Type", report_type)], report_body, mid, disposition)
     signed_part = f"Content-Type: {report_type}\r\n\r\n".encode("ascii") + report_body
     signature = base64.encodebytes(cms.sign(signed_part, signer, digest=digest)).replace(b"\n", b"\r\n")
     outer = _boundary()
-    body = (f"--{outer}\r\n".encode("ascii") + signed_part + f"\r\n--{outer}\r\n".encode("ascii")
-            + b"Content-Type: application/pkcs7-signature; name=smime.p7s\r\nContent-Transfer-Encoding: base64\r\n"
-              b"Content-Disposition: attachment; filename=smime.p7s\r\n\r\n"
-            + signature + f"\r\n--{outer}--\r\n".encode("ascii"))
-    content_type = (f'multipart/signed; protocol="application/pkcs7-signature"; micalg={cms.micalg_name(digest)}; '
-                    f'boundary="{outer}"')
+    body = (
+        f"--{outer}\r\n".encode("ascii")
+        + signed_part
+        + f"\r\n--{outer}\r\n".encode("ascii")
+        + b"Content-Type: application/pkcs7-signature; name=smime.p7s\r\nContent-Transfer-Encoding: base64\r\n"
+        b"Content-Disposition: attachment; filename=smime.p7s\r\n\r\n"
+        + signature
+        + f"\r\n--{outer}--\r\n".encode("ascii")
+    )
+    content_type = (
+        f'multipart/signed; protocol="application/pkcs7-signature"; micalg={cms.micalg_name(digest)}; '
+        f'boundary="{outer}"'
+    )
     return MdnOut(headers + [("Content-Type", content_type)], body, mid, disposition)
 
 
@@ -147,8 +174,15 @@ def _fields(data: bytes) -> dict[str, str]:
     return fields
 
 
-def parse_mdn(content_type: str, body: bytes, certificates: list[x509.Certificate], *, require_signed: bool,
-              limits: MimeLimits | None = None, now: dt.datetime | None = None) -> Mdn:
+def parse_mdn(
+    content_type: str,
+    body: bytes,
+    certificates: list[x509.Certificate],
+    *,
+    require_signed: bool,
+    limits: MimeLimits | None = None,
+    now: dt.datetime | None = None,
+) -> Mdn:
     """Read an MDN (top-level *content_type* and *body*, as they came over HTTP); a signed one is verified with
     the partner's *certificates*."""
     limits = limits or MimeLimits()

@@ -118,23 +118,23 @@ def split_multipart(part: Part, limits: MimeLimits) -> list[Part]:
         at = body.find(delimiter, at)
         if at == -1:
             break
-        if at == 0 or body[at - 1:at] == b"\n":
+        if at == 0 or body[at - 1 : at] == b"\n":
             positions.append(at)
-            if body[at + len(delimiter):at + len(delimiter) + 2] == b"--":
+            if body[at + len(delimiter) : at + len(delimiter) + 2] == b"--":
                 break
             if len(positions) > limits.parts + 1:
                 raise As2MimeError(f"A multipart has more than {limits.parts} parts.")
         at += len(delimiter)
-    if len(positions) < 2 or body[positions[-1] + len(delimiter):positions[-1] + len(delimiter) + 2] != b"--":
+    if len(positions) < 2 or body[positions[-1] + len(delimiter) : positions[-1] + len(delimiter) + 2] != b"--":
         raise As2MimeError("A multipart is not closed by its final boundary.")
     parts = []
-    for start, end in zip(positions, positions[1:]):
+    for start, end in zip(positions, positions[1:], strict=False):
         line_end = body.find(b"\n", start)
         if line_end == -1 or line_end >= end:
             raise As2MimeError("A multipart boundary line is malformed.")
         content_start = line_end + 1
         content_end = end - 1  # the LF before the next delimiter
-        if body[content_end - 1:content_end] == b"\r":
+        if body[content_end - 1 : content_end] == b"\r":
             content_end -= 1
-        parts.append(entity(body[content_start:max(content_start, content_end)], limits))
+        parts.append(entity(body[content_start : max(content_start, content_end)], limits))
     return parts

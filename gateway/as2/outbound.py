@@ -40,14 +40,34 @@ from gateway.delivery.transport import AttemptResult, OutboundRequest
 from gateway.marked import MarkedDict, Where, expect_bool, expect_choice, expect_str
 
 __all__ = [
-    "As2Endpoint", "As2Transport", "AttemptResult", "OutboundRequest", "build_message", "parse_endpoint",
-    "record_mdn", "send_async_mdn", "send_message", "set_our_settings",
+    "As2Endpoint",
+    "As2Transport",
+    "AttemptResult",
+    "OutboundRequest",
+    "build_message",
+    "parse_endpoint",
+    "record_mdn",
+    "send_async_mdn",
+    "send_message",
+    "set_our_settings",
 ]
 
 log = logging.getLogger(__name__)
 
-_ENDPOINT_KEYS = {"url", "as2_to", "certificate", "encryption_certificate", "sign", "encrypt", "compress",
-                  "encryption", "digest", "mdn", "signed_mdn", "mdn_url"}
+_ENDPOINT_KEYS = {
+    "url",
+    "as2_to",
+    "certificate",
+    "encryption_certificate",
+    "sign",
+    "encrypt",
+    "compress",
+    "encryption",
+    "digest",
+    "mdn",
+    "signed_mdn",
+    "mdn_url",
+}
 _MAX_MDN_BYTES = 256 * 1024
 
 
@@ -69,36 +89,44 @@ class As2Endpoint:
     mdn_url: str | None = None
 
 
-
-
 def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
     """An ``as2`` endpoint's own keys (docs/as2.md lists them); other keys are the engine's."""
     url = expect_str(mapping.get("url"), mapping.at("url"), f"{what} url")
     if not url.startswith(("http://", "https://")):
         raise mapping.at("url").error(f"{what} url must be an http:// or https:// URL")
-    as2_to = expect_str(mapping.get("as2_to"), mapping.at("as2_to"), f"{what} as2_to", pattern=AS2_ID,
-                        hint="the partner's AS2 id")
+    as2_to = expect_str(
+        mapping.get("as2_to"), mapping.at("as2_to"), f"{what} as2_to", pattern=AS2_ID, hint="the partner's AS2 id"
+    )
 
     def cert(key: str) -> list[x509.Certificate]:
         from gateway.as2.config import _path
 
-        return read_certificates(_path(mapping.get(key), mapping.at(key), f"{what} {key}"), mapping.at(key),
-                                 f"{what} {key}")
+        return read_certificates(
+            _path(mapping.get(key), mapping.at(key), f"{what} {key}"), mapping.at(key), f"{what} {key}"
+        )
 
     certs = cert("certificate")
     encryption = cert("encryption_certificate")[0] if "encryption_certificate" in mapping else certs[0]
-    flags = {name: expect_bool(mapping.get(name, default), mapping.at(name), f"{what} {name}")
-             for name, default in (("sign", True), ("encrypt", True), ("compress", False), ("signed_mdn", True))}
-    algorithm = expect_choice(mapping.get("encryption", "aes256_cbc"), mapping.at("encryption"), f"{what} encryption",
-                              ("aes128_cbc", "aes256_cbc"))
-    digest = expect_choice(mapping.get("digest", "sha256"), mapping.at("digest"), f"{what} digest",
-                           ("sha256", "sha384", "sha512"))
+    flags = {
+        name: expect_bool(mapping.get(name, default), mapping.at(name), f"{what} {name}")
+        for name, default in (("sign", True), ("encrypt", True), ("compress", False), ("signed_mdn", True))
+    }
+    algorithm = expect_choice(
+        mapping.get("encryption", "aes256_cbc"),
+        mapping.at("encryption"),
+        f"{what} encryption",
+        ("aes128_cbc", "aes256_cbc"),
+    )
+    digest = expect_choice(
+        mapping.get("digest", "sha256"), mapping.at("digest"), f"{what} digest", ("sha256", "sha384", "sha512")
+    )
     mdn = expect_choice(mapping.get("mdn", "sync"), mapping.at("mdn"), f"{what} mdn", ("sync", "async", "none"))
     mdn_url = None
     if mdn == "async":
         mdn_url = expect_str(mapping.get("mdn_url"), mapping.at("mdn_url"), f"{what} mdn_url")
-    return As2Endpoint(url, as2_to, tuple(certs), encryption, encryption=algorithm, digest=digest, mdn=mdn,
-                       mdn_url=mdn_url, **flags)
+    return As2Endpoint(
+        url, as2_to, tuple(certs), encryption, encryption=algorithm, digest=digest, mdn=mdn, mdn_url=mdn_url, **flags
+    )
 
 
 # --------------------------------------------------------------------------- building
@@ -118,28 +146,36 @@ def message_id_for(delivery_id: str, our_id: str) -> str:
     return f"<{safe}@{host}>"
 
 
-def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content_type: str,
-                  message_id: str) -> Built:
+def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content_type: str, message_id: str) -> Built:
     """The AS2 message for *body*: its HTTP headers, body and the MIC we expect back."""
     if body.isascii():
         entity = f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: binary\r\n\r\n".encode("latin-1") + body
     else:  # 8-bit content is signed in base64 (RFC 5751 3.1.2): receivers that read MIME as text keep it intact
-        entity = (f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: base64\r\n\r\n".encode("latin-1")
-                  + base64.encodebytes(body).replace(b"\n", b"\r\n"))
+        entity = f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: base64\r\n\r\n".encode(
+            "latin-1"
+        ) + base64.encodebytes(body).replace(b"\n", b"\r\n")
     mic_source = entity
     if endpoint.compress:
-        entity = (b"Content-Type: application/pkcs7-mime; smime-type=compressed-data; name=smime.p7z\r\n"
-                  b"Content-Transfer-Encoding: binary\r\n\r\n" + cms.compress(entity))
+        entity = (
+            b"Content-Type: application/pkcs7-mime; smime-type=compressed-data; name=smime.p7z\r\n"
+            b"Content-Transfer-Encoding: binary\r\n\r\n" + cms.compress(entity)
+        )
         mic_source = entity
     if endpoint.sign:
         signature = base64.encodebytes(cms.sign(entity, ours.identity, digest=endpoint.digest)).replace(b"\n", b"\r\n")
         boundary = "----=_b2bgw_" + os.urandom(12).hex()
-        signed_type = (f'multipart/signed; protocol="application/pkcs7-signature"; '
-                       f'micalg={cms.micalg_name(endpoint.digest)}; boundary="{boundary}"')
-        signed_body = (f"--{boundary}\r\n".encode("ascii") + entity + f"\r\n--{boundary}\r\n".encode("ascii")
-                       + b"Content-Type: application/pkcs7-signature; name=smime.p7s\r\n"
-                         b"Content-Transfer-Encoding: base64\r\nContent-Disposition: attachment; filename=smime.p7s"
-                         b"\r\n\r\n" + signature + f"\r\n--{boundary}--\r\n".encode("ascii"))
+        signed_type = (
+            f'multipart/signed; protocol="application/pkcs7-signature"; '
+            f'micalg={cms.micalg_name(endpoint.digest)}; boundary="{boundary}"'
+        )
+        signed_body = (
+            f"--{boundary}\r\n".encode("ascii")
+            + entity
+            + f"\r\n--{boundary}\r\n".encode("ascii")
+            + b"Content-Type: application/pkcs7-signature; name=smime.p7s\r\n"
+            b"Content-Transfer-Encoding: base64\r\nContent-Disposition: attachment; filename=smime.p7s"
+            b"\r\n\r\n" + signature + f"\r\n--{boundary}--\r\n".encode("ascii")
+        )
         mic_source = entity
         entity = f"Content-Type: {signed_type}\r\n\r\n".encode("ascii") + signed_body
     top_type, top_body = None, None
@@ -157,16 +193,23 @@ def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content
         if not endpoint.sign and not endpoint.compress:
             mic_source = body
     headers = {
-        "AS2-Version": "1.2", "AS2-From": ours.id, "AS2-To": endpoint.as2_to, "Message-ID": message_id,
-        "Date": email.utils.formatdate(usegmt=True), "Subject": "AS2 message", "MIME-Version": "1.0",
-        "Content-Type": top_type, "Content-Transfer-Encoding": encoding,
+        "AS2-Version": "1.2",
+        "AS2-From": ours.id,
+        "AS2-To": endpoint.as2_to,
+        "Message-ID": message_id,
+        "Date": email.utils.formatdate(usegmt=True),
+        "Subject": "AS2 message",
+        "MIME-Version": "1.0",
+        "Content-Type": top_type,
+        "Content-Transfer-Encoding": encoding,
     }
     if endpoint.mdn != "none":
         headers["Disposition-Notification-To"] = ours.id
         if endpoint.signed_mdn:
             headers["Disposition-Notification-Options"] = (
                 f"signed-receipt-protocol=optional, pkcs7-signature; "
-                f"signed-receipt-micalg=optional, {cms.micalg_name(endpoint.digest)}")
+                f"signed-receipt-micalg=optional, {cms.micalg_name(endpoint.digest)}"
+            )
         if endpoint.mdn == "async":
             headers["Receipt-Delivery-Option"] = endpoint.mdn_url or ""
     return Built(headers, top_body, message_id, mic_value(mic_source, endpoint.digest))
@@ -189,20 +232,23 @@ def judge(mdn: mdns.Mdn, mic: str, endpoint: As2Endpoint, evidence: bytes, statu
     if not mdn.positive:
         return AttemptResult("failed", status, f"negative MDN: {mdn.disposition[:200]}", evidence=evidence)
     if not _same_mic(mic, mdn.mic, mdn.mic_alg):
-        return AttemptResult("failed", status, f"MIC mismatch: ours {mic}, the MDN's {mdn.mic}, {mdn.mic_alg}",
-                             evidence=evidence)
+        return AttemptResult(
+            "failed", status, f"MIC mismatch: ours {mic}, the MDN's {mdn.mic}, {mdn.mic_alg}", evidence=evidence
+        )
     return AttemptResult("delivered", status, f"positive MDN: {mdn.disposition[:200]}", evidence=evidence)
 
 
 _WAITERS: dict[tuple[str, str], asyncio.Future[tuple[mdns.Mdn, bytes]]] = {}
 
 
-async def record_mdn(partner: Any, content_type: str, body: bytes, store: As2Store,
-                     limits: MimeLimits | None = None) -> mdns.Mdn:
+async def record_mdn(
+    partner: Any, content_type: str, body: bytes, store: As2Store, limits: MimeLimits | None = None
+) -> mdns.Mdn:
     """An asynchronous MDN from *partner*: verified, matched by ``Original-Message-ID``, kept in the ledger."""
     agreement = partner.as2
-    mdn = await asyncio.to_thread(mdns.parse_mdn, content_type, body, list(agreement.certificates),
-                                  require_signed=False, limits=limits)
+    mdn = await asyncio.to_thread(
+        mdns.parse_mdn, content_type, body, list(agreement.certificates), require_signed=False, limits=limits
+    )
     raw = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body
     if not await store.mdn_received(partner.id, mdn.original_message_id, mdn.disposition, raw):
         raise As2MdnError(f"No message {mdn.original_message_id[:200]!r} was sent to you from here.")
@@ -220,8 +266,14 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: OutboundRequest, *,
-                       client: httpx.AsyncClient | None = None, store: As2Store | None = None) -> AttemptResult:
+async def send_message(
+    endpoint: As2Endpoint,
+    ours: As2Settings,
+    request: OutboundRequest,
+    *,
+    client: httpx.AsyncClient | None = None,
+    store: As2Store | None = None,
+) -> AttemptResult:
     """Send one AS2 message for *request* and judge its MDN (see the module docstring)."""
     message_id = message_id_for(request.delivery_id, ours.id)
     built = await asyncio.to_thread(build_message, endpoint, ours, request.body, request.content_type, message_id)
@@ -230,8 +282,9 @@ async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: Outbou
         if existing is None:
             await store.record_sent(request.partner, message_id, request.delivery_id, built.mic)
         elif existing.mdn is not None:  # an asynchronous MDN came after an earlier attempt gave up waiting
-            mdn = await asyncio.to_thread(mdns.parse_mdn, *_split(existing.mdn), list(endpoint.certificates),
-                                          require_signed=endpoint.signed_mdn)
+            mdn = await asyncio.to_thread(
+                mdns.parse_mdn, *_split(existing.mdn), list(endpoint.certificates), require_signed=endpoint.signed_mdn
+            )
             return judge(mdn, existing.mic or built.mic, endpoint, existing.mdn, None)
     waiter = None
     if endpoint.mdn == "async":
@@ -241,10 +294,11 @@ async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: Outbou
     client = client or httpx.AsyncClient(follow_redirects=False, timeout=request.timeout)
     try:
         try:
-            response = await asyncio.wait_for(client.post(endpoint.url, content=built.body, headers=built.headers,
-                                                          timeout=request.timeout),
-                                              request.timeout)
-        except (httpx.HTTPError, asyncio.TimeoutError, OSError) as exc:
+            response = await asyncio.wait_for(
+                client.post(endpoint.url, content=built.body, headers=built.headers, timeout=request.timeout),
+                request.timeout,
+            )
+        except (TimeoutError, httpx.HTTPError, OSError) as exc:
             return AttemptResult("retry", None, f"no answer from {endpoint.url}: {type(exc).__name__}")
         status = response.status_code
         if status == 429 or status >= 500:
@@ -256,17 +310,18 @@ async def send_message(endpoint: As2Endpoint, ours: As2Settings, request: Outbou
         if endpoint.mdn == "async":
             try:
                 mdn, raw = await asyncio.wait_for(waiter, request.timeout)  # type: ignore[arg-type]
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return AttemptResult("retry", status, "sent; the asynchronous MDN has not come yet")
             return judge(mdn, built.mic, endpoint, raw, status)
-        body = response.content[:_MAX_MDN_BYTES + 1]
+        body = response.content[: _MAX_MDN_BYTES + 1]
         if len(body) > _MAX_MDN_BYTES:
             return AttemptResult("failed", status, "the MDN is larger than 256 KiB")
         content_type = response.headers.get("content-type", "")
         raw = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body
         try:
-            mdn = await asyncio.to_thread(mdns.parse_mdn, content_type, body, list(endpoint.certificates),
-                                          require_signed=endpoint.signed_mdn)
+            mdn = await asyncio.to_thread(
+                mdns.parse_mdn, content_type, body, list(endpoint.certificates), require_signed=endpoint.signed_mdn
+            )
         except As2Error as exc:
             return AttemptResult("failed", status, f"the MDN does not verify: {exc.detail}", evidence=raw)
         if store is not None:
@@ -291,13 +346,19 @@ async def send_async_mdn(url: str, headers: list[tuple[bytes, bytes]], body: byt
         return False
     try:
         async with httpx.AsyncClient(follow_redirects=False, timeout=timeout) as client:
-            response = await asyncio.wait_for(client.post(url, content=body, headers=[
-                (name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]), timeout)
+            response = await asyncio.wait_for(
+                client.post(
+                    url,
+                    content=body,
+                    headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers],
+                ),
+                timeout,
+            )
         if response.status_code >= 300:
             log.warning("asynchronous MDN to %s answered HTTP %d", url[:200], response.status_code)
             return False
         return True
-    except (httpx.HTTPError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, httpx.HTTPError, OSError) as exc:
         log.warning("asynchronous MDN to %s not sent: %s", url[:200], type(exc).__name__)
         return False
 
@@ -307,8 +368,7 @@ class As2Transport:
 
     kind: ClassVar[str] = "as2"
 
-    def __init__(self, endpoint: As2Endpoint, ours: As2Settings | None = None,
-                 store: As2Store | None = None) -> None:
+    def __init__(self, endpoint: As2Endpoint, ours: As2Settings | None = None, store: As2Store | None = None) -> None:
         self.endpoint = endpoint
         self.ours = ours
         self.store = store

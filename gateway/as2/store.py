@@ -52,8 +52,11 @@ class As2Store:
     def get(self, direction: str, partner: str, as2_message_id: str) -> As2Record | None:
         t = as2_messages
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(t).where(t.c.direction == direction, t.c.partner == partner,
-                                                  t.c.as2_message_id == stored_id(as2_message_id))).first()
+            row = conn.execute(
+                sa.select(t).where(
+                    t.c.direction == direction, t.c.partner == partner, t.c.as2_message_id == stored_id(as2_message_id)
+                )
+            ).first()
         return None if row is None else As2Record(**row._mapping)
 
     def for_document(self, message_id: str) -> list[As2Record]:
@@ -63,8 +66,9 @@ class As2Store:
             rows = conn.execute(sa.select(t).where(t.c.message_id == message_id).limit(10)).all()
         return [As2Record(**row._mapping) for row in rows]
 
-    async def record_received(self, partner: str, as2_message_id: str, message_id: str | None, mic: str | None,
-                              disposition: str, mdn: bytes) -> As2Record:
+    async def record_received(
+        self, partner: str, as2_message_id: str, message_id: str | None, mic: str | None, disposition: str, mdn: bytes
+    ) -> As2Record:
         """Keep the MDN sent for a received message; returns the row that holds (an accepted one stays)."""
         t, key, now = as2_messages, stored_id(as2_message_id), now_ms()
         values = {"message_id": message_id, "mic": mic, "disposition": disposition, "mdn": mdn, "updated_at": now}
@@ -73,8 +77,9 @@ class As2Store:
             where = (t.c.direction == "in", t.c.partner == partner, t.c.as2_message_id == key)
             row = conn.execute(sa.select(t).where(*where)).first()
             if row is None:
-                conn.execute(t.insert().values(direction="in", partner=partner, as2_message_id=key, created_at=now,
-                                               **values))
+                conn.execute(
+                    t.insert().values(direction="in", partner=partner, as2_message_id=key, created_at=now, **values)
+                )
                 return As2Record("in", partner, key, message_id, mic, disposition, mdn, now, now)
             if row.disposition == PROCESSED:
                 return As2Record(**row._mapping)
@@ -89,14 +94,36 @@ class As2Store:
     async def record_sent(self, partner: str, as2_message_id: str, message_id: str | None, mic: str) -> None:
         """A message we sent, its MDN awaited."""
         now = now_ms()
-        await self.broker.write_async(lambda conn: conn.execute(as2_messages.insert().values(
-            direction="out", partner=partner, as2_message_id=stored_id(as2_message_id), message_id=message_id,
-            mic=mic, disposition=None, mdn=None, created_at=now, updated_at=now)))
+        await self.broker.write_async(
+            lambda conn: conn.execute(
+                as2_messages.insert().values(
+                    direction="out",
+                    partner=partner,
+                    as2_message_id=stored_id(as2_message_id),
+                    message_id=message_id,
+                    mic=mic,
+                    disposition=None,
+                    mdn=None,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        )
 
     async def mdn_received(self, partner: str, as2_message_id: str, disposition: str, mdn: bytes) -> bool:
         """The MDN of a message we sent; False when we sent no such message to that partner."""
         t = as2_messages
-        (result,) = await self.broker.write_async(lambda conn: conn.execute(t.update().where(
-            t.c.direction == "out", t.c.partner == partner, t.c.as2_message_id == stored_id(as2_message_id),
-        ).values(disposition=disposition[:200], mdn=mdn, updated_at=now_ms())).rowcount)
+        (result,) = await self.broker.write_async(
+            lambda conn: (
+                conn.execute(
+                    t.update()
+                    .where(
+                        t.c.direction == "out",
+                        t.c.partner == partner,
+                        t.c.as2_message_id == stored_id(as2_message_id),
+                    )
+                    .values(disposition=disposition[:200], mdn=mdn, updated_at=now_ms())
+                ).rowcount
+            )
+        )
         return result == 1

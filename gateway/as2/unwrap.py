@@ -49,8 +49,15 @@ def _bounded(data: bytes, limit: int, what: str) -> bytes:
     return data
 
 
-def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, max_bytes: int,
-           micalg: str | None, limits: MimeLimits) -> Unwrapped:
+def unwrap(
+    top: Part,
+    agreement: PartnerAgreement,
+    identity: cms.Identity,
+    *,
+    max_bytes: int,
+    micalg: str | None,
+    limits: MimeLimits,
+) -> Unwrapped:
     """The payload of *top* (the request: its Content-Type and body) from *agreement*'s partner.
 
     *max_bytes*: the largest intermediate or final content; *micalg*: the digest the sender asked for
@@ -64,7 +71,9 @@ def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, ma
         if kind in _PKCS7_MIME:
             smime = params.get("smime-type", "").lower()
             der = _bounded(part.decoded(), max_bytes, "encrypted or compressed content")
-            if smime == "compressed-data" or (not smime and der[:40].find(b"\x06\x0b\x2a\x86\x48\x86\xf7\x0d\x01\x09\x10\x01\x09") != -1):
+            if smime == "compressed-data" or (
+                not smime and der[:40].find(b"\x06\x0b\x2a\x86\x48\x86\xf7\x0d\x01\x09\x10\x01\x09") != -1
+            ):
                 inner = cms.decompress(der, max_bytes)
                 compressed = True
             elif smime == "signed-data":
@@ -85,11 +94,13 @@ def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, ma
                 raise As2MimeError("A message is signed once.")
             parts = split_multipart(part, limits)
             if len(parts) != 2 or parts[1].content_type[0] not in _PKCS7_SIGNATURE:
-                raise As2AuthenticationError("A multipart/signed message needs its content and one "
-                                             "application/pkcs7-signature part.")
+                raise As2AuthenticationError(
+                    "A multipart/signed message needs its content and one application/pkcs7-signature part."
+                )
             signature = parts[1].decoded()
-            verified, mic_source = cms.verify_part(signature, parts[0].raw, list(agreement.certificates),
-                                                   allow_sha1=agreement.allow_sha1)
+            verified, mic_source = cms.verify_part(
+                signature, parts[0].raw, list(agreement.certificates), allow_sha1=agreement.allow_sha1
+            )
             signed, digest = True, verified.digest
             part = parts[0]
             continue
@@ -104,6 +115,13 @@ def unwrap(top: Part, agreement: PartnerAgreement, identity: cms.Identity, *, ma
     kind, params = part.content_type
     if kind.startswith("multipart/"):
         raise As2MimeError(f"The payload must be one document, not {kind[:60]}.")
-    return Unwrapped(payload, kind, params.get("charset"), mic_value(mic_source if mic_source is not None else payload,
-                                                                     digest),
-                     signed, encrypted, compressed, digest)
+    return Unwrapped(
+        payload,
+        kind,
+        params.get("charset"),
+        mic_value(mic_source if mic_source is not None else payload, digest),
+        signed,
+        encrypted,
+        compressed,
+        digest,
+    )

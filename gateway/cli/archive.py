@@ -7,7 +7,8 @@ import argparse
 import datetime as _dt
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, existing_store_engine, settings_for
 from gateway.config.loader import Settings
@@ -16,11 +17,16 @@ from gateway.ledger.stats import shown_ms
 __all__ = ["register"]
 
 
-def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
-             needs_action: Callable[[argparse.ArgumentParser, str], Any]) -> None:
+def register(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+    needs_action: Callable[[argparse.ArgumentParser, str], Any],
+) -> None:
     """Add ``archive ...`` to the commands (*sub*)."""
-    archive = needs_action(sub.add_parser("archive", help="the ledger's archive: run it, list its runs, get a "
-                                                           "document back, check it"), "archive")
+    archive = needs_action(
+        sub.add_parser("archive", help="the ledger's archive: run it, list its runs, get a document back, check it"),
+        "archive",
+    )
     p = with_config(archive.add_parser("run", help="archive and purge the documents due under ledger.retention"))
     p.add_argument("--limit", type=int, default=None, metavar="N", help="purge at most about N documents")
     p.add_argument("--no-vacuum", action="store_true", help="do not give freed pages back afterwards (SQLite)")
@@ -42,8 +48,10 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
 
 def _policy(settings: Settings) -> Any:
     if settings.retention is None:
-        raise CommandError(f"{settings.config_path}: no ledger.retention section: documents stay online for ever; "
-                           "add one (docs/retention.md) to archive and purge them")
+        raise CommandError(
+            f"{settings.config_path}: no ledger.retention section: documents stay online for ever; "
+            "add one (docs/retention.md) to archive and purge them"
+        )
     return settings.retention
 
 
@@ -57,37 +65,48 @@ def _root(settings: Settings) -> str:
 
 
 def cmd_archive_run(args: argparse.Namespace) -> int:
-    from spark_etl.archive import ArchiveBusyError, ArchiveError, run, store_writer
-
     from gateway.cli.audit import audit_cli
-
     from gateway.runtime.serving import etl_enabled, open_broker
+    from spark_etl.archive import ArchiveBusyError, ArchiveError, run, store_writer
 
     settings = settings_for(args)
     policy = _policy(settings)
     broker = open_broker(settings, sweep_interval=0)
     try:
         try:
-            result = run(policy, engine=broker.engine, write=store_writer(broker),
-                         purge_write=store_writer(broker, durable=False), root=_root(settings),
-                         db_url=settings.store_url, wait_for_warehouse=etl_enabled(settings),
-                         vacuum=not args.no_vacuum, limit=args.limit)
+            result = run(
+                policy,
+                engine=broker.engine,
+                write=store_writer(broker),
+                purge_write=store_writer(broker, durable=False),
+                root=_root(settings),
+                db_url=settings.store_url,
+                wait_for_warehouse=etl_enabled(settings),
+                vacuum=not args.no_vacuum,
+                limit=args.limit,
+            )
         except ArchiveBusyError as exc:
             print(f"archive: {exc}; nothing done", file=sys.stderr)
             return 3
         except ArchiveError as exc:
             print(f"archive: FAILED: {exc}", file=sys.stderr)
             return 1
-        audit_cli(broker.write, "archive-run", count=result.purged,
-                  detail=f"b2bgw archive run {result.run_id}: {result.status}, {result.archived} archived, "
-                         f"{result.purged} purged")
+        audit_cli(
+            broker.write,
+            "archive-run",
+            count=result.purged,
+            detail=f"b2bgw archive run {result.run_id}: {result.status}, {result.archived} archived, "
+            f"{result.purged} purged",
+        )
     finally:
         broker.close()
-    print(f"archive run {result.run_id} {result.status}: {result.archived:,} documents archived "
-          f"({result.bytes:,} bytes) and {result.purged:,} purged in {result.batches} batches, "
-          f"{result.waiting:,} due but waiting for the warehouse load, {result.tombstones_expired:,} tombstones "
-          f"expired, {result.vacuumed_pages:,} pages given back, in {result.seconds:.1f}s"
-          + (f"; finished {result.recovered} batches a crashed run left" if result.recovered else ""))
+    print(
+        f"archive run {result.run_id} {result.status}: {result.archived:,} documents archived "
+        f"({result.bytes:,} bytes) and {result.purged:,} purged in {result.batches} batches, "
+        f"{result.waiting:,} due but waiting for the warehouse load, {result.tombstones_expired:,} tombstones "
+        f"expired, {result.vacuumed_pages:,} pages given back, in {result.seconds:.1f}s"
+        + (f"; finished {result.recovered} batches a crashed run left" if result.recovered else "")
+    )
     return 0
 
 
@@ -108,42 +127,64 @@ def cmd_archive_status(args: argparse.Namespace) -> int:
     if policy is None:
         print("retention: none configured (ledger.retention): nothing is archived")
     else:
-        print(f"retention: {'enabled' if policy.enabled else 'disabled'}, schedule {policy.schedule} "
-              f"({policy.timezone}), archive {_root(settings)}")
+        print(
+            f"retention: {'enabled' if policy.enabled else 'disabled'}, schedule {policy.schedule} "
+            f"({policy.timezone}), archive {_root(settings)}"
+        )
     header = ["run", "outcome", "started (UTC)", "ended (UTC)", "archived", "purged", "waiting", "expired", "error"]
-    rows = [[str(r["run_id"]), r["status"], shown_ms(r["started_at"]), shown_ms(r["finished_at"]), f"{r['archived']:,}",
-             f"{r['purged']:,}", f"{r['waiting']:,}", f"{r['tombstones_expired']:,}",
-             (r["error"] or "").splitlines()[0][:80] if r["error"] else ""] for r in runs]
+    rows = [
+        [
+            str(r["run_id"]),
+            r["status"],
+            shown_ms(r["started_at"]),
+            shown_ms(r["finished_at"]),
+            f"{r['archived']:,}",
+            f"{r['purged']:,}",
+            f"{r['waiting']:,}",
+            f"{r['tombstones_expired']:,}",
+            (r["error"] or "").splitlines()[0][:80] if r["error"] else "",
+        ]
+        for r in runs
+    ]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)).rstrip())
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     if not rows:
         print("(no runs yet)")
     for b in pending:
-        print(f"unfinished batch {b['batch_id']} of run {b['run_id']}: {b['status']} ({b['documents']} documents); "
-              "the next run finishes it")
+        print(
+            f"unfinished batch {b['batch_id']} of run {b['run_id']}: {b['status']} ({b['documents']} documents); "
+            "the next run finishes it"
+        )
     return 0
 
 
 def cmd_archive_get(args: argparse.Namespace) -> int:
-    from spark_etl.archive import get
-
     from gateway.cli.audit import audit_cli, engine_writer
+    from spark_etl.archive import get
 
     settings = settings_for(args)
     engine = existing_store_engine(settings)
     try:
         found = get(args.message_id, root=_root(settings), engine=engine)
-        audit_cli(engine_writer(engine), "archive-get", target=args.message_id[:600],
-                  outcome="done" if found is not None else "refused",
-                  detail="b2bgw archive get" + (" --request" if args.request else "") + (" --reply" if args.reply else "")
-                  + ("" if found is not None else ": not in the archive"))
+        audit_cli(
+            engine_writer(engine),
+            "archive-get",
+            target=args.message_id[:600],
+            outcome="done" if found is not None else "refused",
+            detail="b2bgw archive get"
+            + (" --request" if args.request else "")
+            + (" --reply" if args.reply else "")
+            + ("" if found is not None else ": not in the archive"),
+        )
     finally:
         engine.dispose()
     if found is None:
-        raise CommandError(f"{args.message_id}: not in the archive at {_root(settings)} (a document still online is "
-                           "at GET /v1/documents/ID; one purged without an archive copy is not kept)")
+        raise CommandError(
+            f"{args.message_id}: not in the archive at {_root(settings)} (a document still online is "
+            "at GET /v1/documents/ID; one purged without an archive copy is not kept)"
+        )
     if args.request:
         sys.stdout.buffer.write(found.request)
         return 0
@@ -155,9 +196,19 @@ def cmd_archive_get(args: argparse.Namespace) -> int:
     record = {k: (v.isoformat() if isinstance(v, _dt.datetime) else v) for k, v in found.record.items()}
     history = [{"seq": h["seq"], "status": h["status"], "at": h["at"].isoformat()} for h in found.history]
     if args.json:
-        print(json.dumps({"record": record, "history": history, "request": found.request.decode("utf-8"),
-                          "reply": found.reply.decode("utf-8") if found.reply is not None else None,
-                          "file": found.file}, indent=2, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "record": record,
+                    "history": history,
+                    "request": found.request.decode("utf-8"),
+                    "reply": found.reply.decode("utf-8") if found.reply is not None else None,
+                    "file": found.file,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
         return 0
     for key, value in record.items():
         print(f"{key}: {value}")
@@ -179,9 +230,10 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
         report = verify(engine, _root(settings))
     finally:
         engine.dispose()
-    print(f"archive {_root(settings)}: {report['archive_rows']:,} documents in {report['batches']} batches, "
-          f"{report['tombstones']:,} tombstones: " + ("the archive and the ledger agree" if report["ok"] else
-                                                        "PROBLEMS"))
+    print(
+        f"archive {_root(settings)}: {report['archive_rows']:,} documents in {report['batches']} batches, "
+        f"{report['tombstones']:,} tombstones: " + ("the archive and the ledger agree" if report["ok"] else "PROBLEMS")
+    )
     for problem in report["problems"]:
         print(f"  {problem}")
     return 0 if report["ok"] else 1

@@ -15,8 +15,11 @@ from gateway.cli.support import CommandError, settings_for
 __all__ = ["register"]
 
 
-def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
-             needs_action: Callable[[argparse.ArgumentParser, str], Any]) -> None:
+def register(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+    needs_action: Callable[[argparse.ArgumentParser, str], Any],
+) -> None:
     """Add ``as2 keys new`` and ``as2 cert`` to the commands (*sub*)."""
     as2 = needs_action(sub.add_parser("as2", help="AS2 partners: keys and certificates"), "as2")
     keys = as2.add_parser("keys", help="our AS2 key pair").add_subparsers(dest="keys_command", metavar="ACTION")
@@ -48,25 +51,47 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     out = Path(args.out)
     key_path, cert_path = out / "as2-key.pem", out / "as2-cert.pem"
     if not args.force and (key_path.exists() or cert_path.exists()):
-        raise CommandError(f"{key_path} or {cert_path} exists; pass --force to replace them (partners holding "
-                           "the old certificate must then get the new one)")
+        raise CommandError(
+            f"{key_path} or {cert_path} exists; pass --force to replace them (partners holding "
+            "the old certificate must then get the new one)"
+        )
     key = rsa.generate_private_key(public_exponent=65537, key_size=args.bits)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, args.id[:64])])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=args.days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=True, key_encipherment=True,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=args.days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=True,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     print(f"wrote {key_path} (private: keep it, mode 0600) and {cert_path} (public: partners get it)")
     print("add to the gateway configuration:\n")
@@ -95,13 +120,19 @@ def cmd_cert(args: argparse.Namespace) -> int:
     print(f"Our AS2 id (your AS2-To):       {ours.id}")
     print(f"Your AS2 id (your AS2-From):    {agreement.id}")
     print(f"Our URL:                        {url}")
-    print(f"Signing required:               {'yes' if agreement.require_signature else 'no'} "
-          f"(SHA-256 or stronger{'; SHA-1 allowed' if agreement.allow_sha1 else ''})")
-    print(f"Encryption required:            {'yes' if agreement.require_encryption else 'no'} "
-          f"(AES-128/256, CBC or GCM{'; 3DES allowed' if agreement.allow_3des else ''})")
+    print(
+        f"Signing required:               {'yes' if agreement.require_signature else 'no'} "
+        f"(SHA-256 or stronger{'; SHA-1 allowed' if agreement.allow_sha1 else ''})"
+    )
+    print(
+        f"Encryption required:            {'yes' if agreement.require_encryption else 'no'} "
+        f"(AES-128/256, CBC or GCM{'; 3DES allowed' if agreement.allow_3des else ''})"
+    )
     print("Compression:                    accepted (zlib, RFC 5402)")
     print("MDN:                            synchronous or asynchronous, signed on request (SHA-256)")
-    print(f"Certificate valid:              {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}")
+    print(
+        f"Certificate valid:              {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}"
+    )
     print(f"Certificate SHA-256:            {fingerprint}")
     print("# our certificate (for your encryption and for verifying our MDNs and messages):")
     print(cert.public_bytes(serialization.Encoding.PEM).decode("ascii"), end="")

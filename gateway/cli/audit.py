@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import getpass
 import socket
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -41,15 +42,31 @@ def engine_writer(engine: sa.Engine) -> Callable[[Callable[[sa.Connection], Any]
     return write
 
 
-def audit_cli(write: Callable[..., Any], action: str, *, target: str | None = None, count: int | None = None,
-              message_ids: Sequence[str] | None = None, outcome: str = "done", detail: str | None = None) -> None:
+def audit_cli(
+    write: Callable[..., Any],
+    action: str,
+    *,
+    target: str | None = None,
+    count: int | None = None,
+    message_ids: Sequence[str] | None = None,
+    outcome: str = "done",
+    detail: str | None = None,
+) -> None:
     """Record the command's *action* through *write* (``broker.write`` or :func:`engine_writer`)."""
     import json
     import time
 
-    row = {"at": int(time.time() * 1000), "operator": _user(), "role": CLI_ROLE, "action": action[:40],
-           "target": target[:600] if target else None, "selector": None,
-           "message_ids": json.dumps(list(message_ids)[:1000]) if message_ids else None, "count": count,
-           "outcome": outcome, "detail": detail[:2000] if detail else None,
-           "client": f"cli@{socket.gethostname()}"[:100]}
+    row = {
+        "at": int(time.time() * 1000),
+        "operator": _user(),
+        "role": CLI_ROLE,
+        "action": action[:40],
+        "target": target[:600] if target else None,
+        "selector": None,
+        "message_ids": json.dumps(list(message_ids)[:1000]) if message_ids else None,
+        "count": count,
+        "outcome": outcome,
+        "detail": detail[:2000] if detail else None,
+        "client": f"cli@{socket.gethostname()}"[:100],
+    }
     write(lambda conn: conn.execute(audit.insert(), row))

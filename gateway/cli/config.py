@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, settings_for, shown_url, to_stderr
 from gateway.errors import ConfigError, GatewayError
@@ -15,9 +16,12 @@ from gateway.errors import ConfigError, GatewayError
 __all__ = ["register"]
 
 
-def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
-             with_log_level: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
-             needs_action: Callable[[argparse.ArgumentParser, str], Any]) -> None:
+def register(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+    with_log_level: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+    needs_action: Callable[[argparse.ArgumentParser, str], Any],
+) -> None:
     """Add ``routes check``, ``rules check``, ``key new`` and ``operator new`` to the commands (*sub*)."""
     routes = needs_action(sub.add_parser("routes", help="routes"), "routes")
     p = with_config(routes.add_parser("check", help="check partners, schemas and routes"))
@@ -39,12 +43,17 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p.add_argument("--url", help="the store whose server secret keys the hash (default: the configured store.url)")
     p.set_defaults(func=cmd_key_new)
 
-    operator = sub.add_parser("operator", help="console operators").add_subparsers(dest="operator_command",
-                                                                                 metavar="ACTION")
+    operator = sub.add_parser("operator", help="console operators").add_subparsers(
+        dest="operator_command", metavar="ACTION"
+    )
     p = operator.add_parser("new", help="make an operator's secret and print the hash to configure")
     p.add_argument("--name", required=True, help="the operator's login name")
-    p.add_argument("--role", choices=["viewer", "operator"], default="viewer",
-                   help="viewer reads; operator also replays, deletes, moves and purges (default: viewer)")
+    p.add_argument(
+        "--role",
+        choices=["viewer", "operator"],
+        default="viewer",
+        help="viewer reads; operator also replays, deletes, moves and purges (default: viewer)",
+    )
     p.set_defaults(func=cmd_operator_new)
 
 
@@ -58,23 +67,27 @@ def cmd_routes_check(args: argparse.Namespace) -> int:
     if assembly.errors:
         to_stderr(f"{len(assembly.errors)} error{'s' if len(assembly.errors) != 1 else ''} in {settings.config_path}")
         return 1
-    print(f"{settings.config_path}: OK: {len(assembly.partners.partners)} partners, {len(assembly.routes)} routes, "
-          f"{len(assembly.registry.names)} schemas")
+    print(
+        f"{settings.config_path}: OK: {len(assembly.partners.partners)} partners, {len(assembly.routes)} routes, "
+        f"{len(assembly.registry.names)} schemas"
+    )
     for route in assembly.routes:
         who = "every partner" if route.partners is None else ", ".join(sorted(route.partners))
         print(f"  {route.id}: {route.doc_type} from {who} -> {route.destination} ({route.exchange})")
     for name, rule_set in assembly.rules.sets.items():
         compiled = rule_set.compiled
-        print(f"  rule set {name}: {len(compiled.assertions)} assertions from {compiled.path}"
-              f"{' (phase ' + compiled.phase + ')' if compiled.phase else ''}")
+        print(
+            f"  rule set {name}: {len(compiled.assertions)} assertions from {compiled.path}"
+            f"{' (phase ' + compiled.phase + ')' if compiled.phase else ''}"
+        )
     return 0
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
     """Run one Schematron rule set on documents: exit 0 when none fails a rule of flag fatal, error or none,
     1 when one does (or cannot be read), 2 when the rule file cannot be used."""
-    from gateway.rules.schematron import SaxonRules, SchematronError, default_cache_dir, document_text, load_schematron
     from gateway.intake.xmlsafe import parse_document_text
+    from gateway.rules.schematron import SaxonRules, SchematronError, default_cache_dir, document_text, load_schematron
 
     rules = SaxonRules()
     cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else default_cache_dir())
@@ -111,12 +124,22 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         if any(f.is_error for f in findings):
             status = 1
         if args.json:
-            print(json.dumps({"document": name, "failed": [f.to_dict() for f in failed],
-                              "reports": [f.to_dict() for f in reports]}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {
+                        "document": name,
+                        "failed": [f.to_dict() for f in failed],
+                        "reports": [f.to_dict() for f in reports],
+                    },
+                    ensure_ascii=False,
+                )
+            )
             continue
         errors = sum(1 for f in findings if f.is_error)
-        print(f"{name}: {'FAILED' if errors else 'ok'} ({errors} error{'s' if errors != 1 else ''}, "
-              f"{len(findings) - errors} warning{'s' if len(findings) - errors != 1 else ''} or reports)")
+        print(
+            f"{name}: {'FAILED' if errors else 'ok'} ({errors} error{'s' if errors != 1 else ''}, "
+            f"{len(findings) - errors} warning{'s' if len(findings) - errors != 1 else ''} or reports)"
+        )
         for f in findings:
             kind = "failed" if f.failed_assert else "report"
             print(f"  {kind} {f.assertion.id or '-'} [{f.assertion.flag or 'no flag'}] {f.location}: {f.text}")
@@ -126,9 +149,9 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
 def cmd_key_new(args: argparse.Namespace) -> int:
     import os
 
+    from gateway.cli.store_secret import store_secret
     from gateway.routing.partners import generate_key
     from gateway.security.keys import hmac_hash
-    from gateway.cli.store_secret import store_secret
 
     try:
         key = generate_key(args.id)
@@ -137,10 +160,12 @@ def cmd_key_new(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("B2BGW_STORE_URL") or settings_for(args).store_url
     encoded = hmac_hash(store_secret(url), key)
     print(f"API key (give it to the partner; it is not stored anywhere): {key}")
-    print(f"Add under the partner's 'keys:' in partners.yaml (the hash is keyed by the server secret of "
-          f"{shown_url(url)}: gateways serving from that store accept it):")
+    print(
+        f"Add under the partner's 'keys:' in partners.yaml (the hash is keyed by the server secret of "
+        f"{shown_url(url)}: gateways serving from that store accept it):"
+    )
     print(f"      - id: {args.id}")
-    print(f"        hash: \"{encoded}\"")
+    print(f'        hash: "{encoded}"')
     return 0
 
 
@@ -158,5 +183,5 @@ def cmd_operator_new(args: argparse.Namespace) -> int:
     print("Add under 'operators:' in the configuration:")
     print(f"  {args.name}:")
     print(f"    role: {args.role}")
-    print(f"    hash: \"{hash_key(secret)}\"")
+    print(f'    hash: "{hash_key(secret)}"')
     return 0

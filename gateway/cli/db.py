@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, existing_store_engine, settings_for, shown_url
 
@@ -21,24 +22,27 @@ def register(db: Any, with_config: Callable[[argparse.ArgumentParser], argparse.
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_db_stats)
     p = with_config(db.add_parser("vacuum", help="give the space freed by purges back to the file system"))
-    p.add_argument("--full", action="store_true",
-                   help="SQLite: rewrite the file once to switch on incremental vacuum (the gateway stopped)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="SQLite: rewrite the file once to switch on incremental vacuum (the gateway stopped)",
+    )
     p.add_argument("--force", action="store_true", help="with --full: even though gateway processes seem to run")
     p.add_argument("--pages", type=int, default=None, metavar="N", help="give back at most N pages")
     p.set_defaults(func=cmd_db_vacuum)
 
 
-
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from broker_core.sql import make_engine, upgrade_database
-
     from gateway.delivery.records import upgrade_deliveries
     from gateway.ledger.records import upgrade_ledger
 
     url = args.url or os.environ.get("B2BGW_STORE_URL") or settings_for(args).store_url
     if not url.startswith(("sqlite:", "postgresql")):
-        raise CommandError(f"{shown_url(url)}: only SQL stores have migrations; give a sqlite:///PATH or "
-                           "postgresql+psycopg://USER@HOST/DB URL")
+        raise CommandError(
+            f"{shown_url(url)}: only SQL stores have migrations; give a sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST/DB URL"
+        )
     broker_revision = upgrade_database(url)
     engine = make_engine(url)
     try:
@@ -67,9 +71,8 @@ def cmd_db_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_db_vacuum(args: argparse.Namespace) -> int:
-    from ledger_contract import space as store_space
-
     from gateway.ledger import stats as store_stats
+    from ledger_contract import space as store_space
 
     settings = settings_for(args)
     engine = existing_store_engine(settings)
@@ -79,25 +82,33 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 for table in ("b2b_ledger", "b2b_ledger_events", "b2b_ledger_tombstones"):
                     conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
-            print("PostgreSQL: VACUUM (ANALYZE) of the ledger's tables done (autovacuum does the same on its own; "
-                  "the space is reused by new rows, not given back to the file system)")
+            print(
+                "PostgreSQL: VACUUM (ANALYZE) of the ledger's tables done (autovacuum does the same on its own; "
+                "the space is reused by new rows, not given back to the file system)"
+            )
             return 0
         space = store_space.sqlite_space(engine)
         if args.full:
             alive = store_stats.live_instances(engine)
             if alive and not args.force:
-                raise CommandError(f"{alive} gateway process(es) use this store (heartbeats within 30 s): stop them "
-                                   "first (VACUUM holds the write lock while it rewrites the whole file), or pass "
-                                   "--force")
+                raise CommandError(
+                    f"{alive} gateway process(es) use this store (heartbeats within 30 s): stop them "
+                    "first (VACUUM holds the write lock while it rewrites the whole file), or pass "
+                    "--force"
+                )
             engine.dispose()
             done = store_space.full_vacuum(settings.store_url.split("?", 1)[0])
-            print(f"rewrote {space['file']}: {done['before']:,} -> {done['after']:,} bytes; auto_vacuum is now "
-                  f"{ {0: 'none', 1: 'full', 2: 'incremental'}.get(done['auto_vacuum'], done['auto_vacuum'])}")
+            print(
+                f"rewrote {space['file']}: {done['before']:,} -> {done['after']:,} bytes; auto_vacuum is now "
+                f"{ {0: 'none', 1: 'full', 2: 'incremental'}.get(done['auto_vacuum'], done['auto_vacuum']) }"
+            )
             return 0
         if space["auto_vacuum"] != "incremental":
-            print(f"{space['file']}: auto_vacuum is {space['auto_vacuum']}: its {space['free_pages']:,} free pages "
-                  f"({space['free_bytes']:,} bytes) are reused by new documents but cannot be given back a few at a "
-                  "time; run `b2bgw db vacuum --full` once, with the gateway stopped, to switch to incremental vacuum")
+            print(
+                f"{space['file']}: auto_vacuum is {space['auto_vacuum']}: its {space['free_pages']:,} free pages "
+                f"({space['free_bytes']:,} bytes) are reused by new documents but cannot be given back a few at a "
+                "time; run `b2bgw db vacuum --full` once, with the gateway stopped, to switch to incremental vacuum"
+            )
             return 0
     finally:
         engine.dispose()
@@ -110,6 +121,8 @@ def cmd_db_vacuum(args: argparse.Namespace) -> int:
         after = store_space.sqlite_space(broker.engine)
     finally:
         broker.close()
-    print(f"gave {freed:,} free pages ({freed * after['page_size']:,} bytes) back; the file is cut to size at the "
-          f"next checkpoint; {after['free_pages']:,} free pages left")
+    print(
+        f"gave {freed:,} free pages ({freed * after['page_size']:,} bytes) back; the file is cut to size at the "
+        f"next checkpoint; {after['free_pages']:,} free pages left"
+    )
     return 0

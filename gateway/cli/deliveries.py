@@ -22,8 +22,10 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p = with_config(actions.add_parser("show", help="one delivery and its timeline of attempts"))
     p.add_argument("message_id")
     p.set_defaults(func=cmd_show)
-    for name, text in (("replay", "send dead deliveries again (a fresh count of attempts)"),
-                       ("discard", "drop dead deliveries (the ledger keeps them as discarded)")):
+    for name, text in (
+        ("replay", "send dead deliveries again (a fresh count of attempts)"),
+        ("discard", "drop dead deliveries (the ledger keeps them as discarded)"),
+    ):
         p = with_config(actions.add_parser(name, help=text))
         p.add_argument("--partner", required=True)
         p.add_argument("--endpoint", required=True)
@@ -53,12 +55,16 @@ def _endpoint(partners: Any, partner: str, endpoint: str | None) -> Any:
     endpoints = found.delivery.endpoints
     if endpoint is None:
         if len(endpoints) != 1:
-            raise CommandError(f"partner {partner!r} has {len(endpoints)} endpoints "
-                               f"({', '.join(sorted(endpoints)) or 'none'}): name one with --endpoint")
+            raise CommandError(
+                f"partner {partner!r} has {len(endpoints)} endpoints "
+                f"({', '.join(sorted(endpoints)) or 'none'}): name one with --endpoint"
+            )
         return next(iter(endpoints.values()))
     if endpoint not in endpoints:
-        raise CommandError(f"partner {partner!r} has no endpoint {endpoint!r}; its endpoints: "
-                           f"{', '.join(sorted(endpoints)) or 'none (add one under endpoints: in partners.yaml)'}")
+        raise CommandError(
+            f"partner {partner!r} has no endpoint {endpoint!r}; its endpoints: "
+            f"{', '.join(sorted(endpoints)) or 'none (add one under endpoints: in partners.yaml)'}"
+        )
     return endpoints[endpoint]
 
 
@@ -68,7 +74,6 @@ def _when(ms: int | None) -> str:
 
 def cmd_deliveries(args: argparse.Namespace) -> int:
     from broker_core import Queue
-
     from gateway.delivery.records import DeliveryLedger
     from gateway.delivery.running import all_endpoints
 
@@ -80,8 +85,15 @@ def cmd_deliveries(args: argparse.Namespace) -> int:
             s = summary.get((endpoint.partner, endpoint.name))
             stats = broker.stats(Queue(endpoint.queue))
             dead = broker.stats(Queue(endpoint.dead_queue))
-            rows.append((f"{endpoint.partner}/{endpoint.name}", str(stats.depth), str(stats.in_flight),
-                         _when(s.failing_since) if s else "-", str(dead.depth)))
+            rows.append(
+                (
+                    f"{endpoint.partner}/{endpoint.name}",
+                    str(stats.depth),
+                    str(stats.in_flight),
+                    _when(s.failing_since) if s else "-",
+                    str(dead.depth),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
@@ -98,8 +110,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         row = DeliveryLedger(broker.engine).get(args.message_id)
         if row is None:
             raise CommandError(f"no delivery {args.message_id!r} in the ledger")
-        print(f"{row.message_id}  {row.partner}/{row.endpoint}  {row.status}  source {row.source}  "
-              f"queued {_when(row.created_at)}")
+        print(
+            f"{row.message_id}  {row.partner}/{row.endpoint}  {row.status}  source {row.source}  "
+            f"queued {_when(row.created_at)}"
+        )
         for a in row.timeline:
             print(f"  #{a.attempt}  {_when(a.at)}  {a.outcome:9}  {a.status or '-':>3}  {a.duration_ms} ms  {a.detail}")
     finally:
@@ -113,10 +127,13 @@ def _operate(args: argparse.Namespace, action: str) -> int:
     _settings, partners, broker = _open(args)
     try:
         endpoint = _endpoint(partners, args.partner, args.endpoint)
-        done = getattr(operations, action)(broker, endpoint, args.message_ids or None,
-                                           operator=f"cli:{getpass.getuser()}")
-        print(f"{ {'replay': 'replayed', 'discard': 'discarded'}[action]} {len(done)} dead deliver{'y' if len(done) == 1 else 'ies'} of {args.partner}/"
-              f"{args.endpoint}")
+        done = getattr(operations, action)(
+            broker, endpoint, args.message_ids or None, operator=f"cli:{getpass.getuser()}"
+        )
+        print(
+            f"{ {'replay': 'replayed', 'discard': 'discarded'}[action] } {len(done)} dead deliver{'y' if len(done) == 1 else 'ies'} of {args.partner}/"
+            f"{args.endpoint}"
+        )
     finally:
         broker.close()
     return 0
@@ -140,10 +157,13 @@ def cmd_deliver(args: argparse.Namespace) -> int:
     _settings, partners, broker = _open(args)
     try:
         endpoint = _endpoint(partners, args.partner, args.endpoint)
-        message_id = queue_delivery(broker, endpoint, body, content_type=args.content_type,
-                                    source=f"cli:{getpass.getuser()}:{args.file.name}")
+        message_id = queue_delivery(
+            broker, endpoint, body, content_type=args.content_type, source=f"cli:{getpass.getuser()}:{args.file.name}"
+        )
     finally:
         broker.close()
-    print(f"queued {message_id} for {endpoint.partner}/{endpoint.name}; follow it with "
-          f"`b2bgw deliveries show {message_id}`")
+    print(
+        f"queued {message_id} for {endpoint.partner}/{endpoint.name}; follow it with "
+        f"`b2bgw deliveries show {message_id}`"
+    )
     return 0

@@ -20,15 +20,15 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from gateway.cli import archive as archive_cli
 from gateway.cli import as2 as as2_cli
 from gateway.cli import config as config_cli
 from gateway.cli import db as db_cli
-from gateway.cli import archive as archive_cli
 from gateway.cli import deliveries as deliveries_cli
+from gateway.cli import partners as partners_cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import send as send_cli
 from gateway.cli import serve as serve_cli
-from gateway.cli import partners as partners_cli
 from gateway.cli.support import CommandError, one_line, shown_url, to_stderr
 from gateway.config.loader import default_config_path
 from gateway.errors import ConfigError, GatewayError
@@ -46,8 +46,10 @@ def _user_error(exc: BaseException) -> str | None:
     if isinstance(exc, ConfigError):
         return one_line(f"configuration error: {exc}")
     if isinstance(exc, InvalidSelectorError):
-        return one_line(f"bad selector: {str(exc).splitlines()[0]}; write a JMS (SQL-92) condition on the message "
-                         "properties, e.g. \"InvoiceID = 'A-1' AND TotalAmount > 100\"")
+        return one_line(
+            f"bad selector: {str(exc).splitlines()[0]}; write a JMS (SQL-92) condition on the message "
+            "properties, e.g. \"InvoiceID = 'A-1' AND TotalAmount > 100\""
+        )
     if isinstance(exc, InvalidDestinationError):
         return one_line(f"{exc}; name a queue as queue://NAME or NAME")
     if isinstance(exc, StoreError):
@@ -61,8 +63,10 @@ def _user_error(exc: BaseException) -> str | None:
     import sqlalchemy.exc
 
     if isinstance(exc, sqlalchemy.exc.ArgumentError):
-        return one_line(f"the store URL cannot be used: {str(exc).splitlines()[0]}; write it as sqlite:///PATH or "
-                         "postgresql+psycopg://USER@HOST/DB")
+        return one_line(
+            f"the store URL cannot be used: {str(exc).splitlines()[0]}; write it as sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST/DB"
+        )
     if isinstance(exc, sqlalchemy.exc.OperationalError):
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         return one_line(f"cannot use the database: {reason}; check the store URL and that the database is running")
@@ -112,26 +116,44 @@ _LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="b2bgw", description="B2B XML integration gateway",
-                     epilog="Exit status: 0 done, 1 failed, 2 a user error (the reason on stderr). "
-                            "Configuration without -c: $B2BGW_CONFIG, else ./config/b2bgw.yaml, else ./b2bgw.yaml.")
+    parser = _Parser(
+        prog="b2bgw",
+        description="B2B XML integration gateway",
+        epilog="Exit status: 0 done, 1 failed, 2 a user error (the reason on stderr). "
+        "Configuration without -c: $B2BGW_CONFIG, else ./config/b2bgw.yaml, else ./b2bgw.yaml.",
+    )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     # -c and --log-level go before or after the command; each command keeps its own copy (same meaning) so
     # that `b2bgw serve -c FILE` and `b2bgw -c FILE serve` both work; main() merges them (the command's wins).
-    parser.add_argument("-c", "--config", dest="global_config", metavar="FILE",
-                        help="the configuration file (default: $B2BGW_CONFIG, ./config/b2bgw.yaml, ./b2bgw.yaml)")
-    parser.add_argument("--log-level", dest="global_log_level", choices=_LOG_LEVELS, type=str.upper,
-                        help="log level (default: $B2BGW_LOG_LEVEL, else INFO)")
+    parser.add_argument(
+        "-c",
+        "--config",
+        dest="global_config",
+        metavar="FILE",
+        help="the configuration file (default: $B2BGW_CONFIG, ./config/b2bgw.yaml, ./b2bgw.yaml)",
+    )
+    parser.add_argument(
+        "--log-level",
+        dest="global_log_level",
+        choices=_LOG_LEVELS,
+        type=str.upper,
+        help="log level (default: $B2BGW_LOG_LEVEL, else INFO)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def with_log_level(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--log-level", choices=_LOG_LEVELS, type=str.upper,
-                       help="log level (default: $B2BGW_LOG_LEVEL, else INFO)")
+        p.add_argument(
+            "--log-level", choices=_LOG_LEVELS, type=str.upper, help="log level (default: $B2BGW_LOG_LEVEL, else INFO)"
+        )
         return p
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("-c", "--config", metavar="FILE",
-                       help="the configuration file (default: $B2BGW_CONFIG, ./config/b2bgw.yaml, ./b2bgw.yaml)")
+        p.add_argument(
+            "-c",
+            "--config",
+            metavar="FILE",
+            help="the configuration file (default: $B2BGW_CONFIG, ./config/b2bgw.yaml, ./b2bgw.yaml)",
+        )
         return with_log_level(p)
 
     def needs_action(group: argparse.ArgumentParser, name: str) -> Any:
@@ -192,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     args.log_level = level.upper() if level.upper() in _LOG_LEVELS else "INFO"
     index = getattr(args, "process_index", None)
     before = set(logging.getLogger().handlers)
-    logging.basicConfig(level=getattr(logging, args.log_level, logging.INFO),
-                        format="%(asctime)s %(levelname)s " + ("" if index is None else f"[process {index}] ")
-                        + "%(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s "
+        + ("" if index is None else f"[process {index}] ")
+        + "%(name)s: %(message)s",
+    )
     for handler in set(logging.getLogger().handlers) - before:  # serve's logging.format replaces it
         own_log_handler(handler)
     logging.getLogger("alembic").setLevel(logging.WARNING)

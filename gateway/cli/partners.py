@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["register"]
 
@@ -25,7 +26,7 @@ def cmd_partners(args: argparse.Namespace) -> int:
 
     settings = settings_for(args)
     registry = PartnerRegistry.from_settings(settings)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     warn = settings.trust.expiry_warning_days
     by_partner: dict[str, list[Any]] = {}
     for cred in credentials(registry):
@@ -48,6 +49,8 @@ def cmd_partners(args: argparse.Namespace) -> int:
             else:
                 note = f"{days:.0f} days left"
             label = f" [{cred.label}]" if cred.label else ""
-            print(f"  {cred.kind:<11} {cred.name}{label}  from {_date(cred.not_before)}  until "
-                  f"{_date(cred.not_after)}  {note}")
+            print(
+                f"  {cred.kind:<11} {cred.name}{label}  from {_date(cred.not_before)}  until "
+                f"{_date(cred.not_after)}  {note}"
+            )
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, int_at_least, settings_for
 from gateway.config.loader import Settings
@@ -13,8 +14,11 @@ from gateway.config.loader import Settings
 __all__ = ["register"]
 
 
-def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
-             needs_action: Callable[[argparse.ArgumentParser, str], Any]) -> None:
+def register(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+    needs_action: Callable[[argparse.ArgumentParser, str], Any],
+) -> None:
     """Add ``queues``, ``browse`` and ``dlq replay`` to the commands (*sub*)."""
     p = with_config(sub.add_parser("queues", help="depth, in-flight and dead letters of every queue"))
     p.set_defaults(func=cmd_queues)
@@ -22,8 +26,9 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p = with_config(sub.add_parser("browse", help="the messages waiting in a queue"))
     p.add_argument("destination", help="queue://NAME or NAME")
     p.add_argument("--selector", help="a JMS message selector")
-    p.add_argument("--limit", type=int_at_least(1, "at least 1"), default=20,
-                   help="at most this many messages (default 20)")
+    p.add_argument(
+        "--limit", type=int_at_least(1, "at least 1"), default=20, help="at most this many messages (default 20)"
+    )
     p.add_argument("--body", action="store_true", help="print whole bodies")
     p.set_defaults(func=cmd_browse)
 
@@ -47,14 +52,20 @@ def cmd_queues(args: argparse.Namespace) -> int:
         prefix = f"queue://{broker.policy.dead_letter_prefix}"
         names = {name for name in stats if name.startswith("queue://") and not name.startswith(prefix)}
         names |= _route_queues(settings)
-        orphans = {name for name in stats if name.startswith(prefix)
-                   and "queue://" + name[len(prefix):] not in names}
+        orphans = {name for name in stats if name.startswith(prefix) and "queue://" + name[len(prefix) :] not in names}
         rows = [("QUEUE", "DEPTH", "IN-FLIGHT", "DEAD-LETTERS", "CONSUMERS")]
         for name in sorted(names):
             s = stats.get(name)
-            dlq = stats.get(prefix + name[len("queue://"):])
-            rows.append((name, str(s.depth if s else 0), str(s.in_flight if s else 0),
-                         str(dlq.depth if dlq else 0), str(s.consumers) if s and s.consumers else "-"))
+            dlq = stats.get(prefix + name[len("queue://") :])
+            rows.append(
+                (
+                    name,
+                    str(s.depth if s else 0),
+                    str(s.in_flight if s else 0),
+                    str(dlq.depth if dlq else 0),
+                    str(s.consumers) if s and s.consumers else "-",
+                )
+            )
         for name in sorted(orphans):
             s = stats[name]
             rows.append((name, str(s.depth), str(s.in_flight), "-", "-"))
@@ -89,8 +100,10 @@ def _require_known(settings: Settings, broker: Any, *queues: Any) -> None:
         return
     shown = sorted(name for name in known if name.startswith("queue://"))
     listed = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "") if shown else "none yet"
-    raise CommandError(f"no queue {queues[0]} is known: no route sends to it and the store holds nothing for it; "
-                       f"check the name (known queues: {listed}; `b2bgw queues` lists them)")
+    raise CommandError(
+        f"no queue {queues[0]} is known: no route sends to it and the store holds nothing for it; "
+        f"check the name (known queues: {listed}; `b2bgw queues` lists them)"
+    )
 
 
 def _queue_name(text: str) -> Any:
@@ -101,8 +114,10 @@ def _queue_name(text: str) -> Any:
     except InvalidDestinationError as exc:
         raise CommandError(f"{text!r}: {exc}; name a queue as queue://NAME or NAME") from None
     if dest.is_topic or dest.is_temporary:
-        raise CommandError(f"{text}: only queues can be browsed or replayed (not topics or temporary queues); "
-                           "name one as queue://NAME or NAME")
+        raise CommandError(
+            f"{text}: only queues can be browsed or replayed (not topics or temporary queues); "
+            "name one as queue://NAME or NAME"
+        )
     return dest
 
 
@@ -113,8 +128,10 @@ def _browse(broker: Any, queue: Any, selector: str | None, limit: int) -> Any:
     try:
         yield from broker.browse(queue, selector, limit)
     except InvalidSelectorError as exc:
-        raise CommandError(f"--selector {selector!r}: {str(exc).splitlines()[0]}; write a JMS (SQL-92) condition on "
-                           "the message properties, e.g. \"InvoiceID = 'A-1' AND TotalAmount > 100\"") from None
+        raise CommandError(
+            f"--selector {selector!r}: {str(exc).splitlines()[0]}; write a JMS (SQL-92) condition on "
+            "the message properties, e.g. \"InvoiceID = 'A-1' AND TotalAmount > 100\""
+        ) from None
 
 
 def cmd_browse(args: argparse.Namespace) -> int:
@@ -127,9 +144,11 @@ def cmd_browse(args: argparse.Namespace) -> int:
         for message in _browse(broker, queue, args.selector, args.limit):
             count += 1
             props = {name: message.get_object_property(name) for name in message.property_names()}
-            print(f"{message.jms_message_id}  priority {message.jms_priority}  "
-                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(message.jms_timestamp / 1000))}  "
-                  f"type {message.jms_type or '-'}  correlation {message.jms_correlation_id or '-'}")
+            print(
+                f"{message.jms_message_id}  priority {message.jms_priority}  "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(message.jms_timestamp / 1000))}  "
+                f"type {message.jms_type or '-'}  correlation {message.jms_correlation_id or '-'}"
+            )
             print(f"  properties {json.dumps(props, default=str, ensure_ascii=False)}")
             text = getattr(message, "text", None)
             if text is not None:
@@ -137,9 +156,15 @@ def cmd_browse(args: argparse.Namespace) -> int:
                 print(f"  body {shown}")
         if not count:  # after the selector's check: a bad selector is reported whatever the queue
             _require_known(settings, broker, queue)
-        audit_cli(broker.write, "browse", target=str(queue), count=count,
-                  detail="b2bgw browse" + (" --body" if args.body else "") + (f" --selector {args.selector}"
-                                                                               if args.selector else ""))
+        audit_cli(
+            broker.write,
+            "browse",
+            target=str(queue),
+            count=count,
+            detail="b2bgw browse"
+            + (" --body" if args.body else "")
+            + (f" --selector {args.selector}" if args.selector else ""),
+        )
         print(f"{count} message{'s' if count != 1 else ''} in {queue}")
     finally:
         broker.close()
@@ -148,11 +173,9 @@ def cmd_browse(args: argparse.Namespace) -> int:
 
 def cmd_dlq(args: argparse.Namespace) -> int:
     from broker_core import Queue
-
     from gateway.cli.audit import audit_cli
-
-    from gateway.ledger.records import Ledger
     from gateway.ledger.reconciler import Reconciler
+    from gateway.ledger.records import Ledger
 
     queue = _queue_name(args.destination)
     settings, broker = _open(args)
@@ -165,8 +188,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         reconciler = Reconciler(broker, Ledger(broker.engine))
         reset = reconciler.after_replay(ids)
         audit_cli(broker.write, "replay", target=f"{dlq}", count=moved, message_ids=ids, detail="b2bgw dlq replay")
-        print(f"moved {moved} message{'s' if moved != 1 else ''} from {dlq} back to their queue; "
-              f"{reset} ledger document{'s' if reset != 1 else ''} back to 'accepted'")
+        print(
+            f"moved {moved} message{'s' if moved != 1 else ''} from {dlq} back to their queue; "
+            f"{reset} ledger document{'s' if reset != 1 else ''} back to 'accepted'"
+        )
     finally:
         broker.close()
     return 0

@@ -7,8 +7,9 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, one_line, positive_seconds, settings_for, to_stderr
 from gateway.errors import GatewayError
@@ -53,8 +54,9 @@ def _send_http(args: argparse.Namespace, body: bytes) -> int:
     else:
         reason = "it needs http:// or https:// and a host"
     if base is None or base.scheme not in ("http", "https") or not base.host:
-        raise CommandError(f"--url {args.url!r} is not a gateway URL ({reason}); give its base URL, e.g. "
-                           "http://127.0.0.1:8080")
+        raise CommandError(
+            f"--url {args.url!r} is not a gateway URL ({reason}); give its base URL, e.g. http://127.0.0.1:8080"
+        )
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/xml"}
     if args.correlation_id:
         headers["X-Correlation-ID"] = args.correlation_id
@@ -64,18 +66,24 @@ def _send_http(args: argparse.Namespace, body: bytes) -> int:
     try:
         response = httpx.post(url, content=body, headers=headers, timeout=args.timeout)
     except httpx.TimeoutException:
-        to_stderr(f"no answer from {url} within {args.timeout:g} s: the document may or may not have been accepted; "
-             "send it again with the same --idempotency-key, or a larger --timeout")
+        to_stderr(
+            f"no answer from {url} within {args.timeout:g} s: the document may or may not have been accepted; "
+            "send it again with the same --idempotency-key, or a larger --timeout"
+        )
         return 1
     except httpx.HTTPError as exc:
-        raise CommandError(f"cannot reach {url}: {one_line(exc) or type(exc).__name__}; is the gateway running "
-                           "there (b2bgw serve)? check --url") from None
+        raise CommandError(
+            f"cannot reach {url}: {one_line(exc) or type(exc).__name__}; is the gateway running "
+            "there (b2bgw serve)? check --url"
+        ) from None
     text = response.text
     if response.status_code in (200, 202):
         print(text if response.status_code == 200 else json.dumps(response.json(), indent=2))
         if response.status_code == 200:
-            to_stderr(f"message id {response.headers.get('x-message-id')}, "
-                 f"correlation id {response.headers.get('x-correlation-id')}")
+            to_stderr(
+                f"message id {response.headers.get('x-message-id')}, "
+                f"correlation id {response.headers.get('x-correlation-id')}"
+            )
         return 0
     to_stderr(f"HTTP {response.status_code}")
     to_stderr(text)
@@ -101,18 +109,25 @@ def cmd_send(args: argparse.Namespace) -> int:
     assembly = assemble_or_raise(settings)
     partner = assembly.partners.get(args.partner)
     if partner is None:
-        raise CommandError(f"no partner {args.partner!r} is configured in {settings.config_path}; use one of: "
-                           f"{', '.join(sorted(assembly.partners.partners)) or '(none)'}")
+        raise CommandError(
+            f"no partner {args.partner!r} is configured in {settings.config_path}; use one of: "
+            f"{', '.join(sorted(assembly.partners.partners)) or '(none)'}"
+        )
     if len(body) > settings.limits.max_bytes:
-        to_stderr(f"{path}: {len(body)} bytes is over the {settings.limits.max_bytes} bytes limit (limits.max_body_bytes): "
-             "the gateway refuses it")
+        to_stderr(
+            f"{path}: {len(body)} bytes is over the {settings.limits.max_bytes} bytes limit (limits.max_body_bytes): "
+            "the gateway refuses it"
+        )
         return 1
     runtime = Runtime(assembly, workers=False, etl=False, reconcile=False)
     runtime.start()
     try:
         assert runtime.gateway is not None
-        outcome = asyncio.run(runtime.gateway.submit(partner, body, correlation_id=args.correlation_id,
-                                                     idempotency_key=args.idempotency_key))
+        outcome = asyncio.run(
+            runtime.gateway.submit(
+                partner, body, correlation_id=args.correlation_id, idempotency_key=args.idempotency_key
+            )
+        )
     except GatewayError as exc:
         to_stderr(json.dumps(problem_body(exc), indent=2, ensure_ascii=False))
         return 1

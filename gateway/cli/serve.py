@@ -7,8 +7,9 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gateway.cli.support import CommandError, config_shown, int_at_least, port_number, settings_for, shown_url
 from gateway.config.loader import Settings
@@ -24,16 +25,25 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
     p.add_argument("--port", type=port_number, help="listen port (default: server.port, 8080; 0: any free port)")
     p.add_argument("--no-workers", action="store_true", help="do not run the configured handler workers")
-    p.add_argument("--no-etl", action="store_true",
-                   help="do not schedule the nightly warehouse load, nor the ledger's archive job")
+    p.add_argument(
+        "--no-etl", action="store_true", help="do not schedule the nightly warehouse load, nor the ledger's archive job"
+    )
     p.add_argument("--no-access-log", action="store_true", help="do not log each request")
     p.add_argument("--no-stomp", action="store_true", help="do not start the STOMP listener (stomp: section)")
-    p.add_argument("--processes", type=int_at_least(0, "0: one per CPU"), metavar="N",
-                   help="serving processes sharing the port and the store (default: server.processes, 1; "
-                        "0: one per CPU)")
+    p.add_argument(
+        "--processes",
+        type=int_at_least(0, "0: one per CPU"),
+        metavar="N",
+        help="serving processes sharing the port and the store (default: server.processes, 1; 0: one per CPU)",
+    )
     pin = p.add_mutually_exclusive_group()
-    pin.add_argument("--pin-processes", dest="pin_processes", action="store_true", default=None,
-                     help="with several processes, bind each to one CPU (default: server.pin_processes, on)")
+    pin.add_argument(
+        "--pin-processes",
+        dest="pin_processes",
+        action="store_true",
+        default=None,
+        help="with several processes, bind each to one CPU (default: server.pin_processes, on)",
+    )
     pin.add_argument("--no-pin-processes", dest="pin_processes", action="store_false")
     p.add_argument("--noop-endpoint", action="store_true", help=argparse.SUPPRESS)
     # set by the supervisor for its serving processes (gateway.runtime.processes)
@@ -46,8 +56,11 @@ def register(sub: Any, with_config: Callable[[argparse.ArgumentParser], argparse
     p = with_config(sub.add_parser("stomp", help="run only the STOMP listener on the configured store"))
     p.add_argument("--host", help="listen address (default: stomp.host, 127.0.0.1)")
     p.add_argument("--port", type=port_number, help="listen port (default: stomp.port, 61613)")
-    p.add_argument("--hash-passcode", action="store_true",
-                   help="read a passcode on standard input, print its hash for stomp.users.LOGIN.passcode_hash, exit")
+    p.add_argument(
+        "--hash-passcode",
+        action="store_true",
+        help="read a passcode on standard input, print its hash for stomp.users.LOGIN.passcode_hash, exit",
+    )
     p.set_defaults(func=cmd_stomp)
 
     p = with_config(sub.add_parser("worker", help="run only the configured handler workers"))
@@ -90,9 +103,9 @@ def is_loopback(host: str) -> bool:
 def demo_keys_configured(settings: Settings) -> list[str]:
     """The ids of the published demo keys that would authenticate with *settings*' partners (a key hashed
     with the server secret is checked against the configured store's)."""
+    from gateway.cli.store_secret import store_secret
     from gateway.routing.partners import PartnerRegistry, verify_key
     from gateway.security.keys import is_hmac_hash, verify_hmac
-    from gateway.cli.store_secret import store_secret
 
     registry = PartnerRegistry.from_settings(settings)
     found = []
@@ -122,7 +135,8 @@ def _check_demo_keys(settings: Settings, host: str) -> None:
             raise CommandError(
                 f"refusing to listen on {host or '0.0.0.0'}: the partners of {config_shown(settings)} still accept "
                 f"the published demo key{'s' if len(demo) > 1 else ''} {', '.join(demo)}; make new keys with "
-                "`b2bgw key new --id KEY_ID`, put their hashes in place of the demo ones, or listen on 127.0.0.1")
+                "`b2bgw key new --id KEY_ID`, put their hashes in place of the demo ones, or listen on 127.0.0.1"
+            )
 
 
 def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = True) -> None:
@@ -130,7 +144,6 @@ def _check_can_serve(settings: Settings, host: str, port: int, stomp: bool = Tru
     import importlib
 
     from gateway.runtime.serving import stomp_options
-
 
     _check_demo_keys(settings, host)
     _probe_listen(host, port)
@@ -152,11 +165,15 @@ def _probe_listen(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except socket.gaierror as exc:
-        raise CommandError(f"cannot listen on {host}: {exc.strerror}; give --host an IP address of this machine "
-                           "or a name it resolves (127.0.0.1: this machine only)") from None
+        raise CommandError(
+            f"cannot listen on {host}: {exc.strerror}; give --host an IP address of this machine "
+            "or a name it resolves (127.0.0.1: this machine only)"
+        ) from None
     except OSError as exc:
-        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses that port or "
-                           "choose another with --port") from None
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses that port or "
+            "choose another with --port"
+        ) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -189,9 +206,9 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
 
     from gateway.http.app import create_app
     from gateway.http.edge import protocol_options
+    from gateway.runtime.trust_serving import start_reloading, trust_options
     from gateway.telemetry.logs import uvicorn_log_config
     from gateway.trust.peer import TrustMiddleware
-    from gateway.runtime.trust_serving import start_reloading, trust_options
 
     index = args.process_index
     sock = None
@@ -205,25 +222,45 @@ def _serve_one(args: argparse.Namespace, settings: Settings, host: str, port: in
 
         pin_to(args.cpu)  # before any thread starts: they all inherit it
     first = index in (None, 0)  # the STOMP port is bound once; one process schedules the nightly load
-    app = create_app(settings, workers=not args.no_workers, etl=first and not args.no_etl,
-                     stomp=first and not args.no_stomp,
-                     noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
-                     freeze_gc=True, on_started=_ready_writer(args.ready_fd), admin_listener=first)
+    app = create_app(
+        settings,
+        workers=not args.no_workers,
+        etl=first and not args.no_etl,
+        stomp=first and not args.no_stomp,
+        noop_endpoint=args.noop_endpoint or os.environ.get("B2BGW_NOOP_ENDPOINT") == "1",
+        freeze_gc=True,
+        on_started=_ready_writer(args.ready_fd),
+        admin_listener=first,
+    )
     if index is None:
-        log.info("serving %d routes for %d partners on %s://%s:%d (configuration %s, store %s)",
-                 len(app.state.assembly.routes), len(app.state.assembly.partners.partners),
-                 "https" if settings.trust.tls is not None else "http", host, port,
-                 config_shown(settings), shown_url(settings.store_url))
+        log.info(
+            "serving %d routes for %d partners on %s://%s:%d (configuration %s, store %s)",
+            len(app.state.assembly.routes),
+            len(app.state.assembly.partners.partners),
+            "https" if settings.trust.tls is not None else "http",
+            host,
+            port,
+            config_shown(settings),
+            shown_url(settings.store_url),
+        )
     _freeze_startup_objects()
     # The event loop gives up the interpreter lock at every wait for the network, and gets it back only when
     # a thread working on a large document drops it: by default after 5 ms, so a request that waits a few
     # times behind such work took tens of milliseconds. A millisecond bounds each wait to that.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    options = dict(log_level=args.log_level.lower(), access_log=not args.no_access_log, lifespan="on",
-                   timeout_graceful_shutdown=10, log_config=uvicorn_log_config(),
-                   **trust_options(settings, protocol_options()))
-    app = TrustMiddleware(app, settings.trust,  # client address and certificate from trusted proxies
-                          on_lifespan=lambda: start_reloading(getattr(app.state, "assembly", None)))
+    options = dict(
+        log_level=args.log_level.lower(),
+        access_log=not args.no_access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        log_config=uvicorn_log_config(),
+        **trust_options(settings, protocol_options()),
+    )
+    app = TrustMiddleware(
+        app,
+        settings.trust,  # client address and certificate from trusted proxies
+        on_lifespan=lambda: start_reloading(getattr(app.state, "assembly", None)),
+    )
     if args.listen_fd is None:
         uvicorn.run(app, host=host, port=port, **options)
     else:
@@ -254,9 +291,16 @@ def _supervise(args: argparse.Namespace, settings: Settings, count: int, host: s
     supervisor = Supervisor(settings, count, host=host, port=port, child_args=_child_args(args, settings), pin=pin)
     open_broker(settings).close()  # migrations run once, and a store that cannot open fails here
     bound = supervisor.bind()  # the port asked for, or the one the system gave for 0
-    log.info("serving on %s://%s:%d from %d processes%s (configuration %s, store %s)",
-             "https" if settings.trust.tls is not None else "http", host, bound, count,
-             ", each bound to one CPU" if pin else "", config_shown(settings), shown_url(settings.store_url))
+    log.info(
+        "serving on %s://%s:%d from %d processes%s (configuration %s, store %s)",
+        "https" if settings.trust.tls is not None else "http",
+        host,
+        bound,
+        count,
+        ", each bound to one CPU" if pin else "",
+        config_shown(settings),
+        shown_url(settings.store_url),
+    )
     return supervisor.run()
 
 
@@ -281,12 +325,18 @@ def cmd_stomp(args: argparse.Namespace) -> int:
         return print_passcode_hash()
     settings = settings_for(args)
     if args.port is not None or args.host is not None:
-        settings.stomp = {**(settings.stomp or {}), **({"port": args.port} if args.port is not None else {}),
-                          **({"host": args.host} if args.host is not None else {}), "enabled": True}
+        settings.stomp = {
+            **(settings.stomp or {}),
+            **({"port": args.port} if args.port is not None else {}),
+            **({"host": args.host} if args.host is not None else {}),
+            "enabled": True,
+        }
     section = settings.stomp or {}
     if section.get("enabled", True) is False:
-        raise CommandError(f"the STOMP listener is disabled (stomp.enabled: false in {settings.config_path}); "
-                           "enable it there or pass --port")
+        raise CommandError(
+            f"the STOMP listener is disabled (stomp.enabled: false in {settings.config_path}); "
+            "enable it there or pass --port"
+        )
     _probe_listen(section.get("host", "127.0.0.1"), int(section.get("port", 61613)))
     stomp_options(settings)  # refused without users, on any address (their passcodes made on first run)
     broker = open_broker(settings)
@@ -294,8 +344,9 @@ def cmd_stomp(args: argparse.Namespace) -> int:
     async def run() -> None:
         server = await start_stomp(settings, broker)
         if server is None:
-            raise CommandError("the STOMP listener did not start (the reason is logged above); choose a free port "
-                               "with --port")
+            raise CommandError(
+                "the STOMP listener did not start (the reason is logged above); choose a free port with --port"
+            )
         print(f"STOMP listener on {server.host}:{server.port} (store {shown_url(settings.store_url)})", flush=True)
         try:
             await asyncio.Event().wait()
@@ -316,15 +367,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import threading
 
     from gateway.exchange.assemble import Assembly
+    from gateway.intake.schemas import SchemaRegistry
     from gateway.routing.partners import PartnerRegistry
     from gateway.routing.routes import RouteTable
     from gateway.runtime.serving import Runtime
-    from gateway.intake.schemas import SchemaRegistry
 
     settings = settings_for(args)
     if not settings.workers:
-        raise CommandError(f"{settings.config_path}: no 'workers:' are configured, so there is nothing to run; list "
-                           "handler modules under 'workers:' (e.g. - gateway.samples.order_responder)")
+        raise CommandError(
+            f"{settings.config_path}: no 'workers:' are configured, so there is nothing to run; list "
+            "handler modules under 'workers:' (e.g. - gateway.samples.order_responder)"
+        )
     assembly = Assembly(settings, SchemaRegistry(), PartnerRegistry({}, {}), RouteTable([]))
     runtime = Runtime(assembly, workers=True, etl=False, reconcile=False, gateway=False)
     runtime.start()

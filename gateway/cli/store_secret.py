@@ -11,12 +11,12 @@ __all__ = ["store_secret"]
 def store_secret(url: str) -> bytes:
     """The partner keys' secret in the store at *url* (SQLite: its tables are made or upgraded first)."""
     from broker_core.sql import make_engine, write_connection
-
     from gateway.ledger.records import current_revision, head_revision, upgrade_ledger
 
     if not url.startswith(("sqlite:", "postgresql")):
-        raise ConfigError("store.url: the server secret is kept in a SQL store (sqlite:///PATH or "
-                          "postgresql+psycopg://USER@HOST/DB)")
+        raise ConfigError(
+            "store.url: the server secret is kept in a SQL store (sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+        )
     engine = make_engine(url)
     try:
         if engine.dialect.name == "sqlite":

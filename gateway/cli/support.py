@@ -12,8 +12,18 @@ from typing import Any
 
 from gateway.config.loader import Settings, load_settings
 
-__all__ = ["CommandError", "existing_store_engine", "settings_for", "to_stderr", "shown_url", "one_line", "config_shown", "int_at_least",
-           "port_number", "positive_seconds"]
+__all__ = [
+    "CommandError",
+    "existing_store_engine",
+    "settings_for",
+    "to_stderr",
+    "shown_url",
+    "one_line",
+    "config_shown",
+    "int_at_least",
+    "port_number",
+    "positive_seconds",
+]
 
 
 class CommandError(Exception):
@@ -28,8 +38,9 @@ def settings_for(args: argparse.Namespace) -> Settings:
         raise CommandError(f"-c {path}: no such file; give the path of the gateway's YAML configuration")
     env = os.environ.get("B2BGW_CONFIG")
     if path is None and env and not Path(env).exists():
-        raise CommandError(f"$B2BGW_CONFIG={env}: no such file; point it at the gateway's YAML configuration or "
-                           "unset it")
+        raise CommandError(
+            f"$B2BGW_CONFIG={env}: no such file; point it at the gateway's YAML configuration or unset it"
+        )
     return load_settings(path)
 
 
@@ -43,7 +54,7 @@ def shown_url(url: str) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: nothing to mask there either
+    except Exception:  # not a URL SQLAlchemy parses: nothing to mask there either
         return url
 
 
@@ -97,6 +108,8 @@ def existing_store_engine(settings: Settings) -> Any:
     if url.startswith("sqlite"):
         path = sa.engine.make_url(url.split("?", 1)[0]).database
         if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
-            raise CommandError(f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
-                               "check store.url and the current directory")
+            raise CommandError(
+                f"{shown_url(url)}: no store there yet (the gateway creates it when it first starts); "
+                "check store.url and the current directory"
+            )
     return make_engine(url, sqlite_pooled=False)

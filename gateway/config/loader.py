@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from broker_core import Broker, InvalidArgumentError
-from spark_etl.config import EtlSettingError, check_section as check_etl_section
-
+from gateway.config.stomp import STOMP_KEYS, stomp_section  # noqa: F401 (STOMP_KEYS re-exported)
+from gateway.errors import ConfigError
+from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
 from gateway.marked import (  # noqa: F401 (re-exported: the sections and callers use them)
     NOWHERE,
     MarkedDict,
@@ -45,10 +45,9 @@ from gateway.marked import (  # noqa: F401 (re-exported: the sections and caller
     load_yaml,
     parse_duration,
 )
-from gateway.config.stomp import STOMP_KEYS, stomp_section  # noqa: F401 (STOMP_KEYS re-exported)
-from gateway.errors import ConfigError
-from gateway.intake.xmlsafe import DEFAULT_LIMITS, LIMIT_FIELDS, IntakeLimits
 from gateway.trust.settings import DEFAULT_TRUST, TRUST_SERVER_KEYS, parse_server_trust
+from spark_etl.config import EtlSettingError
+from spark_etl.config import check_section as check_etl_section
 
 #: ``limits:`` keys -> the IntakeLimits fields they set (every field; the body limit's key says what it counts).
 LIMIT_KEYS = {"max_body_bytes" if name == "max_bytes" else name: name for name in LIMIT_FIELDS}
@@ -77,10 +76,22 @@ CONFIG_SEARCH = (DEFAULT_CONFIG_NAME, "b2bgw.yaml")
 DEFAULT_STORE_URL = "sqlite:///var/b2bgw.db"
 
 _KNOWN_SECTIONS = {
-    "store", "server", "limits", "namespaces", "schemas", "partners", "routes", "exchange", "workers", "etl", "stomp",
+    "store",
+    "server",
+    "limits",
+    "namespaces",
+    "schemas",
+    "partners",
+    "routes",
+    "exchange",
+    "workers",
+    "etl",
+    "stomp",
     "ledger",  # gateway.config.retention
     "rules",
-    "operators", "admin", "logging",  # gateway.config.operations
+    "operators",
+    "admin",
+    "logging",  # gateway.config.operations
     "as2",  # gateway.as2.config
 }
 
@@ -253,33 +264,53 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         raise place.error(f"store.options: {error}") from None
 
     server = expect_mapping(root.get("server"), root.at("server"), "server")
-    check_keys(server, {"host", "port", "intake_threads", "intake_facts", "processes", "pin_processes",
-                        "intake_workers", "explain_workers", "explain_timeout"} | TRUST_SERVER_KEYS, "server")
+    check_keys(
+        server,
+        {
+            "host",
+            "port",
+            "intake_threads",
+            "intake_facts",
+            "processes",
+            "pin_processes",
+            "intake_workers",
+            "explain_workers",
+            "explain_timeout",
+        }
+        | TRUST_SERVER_KEYS,
+        "server",
+    )
     s.trust = parse_server_trust(server, base_dir)  # tls, trusted_proxies, client_cert_header, expiry_warning
     if "host" in server:
         s.host = expect_str(server["host"], server.at("host"), "server.host")
     if "port" in server:
         s.port = expect_int(server["port"], server.at("port"), "server.port", minimum=0, maximum=65535)
     if "intake_threads" in server:
-        s.intake_threads = expect_int(server["intake_threads"], server.at("intake_threads"), "server.intake_threads",
-                                      minimum=0, maximum=64)
+        s.intake_threads = expect_int(
+            server["intake_threads"], server.at("intake_threads"), "server.intake_threads", minimum=0, maximum=64
+        )
     if "intake_facts" in server:
-        s.intake_facts = expect_choice(server["intake_facts"], server.at("intake_facts"), "server.intake_facts",
-                                       INTAKE_FACTS)
+        s.intake_facts = expect_choice(
+            server["intake_facts"], server.at("intake_facts"), "server.intake_facts", INTAKE_FACTS
+        )
     if "processes" in server:
-        s.processes = expect_int(server["processes"], server.at("processes"), "server.processes",
-                                 minimum=0, maximum=256)
+        s.processes = expect_int(
+            server["processes"], server.at("processes"), "server.processes", minimum=0, maximum=256
+        )
     if "pin_processes" in server:
         s.pin_processes = expect_bool(server["pin_processes"], server.at("pin_processes"), "server.pin_processes")
     if "intake_workers" in server:
-        s.intake_workers = expect_int(server["intake_workers"], server.at("intake_workers"), "server.intake_workers",
-                                      minimum=0, maximum=16)
+        s.intake_workers = expect_int(
+            server["intake_workers"], server.at("intake_workers"), "server.intake_workers", minimum=0, maximum=16
+        )
     if "explain_workers" in server:
-        s.explain_workers = expect_int(server["explain_workers"], server.at("explain_workers"),
-                                       "server.explain_workers", minimum=0, maximum=16)
+        s.explain_workers = expect_int(
+            server["explain_workers"], server.at("explain_workers"), "server.explain_workers", minimum=0, maximum=16
+        )
     if "explain_timeout" in server:
-        s.explain_timeout = parse_duration(server["explain_timeout"], server.at("explain_timeout"),
-                                           "server.explain_timeout")
+        s.explain_timeout = parse_duration(
+            server["explain_timeout"], server.at("explain_timeout"), "server.explain_timeout"
+        )
         if not 0 < s.explain_timeout <= 10:
             raise server.at("explain_timeout").error("server.explain_timeout must be more than 0 and at most 10s")
 
@@ -317,11 +348,13 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
     exchange = expect_mapping(root.get("exchange"), root.at("exchange"), "exchange")
     check_keys(exchange, {"late_reply_window", "reconcile_interval"}, "exchange")
     if "late_reply_window" in exchange:
-        s.late_reply_window = parse_duration(exchange["late_reply_window"], exchange.at("late_reply_window"),
-                                             "exchange.late_reply_window")
+        s.late_reply_window = parse_duration(
+            exchange["late_reply_window"], exchange.at("late_reply_window"), "exchange.late_reply_window"
+        )
     if "reconcile_interval" in exchange:
-        s.reconcile_interval = parse_duration(exchange["reconcile_interval"], exchange.at("reconcile_interval"),
-                                              "exchange.reconcile_interval")
+        s.reconcile_interval = parse_duration(
+            exchange["reconcile_interval"], exchange.at("reconcile_interval"), "exchange.reconcile_interval"
+        )
         if s.reconcile_interval <= 0:
             raise exchange.at("reconcile_interval").error("exchange.reconcile_interval must be positive")
 
@@ -331,14 +364,21 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         if isinstance(item, dict):
             entry = expect_mapping(item, workers.at(i), "a worker")
             check_keys(entry, {"module", "concurrency"}, "a worker")
-            module = expect_str(entry.get("module"), entry.at("module"), "a worker module", pattern=_MODULE,
-                                hint="a dotted Python module name")
+            module = expect_str(
+                entry.get("module"),
+                entry.at("module"),
+                "a worker module",
+                pattern=_MODULE,
+                hint="a dotted Python module name",
+            )
             if "concurrency" in entry:
-                s.worker_concurrency[module] = expect_int(entry["concurrency"], entry.at("concurrency"),
-                                                          f"worker {module} concurrency", minimum=1, maximum=64)
+                s.worker_concurrency[module] = expect_int(
+                    entry["concurrency"], entry.at("concurrency"), f"worker {module} concurrency", minimum=1, maximum=64
+                )
         else:
-            module = expect_str(item, workers.at(i), "a worker module", pattern=_MODULE,
-                                hint="a dotted Python module name")
+            module = expect_str(
+                item, workers.at(i), "a worker module", pattern=_MODULE, hint="a dotted Python module name"
+            )
         s.workers.append(module)
 
     if root.get("rules") is not None:
@@ -370,9 +410,12 @@ def _ledger(s: Settings, ledger: MarkedDict) -> None:
 
     check_keys(ledger, {"retention"}, "ledger")
     if ledger.get("retention") is not None:
-        route_ids = {item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)}
-        s.retention = parse_retention(ledger["retention"], ledger.at("retention"),
-                                      late_reply_window=s.late_reply_window, route_ids=route_ids)
+        route_ids = {
+            item["id"]: item for item in s.routes if isinstance(item, dict) and isinstance(item.get("id"), str)
+        }
+        s.retention = parse_retention(
+            ledger["retention"], ledger.at("retention"), late_reply_window=s.late_reply_window, route_ids=route_ids
+        )
 
 
 _RULE_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -384,29 +427,34 @@ def _rules(s: Settings, rules: MarkedDict) -> None:
     sets = expect_mapping(rules.get("sets"), rules.at("sets"), "rules.sets")
     for name, body in sets.items():
         where = sets.at(name)
-        set_name = expect_str(name, where, "a rule set name", pattern=_RULE_SET_NAME,
-                              hint="1-100 letters, digits, '.', '-' or '_'")
+        set_name = expect_str(
+            name, where, "a rule set name", pattern=_RULE_SET_NAME, hint="1-100 letters, digits, '.', '-' or '_'"
+        )
         if isinstance(body, str):
             entry = MarkedDict(file=body)
             entry.where, entry.key_where = where, {}
         else:
             entry = expect_mapping(body, where, f"rule set {set_name!r}")
         check_keys(entry, {"file", "phase"}, f"rule set {set_name!r}")
-        file = expect_str(entry.get("file"), entry.at("file") if "file" in entry else entry.where,
-                          f"rule set {set_name!r} file")
+        file = expect_str(
+            entry.get("file"), entry.at("file") if "file" in entry else entry.where, f"rule set {set_name!r} file"
+        )
         phase = None
         if entry.get("phase") is not None:
             phase = expect_str(entry["phase"], entry.at("phase"), f"rule set {set_name!r} phase")
-        s.rule_sets.append(RuleSetFile(set_name, (s.base_dir / file).resolve(), phase,
-                                       entry.at("file") if "file" in entry else where))
+        s.rule_sets.append(
+            RuleSetFile(set_name, (s.base_dir / file).resolve(), phase, entry.at("file") if "file" in entry else where)
+        )
     if rules.get("cache_dir") is not None:
-        s.rules_cache_dir = (s.base_dir / expect_str(rules["cache_dir"], rules.at("cache_dir"),
-                                                     "rules.cache_dir")).resolve()
+        s.rules_cache_dir = (
+            s.base_dir / expect_str(rules["cache_dir"], rules.at("cache_dir"), "rules.cache_dir")
+        ).resolve()
     if "workers" in rules:
         s.rules_workers = expect_int(rules["workers"], rules.at("workers"), "rules.workers", minimum=1, maximum=64)
     if "worker_memory_mb" in rules:
-        s.rules_worker_memory_mb = expect_int(rules["worker_memory_mb"], rules.at("worker_memory_mb"),
-                                              "rules.worker_memory_mb", minimum=128)
+        s.rules_worker_memory_mb = expect_int(
+            rules["worker_memory_mb"], rules.at("worker_memory_mb"), "rules.worker_memory_mb", minimum=128
+        )
 
 
 def _schemas(s: Settings, schemas: MarkedDict) -> None:

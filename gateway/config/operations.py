@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_core.hashes import is_secret_hash
-
+from gateway.errors import clip
 from gateway.marked import (
     MarkedDict,
     check_keys,
@@ -40,7 +40,6 @@ from gateway.marked import (
     expect_str,
     parse_duration,
 )
-from gateway.errors import clip
 
 __all__ = ["AdminSettings", "Operator", "apply_sections", "ROLES"]
 
@@ -86,14 +85,27 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
     """Read ``operators:``, ``admin:`` and ``logging:`` of *root* into *settings* (``admin``, ``log_format``)."""
     admin = AdminSettings()
     section = expect_mapping(root.get("admin"), root.at("admin"), "admin")
-    check_keys(section, {"enabled", "host", "port", "session_ttl", "secure_cookies", "login_attempts",
-                         "login_window", "stats_interval", "metrics_on_partner_port"}, "admin")
+    check_keys(
+        section,
+        {
+            "enabled",
+            "host",
+            "port",
+            "session_ttl",
+            "secure_cookies",
+            "login_attempts",
+            "login_window",
+            "stats_interval",
+            "metrics_on_partner_port",
+        },
+        "admin",
+    )
     if "enabled" in section:
         admin.enabled = expect_bool(section["enabled"], section.at("enabled"), "admin.enabled")
     if "metrics_on_partner_port" in section:
-        admin.metrics_on_partner_port = expect_bool(section["metrics_on_partner_port"],
-                                                    section.at("metrics_on_partner_port"),
-                                                    "admin.metrics_on_partner_port")
+        admin.metrics_on_partner_port = expect_bool(
+            section["metrics_on_partner_port"], section.at("metrics_on_partner_port"), "admin.metrics_on_partner_port"
+        )
     if "host" in section:
         admin.host = expect_str(section["host"], section.at("host"), "admin.host")
     if "port" in section:
@@ -105,16 +117,19 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
     if "secure_cookies" in section:
         value = section["secure_cookies"]
         value = {True: "true", False: "false"}.get(value, value) if isinstance(value, bool) else value
-        admin.secure_cookies = expect_choice(value, section.at("secure_cookies"), "admin.secure_cookies",
-                                             ("auto", "true", "false"))
+        admin.secure_cookies = expect_choice(
+            value, section.at("secure_cookies"), "admin.secure_cookies", ("auto", "true", "false")
+        )
     if "login_attempts" in section:
-        admin.login_attempts = expect_int(section["login_attempts"], section.at("login_attempts"),
-                                          "admin.login_attempts", minimum=1, maximum=1000)
+        admin.login_attempts = expect_int(
+            section["login_attempts"], section.at("login_attempts"), "admin.login_attempts", minimum=1, maximum=1000
+        )
     if "login_window" in section:
         admin.login_window = parse_duration(section["login_window"], section.at("login_window"), "admin.login_window")
     if "stats_interval" in section:
-        admin.stats_interval = parse_duration(section["stats_interval"], section.at("stats_interval"),
-                                              "admin.stats_interval")
+        admin.stats_interval = parse_duration(
+            section["stats_interval"], section.at("stats_interval"), "admin.stats_interval"
+        )
     for key in ("session_ttl", "login_window", "stats_interval"):
         if getattr(admin, key) <= 0:
             raise section.at(key).error(f"admin.{key} must be positive")
@@ -123,8 +138,9 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
     for name, body in operators.items():
         where = operators.at(name)
         if not isinstance(name, str) or not _NAME.match(name):
-            raise where.error(f"operator name {clip(str(name), 60)!r} must be 1-64 letters, digits, '.', '@', "
-                              "'-' or '_'")
+            raise where.error(
+                f"operator name {clip(str(name), 60)!r} must be 1-64 letters, digits, '.', '@', '-' or '_'"
+            )
         entry = expect_mapping(body, where, f"operator {name!r}")
         check_keys(entry, {"role", "hash"}, f"operator {name!r}")
         role = expect_choice(entry.get("role"), entry.at("role"), f"operator {name!r} role", ROLES)
@@ -132,12 +148,14 @@ def apply_sections(settings: Any, root: MarkedDict) -> None:
         if not is_secret_hash(encoded):
             raise entry.at("hash").error(
                 f"operator {name!r}: hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>' as printed by "
-                "`b2bgw operator new`; secrets are never stored in the clear")
+                "`b2bgw operator new`; secrets are never stored in the clear"
+            )
         admin.operators[name] = Operator(name, role, encoded)
     settings.admin = admin
 
     logging_section = expect_mapping(root.get("logging"), root.at("logging"), "logging")
     check_keys(logging_section, {"format"}, "logging")
     if "format" in logging_section:
-        settings.log_format = expect_choice(logging_section["format"], logging_section.at("format"),
-                                            "logging.format", ("text", "json"))
+        settings.log_format = expect_choice(
+            logging_section["format"], logging_section.at("format"), "logging.format", ("text", "json")
+        )

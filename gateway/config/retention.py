@@ -48,11 +48,23 @@ from ledger_contract.retention import AFTER, DEFAULT_ONLINE, RetentionPolicy, Ru
 __all__ = ["parse_retention"]
 
 _DAY = 86400.0
-_KEYS = {"enabled", "online", "after", "document_types", "routes", "tombstones", "archive", "schedule", "timezone",
-         "batch"}
+_KEYS = {
+    "enabled",
+    "online",
+    "after",
+    "document_types",
+    "routes",
+    "tombstones",
+    "archive",
+    "schedule",
+    "timezone",
+    "batch",
+}
 
 
-def parse_retention(section: Any, where: Any, *, late_reply_window: float, route_ids: dict[str, Any]) -> RetentionPolicy:
+def parse_retention(
+    section: Any, where: Any, *, late_reply_window: float, route_ids: dict[str, Any]
+) -> RetentionPolicy:
     """The :class:`RetentionPolicy` of a marked ``ledger.retention`` mapping; :class:`~gateway.errors.ConfigError`
     at the line of the first wrong value. *route_ids*: the configured routes' ids (a rule for another is a
     mistake)."""
@@ -64,8 +76,10 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
         if seconds <= 0:
             raise at.error(f"{what} must be a positive duration such as 90d")
         if seconds < late_reply_window:
-            raise at.error(f"{what} ({value}) is shorter than exchange.late_reply_window ({late_reply_window:g} s): "
-                           "a document that can still take a late reply stays online; make it longer")
+            raise at.error(
+                f"{what} ({value}) is shorter than exchange.late_reply_window ({late_reply_window:g} s): "
+                "a document that can still take a late reply stays online; make it longer"
+            )
         return seconds
 
     default_after = "archive"
@@ -75,8 +89,10 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
     if "online" in retention:
         default_online = online(retention["online"], retention.at("online"), "ledger.retention.online")
     elif DEFAULT_ONLINE < late_reply_window:
-        raise retention.where.error("ledger.retention.online (default 90d) is shorter than "
-                                    "exchange.late_reply_window; set ledger.retention.online")
+        raise retention.where.error(
+            "ledger.retention.online (default 90d) is shorter than "
+            "exchange.late_reply_window; set ledger.retention.online"
+        )
     default = Rule(default_online, default_after)
 
     def rules(key: str, known: dict[str, Any] | None) -> dict[str, Rule]:
@@ -90,22 +106,32 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
             expect_str(name, at, f"a name in ledger.retention.{key}")
             if known is not None and name not in known:
                 shown = ", ".join(sorted(known)[:10]) or "none"
-                raise at.error(f"ledger.retention.routes names route {name!r}, which is not configured "
-                               f"(routes: {shown})")
+                raise at.error(
+                    f"ledger.retention.routes names route {name!r}, which is not configured (routes: {shown})"
+                )
             if isinstance(value, dict):
                 entry = expect_mapping(value, at, what)
                 check_keys(entry, {"online", "after"}, what)
-                seconds = online(entry["online"], entry.at("online"), f"{what}.online") if "online" in entry \
+                seconds = (
+                    online(entry["online"], entry.at("online"), f"{what}.online")
+                    if "online" in entry
                     else default.online
-                after = (expect_choice(entry["after"], entry.at("after"), f"{what}.after", AFTER) if "after" in entry
-                         else default.after)
+                )
+                after = (
+                    expect_choice(entry["after"], entry.at("after"), f"{what}.after", AFTER)
+                    if "after" in entry
+                    else default.after
+                )
                 out[name] = Rule(seconds, after)
             else:
                 out[name] = Rule(online(value, at, what), default.after)
         return out
 
-    policy: dict[str, Any] = {"default": default, "routes": rules("routes", route_ids),
-                              "document_types": rules("document_types", None)}
+    policy: dict[str, Any] = {
+        "default": default,
+        "routes": rules("routes", route_ids),
+        "document_types": rules("document_types", None),
+    }
     if "tombstones" in retention:
         value = retention["tombstones"]
         if value == "forever":
@@ -115,7 +141,8 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
             if seconds < _DAY:
                 raise retention.at("tombstones").error(
                     "ledger.retention.tombstones must be at least 1d (or forever): while a tombstone is kept, a "
-                    "replay of the purged document is refused and its partner's GET answers 410")
+                    "replay of the purged document is refused and its partner's GET answers 410"
+                )
             policy["tombstones"] = seconds
     if "archive" in retention:
         policy["archive"] = expect_str(retention["archive"], retention.at("archive"), "ledger.retention.archive")
@@ -125,8 +152,8 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
             zoneinfo.ZoneInfo(zone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise retention.at("timezone").error(
-                f"ledger.retention.timezone {zone!r} is not a time zone; use an IANA name such as UTC or "
-                "Europe/Paris") from None
+                f"ledger.retention.timezone {zone!r} is not a time zone; use an IANA name such as UTC or Europe/Paris"
+            ) from None
         policy["timezone"] = zone
     if "schedule" in retention:
         schedule = expect_str(retention["schedule"], retention.at("schedule"), "ledger.retention.schedule")
@@ -137,11 +164,13 @@ def parse_retention(section: Any, where: Any, *, late_reply_window: float, route
         except (ValueError, TypeError):
             raise retention.at("schedule").error(
                 f"ledger.retention.schedule {schedule!r} is not a crontab expression of five fields (minute hour "
-                "day month day-of-week), e.g. \"30 3 * * *\"") from None
+                'day month day-of-week), e.g. "30 3 * * *"'
+            ) from None
         policy["schedule"] = schedule
     if "batch" in retention:
-        policy["batch"] = expect_int(retention["batch"], retention.at("batch"), "ledger.retention.batch",
-                                     minimum=100, maximum=100_000)
+        policy["batch"] = expect_int(
+            retention["batch"], retention.at("batch"), "ledger.retention.batch", minimum=100, maximum=100_000
+        )
     if "enabled" in retention:
         policy["enabled"] = expect_bool(retention["enabled"], retention.at("enabled"), "ledger.retention.enabled")
     return RetentionPolicy(**policy)

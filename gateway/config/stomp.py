@@ -19,21 +19,39 @@ from pathlib import Path
 from typing import Any
 
 from broker_core.stomp import DestinationPattern, StompLimits, StompUser, is_passcode_hash
-
-from gateway.marked import (MarkedDict, check_keys, expect_bool, expect_choice, expect_int, expect_list,
-                                   expect_mapping, expect_str)
 from gateway.errors import clip
+from gateway.marked import (
+    MarkedDict,
+    check_keys,
+    expect_bool,
+    expect_choice,
+    expect_int,
+    expect_list,
+    expect_mapping,
+    expect_str,
+)
 
 __all__ = ["STOMP_KEYS", "USER_KEYS", "LIMIT_KEYS", "stomp_section"]
 
-STOMP_KEYS = {"enabled", "host", "port", "users", "heartbeat", "prefetch", "max_frame_size", "selector_string_numbers",
-              "limits"}
+STOMP_KEYS = {
+    "enabled",
+    "host",
+    "port",
+    "users",
+    "heartbeat",
+    "prefetch",
+    "max_frame_size",
+    "selector_string_numbers",
+    "limits",
+}
 USER_KEYS = {"passcode_hash", "passcode_file", "consume", "browse", "send", "client_ids"}
 LIMIT_KEYS = {f.name for f in dataclasses.fields(StompLimits)}
 _SECONDS = {"connect_timeout", "send_wait"}
-_NO_USERS_HINT = ("give each back end a user: stomp.users.LOGIN.passcode_file: ../var/stomp/LOGIN.passcode (b2bgw "
-                  "writes a new passcode there on first run) and its rights (consume, browse, send); see "
-                  "docs/security.md")
+_NO_USERS_HINT = (
+    "give each back end a user: stomp.users.LOGIN.passcode_file: ../var/stomp/LOGIN.passcode (b2bgw "
+    "writes a new passcode there on first run) and its rights (consume, browse, send); see "
+    "docs/security.md"
+)
 
 
 def stomp_section(stomp: MarkedDict, base_dir: Path) -> dict[str, Any]:
@@ -60,8 +78,12 @@ def stomp_section(stomp: MarkedDict, base_dir: Path) -> dict[str, Any]:
     if "max_frame_size" in stomp:
         expect_int(stomp["max_frame_size"], stomp.at("max_frame_size"), "stomp.max_frame_size", minimum=1024)
     if "selector_string_numbers" in stomp:
-        expect_choice(stomp["selector_string_numbers"], stomp.at("selector_string_numbers"),
-                      "stomp.selector_string_numbers", ("convert", "strict"))
+        expect_choice(
+            stomp["selector_string_numbers"],
+            stomp.at("selector_string_numbers"),
+            "stomp.selector_string_numbers",
+            ("convert", "strict"),
+        )
     if "limits" in stomp:
         out["limits"] = _limits(expect_mapping(stomp["limits"], stomp.at("limits"), "stomp.limits"))
     return out
@@ -70,24 +92,32 @@ def stomp_section(stomp: MarkedDict, base_dir: Path) -> dict[str, Any]:
 def _user(users: MarkedDict, login: Any, base_dir: Path) -> dict[str, Any]:
     where = users.at(login)
     if not isinstance(login, str) or not login:
-        raise where.error(f"stomp.users: a login must be a non-empty string (quote one that YAML reads as a number); "
-                          f"got {clip(repr(login), 40)}")
+        raise where.error(
+            f"stomp.users: a login must be a non-empty string (quote one that YAML reads as a number); "
+            f"got {clip(repr(login), 40)}"
+        )
     what = f"stomp.users.{login}"
     if isinstance(users[login], str):
-        raise where.error(f"{what}: passcodes are not kept in the configuration any more; give the user a "
-                          "passcode_hash (`b2bgw stomp --hash-passcode` prints one) or a passcode_file, and its "
-                          "rights (consume, browse, send); see docs/security.md")
+        raise where.error(
+            f"{what}: passcodes are not kept in the configuration any more; give the user a "
+            "passcode_hash (`b2bgw stomp --hash-passcode` prints one) or a passcode_file, and its "
+            "rights (consume, browse, send); see docs/security.md"
+        )
     entry = expect_mapping(users[login], where, what)
     check_keys(entry, USER_KEYS, what)
     user: dict[str, Any] = {}
     if ("passcode_hash" in entry) == ("passcode_file" in entry):
-        raise where.error(f"{what} needs one of passcode_hash (a scrypt hash, `b2bgw stomp --hash-passcode`) or "
-                          "passcode_file (where b2bgw writes a generated passcode on first run)")
+        raise where.error(
+            f"{what} needs one of passcode_hash (a scrypt hash, `b2bgw stomp --hash-passcode`) or "
+            "passcode_file (where b2bgw writes a generated passcode on first run)"
+        )
     if "passcode_hash" in entry:
         value = expect_str(entry["passcode_hash"], entry.at("passcode_hash"), f"{what}.passcode_hash")
         if not is_passcode_hash(value):
-            raise entry.at("passcode_hash").error(f"{what}.passcode_hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>'"
-                                                  " as `b2bgw stomp --hash-passcode` prints it")
+            raise entry.at("passcode_hash").error(
+                f"{what}.passcode_hash must be 'scrypt$ln=..,r=..,p=..$<salt>$<hash>'"
+                " as `b2bgw stomp --hash-passcode` prints it"
+            )
         user["passcode_hash"] = value
     else:
         value = expect_str(entry["passcode_file"], entry.at("passcode_file"), f"{what}.passcode_file")
@@ -107,8 +137,14 @@ def _user(users: MarkedDict, login: Any, base_dir: Path) -> dict[str, Any]:
             expect_str(pattern, ids.at(i), f"a {what}.client_ids pattern")
         user["client_ids"] = list(ids)
     try:  # the patterns of client ids, and anything else StompUser refuses
-        StompUser(login, "scrypt$ln=1,r=1,p=1$AAAAAAAAAAA$AAAAAAAAAAAAAAAAAAAAAA", consume=user["consume"],
-                  browse=user["browse"], send=user["send"], client_ids=user.get("client_ids"))
+        StompUser(
+            login,
+            "scrypt$ln=1,r=1,p=1$AAAAAAAAAAA$AAAAAAAAAAAAAAAAAAAAAA",
+            consume=user["consume"],
+            browse=user["browse"],
+            send=user["send"],
+            client_ids=user.get("client_ids"),
+        )
     except ValueError as error:
         raise where.error(f"{what}: {error}") from None
     return user
@@ -121,10 +157,14 @@ def _limits(limits: MarkedDict) -> dict[str, Any]:
         where = limits.at(key)
         if key in _SECONDS:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise where.error(f"stomp.limits.{key} must be a positive number of seconds; got {clip(repr(value), 40)}")
+                raise where.error(
+                    f"stomp.limits.{key} must be a positive number of seconds; got {clip(repr(value), 40)}"
+                )
             out[key] = float(value)
         else:
-            out[key] = expect_int(value, where, f"stomp.limits.{key}", minimum=256 if key == "connect_frame_bytes" else 1)
+            out[key] = expect_int(
+                value, where, f"stomp.limits.{key}", minimum=256 if key == "connect_frame_bytes" else 1
+            )
     return out
 
 

@@ -13,9 +13,9 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from gateway.marked import MarkedList, Where
 from gateway.delivery.errors import BlockedAddressError
 from gateway.errors import clip
+from gateway.marked import MarkedList, Where
 
 __all__ = ["AddressPolicy", "parse_networks"]
 
@@ -29,16 +29,24 @@ def parse_networks(items: MarkedList, where: Where, what: str) -> tuple[Network,
         try:
             out.append(ipaddress.ip_network(str(item), strict=False))
         except ValueError:
-            raise items.at(i).error(f"{what}: {clip(repr(item), 60)} is not an address or CIDR block such as "
-                                    "10.0.0.0/8 or 2001:db8::/32") from None
+            raise items.at(i).error(
+                f"{what}: {clip(repr(item), 60)} is not an address or CIDR block such as 10.0.0.0/8 or 2001:db8::/32"
+            ) from None
     return tuple(out)
 
 
 def _special(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return (address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
-            or address.is_reserved or address.is_unspecified or not address.is_global)
+    return (
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +66,8 @@ class AddressPolicy:
         if _special(address):
             raise BlockedAddressError(
                 f"address {text} is private, loopback or reserved; list it in the endpoint's allow_addresses "
-                "if the partner really is there")
+                "if the partner really is there"
+            )
 
     async def resolve(self, host: str, port: int) -> str:
         """Resolve *host* once and return the address to connect to; every address it has must be allowed."""

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.delivery.transport import known_kinds, transport_kind
+from gateway.errors import clip
 from gateway.marked import (
     MarkedDict,
     check_keys,
@@ -19,8 +21,6 @@ from gateway.marked import (
     expect_str,
     parse_duration,
 )
-from gateway.delivery.transport import known_kinds, transport_kind
-from gateway.errors import clip
 
 __all__ = ["COMMON_KEYS", "Backoff", "Breaker", "EndpointConfig", "PartnerDelivery", "parse_partner_delivery"]
 
@@ -96,8 +96,7 @@ def parse_partner_delivery(entry: MarkedDict, partner_id: str) -> PartnerDeliver
     for name, body in section.items():
         where = section.at(name)
         if not isinstance(name, str) or not _NAME.match(name):
-            raise where.error(f"{what}: endpoint name {clip(str(name), 60)!r} must be 1-64 letters, digits, "
-                              "'-' or '_'")
+            raise where.error(f"{what}: endpoint name {clip(str(name), 60)!r} must be 1-64 letters, digits, '-' or '_'")
         endpoints[name] = _endpoint(partner_id, name, expect_mapping(body, where, f"{what} endpoint {name!r}"))
     notify = expect_mapping(entry.get("notify"), entry.at("notify"), f"{what} notify")
     check_keys(notify, {"late_replies", "status", "statuses"}, f"{what} notify")
@@ -108,7 +107,8 @@ def parse_partner_delivery(entry: MarkedDict, partner_id: str) -> PartnerDeliver
         raw = notify["statuses"]
         if not isinstance(raw, list) or not raw or any(s not in _STATUSES for s in raw):
             raise notify.at("statuses").error(
-                f"{what} notify.statuses must be a list of {', '.join(_STATUSES)}; got {clip(repr(raw), 80)}")
+                f"{what} notify.statuses must be a list of {', '.join(_STATUSES)}; got {clip(repr(raw), 80)}"
+            )
         statuses = tuple(raw)
     return PartnerDelivery(endpoints, late, status, statuses)
 
@@ -121,8 +121,10 @@ def _endpoint_name(notify: MarkedDict, key: str, endpoints: dict[str, EndpointCo
         return None
     name = expect_str(notify[key], notify.at(key), f"{what} notify.{key}")
     if name not in endpoints:
-        raise notify.at(key).error(f"{what} notify.{key} names endpoint {clip(name, 60)!r}, which is not among "
-                                   f"its endpoints ({', '.join(sorted(endpoints)) or 'none configured'})")
+        raise notify.at(key).error(
+            f"{what} notify.{key} names endpoint {clip(name, 60)!r}, which is not among "
+            f"its endpoints ({', '.join(sorted(endpoints)) or 'none configured'})"
+        )
     return name
 
 
@@ -131,36 +133,47 @@ def _endpoint(partner: str, name: str, body: MarkedDict) -> EndpointConfig:
     kind_name = body.get("kind", "https")
     kind = transport_kind(kind_name) if isinstance(kind_name, str) else None
     if kind is None:
-        raise body.at("kind").error(f"{what}: kind {clip(repr(kind_name), 40)} is not known; known kinds: "
-                                    f"{', '.join(known_kinds())}")
+        raise body.at("kind").error(
+            f"{what}: kind {clip(repr(kind_name), 40)} is not known; known kinds: {', '.join(known_kinds())}"
+        )
     own = type(body)({k: v for k, v in body.items() if k not in COMMON_KEYS})
     own.where = body.where
     own.key_where = {k: body.at(k) for k in own}
     transport = kind.parse_endpoint(own, body.where, what)
-    concurrency = expect_int(body.get("concurrency", 1), body.at("concurrency"), f"{what} concurrency",
-                             minimum=1, maximum=256)
+    concurrency = expect_int(
+        body.get("concurrency", 1), body.at("concurrency"), f"{what} concurrency", minimum=1, maximum=256
+    )
     rate = body.get("rate_limit")
     if rate is not None:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-            raise body.at("rate_limit").error(f"{what} rate_limit must be a positive number of deliveries per "
-                                              f"second; got {clip(repr(rate), 40)}")
+            raise body.at("rate_limit").error(
+                f"{what} rate_limit must be a positive number of deliveries per second; got {clip(repr(rate), 40)}"
+            )
         rate = float(rate)
-    attempts = expect_int(body.get("max_attempts", 12), body.at("max_attempts"), f"{what} max_attempts",
-                          minimum=1, maximum=1000)
+    attempts = expect_int(
+        body.get("max_attempts", 12), body.at("max_attempts"), f"{what} max_attempts", minimum=1, maximum=1000
+    )
     max_age = parse_duration(body.get("max_age", "24h"), body.at("max_age"), f"{what} max_age")
     if max_age <= 0:
         raise body.at("max_age").error(f"{what} max_age must be more than zero")
     backoff_map = expect_mapping(body.get("backoff"), body.at("backoff"), f"{what} backoff")
     check_keys(backoff_map, {"initial", "max"}, f"{what} backoff")
-    backoff = Backoff(parse_duration(backoff_map.get("initial", 1), backoff_map.at("initial"), f"{what} backoff.initial"),
-                      parse_duration(backoff_map.get("max", "5m"), backoff_map.at("max"), f"{what} backoff.max"))
+    backoff = Backoff(
+        parse_duration(backoff_map.get("initial", 1), backoff_map.at("initial"), f"{what} backoff.initial"),
+        parse_duration(backoff_map.get("max", "5m"), backoff_map.at("max"), f"{what} backoff.max"),
+    )
     if backoff.initial <= 0 or backoff.maximum < backoff.initial:
         raise backoff_map.where.error(f"{what} backoff: initial must be more than zero and max at least initial")
     breaker_map = expect_mapping(body.get("breaker"), body.at("breaker"), f"{what} breaker")
     check_keys(breaker_map, {"failures", "cooldown"}, f"{what} breaker")
-    breaker = Breaker(expect_int(breaker_map.get("failures", 5), breaker_map.at("failures"),
-                                 f"{what} breaker.failures", minimum=1, maximum=10000),
-                      parse_duration(breaker_map.get("cooldown", "30s"), breaker_map.at("cooldown"),
-                                     f"{what} breaker.cooldown"))
+    breaker = Breaker(
+        expect_int(
+            breaker_map.get("failures", 5),
+            breaker_map.at("failures"),
+            f"{what} breaker.failures",
+            minimum=1,
+            maximum=10000,
+        ),
+        parse_duration(breaker_map.get("cooldown", "30s"), breaker_map.at("cooldown"), f"{what} breaker.cooldown"),
+    )
     return EndpointConfig(partner, name, kind.kind, transport, concurrency, rate, attempts, max_age, backoff, breaker)
-

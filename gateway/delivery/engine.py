@@ -25,7 +25,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from broker_core import Broker, Queue
-
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.metrics import DeliveryMetrics
 from gateway.delivery.outbox import PROPERTY_CONTENT_TYPE
@@ -56,8 +55,9 @@ class Lane:
 class DeliveryEngine:
     """Delivers what waits in the endpoints' queues (see the module docstring)."""
 
-    def __init__(self, broker: Broker, endpoints: Iterable[EndpointConfig], *,
-                 metrics: DeliveryMetrics | None = None) -> None:
+    def __init__(
+        self, broker: Broker, endpoints: Iterable[EndpointConfig], *, metrics: DeliveryMetrics | None = None
+    ) -> None:
         self.broker = broker
         self.endpoints = list(endpoints)
         self.ledger = DeliveryLedger(broker.engine) if broker.engine is not None else None
@@ -96,7 +96,7 @@ class DeliveryEngine:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+        except BaseException as exc:  # reported to start() or logged
             if not self._ready.is_set():
                 self._error = exc
             else:
@@ -114,12 +114,17 @@ class DeliveryEngine:
                 kind = transport_kind(config.kind)
                 if kind is None:
                     raise RuntimeError(f"endpoint kind {config.kind!r} is not registered")
-                lane = Lane(config, kind.factory(config.transport), CircuitBreaker(config.breaker),
-                            RateLimiter(config.rate_limit))
+                lane = Lane(
+                    config,
+                    kind.factory(config.transport),
+                    CircuitBreaker(config.breaker),
+                    RateLimiter(config.rate_limit),
+                )
                 self.lanes[(config.partner, config.name)] = lane
                 for i in range(config.concurrency):
-                    lane.tasks.append(asyncio.create_task(self._worker(connection, lane),
-                                                          name=f"delivery {config.queue} #{i + 1}"))
+                    lane.tasks.append(
+                        asyncio.create_task(self._worker(connection, lane), name=f"delivery {config.queue} #{i + 1}")
+                    )
             self._ready.set()
             await self._stopping.wait()
             tasks = [t for lane in self.lanes.values() for t in lane.tasks]
@@ -128,7 +133,7 @@ class DeliveryEngine:
             for lane in self.lanes.values():
                 try:
                     await lane.transport.aclose()
-                except Exception:  # noqa: BLE001 - keep closing the rest
+                except Exception:  # keep closing the rest
                     log.exception("closing the transport of %s failed", lane.config.queue)
             connection.close()
 
@@ -142,7 +147,7 @@ class DeliveryEngine:
             while not self._stopping.is_set():
                 try:
                     message = await consumer.receive_async(timeout=_POLL)
-                except Exception:  # noqa: BLE001 - the store is away: wait and try again
+                except Exception:  # the store is away: wait and try again
                     log.exception("receiving from %s failed", lane.config.queue)
                     await self._pause(5.0)
                     continue
@@ -151,7 +156,7 @@ class DeliveryEngine:
                 lane.in_flight += 1
                 try:
                     await self._deliver(lane, session, message)
-                except Exception:  # noqa: BLE001 - give it back; it will be delivered again
+                except Exception:  # give it back; it will be delivered again
                     log.exception("delivery of %s failed in the engine", message.jms_message_id)
                     session.rollback("the delivery engine failed")
                     await self._pause(1.0)
@@ -160,7 +165,7 @@ class DeliveryEngine:
         finally:
             try:
                 session.rollback("the delivery engine stopped")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             session.close()
 
@@ -194,8 +199,11 @@ class DeliveryEngine:
                 _, queued_at = await self._progress(delivery_id, made, queued_at)
                 deadline = queued_at / 1000 + config.max_age
             if made >= config.max_attempts or (made and time.time() >= deadline):
-                why = (f"{made} attempts made (max_attempts {config.max_attempts})" if made >= config.max_attempts
-                       else f"older than max_age ({config.max_age:g} s)")
+                why = (
+                    f"{made} attempts made (max_attempts {config.max_attempts})"
+                    if made >= config.max_attempts
+                    else f"older than max_age ({config.max_age:g} s)"
+                )
                 await self._dead(lane, session, message, delivery_id, why, last)
                 return
             await lane.breaker.admit()
@@ -204,18 +212,20 @@ class DeliveryEngine:
                 lane.breaker.release()
                 continue
             made += 1
-            request = OutboundRequest(delivery_id, config.partner, config.name, body, content_type, made,
-                                      _attempt_timeout(config))
+            request = OutboundRequest(
+                delivery_id, config.partner, config.name, body, content_type, made, _attempt_timeout(config)
+            )
             started = time.monotonic()
             try:
                 last = await lane.transport.send(request)
-            except Exception as exc:  # noqa: BLE001 - a transport's bug is a retryable attempt, not a lost message
+            except Exception as exc:  # a transport's bug is a retryable attempt, not a lost message
                 last = AttemptResult("retry", None, clip(f"transport error: {type(exc).__name__}: {exc}", 300))
             took = time.monotonic() - started
             lane.breaker.record(last.outcome)
             self.metrics.attempt(config, last.outcome, took)
-            step = Attempt(made, now_ms(), config.name, last.outcome, last.status, last.detail, int(took * 1000),
-                           last.evidence)
+            step = Attempt(
+                made, now_ms(), config.name, last.outcome, last.status, last.detail, int(took * 1000), last.evidence
+            )
             if last.outcome == "delivered":
                 fns = [DeliveryLedger.record_attempt(delivery_id, step, "delivered")] if self.ledger else []
                 await session.commit_async(in_transaction=fns)  # type: ignore[attr-defined]
@@ -225,8 +235,9 @@ class DeliveryEngine:
                 await self._dead(lane, session, message, delivery_id, f"permanent failure: {last.detail}", last, step)
                 return
             if self.ledger is not None:
-                await self.broker.write_async(DeliveryLedger.record_attempt(delivery_id, step, failing=True),
-                                              durable=False)
+                await self.broker.write_async(
+                    DeliveryLedger.record_attempt(delivery_id, step, failing=True), durable=False
+                )
             if made >= config.max_attempts:
                 continue
             delay = backoff_delay(config.backoff, made, last.retry_after)
@@ -242,8 +253,16 @@ class DeliveryEngine:
         progress = await asyncio.to_thread(self.ledger.progress, delivery_id)
         return progress if progress is not None else (made, queued_at)
 
-    async def _dead(self, lane: Lane, session: object, message: object, delivery_id: str, why: str,
-                    last: AttemptResult | None, step: Attempt | None = None) -> None:
+    async def _dead(
+        self,
+        lane: Lane,
+        session: object,
+        message: object,
+        delivery_id: str,
+        why: str,
+        last: AttemptResult | None,
+        step: Attempt | None = None,
+    ) -> None:
         """Record the delivery dead with its last answer, then move its message to the endpoint's dead-letter
         queue (an operator's replay or discard acts on what that queue holds). A crash in between brings the
         message back to a worker, which finds its attempts spent and dead-letters it again."""

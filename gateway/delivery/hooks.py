@@ -14,13 +14,12 @@ from typing import Any
 from lxml import etree
 
 from broker_core import DeliveryMode, Queue
-
-from gateway.marked import Where, check_keys, expect_mapping, expect_str
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.errors import DeliveryTransformError, UnknownEndpointError
 from gateway.delivery.outbox import delivery_message
 from gateway.delivery.records import DeliveryLedger
 from gateway.errors import clip
+from gateway.marked import Where, check_keys, expect_mapping, expect_str
 
 __all__ = ["RouteDelivery", "endpoint_of", "parse_route_delivery", "route_delivery", "stage_delivery", "transformed"]
 
@@ -43,27 +42,33 @@ def endpoint_of(partners: Any, partner: str, endpoint: str | None = None) -> End
     if endpoint is None:
         if len(endpoints) == 1:
             return next(iter(endpoints.values()))
-        raise UnknownEndpointError(f"partner {partner!r} has {len(endpoints)} endpoints; name one "
-                                   f"({', '.join(sorted(endpoints)) or 'none configured'})")
+        raise UnknownEndpointError(
+            f"partner {partner!r} has {len(endpoints)} endpoints; name one "
+            f"({', '.join(sorted(endpoints)) or 'none configured'})"
+        )
     if endpoint not in endpoints:
-        raise UnknownEndpointError(f"partner {partner!r} has no endpoint {endpoint!r} "
-                                   f"({', '.join(sorted(endpoints)) or 'none configured'})")
+        raise UnknownEndpointError(
+            f"partner {partner!r} has no endpoint {endpoint!r} ({', '.join(sorted(endpoints)) or 'none configured'})"
+        )
     return endpoints[endpoint]
 
 
-def parse_route_delivery(value: Any, where: Where, what: str, partners: Any, base_dir: Path,
-                         compile_xslt: Callable[[Path, Where], Any]) -> RouteDelivery:
+def parse_route_delivery(
+    value: Any, where: Where, what: str, partners: Any, base_dir: Path, compile_xslt: Callable[[Path, Where], Any]
+) -> RouteDelivery:
     """Check a route's ``deliver: {partner, endpoint, transform}`` (ConfigError with file and line)."""
     spec = expect_mapping(value, where, f"{what} deliver")
     check_keys(spec, {"partner", "endpoint", "transform"}, f"{what} deliver")
     partner = expect_str(spec.get("partner"), spec.at("partner"), f"{what} deliver.partner")
-    endpoint_name = (expect_str(spec["endpoint"], spec.at("endpoint"), f"{what} deliver.endpoint")
-                     if "endpoint" in spec else None)
+    endpoint_name = (
+        expect_str(spec["endpoint"], spec.at("endpoint"), f"{what} deliver.endpoint") if "endpoint" in spec else None
+    )
     try:
         endpoint = endpoint_of(partners, partner, endpoint_name)
     except UnknownEndpointError as exc:
-        raise spec.where.error(f"{what} deliver: {exc.detail}; add it under the partner's endpoints in "
-                               "partners.yaml") from None
+        raise spec.where.error(
+            f"{what} deliver: {exc.detail}; add it under the partner's endpoints in partners.yaml"
+        ) from None
     path = transform = None
     if spec.get("transform") is not None:
         path = (base_dir / expect_str(spec["transform"], spec.at("transform"), f"{what} deliver.transform")).resolve()
@@ -83,15 +88,22 @@ def transformed(delivery: RouteDelivery, document: bytes) -> bytes:
     return out
 
 
-def stage_delivery(producer: Any, endpoint: EndpointConfig, body: bytes, *, source: str,
-                   content_type: str = "application/xml", doc_type: str | None = None
-                   ) -> Callable[[Any], None]:
+def stage_delivery(
+    producer: Any,
+    endpoint: EndpointConfig,
+    body: bytes,
+    *,
+    source: str,
+    content_type: str = "application/xml",
+    doc_type: str | None = None,
+) -> Callable[[Any], None]:
     """Stage the delivery's message on *producer*'s transacted session; returns the ledger insert to run
     inside that session's commit (``in_transaction``)."""
     message = delivery_message(endpoint, body, content_type, clip(source, 300))
     producer.send(Queue(endpoint.queue), message, delivery_mode=DeliveryMode.PERSISTENT)
-    insert = DeliveryLedger.insert(message.jms_message_id, endpoint.partner, endpoint.name, endpoint.kind, source,
-                                   doc_type, content_type, body)
+    insert = DeliveryLedger.insert(
+        message.jms_message_id, endpoint.partner, endpoint.name, endpoint.kind, source, doc_type, content_type, body
+    )
     insert.message_id = message.jms_message_id  # type: ignore[attr-defined]
     return insert
 
@@ -102,7 +114,14 @@ def route_delivery(producer: Any, route: Any, message_id: str, document: bytes) 
     try:
         body = transformed(delivery, document)
     except (etree.Error, ValueError) as exc:
-        raise DeliveryTransformError(f"route {route.id}: the delivery transform failed: {clip(str(exc), 200)}; "
-                                     "nothing was accepted, contact the operator") from None
-    return stage_delivery(producer, delivery.endpoint, body, source=f"document:{message_id} route:{route.id}",
-                          doc_type=route.doc_type if delivery.transform is None else None)
+        raise DeliveryTransformError(
+            f"route {route.id}: the delivery transform failed: {clip(str(exc), 200)}; "
+            "nothing was accepted, contact the operator"
+        ) from None
+    return stage_delivery(
+        producer,
+        delivery.endpoint,
+        body,
+        source=f"document:{message_id} route:{route.id}",
+        doc_type=route.doc_type if delivery.transform is None else None,
+    )

@@ -20,6 +20,11 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from gateway.delivery.addresses import AddressPolicy, parse_networks
+from gateway.delivery.errors import BlockedAddressError
+from gateway.delivery.signing import parse_secret, signature_headers
+from gateway.delivery.transport import AttemptResult, OutboundRequest, register_transport
+from gateway.errors import clip
 from gateway.marked import (
     MarkedDict,
     Where,
@@ -31,18 +36,33 @@ from gateway.marked import (
     expect_str,
     parse_duration,
 )
-from gateway.delivery.addresses import AddressPolicy, parse_networks
-from gateway.delivery.errors import BlockedAddressError
-from gateway.delivery.signing import parse_secret, signature_headers
-from gateway.delivery.transport import AttemptResult, OutboundRequest, register_transport
-from gateway.errors import clip
 
 __all__ = ["HttpsEndpoint", "HttpsTransport", "classify", "parse_https_endpoint", "retry_after_seconds"]
 
-KEYS = {"url", "timeout", "connect_timeout", "ca_bundle", "client_cert", "client_key", "headers", "secrets",
-        "redirects", "max_response_bytes", "allow_addresses", "deny_addresses"}
-_HOP_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection", "webhook-id",
-                "webhook-timestamp", "webhook-signature"}
+KEYS = {
+    "url",
+    "timeout",
+    "connect_timeout",
+    "ca_bundle",
+    "client_cert",
+    "client_key",
+    "headers",
+    "secrets",
+    "redirects",
+    "max_response_bytes",
+    "allow_addresses",
+    "deny_addresses",
+}
+_HOP_HEADERS = {
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+}
 MAX_REDIRECTS = 3
 USER_AGENT = "b2bgw-delivery/1"
 
@@ -90,8 +110,9 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
     url = expect_str(body.get("url"), body.at("url"), f"{what} url")
     parts = urlsplit(url)
     if parts.scheme != "https" or not parts.hostname or parts.username or parts.password:
-        raise body.at("url").error(f"{what} url must be an https:// URL with a host and no credentials; got "
-                                   f"{clip(url, 120)!r}")
+        raise body.at("url").error(
+            f"{what} url must be an https:// URL with a host and no credentials; got {clip(url, 120)!r}"
+        )
     timeout = parse_duration(body.get("timeout", "30s"), body.at("timeout"), f"{what} timeout")
     connect = parse_duration(body.get("connect_timeout", "10s"), body.at("connect_timeout"), f"{what} connect_timeout")
     if not 0 < timeout <= 600 or not 0 < connect <= 600:
@@ -110,28 +131,57 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
     if isinstance(secret_list, str):
         secret_list = [secret_list]
     items = expect_list(secret_list, body.at("secrets"), f"{what} secrets")
-    secrets = tuple(parse_secret(_secret_text(item, items.at(i), f"{what} secrets[{i}]"), items.at(i),
-                                 f"{what} secrets[{i}]") for i, item in enumerate(items))
+    secrets = tuple(
+        parse_secret(_secret_text(item, items.at(i), f"{what} secrets[{i}]"), items.at(i), f"{what} secrets[{i}]")
+        for i, item in enumerate(items)
+    )
     if not secrets:
-        raise body.where.error(f"{what}: secrets must list at least one signing secret (whsec_...), so the "
-                               "partner can tell our deliveries from anyone else's")
-    redirects = expect_choice(body.get("redirects", "none"), body.at("redirects"), f"{what} redirects",
-                              ("none", "same-origin"))
-    max_body = expect_int(body.get("max_response_bytes", 65536), body.at("max_response_bytes"),
-                          f"{what} max_response_bytes", minimum=0, maximum=16 * 1024 * 1024)
-    allow = parse_networks(expect_list(body.get("allow_addresses"), body.at("allow_addresses"),
-                                       f"{what} allow_addresses"), body.at("allow_addresses"), f"{what} allow_addresses")
-    deny = parse_networks(expect_list(body.get("deny_addresses"), body.at("deny_addresses"),
-                                      f"{what} deny_addresses"), body.at("deny_addresses"), f"{what} deny_addresses")
+        raise body.where.error(
+            f"{what}: secrets must list at least one signing secret (whsec_...), so the "
+            "partner can tell our deliveries from anyone else's"
+        )
+    redirects = expect_choice(
+        body.get("redirects", "none"), body.at("redirects"), f"{what} redirects", ("none", "same-origin")
+    )
+    max_body = expect_int(
+        body.get("max_response_bytes", 65536),
+        body.at("max_response_bytes"),
+        f"{what} max_response_bytes",
+        minimum=0,
+        maximum=16 * 1024 * 1024,
+    )
+    allow = parse_networks(
+        expect_list(body.get("allow_addresses"), body.at("allow_addresses"), f"{what} allow_addresses"),
+        body.at("allow_addresses"),
+        f"{what} allow_addresses",
+    )
+    deny = parse_networks(
+        expect_list(body.get("deny_addresses"), body.at("deny_addresses"), f"{what} deny_addresses"),
+        body.at("deny_addresses"),
+        f"{what} deny_addresses",
+    )
     cert, key = _path(body, "client_cert", what), _path(body, "client_key", what)
     if key and not cert:
         raise body.at("client_key").error(f"{what}: client_key needs client_cert")
-    endpoint = HttpsEndpoint(url, timeout, connect, _path(body, "ca_bundle", what), cert, key, tuple(headers),
-                             secrets, redirects, max_body, AddressPolicy(allow, deny))
+    endpoint = HttpsEndpoint(
+        url,
+        timeout,
+        connect,
+        _path(body, "ca_bundle", what),
+        cert,
+        key,
+        tuple(headers),
+        secrets,
+        redirects,
+        max_body,
+        AddressPolicy(allow, deny),
+    )
     try:
         _ssl_context(endpoint)
     except (OSError, ssl.SSLError) as exc:
-        raise body.where.error(f"{what}: the CA bundle or client certificate does not load: {clip(str(exc), 200)}") from None
+        raise body.where.error(
+            f"{what}: the CA bundle or client certificate does not load: {clip(str(exc), 200)}"
+        ) from None
     return endpoint
 
 
@@ -175,7 +225,9 @@ class HttpsTransport:
     def __init__(self, endpoint: HttpsEndpoint) -> None:
         self.endpoint = endpoint
         self._client = httpx.AsyncClient(
-            verify=_ssl_context(endpoint), follow_redirects=False, trust_env=False,
+            verify=_ssl_context(endpoint),
+            follow_redirects=False,
+            trust_env=False,
             timeout=httpx.Timeout(endpoint.timeout, connect=endpoint.connect_timeout),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
@@ -192,15 +244,20 @@ class HttpsTransport:
         except BlockedAddressError as exc:
             return AttemptResult("failed", None, exc.detail)
         except httpx.HTTPError as exc:
-            return AttemptResult("retry", None, clip(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, 300))
+            return AttemptResult(
+                "retry", None, clip(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, 300)
+            )
         except OSError as exc:
             return AttemptResult("retry", None, clip(f"network error: {exc}", 300))
 
     async def _send(self, request: OutboundRequest) -> AttemptResult:
         url = self.endpoint.url
-        headers = {"content-type": request.content_type, "user-agent": USER_AGENT,
-                   **dict(self.endpoint.headers),
-                   **signature_headers(self.endpoint.secrets, request.delivery_id, request.body)}
+        headers = {
+            "content-type": request.content_type,
+            "user-agent": USER_AGENT,
+            **dict(self.endpoint.headers),
+            **signature_headers(self.endpoint.secrets, request.delivery_id, request.body),
+        }
         for _hop in range(MAX_REDIRECTS + 1):
             status, location, retry_after, text = await self._post(url, headers, request.body)
             if 300 <= status < 400 and location:
@@ -208,8 +265,11 @@ class HttpsTransport:
                 if self.endpoint.redirects == "same-origin" and _origin(target) == _origin(url):
                     url = target
                     continue
-                return AttemptResult("failed", status, clip(f"{status} redirect to {target} not followed "
-                                                            f"(redirects: {self.endpoint.redirects})", 300))
+                return AttemptResult(
+                    "failed",
+                    status,
+                    clip(f"{status} redirect to {target} not followed (redirects: {self.endpoint.redirects})", 300),
+                )
             outcome = classify(status)
             detail = f"{status}" + (f": {text}" if text else "")
             honoured = retry_after if status in (429, 503) else None
@@ -224,16 +284,20 @@ class HttpsTransport:
         shown = f"[{address}]" if ":" in address else address
         target = parts._replace(netloc=f"{shown}:{port}").geturl()
         host_header = host if parts.port in (None, 443) else f"{host}:{port}"
-        request = self._client.build_request("POST", target, content=body,
-                                             headers={**headers, "host": host_header},
-                                             extensions={"sni_hostname": host})
+        request = self._client.build_request(
+            "POST", target, content=body, headers={**headers, "host": host_header}, extensions={"sni_hostname": host}
+        )
         response = await self._client.send(request, stream=True)
         try:
             text = await self._read_bounded(response)
         finally:
             await response.aclose()
-        return (response.status_code, response.headers.get("location"),
-                retry_after_seconds(response.headers.get("retry-after")), text)
+        return (
+            response.status_code,
+            response.headers.get("location"),
+            retry_after_seconds(response.headers.get("retry-after")),
+            text,
+        )
 
     async def _read_bounded(self, response: httpx.Response) -> str:
         """Up to ``max_response_bytes`` of the answer's body (as one line of text); the rest is not read."""

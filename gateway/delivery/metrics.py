@@ -42,32 +42,45 @@ class DeliveryMetrics:
 
     def render(self, depths: dict[tuple[str, str], int], circuits: dict[tuple[str, str], str]) -> str:
         """Prometheus text exposition of the counters, with queue depths and circuit states given."""
-        lines = ["# HELP b2b_deliveries_total Deliveries settled, by outcome (delivered, dead).",
-                 "# TYPE b2b_deliveries_total counter"]
+        lines = [
+            "# HELP b2b_deliveries_total Deliveries settled, by outcome (delivered, dead).",
+            "# TYPE b2b_deliveries_total counter",
+        ]
         with self._lock:
             outcomes, attempts = dict(self.outcomes), dict(self.attempts)
             latency = {k: list(v) for k, v in self.latency.items()}
         for (p, e, o), n in sorted(outcomes.items()):
             lines.append(f'b2b_deliveries_total{{partner="{p}",endpoint="{e}",outcome="{o}"}} {n}')
-        lines += ["# HELP b2b_delivery_attempts_total Attempts made, by outcome (delivered, retry, failed).",
-                  "# TYPE b2b_delivery_attempts_total counter"]
+        lines += [
+            "# HELP b2b_delivery_attempts_total Attempts made, by outcome (delivered, retry, failed).",
+            "# TYPE b2b_delivery_attempts_total counter",
+        ]
         for (p, e, o), n in sorted(attempts.items()):
             lines.append(f'b2b_delivery_attempts_total{{partner="{p}",endpoint="{e}",outcome="{o}"}} {n}')
-        lines += ["# HELP b2b_delivery_latency_seconds From the commit that queued a delivery to its 2xx answer.",
-                  "# TYPE b2b_delivery_latency_seconds histogram"]
+        lines += [
+            "# HELP b2b_delivery_latency_seconds From the commit that queued a delivery to its 2xx answer.",
+            "# TYPE b2b_delivery_latency_seconds histogram",
+        ]
         for (p, e), row in sorted(latency.items()):
             for i, bound in enumerate(LATENCY_BUCKETS):
-                lines.append(f'b2b_delivery_latency_seconds_bucket{{partner="{p}",endpoint="{e}",le="{bound}"}} '
-                             f"{int(row[i])}")
-            lines.append(f'b2b_delivery_latency_seconds_bucket{{partner="{p}",endpoint="{e}",le="+Inf"}} {int(row[-1])}')
+                lines.append(
+                    f'b2b_delivery_latency_seconds_bucket{{partner="{p}",endpoint="{e}",le="{bound}"}} {int(row[i])}'
+                )
+            lines.append(
+                f'b2b_delivery_latency_seconds_bucket{{partner="{p}",endpoint="{e}",le="+Inf"}} {int(row[-1])}'
+            )
             lines.append(f'b2b_delivery_latency_seconds_sum{{partner="{p}",endpoint="{e}"}} {row[-2]:.6f}')
             lines.append(f'b2b_delivery_latency_seconds_count{{partner="{p}",endpoint="{e}"}} {int(row[-1])}')
-        lines += ["# HELP b2b_delivery_queue_depth Deliveries waiting in an endpoint's queue.",
-                  "# TYPE b2b_delivery_queue_depth gauge"]
+        lines += [
+            "# HELP b2b_delivery_queue_depth Deliveries waiting in an endpoint's queue.",
+            "# TYPE b2b_delivery_queue_depth gauge",
+        ]
         for (p, e), n in sorted(depths.items()):
             lines.append(f'b2b_delivery_queue_depth{{partner="{p}",endpoint="{e}"}} {n}')
-        lines += ["# HELP b2b_delivery_circuit_open Whether an endpoint's circuit breaker is open (1) or half open (0.5).",
-                  "# TYPE b2b_delivery_circuit_open gauge"]
+        lines += [
+            "# HELP b2b_delivery_circuit_open Whether an endpoint's circuit breaker is open (1) or half open (0.5).",
+            "# TYPE b2b_delivery_circuit_open gauge",
+        ]
         for (p, e), state in sorted(circuits.items()):
             value = {"closed": 0, "half_open": 0.5, "open": 1}[state]
             lines.append(f'b2b_delivery_circuit_open{{partner="{p}",endpoint="{e}"}} {value}')

@@ -18,7 +18,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import Broker, DeliveryMode, Queue
-
 from gateway.delivery.outbox import delivery_message
 from gateway.delivery.records import DeliveryLedger
 from gateway.delivery.tables import cursors
@@ -49,7 +48,7 @@ def push_late_reply(gateway: Any, message_id: str, reply: bytes, reply_type: str
                 return
             endpoint = partner.delivery.endpoints[partner.delivery.late_replies]
             queue_delivery(gateway.broker, endpoint, reply, source=f"late-reply:{message_id}", doc_type=reply_type)
-        except Exception:  # noqa: BLE001 - the reply is in the ledger; GET still shows it
+        except Exception:  # the reply is in the ledger; GET still shows it
             log.exception("could not queue the late reply to %s for delivery", message_id)
 
     _POOL.submit(run)
@@ -62,8 +61,11 @@ class StatusNotifier:
         self.broker = broker
         self.interval = interval
         self.batch = batch
-        self.targets = {p.id: (p.delivery.endpoints[p.delivery.status_notifications], frozenset(p.delivery.statuses))
-                        for p in partners.partners.values() if p.enabled and p.delivery.status_notifications}
+        self.targets = {
+            p.id: (p.delivery.endpoints[p.delivery.status_notifications], frozenset(p.delivery.statuses))
+            for p in partners.partners.values()
+            if p.enabled and p.delivery.status_notifications
+        }
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,7 +81,7 @@ class StatusNotifier:
             self._thread.join(10)
         try:
             self.broker.release_lease(_LEASE)
-        except Exception:  # noqa: BLE001 - the store is closing
+        except Exception:  # the store is closing
             pass
 
     def _loop(self) -> None:
@@ -88,7 +90,7 @@ class StatusNotifier:
                 if self.broker.acquire_lease(_LEASE, max(10.0, self.interval * 10)):
                     while self.run_once() == self.batch and not self._stop.is_set():
                         pass
-            except Exception:  # noqa: BLE001 - the store is away: try again later
+            except Exception:  # the store is away: try again later
                 log.exception("status notifications: following the ledger failed")
 
     def run_once(self) -> int:
@@ -102,10 +104,21 @@ class StatusNotifier:
                 self.broker.write(lambda c: c.execute(cursors.insert().values(name=_CURSOR, seq=last)))
                 return 0
             rows = conn.execute(
-                sa.select(events.c.seq, events.c.message_id, events.c.status, events.c.at, documents.c.partner,
-                          documents.c.doc_type, documents.c.doc_id, documents.c.correlation_id)
+                sa.select(
+                    events.c.seq,
+                    events.c.message_id,
+                    events.c.status,
+                    events.c.at,
+                    documents.c.partner,
+                    documents.c.doc_type,
+                    documents.c.doc_id,
+                    documents.c.correlation_id,
+                )
                 .join(documents, documents.c.message_id == events.c.message_id)
-                .where(events.c.seq > start).order_by(events.c.seq).limit(self.batch)).all()
+                .where(events.c.seq > start)
+                .order_by(events.c.seq)
+                .limit(self.batch)
+            ).all()
         if not rows:
             return 0
         with self.broker.connect() as connection:
@@ -117,19 +130,38 @@ class StatusNotifier:
                 if target is None or r.status not in target[1]:
                     continue
                 endpoint = target[0]
-                body = json.dumps({"type": "document.status", "message_id": r.message_id, "status": r.status,
-                                   "at": r.at, "doc_type": r.doc_type, "doc_id": r.doc_id,
-                                   "correlation_id": r.correlation_id}, separators=(",", ":")).encode()
+                body = json.dumps(
+                    {
+                        "type": "document.status",
+                        "message_id": r.message_id,
+                        "status": r.status,
+                        "at": r.at,
+                        "doc_type": r.doc_type,
+                        "doc_id": r.doc_id,
+                        "correlation_id": r.correlation_id,
+                    },
+                    separators=(",", ":"),
+                ).encode()
                 message = delivery_message(endpoint, body, STATUS_CONTENT_TYPE, f"status:{r.message_id}")
                 producer.send(Queue(endpoint.queue), message, delivery_mode=DeliveryMode.PERSISTENT)
-                inserts.append(DeliveryLedger.insert(message.jms_message_id, endpoint.partner, endpoint.name,
-                                                     endpoint.kind, f"status:{r.message_id}", "status",
-                                                     STATUS_CONTENT_TYPE, body))
+                inserts.append(
+                    DeliveryLedger.insert(
+                        message.jms_message_id,
+                        endpoint.partner,
+                        endpoint.name,
+                        endpoint.kind,
+                        f"status:{r.message_id}",
+                        "status",
+                        STATUS_CONTENT_TYPE,
+                        body,
+                    )
+                )
             last = rows[-1].seq
 
             def move(conn: Any) -> None:
-                result = conn.execute(cursors.update().where(cursors.c.name == _CURSOR, cursors.c.seq == start)
-                                      .values(seq=last))
+                result = conn.execute(
+                    cursors.update().where(cursors.c.name == _CURSOR, cursors.c.seq == start).values(seq=last)
+                )
                 if result.rowcount != 1:
                     raise RuntimeError("another process moved the status notifications' cursor")
 

@@ -8,7 +8,6 @@ receiver de-duplicates by, the same on every attempt and after a restart.
 from __future__ import annotations
 
 from broker_core import Broker, BytesMessage, DeliveryMode, Queue
-
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.records import DeliveryLedger
 
@@ -30,22 +29,47 @@ def delivery_message(endpoint: EndpointConfig, body: bytes, content_type: str, s
     return message
 
 
-def queue_delivery(broker: Broker, endpoint: EndpointConfig, body: bytes, *, content_type: str = "application/xml",
-                   source: str, doc_type: str | None = None) -> str:
+def queue_delivery(
+    broker: Broker,
+    endpoint: EndpointConfig,
+    body: bytes,
+    *,
+    content_type: str = "application/xml",
+    source: str,
+    doc_type: str | None = None,
+) -> str:
     """Queue *body* for *endpoint* durably; returns the delivery's id (blocking: not on an event loop)."""
     message = delivery_message(endpoint, body, content_type, source)
     with broker.connect() as connection:
         session = connection.create_session(transacted=True)
         producer = session.create_producer(Queue(endpoint.queue))
         producer.send(message, delivery_mode=DeliveryMode.PERSISTENT)
-        session.commit(in_transaction=[DeliveryLedger.insert(message.jms_message_id, endpoint.partner, endpoint.name,
-                                                             endpoint.kind, source, doc_type, content_type, body)])
+        session.commit(
+            in_transaction=[
+                DeliveryLedger.insert(
+                    message.jms_message_id,
+                    endpoint.partner,
+                    endpoint.name,
+                    endpoint.kind,
+                    source,
+                    doc_type,
+                    content_type,
+                    body,
+                )
+            ]
+        )
     return message.jms_message_id
 
 
-async def queue_delivery_async(broker: Broker, endpoint: EndpointConfig, body: bytes, *,
-                               content_type: str = "application/xml", source: str,
-                               doc_type: str | None = None) -> str:
+async def queue_delivery_async(
+    broker: Broker,
+    endpoint: EndpointConfig,
+    body: bytes,
+    *,
+    content_type: str = "application/xml",
+    source: str,
+    doc_type: str | None = None,
+) -> str:
     """:func:`queue_delivery` for asyncio: waits for the durable commit without blocking the loop."""
     message = delivery_message(endpoint, body, content_type, source)
     connection = broker.connect()
@@ -53,9 +77,20 @@ async def queue_delivery_async(broker: Broker, endpoint: EndpointConfig, body: b
         session = connection.create_session(transacted=True)
         producer = session.create_producer(Queue(endpoint.queue))
         producer.send(message, delivery_mode=DeliveryMode.PERSISTENT)
-        await session.commit_async(in_transaction=[DeliveryLedger.insert(
-            message.jms_message_id, endpoint.partner, endpoint.name, endpoint.kind, source, doc_type, content_type,
-            body)])
+        await session.commit_async(
+            in_transaction=[
+                DeliveryLedger.insert(
+                    message.jms_message_id,
+                    endpoint.partner,
+                    endpoint.name,
+                    endpoint.kind,
+                    source,
+                    doc_type,
+                    content_type,
+                    body,
+                )
+            ]
+        )
     finally:
         connection.close()
     return message.jms_message_id

@@ -15,8 +15,9 @@ from gateway.delivery.config import Backoff, Breaker
 __all__ = ["CircuitBreaker", "RateLimiter", "backoff_delay"]
 
 
-def backoff_delay(backoff: Backoff, attempt: int, retry_after: float | None = None,
-                  rand: Callable[[], float] = random.random) -> float:
+def backoff_delay(
+    backoff: Backoff, attempt: int, retry_after: float | None = None, rand: Callable[[], float] = random.random
+) -> float:
     """Seconds before the attempt after *attempt* (1-based): full jitter, a random time up to
     ``min(max, initial * 2**(attempt-1))``; never less than the partner's ``Retry-After``."""
     ceiling = min(backoff.maximum, backoff.initial * (2 ** min(attempt - 1, 60)))

@@ -93,27 +93,64 @@ class DeliveryLedger:
     # ------------------------------------------------------------------ writes (inside a store transaction)
 
     @staticmethod
-    def insert(message_id: str, partner: str, endpoint: str, kind: str, source: str, doc_type: str | None,
-               content_type: str, document: bytes) -> Callable[[sa.Connection], None]:
+    def insert(
+        message_id: str,
+        partner: str,
+        endpoint: str,
+        kind: str,
+        source: str,
+        doc_type: str | None,
+        content_type: str,
+        document: bytes,
+    ) -> Callable[[sa.Connection], None]:
         def run(conn: sa.Connection) -> None:
             at = now_ms()
-            conn.execute(deliveries.insert().values(
-                message_id=message_id, partner=partner, endpoint=endpoint, kind=kind, source=source[:300],
-                doc_type=doc_type, content_type=content_type, status="pending", created_at=at, queued_at=at,
-                updated_at=at, attempts=0, document=document))
+            conn.execute(
+                deliveries.insert().values(
+                    message_id=message_id,
+                    partner=partner,
+                    endpoint=endpoint,
+                    kind=kind,
+                    source=source[:300],
+                    doc_type=doc_type,
+                    content_type=content_type,
+                    status="pending",
+                    created_at=at,
+                    queued_at=at,
+                    updated_at=at,
+                    attempts=0,
+                    document=document,
+                )
+            )
+
         return run
 
     @staticmethod
-    def record_attempt(message_id: str, attempt: Attempt, status: str | None = None,
-                       failing: bool = False) -> Callable[[sa.Connection], None]:
+    def record_attempt(
+        message_id: str, attempt: Attempt, status: str | None = None, failing: bool = False
+    ) -> Callable[[sa.Connection], None]:
         """Append *attempt* to the timeline and bring the row along (*status* when it settles)."""
+
         def run(conn: sa.Connection) -> None:
-            conn.execute(attempts.insert().values(
-                message_id=message_id, attempt=attempt.attempt, at=attempt.at, endpoint=attempt.endpoint,
-                outcome=attempt.outcome, status=attempt.status, detail=attempt.detail[:1000],
-                duration_ms=attempt.duration_ms, evidence=attempt.evidence))
-            values: dict[str, Any] = {"attempts": attempt.attempt, "updated_at": now_ms(),
-                                      "last_status": attempt.status, "last_detail": attempt.detail[:1000]}
+            conn.execute(
+                attempts.insert().values(
+                    message_id=message_id,
+                    attempt=attempt.attempt,
+                    at=attempt.at,
+                    endpoint=attempt.endpoint,
+                    outcome=attempt.outcome,
+                    status=attempt.status,
+                    detail=attempt.detail[:1000],
+                    duration_ms=attempt.duration_ms,
+                    evidence=attempt.evidence,
+                )
+            )
+            values: dict[str, Any] = {
+                "attempts": attempt.attempt,
+                "updated_at": now_ms(),
+                "last_status": attempt.status,
+                "last_detail": attempt.detail[:1000],
+            }
             if status is not None:
                 values["status"] = status
             if failing:
@@ -121,11 +158,13 @@ class DeliveryLedger:
             else:
                 values["failing_since"] = None
             conn.execute(deliveries.update().where(deliveries.c.message_id == message_id).values(**values))
+
         return run
 
     @staticmethod
     def set_status(message_ids: list[str], status: str, *, requeue: bool = False) -> Callable[[sa.Connection], int]:
         """Mark deliveries (replayed: back to pending with a fresh count and age; discarded)."""
+
         def run(conn: sa.Connection) -> int:
             at = now_ms()
             values: dict[str, Any] = {"status": status, "updated_at": at}
@@ -133,6 +172,7 @@ class DeliveryLedger:
                 values.update(queued_at=at, attempts=0, failing_since=None)
             result = conn.execute(deliveries.update().where(deliveries.c.message_id.in_(message_ids)).values(**values))
             return result.rowcount or 0
+
         return run
 
     # ------------------------------------------------------------------ reads
@@ -145,21 +185,28 @@ class DeliveryLedger:
                 return None
             steps: tuple[Attempt, ...] = ()
             if timeline:
-                steps = tuple(Attempt(r.attempt, r.at, r.endpoint, r.outcome, r.status, r.detail or "", r.duration_ms,
-                                      r.evidence)
-                              for r in conn.execute(sa.select(attempts).where(attempts.c.message_id == message_id)
-                                                    .order_by(attempts.c.id).limit(1000)))
+                steps = tuple(
+                    Attempt(r.attempt, r.at, r.endpoint, r.outcome, r.status, r.detail or "", r.duration_ms, r.evidence)
+                    for r in conn.execute(
+                        sa.select(attempts)
+                        .where(attempts.c.message_id == message_id)
+                        .order_by(attempts.c.id)
+                        .limit(1000)
+                    )
+                )
         return _row(row, steps)
 
     def progress(self, message_id: str) -> tuple[int, int] | None:
         """(attempts made, queued_at) of a delivery, None when it is not recorded."""
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(deliveries.c.attempts, deliveries.c.queued_at)
-                               .where(deliveries.c.message_id == message_id)).first()
+            row = conn.execute(
+                sa.select(deliveries.c.attempts, deliveries.c.queued_at).where(deliveries.c.message_id == message_id)
+            ).first()
         return None if row is None else (row[0], row[1])
 
-    def list(self, *, partner: str | None = None, endpoint: str | None = None, status: str | None = None,
-             limit: int = 100) -> list[DeliveryRow]:
+    def list(
+        self, *, partner: str | None = None, endpoint: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[DeliveryRow]:
         query = sa.select(*_SUMMARY_COLUMNS)
         if partner:
             query = query.where(deliveries.c.partner == partner)
@@ -174,22 +221,44 @@ class DeliveryLedger:
     def summary(self) -> list[EndpointSummary]:
         """Per endpoint: pending, failing (pending with a failed attempt), since when, dead, delivered."""
         d = deliveries.c
-        query = sa.select(
-            d.partner, d.endpoint,
-            sa.func.sum(sa.case((d.status == "pending", 1), else_=0)),
-            sa.func.sum(sa.case((sa.and_(d.status == "pending", d.failing_since.is_not(None)), 1), else_=0)),
-            sa.func.min(sa.case((d.status == "pending", d.failing_since), else_=None)),
-            sa.func.sum(sa.case((d.status == "dead", 1), else_=0)),
-            sa.func.sum(sa.case((d.status == "delivered", 1), else_=0)),
-        ).group_by(d.partner, d.endpoint).order_by(d.partner, d.endpoint)
+        query = (
+            sa.select(
+                d.partner,
+                d.endpoint,
+                sa.func.sum(sa.case((d.status == "pending", 1), else_=0)),
+                sa.func.sum(sa.case((sa.and_(d.status == "pending", d.failing_since.is_not(None)), 1), else_=0)),
+                sa.func.min(sa.case((d.status == "pending", d.failing_since), else_=None)),
+                sa.func.sum(sa.case((d.status == "dead", 1), else_=0)),
+                sa.func.sum(sa.case((d.status == "delivered", 1), else_=0)),
+            )
+            .group_by(d.partner, d.endpoint)
+            .order_by(d.partner, d.endpoint)
+        )
         with self.engine.connect() as conn:
-            return [EndpointSummary(r[0], r[1], int(r[2] or 0), int(r[3] or 0), r[4], int(r[5] or 0), int(r[6] or 0))
-                    for r in conn.execute(query)]
+            return [
+                EndpointSummary(r[0], r[1], int(r[2] or 0), int(r[3] or 0), r[4], int(r[5] or 0), int(r[6] or 0))
+                for r in conn.execute(query)
+            ]
 
 
 def _row(row: Any, steps: tuple[Attempt, ...]) -> DeliveryRow:
     m = row._mapping
-    return DeliveryRow(m["message_id"], m["partner"], m["endpoint"], m["kind"], m["source"], m["doc_type"],
-                       m["content_type"], m["status"], m["created_at"], m["queued_at"], m["updated_at"],
-                       m["attempts"], m["failing_since"], m["last_status"], m["last_detail"],
-                       m.get("document"), steps)
+    return DeliveryRow(
+        m["message_id"],
+        m["partner"],
+        m["endpoint"],
+        m["kind"],
+        m["source"],
+        m["doc_type"],
+        m["content_type"],
+        m["status"],
+        m["created_at"],
+        m["queued_at"],
+        m["updated_at"],
+        m["attempts"],
+        m["failing_since"],
+        m["last_status"],
+        m["last_detail"],
+        m.get("document"),
+        steps,
+    )

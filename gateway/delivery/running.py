@@ -6,13 +6,12 @@ import logging
 from typing import Any
 
 from broker_core import Broker, Queue
-
-from gateway.telemetry.metrics import add_exposition
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.engine import DeliveryEngine
 from gateway.delivery.notify import StatusNotifier
 from gateway.delivery.records import current_revision, head_revision, upgrade_deliveries
 from gateway.errors import ConfigError
+from gateway.telemetry.metrics import add_exposition
 
 __all__ = ["all_endpoints", "exposition", "start_delivery", "upgrade_deliveries"]
 
@@ -22,8 +21,12 @@ _ENGINES: list[DeliveryEngine] = []
 
 def all_endpoints(partners: Any) -> list[EndpointConfig]:
     """Every endpoint of every enabled partner of a :class:`~gateway.routing.partners.PartnerRegistry`."""
-    return [endpoint for partner in partners.partners.values() if partner.enabled
-            for endpoint in partner.delivery.endpoints.values()]
+    return [
+        endpoint
+        for partner in partners.partners.values()
+        if partner.enabled
+        for endpoint in partner.delivery.endpoints.values()
+    ]
 
 
 def start_delivery(partners: Any, broker: Broker) -> DeliveryEngine | None:
@@ -59,7 +62,7 @@ def exposition() -> bytes:
         for key, lane in engine.lanes.items():
             try:
                 depths[key] = engine.broker.stats(Queue(lane.config.queue)).depth
-            except Exception:  # noqa: BLE001 - the store is away: the counters still go out
+            except Exception:  # the store is away: the counters still go out
                 pass
         out.append(engine.metrics.render(depths, engine.circuit_states()))
     return "".join(out).encode("utf-8")

@@ -22,15 +22,17 @@ PREFIX = "whsec_"
 
 def parse_secret(text: str, where: Where, what: str) -> bytes:
     """The key of a ``whsec_<base64>`` secret (ConfigError when it is not one, or shorter than 24 bytes)."""
-    raw = text[len(PREFIX):] if text.startswith(PREFIX) else None
+    raw = text[len(PREFIX) :] if text.startswith(PREFIX) else None
     try:
         key = base64.b64decode(raw, validate=True) if raw else b""
     except (binascii.Error, ValueError):
         key = b""
     if len(key) < 24:
-        raise where.error(f"{what} must be 'whsec_' followed by base64 of at least 24 random bytes (make one "
-                          "with: python -c \"import base64,os; print('whsec_'+base64.b64encode(os.urandom(32))"
-                          ".decode())\")")
+        raise where.error(
+            f"{what} must be 'whsec_' followed by base64 of at least 24 random bytes (make one "
+            "with: python -c \"import base64,os; print('whsec_'+base64.b64encode(os.urandom(32))"
+            '.decode())")'
+        )
     return key
 
 
@@ -42,8 +44,9 @@ def sign(keys: tuple[bytes, ...], webhook_id: str, timestamp: int, body: bytes) 
     )
 
 
-def signature_headers(keys: tuple[bytes, ...], webhook_id: str, body: bytes, *,
-                      now: float | None = None) -> dict[str, str]:
+def signature_headers(
+    keys: tuple[bytes, ...], webhook_id: str, body: bytes, *, now: float | None = None
+) -> dict[str, str]:
     """The three Standard Webhooks headers of one attempt (the timestamp is the attempt's, in seconds)."""
     timestamp = int(time.time() if now is None else now)
     headers = {"webhook-id": webhook_id, "webhook-timestamp": str(timestamp)}

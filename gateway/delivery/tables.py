@@ -16,7 +16,8 @@ metadata = sa.MetaData()
 _BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 deliveries = sa.Table(
-    "b2b_deliveries", metadata,
+    "b2b_deliveries",
+    metadata,
     sa.Column("message_id", sa.String(100), primary_key=True),
     sa.Column("partner", sa.String(100), nullable=False),
     sa.Column("endpoint", sa.String(64), nullable=False),
@@ -38,7 +39,8 @@ deliveries = sa.Table(
 )
 
 attempts = sa.Table(
-    "b2b_delivery_attempts", metadata,
+    "b2b_delivery_attempts",
+    metadata,
     sa.Column("id", _BIGINT, primary_key=True, autoincrement=True),
     sa.Column("message_id", sa.String(100), nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),
@@ -54,7 +56,8 @@ attempts = sa.Table(
 )
 
 cursors = sa.Table(
-    "b2b_delivery_cursors", metadata,
+    "b2b_delivery_cursors",
+    metadata,
     sa.Column("name", sa.String(40), primary_key=True),
     sa.Column("seq", sa.BigInteger, nullable=False),
 )

@@ -16,7 +16,12 @@ from typing import Any, ClassVar, Literal, Protocol
 from gateway.marked import MarkedDict, Where
 
 __all__ = [
-    "AttemptResult", "OutboundRequest", "Transport", "TransportKind", "known_kinds", "register_transport",
+    "AttemptResult",
+    "OutboundRequest",
+    "Transport",
+    "TransportKind",
+    "known_kinds",
+    "register_transport",
     "transport_kind",
 ]
 
@@ -68,8 +73,9 @@ _KINDS: dict[str, TransportKind] = {}
 _LOCK = threading.Lock()
 
 
-def register_transport(kind: str, parse_endpoint: Callable[[MarkedDict, Where, str], Any],
-                       factory: Callable[[Any], Transport]) -> None:
+def register_transport(
+    kind: str, parse_endpoint: Callable[[MarkedDict, Where, str], Any], factory: Callable[[Any], Transport]
+) -> None:
     """Register an endpoint kind.
 
     ``parse_endpoint(mapping, where, what)`` checks one endpoint's YAML (keys other than the common ones:

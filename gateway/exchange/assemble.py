@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from xml_schemas import SCHEMAS_DIR
-
 from gateway.config.loader import Settings
 from gateway.errors import ConfigError
+from gateway.intake.schemas import SchemaRegistry
 from gateway.routing.partners import PartnerRegistry
 from gateway.routing.routes import RouteTable
 from gateway.rules.rulesets import RuleBook, build_rule_book
-from gateway.intake.schemas import SchemaRegistry
+from xml_schemas import SCHEMAS_DIR
 
 __all__ = ["Assembly", "assemble", "assemble_or_raise", "build_registry"]
 
@@ -93,7 +92,8 @@ def assemble_or_raise(settings: Settings, *, registry: SchemaRegistry | None = N
         first = assembly.errors[0]
         more = len(assembly.errors) - 1
         if more:
-            raise ConfigError(f"{first.detail} (and {more} more: run `b2bgw routes check`)", file=first.file,
-                              line=first.line)
+            raise ConfigError(
+                f"{first.detail} (and {more} more: run `b2bgw routes check`)", file=first.file, line=first.line
+            )
         raise first
     return assembly

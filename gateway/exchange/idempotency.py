@@ -25,15 +25,22 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.exchange.keys import idempotency_key
-from gateway.exchange.stages import Intake
-from gateway.errors import ArchivedReplayError, BackendError, GatewayError, IdempotencyConflictError, ReplyTimeoutError, clip
+from gateway.errors import (
+    ArchivedReplayError,
+    BackendError,
+    GatewayError,
+    IdempotencyConflictError,
+    ReplyTimeoutError,
+    clip,
+)
 from gateway.exchange.ids import iso_ms
+from gateway.exchange.keys import idempotency_key
+from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome
+from gateway.exchange.stages import Intake
+from gateway.intake.xmlsafe import parse_document_text
 from gateway.ledger.records import Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
-from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome
 from gateway.routing.routes import Route, RouteTable
-from gateway.intake.xmlsafe import parse_document_text
 
 if TYPE_CHECKING:
     from gateway.exchange.replies import PendingReplies
@@ -54,8 +61,16 @@ LEGACY_KEYS_MAX = 1_000_000
 class Idempotency:
     """The keys a gateway process accepted lately, and the answers to a document whose key is taken."""
 
-    def __init__(self, ledger: Ledger, routes: RouteTable, limits: IntakeLimits, replies: PendingReplies, *,
-                 recent_keys: int = 100_000, duplicate_poll: float = 0.05) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        routes: RouteTable,
+        limits: IntakeLimits,
+        replies: PendingReplies,
+        *,
+        recent_keys: int = 100_000,
+        duplicate_poll: float = 0.05,
+    ) -> None:
         self.ledger = ledger
         self.routes = routes
         self.limits = limits
@@ -80,10 +95,17 @@ class Idempotency:
         self._legacy_keys = frozenset(key for key, _ in rows)
         self._legacy_until = rows[0][1] / 1000 + LEGACY_KEY_WINDOW
         if len(rows) == LEGACY_KEYS_MAX:
-            log.warning("%d documents accepted before the ledger kept digests are recent; retries of older ones "
-                        "are checked by their own key only", len(rows))
-        log.info("checking documents against the keys of %d recent documents accepted before the ledger kept "
-                 "digests, until %s", len(rows), iso_ms(int(self._legacy_until * 1000)))
+            log.warning(
+                "%d documents accepted before the ledger kept digests are recent; retries of older ones "
+                "are checked by their own key only",
+                len(rows),
+            )
+        log.info(
+            "checking documents against the keys of %d recent documents accepted before the ledger kept "
+            "digests, until %s",
+            len(rows),
+            iso_ms(int(self._legacy_until * 1000)),
+        )
 
     def remember(self, key: str, message_id: str, digest: str) -> None:
         recent = self._recent
@@ -117,8 +139,9 @@ class Idempotency:
         legacy = idempotency_key(partner_id, route, doc_id, None)
         return legacy if legacy in keys else None
 
-    def conflict(self, route: Route, doc_id: str | None, party: str | None, header: str | None,
-                  first: str) -> IdempotencyConflictError:
+    def conflict(
+        self, route: Route, doc_id: str | None, party: str | None, header: str | None, first: str
+    ) -> IdempotencyConflictError:
         if header is not None:
             basis = "its Idempotency-Key"
         elif route.key_xpaths is not None:
@@ -130,7 +153,8 @@ class Idempotency:
             f"A different document with the same idempotency key ({basis}) was accepted before as {first}; this "
             f"one was not accepted. GET {url} shows the first. A new document needs its own document id (or "
             "Idempotency-Key); a correction of the first is sent as a change or cancellation document.",
-            first_message_id=first, first_status_url=url,
+            first_message_id=first,
+            first_status_url=url,
         )
 
     def archived_duplicate(self, tombstone: Tombstone, intake: Intake, header: str | None) -> GatewayError:
@@ -147,11 +171,13 @@ class Idempotency:
             f"This document was accepted on {iso_ms(tombstone.received_at)} as {tombstone.message_id} and {how} on "
             f"{archived} under the ledger's retention policy; it was not accepted again. Do not resend it; ask "
             "the gateway's operator for the archived copy if you need it.",
-            message_id=tombstone.message_id, status_url=url, received_at=iso_ms(tombstone.received_at) or "",
-            archived_at=archived or "")
+            message_id=tombstone.message_id,
+            status_url=url,
+            received_at=iso_ms(tombstone.received_at) or "",
+            archived_at=archived or "",
+        )
 
-    async def duplicate(self, existing: LedgerRecord, intake: Intake, header: str | None,
-                         body: bytes) -> Outcome:
+    async def duplicate(self, existing: LedgerRecord, intake: Intake, header: str | None, body: bytes) -> Outcome:
         """The answer to a document whose key *existing* holds: the first answer when it is the same
         document, else :class:`IdempotencyConflictError`."""
         if existing.digest is not None:
@@ -193,11 +219,20 @@ class Idempotency:
         """The first answer to a document accepted before (same idempotency key)."""
         record = self.replies.merged(record)
         route = self.routes.get(record.route)
-        receipt = json.loads(record.receipt) if record.receipt else {  # the receipt _receipt made
-            "message_id": record.message_id, "correlation_id": record.correlation_id, "route": record.route,
-            "document_type": record.doc_type, "document_id": record.doc_id, "status": "accepted",
-            "received_at": iso_ms(record.received_at), "status_url": DOCUMENTS_PATH + record.message_id,
-        }
+        receipt = (
+            json.loads(record.receipt)
+            if record.receipt
+            else {  # the receipt _receipt made
+                "message_id": record.message_id,
+                "correlation_id": record.correlation_id,
+                "route": record.route,
+                "document_type": record.doc_type,
+                "document_id": record.doc_id,
+                "status": "accepted",
+                "received_at": iso_ms(record.received_at),
+                "status_url": DOCUMENTS_PATH + record.message_id,
+            }
+        )
         request_reply = route.request_reply if route is not None else record.reply is not None
         if request_reply and record.reply is None:
             timeout = route.timeout if route is not None else 0.0
@@ -213,14 +248,23 @@ class Idempotency:
                 raise ReplyTimeoutError(
                     f"This document was accepted before as {record.message_id} and no reply has come yet; "
                     f"GET {DOCUMENTS_PATH}{record.message_id} returns its status and the reply once it comes.",
-                    message_id=record.message_id, correlation_id=record.correlation_id,
+                    message_id=record.message_id,
+                    correlation_id=record.correlation_id,
                     status_url=DOCUMENTS_PATH + record.message_id,
                 )
         if record.reply is not None and record.status == "failed":
             raise BackendError(
                 f"The back end could not process the document: {record.error or 'no reason given'}",
-                message_id=record.message_id, correlation_id=record.correlation_id,
+                message_id=record.message_id,
+                correlation_id=record.correlation_id,
                 status_url=DOCUMENTS_PATH + record.message_id,
             )
-        return Outcome(record.message_id, record.correlation_id, record.route, receipt, reply=record.reply,
-                       reply_type=record.reply_type, replayed=True)
+        return Outcome(
+            record.message_id,
+            record.correlation_id,
+            record.route,
+            receipt,
+            reply=record.reply,
+            reply_type=record.reply_type,
+            replayed=True,
+        )

@@ -34,7 +34,5 @@ def uuid4_str() -> str:
         pool.data = os.urandom(4096)
         pos = 0
     pool.pos = pos + 16
-    h = "%032x" % (int.from_bytes(pool.data[pos:pos + 16], "big") & _UUID4_CLEAR | _UUID4_SET)
+    h = "%032x" % (int.from_bytes(pool.data[pos : pos + 16], "big") & _UUID4_CLEAR | _UUID4_SET)
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-

@@ -42,7 +42,13 @@ from gateway.helpers.framing import read_frame, write_frame
 from gateway.helpers.workers import HelperProcess, SharedHelpers, helper_pipes, limit_address_space
 from gateway.intake.documents import received_document
 
-__all__ = ["IntakeWorkers", "WORKER_TIMEOUT", "WORKER_LONGEST", "WORKER_MEMORY", "WORKER_NICE", ]
+__all__ = [
+    "IntakeWorkers",
+    "WORKER_TIMEOUT",
+    "WORKER_LONGEST",
+    "WORKER_MEMORY",
+    "WORKER_NICE",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +102,8 @@ def _refused(why: str) -> XMLSecurityError:
     log.warning("a large document was refused: its intake %s", why)
     return XMLSecurityError(
         f"The gateway could not take the document in within its bounds ({WORKER_TIMEOUT:g} s of processing and its "
-        "memory limit for one document); it is refused for safety. Send a smaller or simpler document.")
+        "memory limit for one document); it is refused for safety. Send a smaller or simpler document."
+    )
 
 
 # --------------------------------------------------------------------------- the serving process's side
@@ -112,8 +119,9 @@ class _Worker:
         self.fd_out = helper.fd_out
         helper.set_pipe_size(PIPE_BYTES)  # fewer, larger writes: each takes the interpreter lock again
 
-    def run(self, head: dict[str, Any], body: bytes, timeout: float,
-            longest: float = WORKER_LONGEST) -> tuple[dict[str, Any], bytes]:
+    def run(
+        self, head: dict[str, Any], body: bytes, timeout: float, longest: float = WORKER_LONGEST
+    ) -> tuple[dict[str, Any], bytes]:
         """Send the document and read the answer, within *timeout* of the worker's processor time and
         *longest* on the clock (:class:`gateway.helpers.budget.Budget`; from the start of the sending, which a
         starved worker slows down too)."""
@@ -181,8 +189,16 @@ class IntakeWorkers:
         """One gateway of :meth:`shared` is done with the workers: the last one stops them."""
         self._shared.release(self._key, self)
 
-    def __init__(self, init: dict[str, Any], fingerprint: str, workers: int, *, timeout: float = WORKER_TIMEOUT,
-                 longest: float = WORKER_LONGEST, memory: int = WORKER_MEMORY) -> None:
+    def __init__(
+        self,
+        init: dict[str, Any],
+        fingerprint: str,
+        workers: int,
+        *,
+        timeout: float = WORKER_TIMEOUT,
+        longest: float = WORKER_LONGEST,
+        memory: int = WORKER_MEMORY,
+    ) -> None:
         self.init = {**init, "memory": memory}
         self.fingerprint = fingerprint
         self.workers = workers
@@ -262,8 +278,9 @@ class IntakeWorkers:
 
     # ----------------------------------------------------------------- documents
 
-    def take_in(self, partner_id: str, body: bytes, charset: str | None, header: str | None, *, busy: bool,
-                facts: str) -> tuple[dict[str, Any], bytes] | None:
+    def take_in(
+        self, partner_id: str, body: bytes, charset: str | None, header: str | None, *, busy: bool, facts: str
+    ) -> tuple[dict[str, Any], bytes] | None:
         """A worker's intake of *body*: its answer (``ok``: what the intake made of it, the byte strings in
         the payload; ``error``: the error as :func:`error_to_data` gives it), or None when no worker is ready
         (the caller takes the document in itself). Raises the refusal when the document ends its worker."""
@@ -283,11 +300,11 @@ class IntakeWorkers:
         except _WorkerBusyError as busy:
             self._discard(worker)
             self.counts["busy"] += 1
-            log.warning("a large document's intake had %s (the machine is overloaded); its worker was stopped",
-                        busy)
+            log.warning("a large document's intake had %s (the machine is overloaded); its worker was stopped", busy)
             raise GatewayBusyError(
                 "The gateway is too busy to take this document in now; nothing was accepted. Send it again in "
-                f"{GatewayBusyError.default_retry_after} s.") from None
+                f"{GatewayBusyError.default_retry_after} s."
+            ) from None
         except _WorkerLostError as lost:
             self._discard(worker)
             if not lost.sent:  # it died before it had the document: not the document's doing
@@ -306,9 +323,14 @@ class IntakeWorkers:
 
 def fingerprint(registry: Any, routes: Any) -> str:
     """What the serving process and a worker must agree on: the schemas and the routes."""
-    return json.dumps([registry.registrations(),
-                       [[r.id, r.root, r.schema, r.doc_type, r.request_reply, len(r.properties)] for r in routes]],
-                      sort_keys=True, default=str)
+    return json.dumps(
+        [
+            registry.registrations(),
+            [[r.id, r.root, r.schema, r.doc_type, r.request_reply, len(r.properties)] for r in routes],
+        ],
+        sort_keys=True,
+        default=str,
+    )
 
 
 # --------------------------------------------------------------------------- the worker process
@@ -336,20 +358,32 @@ def _build(init: dict[str, Any]) -> Any:
 
 def _take_in(stages: Any, head: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
     """One document through the stages; the answer's JSON part and byte strings."""
-    result = stages.run(head["partner"], body, head["charset"], head["header"], False, busy=bool(head["busy"]),
-                        facts=head["facts"])
+    result = stages.run(
+        head["partner"], body, head["charset"], head["header"], False, busy=bool(head["busy"]), facts=head["facts"]
+    )
     parts: list[bytes] = []
     sizes: dict[str, int] = {}
     own_document = result.document == received_document(body)
-    for name, value in (("text", None if result.text_is_document else result.text.encode("utf-8")),
-                        ("document", None if own_document else result.document),
-                        ("rules", result.rules if isinstance(result.rules, bytes) else None)):
+    for name, value in (
+        ("text", None if result.text_is_document else result.text.encode("utf-8")),
+        ("document", None if own_document else result.document),
+        ("rules", result.rules if isinstance(result.rules, bytes) else None),
+    ):
         if value is not None:
             sizes[name] = len(value)
             parts.append(value)
-    ok = {"route": result.route.id, "doc_id": result.doc_id, "key": result.key, "digest": result.digest,
-          "party": result.party, "properties": result.properties, "own": result.text_is_document, "sizes": sizes,
-          "facts": result.facts, "facts_deferred": result.facts_deferred}
+    ok = {
+        "route": result.route.id,
+        "doc_id": result.doc_id,
+        "key": result.key,
+        "digest": result.digest,
+        "party": result.party,
+        "properties": result.properties,
+        "own": result.text_is_document,
+        "sizes": sizes,
+        "facts": result.facts,
+        "facts_deferred": result.facts_deferred,
+    }
     return {"ok": ok}, b"".join(parts)
 
 
@@ -361,7 +395,7 @@ def _worker_main() -> None:
         stages = _build(init)
     except (EOFError, OSError):
         return
-    except Exception as exc:  # noqa: BLE001 - told to the serving process
+    except Exception as exc:  # told to the serving process
         _write_frame(fout, {"error": clip(f"{type(exc).__name__}: {exc}", 2000)})
         return
     _write_frame(fout, {"fingerprint": fingerprint(stages.registry, stages.routes)})
@@ -382,7 +416,7 @@ def _worker_main() -> None:
             except OSError:
                 pass
             return  # its state is not to be trusted any more
-        except Exception as exc:  # noqa: BLE001 - a bug: say what kind, never what the document held
+        except Exception as exc:  # a bug: say what kind, never what the document held
             print(f"gateway.exchange.intake_workers: the intake failed: {type(exc).__name__}", file=sys.stderr)
             answer, payload = {"error": {"type": "bug"}}, b""
         del body

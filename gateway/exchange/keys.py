@@ -10,8 +10,14 @@ from gateway.routing.routes import Route
 __all__ = ["idempotency_key"]
 
 
-def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: str | None,
-                    party: str | None = None, values: list[str] | None = None) -> str:
+def idempotency_key(
+    partner_id: str,
+    route: Route,
+    doc_id: str | None,
+    header: str | None,
+    party: str | None = None,
+    values: list[str] | None = None,
+) -> str:
     """The ledger's idempotency key, per partner: from the header; else from the route's own key XPaths'
     *values*; else document type + id, with the sender *party* when there is one (a key without it is
     the one every document had before parties were part of it). A document that has none of these gets
@@ -23,8 +29,11 @@ def idempotency_key(partner_id: str, route: Route, doc_id: str | None, header: s
             return f"{partner_id}|unique|{uuid4_str()}"
         key = f"{partner_id}|{route.root}|xpath|" + "|".join(f"{len(v)}:{v}" for v in values)
     elif doc_id is not None:
-        key = (f"{partner_id}|{route.root}|{doc_id}" if party is None
-               else f"{partner_id}|{route.root}|{doc_id}|party={party}")
+        key = (
+            f"{partner_id}|{route.root}|{doc_id}"
+            if party is None
+            else f"{partner_id}|{route.root}|{doc_id}|party={party}"
+        )
     else:
         return f"{partner_id}|unique|{uuid4_str()}"
     if len(key) > 500:

@@ -8,12 +8,11 @@ from typing import Any
 
 import orjson
 
-from ledger_contract import facts as warehouse_facts
-
 from gateway.exchange.ids import iso_ms
 from gateway.ledger.records import NewDocument
 from gateway.routing.partners import Partner
 from gateway.routing.routes import Route
+from ledger_contract import facts as warehouse_facts
 
 __all__ = ["DOCUMENTS_PATH", "Outcome", "make_receipt", "new_document"]
 
@@ -45,8 +44,14 @@ class Outcome:
         return DOCUMENTS_PATH + self.message_id
 
 
-def make_receipt(route: Route, message_id: str, correlation: str, doc_id: str | None,
-                 received_at: int, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def make_receipt(
+    route: Route,
+    message_id: str,
+    correlation: str,
+    doc_id: str | None,
+    received_at: int,
+    warnings: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     receipt = {
         "message_id": message_id,
         "correlation_id": correlation,
@@ -62,14 +67,34 @@ def make_receipt(route: Route, message_id: str, correlation: str, doc_id: str | 
     return receipt
 
 
-def new_document(route: Route, partner: Partner, message_id: str, correlation: str, key: str,
-                 doc_id: str | None, document: bytes, received_at: int, receipt: dict[str, Any], digest: str,
-                 facts: str | None = None) -> NewDocument:
+def new_document(
+    route: Route,
+    partner: Partner,
+    message_id: str,
+    correlation: str,
+    key: str,
+    doc_id: str | None,
+    document: bytes,
+    received_at: int,
+    receipt: dict[str, Any],
+    digest: str,
+    facts: str | None = None,
+) -> NewDocument:
     """The ledger row of an accepted document, with its receipt."""
     return NewDocument(
-        message_id=message_id, partner=partner.id, doc_type=route.doc_type, doc_namespace=route.doc_namespace,
-        doc_id=doc_id, idempotency_key=key, correlation_id=correlation, route=route.id,
-        destination=str(route.destination), received_at=received_at, document=document,
+        message_id=message_id,
+        partner=partner.id,
+        doc_type=route.doc_type,
+        doc_namespace=route.doc_namespace,
+        doc_id=doc_id,
+        idempotency_key=key,
+        correlation_id=correlation,
+        route=route.id,
+        destination=str(route.destination),
+        received_at=received_at,
+        document=document,
         receipt=_receipt_json(receipt),
-        facts=facts, facts_version=warehouse_facts.VERSION if facts is not None else None, digest=digest,
+        facts=facts,
+        facts_version=warehouse_facts.VERSION if facts is not None else None,
+        digest=digest,
     )

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from broker_core import Broker, Message
-
 from gateway.ledger.records import Ledger, LedgerRecord, now_ms
 
 __all__ = ["ERROR_PROPERTY", "PendingReplies", "reply_parts"]
@@ -46,8 +45,9 @@ class PendingReplies:
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._pending
 
-    def record(self, message_id: str, reply: bytes, reply_type: str | None, error: str | None,
-               from_statuses: tuple[str, ...]) -> None:
+    def record(
+        self, message_id: str, reply: bytes, reply_type: str | None, error: str | None, from_statuses: tuple[str, ...]
+    ) -> None:
         """Record a reply in the ledger without waiting for the commit (any thread)."""
         status = "failed" if error is not None else "replied"
         ledger = self.ledger
@@ -59,10 +59,19 @@ class PendingReplies:
                 log.error("could not record the reply to %s: %s", message_id, err)
 
         try:
-            self.broker.write(lambda conn: ledger.transition(
-                conn, message_id, status, from_statuses=from_statuses, reply=reply, reply_type=reply_type,
-                error=error), callback=done)
-        except Exception as exc:  # noqa: BLE001 - the store is closing: the reply is only in memory now
+            self.broker.write(
+                lambda conn: ledger.transition(
+                    conn,
+                    message_id,
+                    status,
+                    from_statuses=from_statuses,
+                    reply=reply,
+                    reply_type=reply_type,
+                    error=error,
+                ),
+                callback=done,
+            )
+        except Exception as exc:  # the store is closing: the reply is only in memory now
             self._pending.pop(message_id, None)
             log.error("could not record the reply to %s: %s", message_id, exc)
 

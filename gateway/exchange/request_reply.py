@@ -14,17 +14,16 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
-
 from gateway.errors import BackendError, ReplyTimeoutError
+from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.exchange.replies import ERROR_PROPERTY, PendingReplies, reply_parts
 from gateway.ledger.records import Ledger
 from gateway.routing.partners import Partner
-from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.routing.routes import Route
 
 if TYPE_CHECKING:
@@ -53,9 +52,15 @@ class Exchange:
 class RequestReply:
     """The request-reply routes' exchanges: one requestor per route, the requests that may still get a reply."""
 
-    def __init__(self, ledger: Ledger, replies: PendingReplies, idempotency: Idempotency, *,
-                 late_reply_window: float, on_late_reply: Callable[[str, bytes, str | None, str | None], None] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        replies: PendingReplies,
+        idempotency: Idempotency,
+        *,
+        late_reply_window: float,
+        on_late_reply: Callable[[str, bytes, str | None, str | None], None] | None = None,
+    ) -> None:
         self.ledger = ledger
         #: told of each late reply once it is recorded: (message id, reply, reply type, error)
         self.on_late_reply = on_late_reply
@@ -80,9 +85,20 @@ class RequestReply:
         for exchange in self._exchanges.values():
             exchange.requestor.close()
 
-    async def send(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                             key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
-                             facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
+    async def send(
+        self,
+        route: Route,
+        partner: Partner,
+        message: XMLMessage,
+        correlation: str,
+        key: str,
+        doc_id: str | None,
+        document: bytes,
+        received_at: int,
+        digest: str,
+        facts: str | None = None,
+        warnings: list[dict[str, Any]] | None = None,
+    ) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
             self._expire_late(exchange)
@@ -97,13 +113,21 @@ class RequestReply:
             message_id = message.jms_message_id
             receipt = make_receipt(route, message_id, correlation, doc_id, received_at, warnings)
             holder["receipt"] = receipt
-            ledger.insert(conn, new_document(route, partner, message_id, correlation, key, doc_id, document,
-                                             received_at, receipt, digest, facts))
+            ledger.insert(
+                conn,
+                new_document(
+                    route, partner, message_id, correlation, key, doc_id, document, received_at, receipt, digest, facts
+                ),
+            )
 
         try:
             reply = await exchange.requestor.request_async(
-                message, route.timeout, in_transaction=[record], delivery_mode=route.delivery_mode,
-                priority=route.priority, time_to_live=route.time_to_live_ms,
+                message,
+                route.timeout,
+                in_transaction=[record],
+                delivery_mode=route.delivery_mode,
+                priority=route.priority,
+                time_to_live=route.time_to_live_ms,
             )
         except RequestTimeoutError:
             message_id = message.jms_message_id
@@ -116,7 +140,9 @@ class RequestReply:
             raise ReplyTimeoutError(
                 f"No reply arrived within {route.timeout:g} s. The document was accepted as {message_id}; "
                 f"GET {DOCUMENTS_PATH}{message_id} returns its status and the reply once it comes. Do not resend it.",
-                message_id=message_id, correlation_id=correlation, status_url=DOCUMENTS_PATH + message_id,
+                message_id=message_id,
+                correlation_id=correlation,
+                status_url=DOCUMENTS_PATH + message_id,
             ) from None
         except BaseException:
             with exchange.lock:
@@ -131,7 +157,9 @@ class RequestReply:
         if error is not None:
             raise BackendError(
                 f"The back end could not process the document: {error}",
-                message_id=message_id, correlation_id=correlation, status_url=DOCUMENTS_PATH + message_id,
+                message_id=message_id,
+                correlation_id=correlation,
+                status_url=DOCUMENTS_PATH + message_id,
             )
         return Outcome(message_id, correlation, route.id, holder["receipt"], reply=reply_bytes, reply_type=reply_type)
 
@@ -159,12 +187,14 @@ class RequestReply:
         target = None if entry is None else entry[0]
         message_id = target if isinstance(target, str) or target is None else target.jms_message_id
         if message_id is None:
-            log.warning("route %s: a reply (correlation id %r) matches no request of this gateway; dropped",
-                        exchange.route.id, (correlation or "")[:100])
+            log.warning(
+                "route %s: a reply (correlation id %r) matches no request of this gateway; dropped",
+                exchange.route.id,
+                (correlation or "")[:100],
+            )
             return
         reply_bytes, reply_type, error = reply_parts(reply)
         self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered", "dead_lettered"))
         log.info("recording a late reply to %s (route %s)", message_id, exchange.route.id)
         if self.on_late_reply is not None:
             self.on_late_reply(message_id, reply_bytes, reply_type, error)
-

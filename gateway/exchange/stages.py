@@ -40,25 +40,35 @@ from typing import TYPE_CHECKING, Any
 
 from lxml import etree
 
-from ledger_contract import facts as warehouse_facts
-
 from gateway.errors import GatewayError, SchemaValidationError
-from gateway.helpers.errors import error_from_data
 from gateway.exchange.keys import idempotency_key
+from gateway.helpers.errors import error_from_data
 from gateway.intake.documents import document_digest, received_document
+from gateway.intake.xmlsafe import Validated, parse_and_validate, parse_document_text
 from gateway.routing.routes import Route
 from gateway.rules.schematron import document_utf8
-from gateway.intake.xmlsafe import Validated, parse_and_validate, parse_document_text
+from ledger_contract import facts as warehouse_facts
 
 if TYPE_CHECKING:
     from gateway.intake.explainer import Explainer
-    from gateway.routing.routes import RouteTable
-    from gateway.rules.rulesets import RulesRunner
     from gateway.intake.schemas import SchemaRegistry
     from gateway.intake.xmlsafe import IntakeLimits
+    from gateway.routing.routes import RouteTable
+    from gateway.rules.rulesets import RulesRunner
 
-__all__ = ["INLINE_MAX_BYTES", "LARGE_THREADS", "LARGE_NICE", "TREE_VALIDATION_MAX_BYTES", "INTAKE_THREADS",
-           "INTAKE_BATCH", "INTAKE_BATCH_BYTES", "INTAKE_BUSY", "FACTS_MAX_BYTES", "Intake", "IntakeStages"]
+__all__ = [
+    "INLINE_MAX_BYTES",
+    "LARGE_THREADS",
+    "LARGE_NICE",
+    "TREE_VALIDATION_MAX_BYTES",
+    "INTAKE_THREADS",
+    "INTAKE_BATCH",
+    "INTAKE_BATCH_BYTES",
+    "INTAKE_BUSY",
+    "FACTS_MAX_BYTES",
+    "Intake",
+    "IntakeStages",
+]
 
 #: Bodies up to this size are parsed and validated by the intake threads (or the event loop); larger ones by
 #: the intake worker processes.
@@ -145,9 +155,18 @@ class IntakeStages:
     worker process, which builds the same stages from the configuration (without *idempotency*: the worker
     does not know the keys accepted lately, the serving process checks them)."""
 
-    def __init__(self, registry: SchemaRegistry, routes: RouteTable, limits: IntakeLimits, *,
-                 rules: RulesRunner | None = None, explainer: Explainer | None = None,
-                 intake_workers: Any = None, intake_facts: str = "when_idle", idempotency: Any = None) -> None:
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        routes: RouteTable,
+        limits: IntakeLimits,
+        *,
+        rules: RulesRunner | None = None,
+        explainer: Explainer | None = None,
+        intake_workers: Any = None,
+        intake_facts: str = "when_idle",
+        idempotency: Any = None,
+    ) -> None:
         # intake_workers: an IntakeWorkers (gateway.exchange.intake_workers); idempotency: an Idempotency
         # (gateway.exchange.idempotency); both import this module, so they are not named in its annotations
         self.registry = registry
@@ -162,19 +181,34 @@ class IntakeStages:
         self._batch: list[tuple[Work, asyncio.Future[Intake]]] = []  # waiting for the event loop's intake
         self._schemas_by_root: dict[str, tuple[str, Any]] = {}
 
-    def run(self, partner_id: str, body: bytes, charset: str | None, idempotency_key: str | None,
-            check_recent: bool, busy: bool = False, facts: str | None = None) -> Intake:
+    def run(
+        self,
+        partner_id: str,
+        body: bytes,
+        charset: str | None,
+        idempotency_key: str | None,
+        check_recent: bool,
+        busy: bool = False,
+        facts: str | None = None,
+    ) -> Intake:
         """Everything done with the parsed tree, in one call (an intake thread runs it): parse, route,
         validate, the document id and idempotency key, then (unless the key was accepted lately) the
         properties, message text, ledger document and warehouse facts. The tree never leaves this call."""
-        work = Work(partner_id, body, charset, idempotency_key, check_recent, busy=busy,
-                    facts=self.intake_facts if facts is None else facts)
+        work = Work(
+            partner_id,
+            body,
+            charset,
+            idempotency_key,
+            check_recent,
+            busy=busy,
+            facts=self.intake_facts if facts is None else facts,
+        )
         for stage in self._stages:
             stage(work)
         assert work.result is not None
         return work.result
 
-    def run_on_loop(self, work: Work) -> "asyncio.Future[Intake]":
+    def run_on_loop(self, work: Work) -> asyncio.Future[Intake]:
         """:meth:`run` on the event loop, together with the other documents that arrive before it runs."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Intake] = loop.create_future()
@@ -188,7 +222,7 @@ class IntakeStages:
         the stages, each stage for all of them before the next; a document that fails a stage gets its
         error and leaves."""
         take, size = 0, 0
-        for work, future in self._batch:
+        for work, _ in self._batch:
             size += len(work.body)
             if take and (take == INTAKE_BATCH or size > INTAKE_BATCH_BYTES):
                 break
@@ -197,7 +231,7 @@ class IntakeStages:
         if self._batch:
             asyncio.get_running_loop().call_soon(self._run_batch)
         if take >= INTAKE_BUSY:
-            for work, future in batch:
+            for work, _ in batch:
                 work.busy = True
         try:
             for stage in self._stages:
@@ -207,7 +241,7 @@ class IntakeStages:
                         continue
                     try:
                         stage(work)
-                    except Exception as exc:  # noqa: BLE001 - the request's own error (GatewayError...)
+                    except Exception as exc:  # the request's own error (GatewayError...)
                         future.set_exception(exc)
                         continue
                     going_on.append((work, future))
@@ -220,20 +254,32 @@ class IntakeStages:
             # or each refused document would wait in a reference cycle for the garbage collector
             batch = going_on = work = future = None  # type: ignore[assignment]
 
-    def run_by_worker(self, partner_id: str, body: bytes, charset: str | None, idempotency_key: str | None,
-                      check_recent: bool, busy: bool = False) -> Intake | None:
+    def run_by_worker(
+        self,
+        partner_id: str,
+        body: bytes,
+        charset: str | None,
+        idempotency_key: str | None,
+        check_recent: bool,
+        busy: bool = False,
+    ) -> Intake | None:
         """:meth:`run` by an intake worker process (:mod:`gateway.exchange.intake_workers`); None while none is
         ready. A thread runs it: it waits for the worker without the interpreter lock."""
         started = time.monotonic()
-        answer = self.intake_workers.take_in(partner_id, body, charset, idempotency_key, busy=busy,
-                                             facts=self.intake_facts)
+        answer = self.intake_workers.take_in(
+            partner_id, body, charset, idempotency_key, busy=busy, facts=self.intake_facts
+        )
         if answer is None:
             return None
         head, payload = answer
         if "ok" not in head:
             error = error_from_data(head.get("error"))
-            if (isinstance(error, SchemaValidationError) and self.explainer is not None and error.schema
-                    and self.registry.lxml_schema(error.schema) is not None):  # the full report, if in time
+            if (
+                isinstance(error, SchemaValidationError)
+                and self.explainer is not None
+                and error.schema
+                and self.registry.lxml_schema(error.schema) is not None
+            ):  # the full report, if in time
                 error = self.explainer.explain(body, charset, error.schema, started=started) or error
             try:
                 raise error
@@ -247,22 +293,37 @@ class IntakeStages:
         for name in ("text", "document", "rules"):
             size = ok["sizes"].get(name)
             if size is not None:
-                parts[name], offset = payload[offset:offset + size], offset + size
+                parts[name], offset = payload[offset : offset + size], offset + size
         document = parts.get("document") or received_document(body)
         text = (document if ok["own"] else parts["text"]).decode("utf-8")
-        properties = {name: value for name, value in ok["properties"].items()
-                      if isinstance(value, (str, int, float, bool))}
-        result = Intake(route, ok["doc_id"], ok["key"], ok["digest"], None, ok["party"], None, properties, text,
-                        document, ok["facts"], text_is_document=bool(ok["own"]),
-                        facts_deferred=bool(ok["facts_deferred"]), rules=parts.get("rules"))
+        properties = {
+            name: value for name, value in ok["properties"].items() if isinstance(value, (str, int, float, bool))
+        }
+        result = Intake(
+            route,
+            ok["doc_id"],
+            ok["key"],
+            ok["digest"],
+            None,
+            ok["party"],
+            None,
+            properties,
+            text,
+            document,
+            ok["facts"],
+            text_is_document=bool(ok["own"]),
+            facts_deferred=bool(ok["facts_deferred"]),
+            rules=parts.get("rules"),
+        )
         return self._keyed(partner_id, result, idempotency_key) if check_recent else result
 
     def _parse_stage(self, work: Work) -> None:
         if len(work.body) <= TREE_VALIDATION_MAX_BYTES:
             work.root, work.decoded = parse_document_text(work.body, self.limits, declared_charset=work.charset)
         else:  # validated against the schema of its root element as it is parsed (see TREE_VALIDATION_MAX_BYTES)
-            work.validated = parse_and_validate(work.body, self._schema_for_root, self.limits,
-                                                declared_charset=work.charset)
+            work.validated = parse_and_validate(
+                work.body, self._schema_for_root, self.limits, declared_charset=work.charset
+            )
             if work.validated.root is not None:
                 work.root, work.decoded = work.validated.root, work.validated.text
             else:  # invalid: the validating parse keeps no tree, and the route is chosen on one
@@ -285,8 +346,9 @@ class IntakeStages:
         if len(work.body) > TREE_VALIDATION_MAX_BYTES and (work.validated is None or work.validated.schema != schema):
             xsd = self.registry.lxml_schema(schema)  # the route names another schema than its root's
             if xsd is not None:
-                work.validated = parse_and_validate(work.body, lambda _: (schema, xsd), self.limits,
-                                                    declared_charset=work.charset)
+                work.validated = parse_and_validate(
+                    work.body, lambda _: (schema, xsd), self.limits, declared_charset=work.charset
+                )
         validated = work.validated
         if validated is not None and validated.schema == schema:
             if validated.errors:
@@ -313,8 +375,12 @@ class IntakeStages:
                 report = None  # no cycle: see _intake_by_worker
         validated = work.validated
         if validated is not None and validated.schema == schema and validated.errors:
-            raise self.registry.streamed_error(schema, validated.errors, complete=validated.complete,
-                                               nsmap=work.root.nsmap if work.root is not None else None)
+            raise self.registry.streamed_error(
+                schema,
+                validated.errors,
+                complete=validated.complete,
+                nsmap=work.root.nsmap if work.root is not None else None,
+            )
         if self.registry.lxml_schema(schema) is not None and len(work.body) <= TREE_VALIDATION_MAX_BYTES:
             raise self.registry.libxml2_error(work.root, schema, source=work.body)
         self.registry.validate(work.root, schema, source=work.body)  # XSD 1.1: xmlschema's, as it always was
@@ -337,8 +403,9 @@ class IntakeStages:
                 work.result = result
                 return
         result.properties = route.extract(root)
-        result.text, result.document, result.text_is_document = self._forms(body, root, work.decoded,
-                                                                            route.apply_transform(root))
+        result.text, result.document, result.text_is_document = self._forms(
+            body, root, work.decoded, route.apply_transform(root)
+        )
         result.rules = work.rules
         work.result = result
 
@@ -356,8 +423,9 @@ class IntakeStages:
         work.result.facts = warehouse_facts.for_ledger(work.root, work.route.doc_type)
 
     @staticmethod
-    def _forms(body: bytes, root: etree._Element, decoded: str | None,
-               transformed: str | None) -> tuple[str, bytes, bool]:
+    def _forms(
+        body: bytes, root: etree._Element, decoded: str | None, transformed: str | None
+    ) -> tuple[str, bytes, bool]:
         """The message text (*transformed*, when the route has a transform), the ledger's document
         (UTF-8), and whether the text is the document's own, the document then being its encoding. A
         document received in UTF-8 is kept as received (without a byte order mark; *decoded*: its text,

@@ -26,22 +26,22 @@ from typing import Any
 
 from broker_core import (
     Broker,
-    StoreUnavailableError as BrokerStoreUnavailable,
     XMLMessage,
 )
-
-from gateway.exchange.assemble import Assembly
+from broker_core import (
+    StoreUnavailableError as BrokerStoreUnavailable,
+)
+from gateway.config.loader import INTAKE_FACTS
 from gateway.delivery.hooks import route_delivery
 from gateway.delivery.notify import push_late_reply
-from gateway.config.loader import INTAKE_FACTS
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
-from gateway.exchange.replies import PendingReplies
-from gateway.exchange.request_reply import RequestReply
-from gateway.intake.explainer import Explainer
-from gateway.exchange.idempotency import Idempotency, LEGACY_KEY_WINDOW
-from gateway.intake.documents import document_digest
+from gateway.exchange.assemble import Assembly
+from gateway.exchange.idempotency import LEGACY_KEY_WINDOW, Idempotency
 from gateway.exchange.ids import iso_ms, uuid4_str
 from gateway.exchange.intake_workers import IntakeWorkers
+from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
+from gateway.exchange.replies import PendingReplies
+from gateway.exchange.request_reply import RequestReply
 from gateway.exchange.stages import (
     INLINE_MAX_BYTES,
     INTAKE_BUSY,
@@ -50,20 +50,20 @@ from gateway.exchange.stages import (
     LARGE_THREADS,
     TREE_VALIDATION_MAX_BYTES,
     Intake,
-    IntakeStages,
     IntakeInvalidError,
+    IntakeStages,
     Work,
 )
+from gateway.intake.documents import document_digest
+from gateway.intake.explainer import Explainer
+from gateway.intake.xmlsafe import parse_document
 from gateway.ledger.records import DuplicateDocumentError, Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
-from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
 from gateway.routing.routes import Route
 from gateway.rules.rulesets import RulesRunner, violation, warnings_of
-from gateway.intake.xmlsafe import parse_document
 
 # Gateway, and the names its callers have always imported from here (some live in the modules it is made of)
-__all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest",
-           "iso_ms"]
+__all__ = ["Gateway", "Outcome", "INLINE_MAX_BYTES", "DOCUMENTS_PATH", "LEGACY_KEY_WINDOW", "document_digest", "iso_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,19 @@ class Gateway:
     replays (:attr:`idempotency`), the request-reply exchanges (:attr:`request_reply`) and the replies on
     their way to the ledger (:attr:`replies`); this class runs a document through them."""
 
-    def __init__(self, assembly: Assembly, broker: Broker, *, late_reply_window: float | None = None,
-                 inline_max_bytes: int = INLINE_MAX_BYTES, duplicate_poll: float = 0.05,
-                 recent_keys: int = 100_000, intake_threads: int = INTAKE_THREADS,
-                 intake_facts: str = "when_idle", large_workers: int = LARGE_THREADS) -> None:
+    def __init__(
+        self,
+        assembly: Assembly,
+        broker: Broker,
+        *,
+        late_reply_window: float | None = None,
+        inline_max_bytes: int = INLINE_MAX_BYTES,
+        duplicate_poll: float = 0.05,
+        recent_keys: int = 100_000,
+        intake_threads: int = INTAKE_THREADS,
+        intake_facts: str = "when_idle",
+        large_workers: int = LARGE_THREADS,
+    ) -> None:
         if intake_facts not in INTAKE_FACTS:
             raise ValueError(f"intake_facts must be one of {', '.join(INTAKE_FACTS)}, not {intake_facts!r}")
         if broker.engine is None:
@@ -95,39 +104,66 @@ class Gateway:
         self._connection: Any = None
         self._sessions: collections.deque[tuple[Any, Any]] = collections.deque()
         # parse, validate, facts: off the event loop (libxml2 runs without the GIL, on another core)
-        self._intake_pool = (concurrent.futures.ThreadPoolExecutor(intake_threads, thread_name_prefix="b2bgw-intake")
-                             if intake_threads > 0 else None)
+        self._intake_pool = (
+            concurrent.futures.ThreadPoolExecutor(intake_threads, thread_name_prefix="b2bgw-intake")
+            if intake_threads > 0
+            else None
+        )
         self._intake_threads = intake_threads
         self._in_pool = 0  # documents running or queued on the intake threads
         # larger documents: a few threads of their own, at a lower CPU priority (see LARGE_NICE)
-        self._large_pool = concurrent.futures.ThreadPoolExecutor(LARGE_THREADS, thread_name_prefix="b2bgw-large",
-                                                                 initializer=_lower_priority, initargs=(LARGE_NICE,))
+        self._large_pool = concurrent.futures.ThreadPoolExecutor(
+            LARGE_THREADS, thread_name_prefix="b2bgw-large", initializer=_lower_priority, initargs=(LARGE_NICE,)
+        )
         # one thread per intake worker: a document that finds them all busy waits for one, not for a thread of its own
-        self._offload_pool = concurrent.futures.ThreadPoolExecutor(max(1, large_workers),
-                                                                   thread_name_prefix="b2bgw-offload")
+        self._offload_pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, large_workers), thread_name_prefix="b2bgw-offload"
+        )
         #: documents whose warehouse facts were left to the nightly load (``when_idle`` under saturation)
         self.facts_deferred = 0
         # business rules (gateway.rules.rulesets): worker processes, when a route applies a rule set
-        self.rules = (RulesRunner(assembly.rules, workers=settings.rules_workers, seconds=settings.rules_seconds,
-                                  memory_mb=settings.rules_worker_memory_mb)
-                      if any(route.rules for route in self.routes) else None)
+        self.rules = (
+            RulesRunner(
+                assembly.rules,
+                workers=settings.rules_workers,
+                seconds=settings.rules_seconds,
+                memory_mb=settings.rules_worker_memory_mb,
+            )
+            if any(route.rules for route in self.routes)
+            else None
+        )
         self.replies = PendingReplies(self.ledger, broker)
-        self.idempotency = Idempotency(self.ledger, self.routes, self.limits, self.replies,
-                                       recent_keys=recent_keys, duplicate_poll=duplicate_poll)
-        self.request_reply = RequestReply(self.ledger, self.replies, self.idempotency,
-                                          late_reply_window=(settings.late_reply_window if late_reply_window is None
-                                                             else late_reply_window),
-                                          on_late_reply=lambda *reply: push_late_reply(self, *reply))
+        self.idempotency = Idempotency(
+            self.ledger, self.routes, self.limits, self.replies, recent_keys=recent_keys, duplicate_poll=duplicate_poll
+        )
+        self.request_reply = RequestReply(
+            self.ledger,
+            self.replies,
+            self.idempotency,
+            late_reply_window=(settings.late_reply_window if late_reply_window is None else late_reply_window),
+            on_late_reply=lambda *reply: push_late_reply(self, *reply),
+        )
         # the full error reports of invalid documents: worked out in a helper process, within a time budget;
         # larger documents' intake: worker processes, so that their work never holds this process's interpreter
         # (threads wait for them at normal priority: a niced thread preempted while it holds the interpreter
         # lock, as it does between two writes to a pipe, would hold up the event loop until it got a CPU again)
-        explainer = (Explainer.shared(self.registry, self.limits, timeout=settings.explain_timeout,
-                                      workers=settings.explain_workers)
-                     if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork") else None)
-        self.intake = IntakeStages(self.registry, self.routes, self.limits, rules=self.rules, explainer=explainer,
-                                   intake_workers=IntakeWorkers.shared(assembly, self.limits, workers=large_workers),
-                                   intake_facts=intake_facts, idempotency=self.idempotency)
+        explainer = (
+            Explainer.shared(
+                self.registry, self.limits, timeout=settings.explain_timeout, workers=settings.explain_workers
+            )
+            if getattr(settings, "explain_workers", 1) > 0 and hasattr(os, "fork")
+            else None
+        )
+        self.intake = IntakeStages(
+            self.registry,
+            self.routes,
+            self.limits,
+            rules=self.rules,
+            explainer=explainer,
+            intake_workers=IntakeWorkers.shared(assembly, self.limits, workers=large_workers),
+            intake_facts=intake_facts,
+            idempotency=self.idempotency,
+        )
         self._started = False
         self._closed = False
 
@@ -190,22 +226,26 @@ class Gateway:
 
     # ----------------------------------------------------------------- submitting
 
-    async def _threaded_intake(self, partner: Partner, body: bytes, charset: str | None,
-                               idempotency_key: str | None, check_recent: bool) -> Intake:
+    async def _threaded_intake(
+        self, partner: Partner, body: bytes, charset: str | None, idempotency_key: str | None, check_recent: bool
+    ) -> Intake:
         """:meth:`_intake` off the event loop: a large document's (over ``inline_max_bytes``) by an intake
         worker process, or while none is ready on the niced large-document threads; any other in the default
         executor."""
         loop = asyncio.get_running_loop()
         if len(body) <= self.inline_max_bytes:
-            return await loop.run_in_executor(None, self.intake.run, partner.id, body, charset, idempotency_key,
-                                              check_recent)
+            return await loop.run_in_executor(
+                None, self.intake.run, partner.id, body, charset, idempotency_key, check_recent
+            )
         if self.intake.intake_workers is not None:
-            intake = await loop.run_in_executor(self._offload_pool, self.intake.run_by_worker, partner.id, body,
-                                                charset, idempotency_key, check_recent)
+            intake = await loop.run_in_executor(
+                self._offload_pool, self.intake.run_by_worker, partner.id, body, charset, idempotency_key, check_recent
+            )
             if intake is not None:
                 return intake
-        return await loop.run_in_executor(self._large_pool, self.intake.run, partner.id, body, charset,
-                                          idempotency_key, check_recent)
+        return await loop.run_in_executor(
+            self._large_pool, self.intake.run, partner.id, body, charset, idempotency_key, check_recent
+        )
 
     async def submit(
         self,
@@ -223,14 +263,23 @@ class Gateway:
             busy = self._in_pool >= self._intake_threads + INTAKE_BUSY  # that many queued behind the threads
             try:
                 intake = await asyncio.get_running_loop().run_in_executor(
-                    self._intake_pool, self.intake.run, partner.id, body, charset, idempotency_key, True, busy)
+                    self._intake_pool, self.intake.run, partner.id, body, charset, idempotency_key, True, busy
+                )
             finally:
                 self._in_pool -= 1
         elif len(body) <= min(self.inline_max_bytes, TREE_VALIDATION_MAX_BYTES):
             try:
-                intake = await self.intake.run_on_loop(Work(partner.id, body, charset, idempotency_key,
-                                                            check_recent=True, on_loop=True,
-                                                            facts=self.intake.intake_facts))
+                intake = await self.intake.run_on_loop(
+                    Work(
+                        partner.id,
+                        body,
+                        charset,
+                        idempotency_key,
+                        check_recent=True,
+                        on_loop=True,
+                        facts=self.intake.intake_facts,
+                    )
+                )
             except IntakeInvalidError as invalid:
                 await asyncio.to_thread(self.intake.explain_invalid, invalid.work)
                 raise GatewayError("validation failed without errors") from None  # pragma: no cover
@@ -255,8 +304,9 @@ class Gateway:
                 pending = self.rules.submit(route.rules, pending)
             findings = await pending
             if any(f.is_error for f in findings):
-                raise await asyncio.to_thread(violation, findings, body, lambda data: parse_document(
-                    data, self.limits, declared_charset=charset))
+                raise await asyncio.to_thread(
+                    violation, findings, body, lambda data: parse_document(data, self.limits, declared_charset=charset)
+                )
             warning_count = len(findings)
             warnings = warnings_of(findings)
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
@@ -277,10 +327,12 @@ class Gateway:
 
         try:
             if route.request_reply:
-                return await self.request_reply.send(route, partner, message, correlation, key, doc_id, document,
-                                                 received_at, digest, facts, warnings)
-            return await self._one_way(route, partner, message, correlation, key, doc_id, document, received_at,
-                                       digest, facts, warnings)
+                return await self.request_reply.send(
+                    route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings
+                )
+            return await self._one_way(
+                route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings
+            )
         except DuplicateDocumentError:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # purged by retention since: its tombstone holds the key
@@ -293,18 +345,35 @@ class Gateway:
             log.warning("store unavailable while accepting a document: %s", exc)
             raise StoreUnavailableError() from None
 
-    async def _one_way(self, route: Route, partner: Partner, message: XMLMessage, correlation: str,
-                       key: str, doc_id: str | None, document: bytes, received_at: int, digest: str,
-                       facts: str | None = None, warnings: list[dict[str, Any]] | None = None) -> Outcome:
+    async def _one_way(
+        self,
+        route: Route,
+        partner: Partner,
+        message: XMLMessage,
+        correlation: str,
+        key: str,
+        doc_id: str | None,
+        document: bytes,
+        received_at: int,
+        digest: str,
+        facts: str | None = None,
+        warnings: list[dict[str, Any]] | None = None,
+    ) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
         try:
-            await producer.send_async(route.destination, message, delivery_mode=route.delivery_mode,
-                                      priority=route.priority, time_to_live=route.time_to_live_ms)
+            await producer.send_async(
+                route.destination,
+                message,
+                delivery_mode=route.delivery_mode,
+                priority=route.priority,
+                time_to_live=route.time_to_live_ms,
+            )
             message_id = message.jms_message_id
             receipt = make_receipt(route, message_id, correlation, doc_id, received_at, warnings)
-            record = new_document(route, partner, message_id, correlation, key, doc_id, document, received_at, receipt,
-                                  digest, facts)
+            record = new_document(
+                route, partner, message_id, correlation, key, doc_id, document, received_at, receipt, digest, facts
+            )
             ledger = self.ledger
             extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, document)]
             await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record), *extra])
@@ -325,13 +394,19 @@ class Gateway:
     @staticmethod
     def _gone(tombstone: Tombstone) -> DocumentArchivedError:
         received, archived = iso_ms(tombstone.received_at) or "", iso_ms(tombstone.purged_at) or ""
-        where = ("It is kept in the archive: ask the gateway's operator for it (`b2bgw archive get`)."
-                 if tombstone.archived else "It was purged without an archive copy, as the policy says.")
+        where = (
+            "It is kept in the archive: ask the gateway's operator for it (`b2bgw archive get`)."
+            if tombstone.archived
+            else "It was purged without an archive copy, as the policy says."
+        )
         return DocumentArchivedError(
             f"Document {tombstone.message_id} (accepted on {received}) was {'archived' if tombstone.archived else 'purged'}"
             f" on {archived} under the ledger's retention policy and is no longer online. {where}",
-            message_id=tombstone.message_id, status_url=DOCUMENTS_PATH + tombstone.message_id,
-            received_at=received, archived_at=archived)
+            message_id=tombstone.message_id,
+            status_url=DOCUMENTS_PATH + tombstone.message_id,
+            received_at=received,
+            archived_at=archived,
+        )
 
     async def document(self, partner: Partner, message_id: str, refresh: Any = None) -> LedgerRecord:
         """The partner's own document with its history; DocumentArchivedError when retention has taken it

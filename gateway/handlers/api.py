@@ -8,7 +8,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar, Union, Unpack, cast, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 from lxml import etree
 
@@ -26,7 +26,6 @@ from broker_core import (
 )
 
 log = logging.getLogger(__name__)
-
 
 
 #: The property of an error reply that says why (what the gateway reads: gateway.exchange.request_reply.ERROR_PROPERTY).
@@ -61,8 +60,9 @@ class BusinessError(Exception):
     (``unknown-customer``); ``detail``: a sentence for a person; ``reply``: an
     optional body (XML text, an lxml element or a Message) sent with it."""
 
-    def __init__(self, code: str, detail: str,
-                 reply: str | etree._Element | etree._ElementTree | Message | None = None) -> None:
+    def __init__(
+        self, code: str, detail: str, reply: str | etree._Element | etree._ElementTree | Message | None = None
+    ) -> None:
         if not isinstance(code, str) or not code.strip() or len(code) > MAX_CODE:
             raise ValueError(f"BusinessError needs a code: a non-empty string of at most {MAX_CODE} characters")
         if not isinstance(detail, str):
@@ -75,14 +75,14 @@ class BusinessError(Exception):
 
 #: What a handler may return (or its coroutine return): a reply (XML text, an lxml element or
 #: tree, a Message), ``None`` for no reply, or an outcome marker (``Reject``, ``BusinessError``).
-Reply = Union[str, etree._Element, etree._ElementTree, Message, Reject, BusinessError, None]
+Reply = str | etree._Element | etree._ElementTree | Message | Reject | BusinessError | None
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _ReplyT = TypeVar("_ReplyT", bound=Reply)
 
 #: What a handler function looks like: ``fn(message, context) -> reply`` (or a coroutine function).
-HandlerFunction = Callable[..., Union[Reply, Awaitable[Reply]]]
+HandlerFunction = Callable[..., Reply | Awaitable[Reply]]
 
 
 class SendOptions(TypedDict, total=False):
@@ -116,7 +116,7 @@ def _is_async(fn: Any) -> bool:
     inner = getattr(fn, "func", None)  # functools.partial
     if inner is not None and inspect.iscoroutinefunction(inner):
         return True
-    call = getattr(type(fn), "__call__", None)
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's own __call__: is it async?
     return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
@@ -291,8 +291,9 @@ class _Context:
     #: the ledger rows of this attempt's deliveries, written inside its commit
     pending: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list, repr=False)
 
-    def _deliver(self, partner: str, document: bytes | str | etree._Element, endpoint: str | None,
-                 content_type: str) -> str:
+    def _deliver(
+        self, partner: str, document: bytes | str | etree._Element, endpoint: str | None, content_type: str
+    ) -> str:
         from gateway.delivery.hooks import endpoint_of, stage_delivery
 
         target = endpoint_of(self.partners, partner, endpoint)
@@ -300,13 +301,15 @@ class _Context:
             document = etree.tostring(document, xml_declaration=True, encoding="UTF-8")
         elif isinstance(document, str):
             document = document.encode("utf-8")
-        insert = stage_delivery(self.producer, target, bytes(document), source=f"handler:{self.handler_name}",
-                                content_type=content_type)
+        insert = stage_delivery(
+            self.producer, target, bytes(document), source=f"handler:{self.handler_name}", content_type=content_type
+        )
         self.pending.append(insert)
         return insert.message_id  # type: ignore[attr-defined]
 
-    def _send(self, destination: str | Destination, message: Message | str | etree._Element,
-              options: SendOptions) -> Message:
+    def _send(
+        self, destination: str | Destination, message: Message | str | etree._Element, options: SendOptions
+    ) -> Message:
         dest = _as_destination(destination) if isinstance(destination, str) else destination
         msg = _to_message(self.session, message)
         if msg is None:
@@ -328,16 +331,23 @@ class HandlerContext(_Context):
     the worker does. ``logger`` is ``gateway.handlers.<handler name>``.
     """
 
-    def send(self, destination: str | Destination, message: Message | str | etree._Element,
-             **options: Unpack[SendOptions]) -> Message:
+    def send(
+        self, destination: str | Destination, message: Message | str | etree._Element, **options: Unpack[SendOptions]
+    ) -> Message:
         """Send ``message`` (a Message, XML text or an lxml element) to
         ``destination`` (a queue name or a Destination) in the current
         transaction. ``options``: ``delivery_mode``, ``priority``,
         ``time_to_live``. Returns the message sent."""
         return self._send(destination, message, options)
 
-    def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
-                content_type: str = "application/xml") -> str:
+    def deliver(
+        self,
+        partner: str,
+        document: bytes | str | etree._Element,
+        *,
+        endpoint: str | None = None,
+        content_type: str = "application/xml",
+    ) -> str:
         """Deliver ``document`` to ``partner``'s endpoint (its only one unless ``endpoint`` names one), in
         the current transaction: it is queued if and only if the request's processing commits. Returns
         the delivery's id (its ``webhook-id``). Raises UnknownEndpointError for an endpoint not configured."""
@@ -351,8 +361,9 @@ class AsyncHandlerContext(_Context):
     belongs to the handler's task on the worker's event loop; do not commit
     or roll it back."""
 
-    async def send(self, destination: str | Destination, message: Message | str | etree._Element,
-                   **options: Unpack[SendOptions]) -> Message:
+    async def send(
+        self, destination: str | Destination, message: Message | str | etree._Element, **options: Unpack[SendOptions]
+    ) -> Message:
         """Send ``message`` (a Message, XML text or an lxml element) to
         ``destination`` (a queue name or a Destination) in the current
         transaction (staged: it is stored at the commit, with the request).
@@ -360,8 +371,14 @@ class AsyncHandlerContext(_Context):
         Returns the message sent."""
         return self._send(destination, message, options)
 
-    async def deliver(self, partner: str, document: bytes | str | etree._Element, *, endpoint: str | None = None,
-                      content_type: str = "application/xml") -> str:
+    async def deliver(
+        self,
+        partner: str,
+        document: bytes | str | etree._Element,
+        *,
+        endpoint: str | None = None,
+        content_type: str = "application/xml",
+    ) -> str:
         """As :meth:`HandlerContext.deliver` (staged: stored at the commit, with the request)."""
         return self._deliver(partner, document, endpoint, content_type)
 

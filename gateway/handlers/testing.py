@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from typing import Any, TypedDict, Union, Unpack
+from typing import Any, TypedDict, Unpack
 
 from lxml import etree
 
@@ -34,7 +34,6 @@ from broker_core import (
     XMLMessage,
     reply_correlation_id,
 )
-
 from gateway.handlers.api import (
     ERROR_CODE_PROPERTY,
     AnyHandler,
@@ -48,7 +47,7 @@ from gateway.handlers.worker import COMMITTED, REJECTED, HandlerStats, _Counters
 __all__ = ["Document", "HandlerHarness", "HarnessError", "RequestOptions", "Result"]
 
 #: What a request may be made of: XML text or bytes, an lxml element or tree, or a Message (sent as it is).
-Document = Union[str, bytes, etree._Element, etree._ElementTree, Message]
+Document = str | bytes | etree._Element | etree._ElementTree | Message
 
 
 class RequestOptions(TypedDict, total=False):
@@ -121,7 +120,7 @@ class Result:
 class _Station:
     """One handler under test: its session, consumer and processor."""
 
-    def __init__(self, harness: "HandlerHarness", item: AnyHandler) -> None:
+    def __init__(self, harness: HandlerHarness, item: AnyHandler) -> None:
         self.handler = item
         self.counters = _Counters()
         self.processor = _Processor(item, self.counters, harness._lock)
@@ -130,8 +129,9 @@ class _Station:
         self.producer: MessageProducer = self.session.create_producer(None)
         context_type = AsyncHandlerContext if item.is_async else HandlerContext
         self.sent: list[tuple[Destination, Message]] = []
-        self.context: _Context = context_type(item.name, self.session, self.producer, harness.broker,
-                                              self.processor.logger, self.sent)
+        self.context: _Context = context_type(
+            item.name, self.session, self.producer, harness.broker, self.processor.logger, self.sent
+        )
 
 
 class HandlerHarness:
@@ -143,8 +143,9 @@ class HandlerHarness:
         if not handlers:
             raise HarnessError("give the harness at least one handler (a function decorated with @handler)")
         self._own_broker = broker is None
-        self.broker = broker if broker is not None else Broker.open("memory://", sweep_interval=0,
-                                                                   max_deliveries=max_deliveries)
+        self.broker = (
+            broker if broker is not None else Broker.open("memory://", sweep_interval=0, max_deliveries=max_deliveries)
+        )
         self._lock = threading.Lock()
         self._conn = self.broker.connect()
         self._stations: dict[str, _Station] = {}
@@ -170,13 +171,13 @@ class HandlerHarness:
         if self._own_broker:
             self.broker.close()
 
-    def __enter__(self) -> "HandlerHarness":
+    def __enter__(self) -> HandlerHarness:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> "HandlerHarness":
+    async def __aenter__(self) -> HandlerHarness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -200,9 +201,17 @@ class HandlerHarness:
             raise HarnessError(f"the harness does not run a handler named {name!r} (it runs {list(self._stations)})")
         return station
 
-    def send(self, document: Document, *, handler: AnyHandler | str | None = None, reply: bool = True,
-             jms_type: str | None = None, correlation_id: str | None = None,
-             properties: dict[str, bool | int | float | str] | None = None, priority: int | None = None) -> Message:
+    def send(
+        self,
+        document: Document,
+        *,
+        handler: AnyHandler | str | None = None,
+        reply: bool = True,
+        jms_type: str | None = None,
+        correlation_id: str | None = None,
+        properties: dict[str, bool | int | float | str] | None = None,
+        priority: int | None = None,
+    ) -> Message:
         """Send a request to the handler's destination (committed) and return
         it. ``document``: XML text or bytes, an lxml element or tree, or a
         Message (sent as it is). ``reply``: set ``JMSReplyTo`` to the
@@ -237,15 +246,17 @@ class HandlerHarness:
             return XMLMessage(document)
         raise TypeError(f"a request is XML text or bytes, an lxml element or a Message, not {type(document).__name__}")
 
-    def request(self, document: Document, *, handler: AnyHandler | str | None = None,
-                **options: Unpack[RequestOptions]) -> Result:
+    def request(
+        self, document: Document, *, handler: AnyHandler | str | None = None, **options: Unpack[RequestOptions]
+    ) -> Result:
         """:meth:`send` a request, then :meth:`deliver` it: the handler runs in
         this thread (an ``async def`` in an event loop of its own for the call)."""
         self.send(document, handler=handler, **options)
         return self.deliver(handler)
 
-    async def request_async(self, document: Document, *, handler: AnyHandler | str | None = None,
-                            **options: Unpack[RequestOptions]) -> Result:
+    async def request_async(
+        self, document: Document, *, handler: AnyHandler | str | None = None, **options: Unpack[RequestOptions]
+    ) -> Result:
         """:meth:`send` a request, then :meth:`deliver_async` it in the running loop."""
         self.send(document, handler=handler, **options)
         return await self.deliver_async(handler)
@@ -259,8 +270,10 @@ class HandlerHarness:
                 asyncio.get_running_loop()
             except RuntimeError:
                 return asyncio.run(self.deliver_async(handler))
-            raise HarnessError(f"{station.handler.name} is an async def: `await harness.request_async(...)` or "
-                               "`await harness.deliver_async()` inside a running event loop")
+            raise HarnessError(
+                f"{station.handler.name} is an async def: `await harness.request_async(...)` or "
+                "`await harness.deliver_async()` inside a running event loop"
+            )
         request = self._take(station)
         attempt = station.processor.process(station.session, station.producer, station.context, request)
         return self._result(station, request, attempt)
@@ -270,8 +283,7 @@ class HandlerHarness:
         station = self._station(handler)
         request = self._take(station)
         if station.handler.is_async:
-            attempt = await station.processor.process_async(station.session, station.producer, station.context,
-                                                            request)
+            attempt = await station.processor.process_async(station.session, station.producer, station.context, request)
         else:
             attempt = station.processor.process(station.session, station.producer, station.context, request)
         return self._result(station, request, attempt)
@@ -287,15 +299,27 @@ class HandlerHarness:
     def _result(self, station: _Station, request: Message, attempt: Any) -> Result:
         if attempt.outcome == COMMITTED:
             reply = self._reply_to(request) if attempt.replied else None
-            return Result(request, COMMITTED, reply=reply, sent=list(station.sent), error=None,
-                          business_error=attempt.business_error)
+            return Result(
+                request,
+                COMMITTED,
+                reply=reply,
+                sent=list(station.sent),
+                error=None,
+                business_error=attempt.business_error,
+            )
         if attempt.outcome == REJECTED:
             return Result(request, REJECTED, reason=attempt.reason)
         message_id = request.jms_message_id or ""
         if self.broker.message_status([message_id])[message_id] == "dead_lettered":
             dlq = Queue(self.broker.policy.dead_letter_name(request.jms_destination or station.handler.destination))
-            reason = next((m.get_string_property("JMS_DLQ_Reason") for m in self.broker.browse(dlq)
-                           if m.jms_message_id == message_id), None)
+            reason = next(
+                (
+                    m.get_string_property("JMS_DLQ_Reason")
+                    for m in self.broker.browse(dlq)
+                    if m.jms_message_id == message_id
+                ),
+                None,
+            )
             return Result(request, "dead_lettered", reason=reason, error=attempt.error)
         return Result(request, "redelivered", error=attempt.error)
 

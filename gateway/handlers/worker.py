@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-
 from broker_core import (
     Broker,
     Connection,
@@ -25,7 +24,20 @@ from broker_core import (
     Session,
     reply_correlation_id,
 )
-from gateway.handlers.api import AnyHandler, AsyncHandlerContext, BusinessError, Handler, HandlerContext, HandlerRegistry, Reject, _Context, _R, _error_reply, _set_type, _to_message
+from gateway.handlers.api import (
+    _R,
+    AnyHandler,
+    AsyncHandlerContext,
+    BusinessError,
+    Handler,
+    HandlerContext,
+    HandlerRegistry,
+    Reject,
+    _Context,
+    _error_reply,
+    _set_type,
+    _to_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +74,9 @@ class _Counters:
         self.rejected = self.business_errors = 0
 
     def snapshot(self) -> HandlerStats:
-        return HandlerStats(self.handled, self.replied, self.failed, self.undeliverable, self.rejected,
-                            self.business_errors)
+        return HandlerStats(
+            self.handled, self.replied, self.failed, self.undeliverable, self.rejected, self.business_errors
+        )
 
 
 # --------------------------------------------------------------------------- one attempt
@@ -108,8 +121,9 @@ class _Processor:
             raise result
         return result
 
-    def _stage_reply(self, producer: MessageProducer, request: Message, reply: Message | None,
-                     attempt: Attempt) -> None:
+    def _stage_reply(
+        self, producer: MessageProducer, request: Message, reply: Message | None, attempt: Attempt
+    ) -> None:
         if reply is None:
             return
         reply_to = request.jms_reply_to
@@ -125,32 +139,48 @@ class _Processor:
             attempt.undeliverable = True
             self.logger.warning(
                 "handler %s: the reply to request %s cannot be sent (%s); committing the request without it",
-                self.handler.name, request.jms_message_id, exc,
+                self.handler.name,
+                request.jms_message_id,
+                exc,
             )
 
-    def _staged(self, session: Session, producer: MessageProducer, request: Message, result: Any,
-                attempt: Attempt) -> None:
+    def _staged(
+        self, session: Session, producer: MessageProducer, request: Message, result: Any, attempt: Attempt
+    ) -> None:
         """Stage the reply (or the error reply) of a result; raises Reject."""
         try:
             reply = _to_message(session, self._outcome_of(result))
         except BusinessError as error:
             attempt.business_error = error
-            self.logger.info("handler %s answered request %s with business error %s: %s", self.handler.name,
-                             request.jms_message_id, error.code, error.detail)
+            self.logger.info(
+                "handler %s answered request %s with business error %s: %s",
+                self.handler.name,
+                request.jms_message_id,
+                error.code,
+                error.detail,
+            )
             reply = _error_reply(session, error)
         self._stage_reply(producer, request, reply, attempt)
 
     def _log_failure(self, request: Message, exc: BaseException) -> None:
         self.logger.warning(
             "handler %s failed on message %s (delivery %s): %s: %s; rolling back",
-            self.handler.name, request.jms_message_id, request.get_object_property("JMSXDeliveryCount"),
-            type(exc).__name__, exc, exc_info=True,
+            self.handler.name,
+            request.jms_message_id,
+            request.get_object_property("JMSXDeliveryCount"),
+            type(exc).__name__,
+            exc,
+            exc_info=True,
         )
 
     def _log_reject(self, request: Message, reason: str) -> None:
-        self.logger.warning("handler %s rejected message %s (delivery %s): %s; dead-lettered",
-                            self.handler.name, request.jms_message_id,
-                            request.get_object_property("JMSXDeliveryCount"), reason)
+        self.logger.warning(
+            "handler %s rejected message %s (delivery %s): %s; dead-lettered",
+            self.handler.name,
+            request.jms_message_id,
+            request.get_object_property("JMSXDeliveryCount"),
+            reason,
+        )
 
     def _count(self, attempt: Attempt) -> Attempt:
         counters = self.counters
@@ -168,8 +198,7 @@ class _Processor:
 
     # ------------------------------------------------------------ plain functions
 
-    def process(self, session: Session, producer: MessageProducer, context: _Context,
-                request: Message) -> Attempt:
+    def process(self, session: Session, producer: MessageProducer, context: _Context, request: Message) -> Attempt:
         attempt = Attempt(COMMITTED)
         context.pending.clear()
         try:
@@ -200,15 +229,17 @@ class _Processor:
 
     def _rollback(self, session: Session, error: BaseException | None = None) -> None:
         try:
-            session.rollback(None if error is None else f"handler {self.handler.name} raised "
-                                                         f"{type(error).__name__}: {error}")
+            session.rollback(
+                None if error is None else f"handler {self.handler.name} raised {type(error).__name__}: {error}"
+            )
         except Exception:
             self.logger.exception("handler %s: rolling back failed", self.handler.name)
 
     # ------------------------------------------------------------ async def
 
-    async def process_async(self, session: Session, producer: MessageProducer, context: _Context,
-                            request: Message) -> Attempt:
+    async def process_async(
+        self, session: Session, producer: MessageProducer, context: _Context, request: Message
+    ) -> Attempt:
         attempt = Attempt(COMMITTED)
         context.pending.clear()
         try:
@@ -248,7 +279,7 @@ class _Runner:
     """One handler's connection and sessions; threads for a plain function,
     tasks on the worker's loop for an ``async def``."""
 
-    def __init__(self, worker: "Worker", item: AnyHandler) -> None:
+    def __init__(self, worker: Worker, item: AnyHandler) -> None:
         self.worker = worker
         self.handler = item
         self.processor = _Processor(item, worker._counters[item.name], worker._lock)
@@ -267,11 +298,13 @@ class _Runner:
         context_type = AsyncHandlerContext if self.handler.is_async else HandlerContext
         for _ in range(self.handler.concurrency):
             session = self.connection.create_session(transacted=True)
-            consumer = session.create_consumer(self.handler.destination, self.handler.selector,
-                                               prefetch=self.handler.prefetch)
+            consumer = session.create_consumer(
+                self.handler.destination, self.handler.selector, prefetch=self.handler.prefetch
+            )
             producer = session.create_producer(None)
-            context = context_type(self.handler.name, session, producer, broker, self.logger,
-                                   partners=self.worker.partners)
+            context = context_type(
+                self.handler.name, session, producer, broker, self.logger, partners=self.worker.partners
+            )
             self.loops.append((session, consumer, producer, context))
         if not self.handler.is_async:
             self.threads = [
@@ -312,8 +345,7 @@ class _Runner:
 
     # ------------------------------------------------------------ threads
 
-    def _loop(self, session: Session, consumer: MessageConsumer, producer: MessageProducer,
-              context: _Context) -> None:
+    def _loop(self, session: Session, consumer: MessageConsumer, producer: MessageProducer, context: _Context) -> None:
         stopping = self.worker._stopping
         poll = self.worker.poll_interval
         backoff = poll
@@ -355,8 +387,9 @@ class _Runner:
 
     # ------------------------------------------------------------ tasks
 
-    async def _loop_async(self, session: Session, consumer: MessageConsumer, producer: MessageProducer,
-                          context: _Context) -> None:
+    async def _loop_async(
+        self, session: Session, consumer: MessageConsumer, producer: MessageProducer, context: _Context
+    ) -> None:
         stopping = self.worker._stopping
         poll = self.worker.poll_interval
         backoff = poll
@@ -434,8 +467,14 @@ class Worker:
     (start / stop).
     """
 
-    def __init__(self, broker: Broker, handlers: HandlerRegistry | Iterable[AnyHandler], *,
-                 poll_interval: float = 0.1, partners: Any = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        handlers: HandlerRegistry | Iterable[AnyHandler],
+        *,
+        poll_interval: float = 0.1,
+        partners: Any = None,
+    ) -> None:
         items = list(handlers)
         names: set[str] = set()
         for item in items:
@@ -458,7 +497,7 @@ class Worker:
         self._loop: _Loop | None = None
         self._state_lock = threading.Lock()
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         self.start()
         return self
 
@@ -508,8 +547,11 @@ class Worker:
             deadline = time.monotonic() + timeout
             clean = all([runner.join(deadline) for runner in runners])
             if not clean:
-                log.warning("worker stop: handlers still busy after %.1f s; closing their connections "
-                            "(their messages will be redelivered)", timeout)
+                log.warning(
+                    "worker stop: handlers still busy after %.1f s; closing their connections "
+                    "(their messages will be redelivered)",
+                    timeout,
+                )
                 for runner in runners:
                     runner.cancel()
             for runner in runners:

@@ -19,9 +19,11 @@ def error_to_data(error: GatewayError) -> dict[str, Any]:
     if isinstance(error, InvalidDocumentError):
         data["errors"] = [[e.line, e.column, e.path, e.message] for e in error.errors]
         data["omitted"] = error.omitted
-    data["fields"] = {name: value for name, value in vars(error).items()
-                      if name not in ("detail", "errors", "omitted")
-                      and (value is None or isinstance(value, (str, int, float, bool)))}
+    data["fields"] = {
+        name: value
+        for name, value in vars(error).items()
+        if name not in ("detail", "errors", "omitted") and (value is None or isinstance(value, (str, int, float, bool)))
+    }
     return data
 
 
@@ -49,18 +51,26 @@ def error_from_data(data: Any) -> GatewayError:
         if cls is None:
             return GatewayError()
         error = cls.__new__(cls)
-        fields = {name: _plain(value) for name, value in dict(data.get("fields") or {}).items()
-                  if isinstance(name, str) and name.isidentifier() and not name.startswith("_")
-                  and name not in ("detail", "errors", "omitted")}
+        fields = {
+            name: _plain(value)
+            for name, value in dict(data.get("fields") or {}).items()
+            if isinstance(name, str)
+            and name.isidentifier()
+            and not name.startswith("_")
+            and name not in ("detail", "errors", "omitted")
+        }
         for name, value in fields.items():
             setattr(error, name, value)
         detail = clip(str(data["detail"]) or cls.default_detail, 4000)
         error.detail = detail
         Exception.__init__(error, detail)
         if isinstance(error, InvalidDocumentError):
-            error.errors = [XMLErrorDetail(_position(line), _position(column), path if isinstance(path, str) else None,
-                                           str(message))
-                            for line, column, path, message in list(data["errors"])[:cls.max_errors]]
+            error.errors = [
+                XMLErrorDetail(
+                    _position(line), _position(column), path if isinstance(path, str) else None, str(message)
+                )
+                for line, column, path, message in list(data["errors"])[: cls.max_errors]
+            ]
             omitted = data.get("omitted")
             error.omitted = omitted if isinstance(omitted, int) and omitted >= 0 else 0
         return error
@@ -92,13 +102,17 @@ def report_from_data(data: Any) -> SchemaValidationError | None:
         details = []
         for item in data["errors"][: SchemaValidationError.max_errors]:
             line, column, path, message = item
-            details.append(XMLErrorDetail(_position(line), _position(column),
-                                          path if isinstance(path, str) else None, str(message)))
+            details.append(
+                XMLErrorDetail(
+                    _position(line), _position(column), path if isinstance(path, str) else None, str(message)
+                )
+            )
         omitted = _position(data.get("omitted")) or 0
         schema = data.get("schema")
         if not details or not isinstance(data["detail"], str):
             return None
-        return SchemaValidationError(data["detail"], details, omitted=omitted,
-                                     schema=schema if isinstance(schema, str) else None)
+        return SchemaValidationError(
+            data["detail"], details, omitted=omitted, schema=schema if isinstance(schema, str) else None
+        )
     except (KeyError, TypeError, ValueError):
         return None

@@ -20,8 +20,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FRAME", "RECORD", "pack_record", "read_exactly", "read_frame", "read_record", "take_frame",
-           "take_record", "write_all", "write_frame", "write_record"]
+__all__ = [
+    "FRAME",
+    "RECORD",
+    "pack_record",
+    "read_exactly",
+    "read_frame",
+    "read_record",
+    "take_frame",
+    "take_record",
+    "write_all",
+    "write_frame",
+    "write_record",
+]
 
 #: A frame's header: the JSON part's length, then the byte string's.
 FRAME = struct.Struct(">II")
@@ -33,7 +44,7 @@ def write_all(fd: int, data: bytes) -> None:
     """Write all of *data* to *fd* (a pipe takes at most its buffer per write)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
@@ -64,8 +75,7 @@ def write_frame(fd: int, head: Any, payload: bytes = b"", *, default: Callable[[
         write_all(fd, payload)  # not joined to the header: a copy of megabytes, under the interpreter lock
 
 
-def read_frame(fd: int, deadline: float | None = None, *, max_head: int,
-               max_payload: int | None) -> tuple[Any, bytes]:
+def read_frame(fd: int, deadline: float | None = None, *, max_head: int, max_payload: int | None) -> tuple[Any, bytes]:
     """A frame from *fd*: its JSON part and its byte string. ValueError for a frame over *max_head* or
     *max_payload* (None: no cap) or a JSON part that is not JSON; TimeoutError and EOFError as
     :func:`read_exactly` raises them."""
@@ -85,8 +95,8 @@ def take_frame(buffer: bytearray, *, max_head: int, max_payload: int) -> tuple[b
     end = FRAME.size + head_len + payload_len
     if head_len > max_head or payload_len > max_payload or len(buffer) < end:
         return None
-    head = bytes(buffer[FRAME.size:FRAME.size + head_len])
-    payload = bytes(buffer[FRAME.size + head_len:end])
+    head = bytes(buffer[FRAME.size : FRAME.size + head_len])
+    payload = bytes(buffer[FRAME.size + head_len : end])
     del buffer[:end]
     return head, payload
 
@@ -116,4 +126,4 @@ def take_record(buffer: bytearray | bytes) -> bytes | None:
     (size,) = RECORD.unpack_from(buffer)
     if len(buffer) < RECORD.size + size:
         return None
-    return bytes(buffer[RECORD.size:RECORD.size + size])
+    return bytes(buffer[RECORD.size : RECORD.size + size])

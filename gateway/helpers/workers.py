@@ -74,12 +74,26 @@ class HelperProcess:
     it); *new_session*: a session of its own (Linux's autogroups then give it its own share of the CPUs,
     whatever its nice value); *quiet*: its stderr discarded."""
 
-    def __init__(self, module: str, *, process_group: bool = False, new_session: bool = False,
-                 cwd: str | None = None, quiet: bool = False) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None,
-                                        env=helper_environment(), close_fds=True, cwd=cwd,
-                                        start_new_session=new_session, process_group=0 if process_group else None)
+    def __init__(
+        self,
+        module: str,
+        *,
+        process_group: bool = False,
+        new_session: bool = False,
+        cwd: str | None = None,
+        quiet: bool = False,
+    ) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if quiet else None,
+            env=helper_environment(),
+            close_fds=True,
+            cwd=cwd,
+            start_new_session=new_session,
+            process_group=0 if process_group else None,
+        )
         assert self.process.stdin is not None and self.process.stdout is not None
         self.pid = self.process.pid
         self.fd_in = self.process.stdin.fileno()

@@ -42,7 +42,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.exchange.assemble import Assembly, assemble_or_raise
 from gateway.config.loader import Settings
 from gateway.errors import (
     GatewayError,
@@ -51,17 +50,18 @@ from gateway.errors import (
     NotFoundError,
     StoreUnavailableError,
 )
+from gateway.exchange.assemble import Assembly, assemble_or_raise
 from gateway.exchange.ids import iso_ms
-from gateway.ledger.records import LedgerRecord
-from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
-from gateway.routing.partners import PartnerLimiter
-from gateway.http.auth import authenticated
-from gateway.problems import problem_response
-from gateway.security.attach import attach_key_digests
-from gateway.raw_documents import raw_document_response
-from gateway.runtime.serving import Runtime, start_stomp
 from gateway.exchange.submission import Gateway, Outcome
+from gateway.http.auth import authenticated
+from gateway.http.openapi import CORRELATION_ID_PATTERN, IDEMPOTENCY_KEY_PATTERN, openapi_document
 from gateway.intake.xmlsafe import check_media_type, read_body
+from gateway.ledger.records import LedgerRecord
+from gateway.problems import problem_response
+from gateway.raw_documents import raw_document_response
+from gateway.routing.partners import PartnerLimiter
+from gateway.runtime.serving import Runtime, start_stomp
+from gateway.security.attach import attach_key_digests
 
 __all__ = ["create_app"]
 
@@ -170,7 +170,7 @@ def _problems(endpoint: Handler) -> Handler:
             return await endpoint(request)
         except GatewayError as exc:
             return problem_response(exc, request.url.path)
-        except Exception:  # noqa: BLE001 - a bug: log it, tell the client nothing about it
+        except Exception:  # a bug: log it, tell the client nothing about it
             log.exception("unexpected error on %s %s", request.method, request.url.path)
             return problem_response(GatewayError(), request.url.path)
 
@@ -223,7 +223,7 @@ def _fast_endpoint(endpoint: Callable[[Any, Any], Awaitable[RawAnswer]]) -> Call
         except GatewayError as exc:
             await problem_response(exc, scope["path"])(scope, receive, send)
             return
-        except Exception:  # noqa: BLE001 - a bug: log it, tell the client nothing about it
+        except Exception:  # a bug: log it, tell the client nothing about it
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             await problem_response(GatewayError(), scope["path"])(scope, receive, send)
             return
@@ -251,8 +251,12 @@ class _GatewayApp(Starlette):
         await self._dispatch(scope, receive, send)
 
     async def _dispatch(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path") \
-                and not self.user_middleware:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+            and not self.user_middleware
+        ):
             endpoint = self.fast_posts.get(scope["path"])
             if endpoint is not None:
                 scope["app"] = self
@@ -315,13 +319,13 @@ def create_app(
         await limiter.admit(partner)
         try:
             charset = check_media_type(headers.get("content-type"))
-            correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION,
-                                   _CORRELATION_RULE)
+            correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
             key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
             declared = _length(headers.get("content-length"))
             body = await read_body(chunks, limits.max_bytes, declared_length=declared)
-            return await gateway().submit(partner, body, charset=charset, correlation_id=correlation,
-                                          idempotency_key=key)
+            return await gateway().submit(
+                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key
+            )
         finally:
             limiter.release(partner)
 
@@ -339,8 +343,9 @@ def create_app(
         finally:
             limiter.release(partner)
         body = json.dumps(_status_body(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return Response(body, media_type=_JSON, headers={"Cache-Control": "no-store",
-                                                         "X-Correlation-ID": record.correlation_id})
+        return Response(
+            body, media_type=_JSON, headers={"Cache-Control": "no-store", "X-Correlation-ID": record.correlation_id}
+        )
 
     async def get_reply(request: Request) -> Response:
         partner = await authenticated(partners, request.scope, request.headers.get("authorization"))
@@ -351,8 +356,11 @@ def create_app(
             limiter.release(partner)
         if record.reply is None:
             raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
-        return raw_document_response(record.reply, f"{record.message_id}-reply",
-                                     {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id})
+        return raw_document_response(
+            record.reply,
+            f"{record.message_id}-reply",
+            {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id},
+        )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -361,7 +369,7 @@ def create_app(
         gw = gateway()
         try:
             await asyncio.to_thread(gw.ledger.ping)
-        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        except Exception as exc:  # any failure means not ready
             log.warning("readiness check failed: %s", str(exc).splitlines()[0][:200] if str(exc) else type(exc))
             raise StoreUnavailableError("The store does not answer.") from None
         return JSONResponse({"status": "ready"})

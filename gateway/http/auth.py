@@ -23,8 +23,10 @@ __all__ = ["Identity", "authenticate", "authenticated", "client_address"]
 
 #: The detail of a wrong key's 401, so that a certificate of another partner is answered alike.
 _KEY_DETAIL = getattr(partners_module, "_AUTH_DETAIL", None)
-_CERT_DETAIL = ("Authenticate with the client certificate pinned for your partner account, or with the header "
-                "'Authorization: Bearer <API key>' if your account uses keys.")
+_CERT_DETAIL = (
+    "Authenticate with the client certificate pinned for your partner account, or with the header "
+    "'Authorization: Bearer <API key>' if your account uses keys."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,7 @@ def client_address(scope: Any) -> str | None:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 async def authenticate(registry: Any, scope: Any, authorization: str | None) -> Identity:

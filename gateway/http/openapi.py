@@ -37,37 +37,37 @@ _XML_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
 _DESCRIPTIONS = {
     400: "The document is not well-formed XML, uses a construct the gateway refuses (a DOCTYPE, an entity, too "
-         "deep or too many elements), is over an intake limit (`too-many-attributes`, `too-many-namespaces`, "
-         "`too-many-document-namespaces`, `name-too-long`, `text-too-long`: `limit` and `limit_value` name it), "
-         "is not valid against its schema (`errors` lists each problem with line, "
-         "column, element path and message), or breaks a business rule of its route (`business-rule-violation`: "
-         "`errors` lists each failed rule with its id, flag, location and text); or a request header is malformed "
-         "(`header` names it).",
+    "deep or too many elements), is over an intake limit (`too-many-attributes`, `too-many-namespaces`, "
+    "`too-many-document-namespaces`, `name-too-long`, `text-too-long`: `limit` and `limit_value` name it), "
+    "is not valid against its schema (`errors` lists each problem with line, "
+    "column, element path and message), or breaks a business rule of its route (`business-rule-violation`: "
+    "`errors` lists each failed rule with its id, flag, location and text); or a request header is malformed "
+    "(`header` names it).",
     401: "No API key, or one the gateway does not know (`WWW-Authenticate: Bearer`).",
     403: "The partner may not use the route the document matched.",
     404: "No such document for your partner account (another partner's documents are not found either).",
     409: "Another document was accepted before under the same idempotency key (the `Idempotency-Key`, or by "
-         "default the document type, sender party and document id) and differs from this one: this one was not "
-         "accepted. `message_id` and `status_url` name the first document. `archived-replay`: the document "
-         "accepted under that key has been archived by the retention policy since (`archived_at`); this one was "
-         "not accepted again.",
+    "default the document type, sender party and document id) and differs from this one: this one was not "
+    "accepted. `message_id` and `status_url` name the first document. `archived-replay`: the document "
+    "accepted under that key has been archived by the retention policy since (`archived_at`); this one was "
+    "not accepted again.",
     410: "The document was yours, and the retention policy has archived it (or purged it) since: it is no longer "
-         "online. `archived_at` says when; the operator can retrieve it from the archive.",
+    "online. `archived_at` says when; the operator can retrieve it from the archive.",
     413: "The body is larger than the gateway accepts.",
     415: "The Content-Type is not an XML media type, or names a charset the gateway does not decode.",
     422: "The document is valid, but no route takes it (the detail names its root element and the partner), or "
-         "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
+    "its route's business rules could not be run on it within their budget (`rules-timeout`, `rules-error`).",
     429: "The partner is over its concurrent requests or its rate (`code` says which), or the client's address "
-         "sent too many requests whose API key failed lately (`authentication-throttled`: no key is checked "
-         "until the wait is over); nothing of the request was read or done: retry after `Retry-After` seconds.",
+    "sent too many requests whose API key failed lately (`authentication-throttled`: no key is checked "
+    "until the wait is over); nothing of the request was read or done: retry after `Retry-After` seconds.",
     502: "Request-reply: the back end answered with an error. The document was accepted (`message_id`, "
-         "`status_url`): do not resend it.",
+    "`status_url`): do not resend it.",
     503: "The gateway's store is unavailable, or the gateway is starting or stopping (`store-unavailable`), or "
-         "too loaded to finish the document's work in time (`gateway-busy`, with `Retry-After`), or too many API "
-         "keys wait for their first check (`authentication-busy`, with `Retry-After`): nothing was accepted, "
-         "retry.",
+    "too loaded to finish the document's work in time (`gateway-busy`, with `Retry-After`), or too many API "
+    "keys wait for their first check (`authentication-busy`, with `Retry-After`): nothing was accepted, "
+    "retry.",
     504: "Request-reply: no reply in time. The document was accepted (`message_id`, `status_url`): its status "
-         "and the reply once it comes are at `status_url`; do not resend it.",
+    "and the reply once it comes are at `status_url`; do not resend it.",
 }
 
 _EXAMPLE_INVOICE = """<?xml version="1.0" encoding="UTF-8"?>
@@ -136,15 +136,21 @@ def problem_codes(status: int) -> list[str]:
     return sorted({cls.code for cls in _error_classes() if cls.status == status and cls.partner_facing})
 
 
-def _problem_response(status: int, *, headers: dict[str, Any] | None = None, required: Iterable[str] = (),
-                      description: str | None = None) -> dict[str, Any] | None:
+def _problem_response(
+    status: int, *, headers: dict[str, Any] | None = None, required: Iterable[str] = (), description: str | None = None
+) -> dict[str, Any] | None:
     codes = problem_codes(status)
     if not codes:
         return None
-    schema: dict[str, Any] = {"allOf": [_PROBLEM_REF, {
-        "properties": {"status": {"const": status}, "code": {"enum": codes}},
-        **({"required": sorted(required)} if required else {}),
-    }]}
+    schema: dict[str, Any] = {
+        "allOf": [
+            _PROBLEM_REF,
+            {
+                "properties": {"status": {"const": status}, "code": {"enum": codes}},
+                **({"required": sorted(required)} if required else {}),
+            },
+        ]
+    }
     response: dict[str, Any] = {
         "description": description or _DESCRIPTIONS[status],
         "content": {"application/problem+json": {"schema": schema}},
@@ -163,11 +169,11 @@ _ACCEPTED_HEADERS = {
     "X-Correlation-ID": _header("The correlation id: yours, or the one the gateway made."),
 }
 _RAW_DOCUMENT_HEADERS = {
-    "Content-Disposition": _header("`attachment; filename=\"<message id>-reply.xml\"`: save it, never render it."),
+    "Content-Disposition": _header('`attachment; filename="<message id>-reply.xml"`: save it, never render it.'),
     "X-Content-Type-Options": _header("`nosniff`."),
     "Content-Security-Policy": _header("`default-src 'none'; sandbox`: nothing in it may load or run."),
 }
-_WWW_AUTHENTICATE = {"WWW-Authenticate": _header("`Bearer realm=\"b2bgw\"`.")}
+_WWW_AUTHENTICATE = {"WWW-Authenticate": _header('`Bearer realm="b2bgw"`.')}
 _RETRY_AFTER = {"Retry-After": _header("Seconds to wait before retrying.", schema={"type": "integer", "minimum": 1})}
 
 
@@ -181,9 +187,13 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
             kwargs["headers"] = _RETRY_AFTER
             kwargs["required"] = ("retry_after",)
         elif status == 503:
-            kwargs["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False,
-                                                 "description": "`gateway-busy` and `authentication-busy`: seconds "
-                                                                "to wait before retrying."}}
+            kwargs["headers"] = {
+                "Retry-After": {
+                    **_RETRY_AFTER["Retry-After"],
+                    "required": False,
+                    "description": "`gateway-busy` and `authentication-busy`: seconds to wait before retrying.",
+                }
+            }
         elif status == 409:
             kwargs["required"] = ("message_id", "status_url")
         elif status in (502, 504):
@@ -192,8 +202,10 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
         elif status == 410:
             kwargs["required"] = ("message_id", "status_url", "received_at", "archived_at")
         elif status == 404 and read:
-            kwargs["description"] = ("No such document for your partner account (another partner's documents are "
-                                     "not found either), or no reply yet.")
+            kwargs["description"] = (
+                "No such document for your partner account (another partner's documents are "
+                "not found either), or no reply yet."
+            )
         response = _problem_response(status, **kwargs)
         if response is not None:
             out[str(status)] = response
@@ -203,28 +215,38 @@ def _error_responses(statuses: Iterable[int], *, read: bool = False) -> dict[str
 def _components() -> dict[str, Any]:
     return {
         "securitySchemes": {
-            "partnerKey": {"type": "http", "scheme": "bearer",
-                           "description": "The partner's API key: `<key id>.<secret>`."},
+            "partnerKey": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The partner's API key: `<key id>.<secret>`.",
+            },
         },
         "parameters": {
             "IdempotencyKey": {
-                "name": "Idempotency-Key", "in": "header", "required": False,
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
                 "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": IDEMPOTENCY_KEY_PATTERN},
                 "description": "Your key for this document, scoped to your partner account: a document posted "
-                               "again with the same key and the same body gets the first answer again "
-                               "(`Idempotent-Replayed: true`), another body 409. Without it the key is the "
-                               "document type, its sender party (the buyer of an order, the supplier of an "
-                               "invoice...) and its document id. See docs/idempotency.md.",
+                "again with the same key and the same body gets the first answer again "
+                "(`Idempotent-Replayed: true`), another body 409. Without it the key is the "
+                "document type, its sender party (the buyer of an order, the supplier of an "
+                "invoice...) and its document id. See docs/idempotency.md.",
                 "examples": {"plain": {"value": "inv-2024-0042"}, "spaced": {"value": "batch 7 / order 42"}},
             },
             "CorrelationId": {
-                "name": "X-Correlation-ID", "in": "header", "required": False,
+                "name": "X-Correlation-ID",
+                "in": "header",
+                "required": False,
                 "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": CORRELATION_ID_PATTERN},
                 "description": "Your correlation id (printable ASCII, no spaces); the gateway makes one when absent.",
                 "example": "po-4711",
             },
             "MessageId": {
-                "name": "message_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+                "name": "message_id",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "minLength": 1},
                 "description": "The message id a document was accepted as (its receipt's `message_id`).",
             },
         },
@@ -245,9 +267,12 @@ def _components() -> dict[str, Any]:
                     "header": _STRING,
                     "limit": {"type": "string", "description": "400, an intake limit passed: its `limits:` key."},
                     "limit_value": {"type": "integer", "description": "That limit's configured value."},
-                    "retry_after": {"type": "integer", "minimum": 1,
-                                    "description": "429, 503 `gateway-busy` and 503 `authentication-busy`: seconds "
-                                                   "to wait before retrying (also `Retry-After`)."},
+                    "retry_after": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": "429, 503 `gateway-busy` and 503 `authentication-busy`: seconds "
+                        "to wait before retrying (also `Retry-After`).",
+                    },
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "status_url": _STRING,
@@ -282,8 +307,16 @@ def _components() -> dict[str, Any]:
             },
             "Receipt": {
                 "type": "object",
-                "required": ["message_id", "correlation_id", "route", "document_type", "document_id", "status",
-                             "received_at", "status_url"],
+                "required": [
+                    "message_id",
+                    "correlation_id",
+                    "route",
+                    "document_type",
+                    "document_id",
+                    "status",
+                    "received_at",
+                    "status_url",
+                ],
                 "properties": {
                     "message_id": {"type": "string", "example": "ID:3f2a9c1b7d4e5f60-42"},
                     "correlation_id": _STRING,
@@ -293,28 +326,50 @@ def _components() -> dict[str, Any]:
                     "status": {"type": "string", "enum": ["accepted"]},
                     "received_at": {"type": "string", "format": "date-time"},
                     "status_url": {"type": "string", "example": "/v1/documents/ID:3f2a9c1b7d4e5f60-42"},
-                    "warnings": {"type": "array", "items": {"$ref": "#/components/schemas/RuleWarning"},
-                                 "description": "Business rule warnings (flags warning, information), when any."},
+                    "warnings": {
+                        "type": "array",
+                        "items": {"$ref": "#/components/schemas/RuleWarning"},
+                        "description": "Business rule warnings (flags warning, information), when any.",
+                    },
                 },
             },
             "DocumentStatus": {
                 "type": "object",
-                "required": ["message_id", "correlation_id", "route", "document_type", "document_id", "status",
-                             "received_at", "updated_at", "history", "reply", "reply_type", "reply_url", "error"],
+                "required": [
+                    "message_id",
+                    "correlation_id",
+                    "route",
+                    "document_type",
+                    "document_id",
+                    "status",
+                    "received_at",
+                    "updated_at",
+                    "history",
+                    "reply",
+                    "reply_type",
+                    "reply_url",
+                    "error",
+                ],
                 "properties": {
                     "message_id": _STRING,
                     "correlation_id": _STRING,
                     "route": _STRING,
                     "document_type": _STRING,
                     "document_id": {"type": ["string", "null"]},
-                    "status": {"type": "string",
-                               "enum": ["accepted", "delivered", "replied", "failed", "dead_lettered"]},
+                    "status": {
+                        "type": "string",
+                        "enum": ["accepted", "delivered", "replied", "failed", "dead_lettered"],
+                    },
                     "received_at": {"type": "string", "format": "date-time"},
                     "updated_at": {"type": "string", "format": "date-time"},
-                    "history": {"type": "array", "items": {
-                        "type": "object", "required": ["status", "at"],
-                        "properties": {"status": _STRING, "at": {"type": "string", "format": "date-time"}},
-                    }},
+                    "history": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["status", "at"],
+                            "properties": {"status": _STRING, "at": {"type": "string", "format": "date-time"}},
+                        },
+                    },
                     "reply": {"type": ["string", "null"], "description": "The reply document (XML text), once there."},
                     "reply_type": {"type": ["string", "null"]},
                     "reply_url": {"type": ["string", "null"]},
@@ -329,8 +384,11 @@ def _components() -> dict[str, Any]:
 
 def _post_documents(max_body_bytes: int | None) -> dict[str, Any]:
     limit = f" at most {max_body_bytes} bytes" if max_body_bytes else ""
-    replayed = _header("`true` when this is the first answer to the same document, posted again.",
-                       required=False, schema={"type": "string", "enum": ["true"]})
+    replayed = _header(
+        "`true` when this is the first answer to the same document, posted again.",
+        required=False,
+        schema={"type": "string", "enum": ["true"]},
+    )
     return {
         "operationId": "postDocument",
         "summary": "Submit an XML business document",
@@ -340,51 +398,67 @@ def _post_documents(max_body_bytes: int | None) -> dict[str, Any]:
             "document is parsed safely (no DOCTYPE, no entities), validated against the schema of its type, "
             "routed, and stored durably before the answer."
         ),
-        "parameters": [{"$ref": "#/components/parameters/IdempotencyKey"},
-                       {"$ref": "#/components/parameters/CorrelationId"}],
+        "parameters": [
+            {"$ref": "#/components/parameters/IdempotencyKey"},
+            {"$ref": "#/components/parameters/CorrelationId"},
+        ],
         "requestBody": {
             "required": True,
-            "content": {media_type: {
-                "schema": {"type": "string", "minLength": 1},
-                "examples": {
-                    "invoice": {"summary": "A UBL 2.1 invoice (a one-way route)", "value": _EXAMPLE_INVOICE},
-                    "order": {"summary": "A UBL 2.1 order (a request-reply route)", "value": _EXAMPLE_ORDER},
-                },
-            } for media_type in _XML_TYPES},
+            "content": {
+                media_type: {
+                    "schema": {"type": "string", "minLength": 1},
+                    "examples": {
+                        "invoice": {"summary": "A UBL 2.1 invoice (a one-way route)", "value": _EXAMPLE_INVOICE},
+                        "order": {"summary": "A UBL 2.1 order (a request-reply route)", "value": _EXAMPLE_ORDER},
+                    },
+                }
+                for media_type in _XML_TYPES
+            },
         },
         "responses": {
             "200": {
                 "description": "Request-reply route: the reply document (e.g. a UBL OrderResponse).",
-                "headers": {**_ACCEPTED_HEADERS,
-                            "X-Route-ID": _header("The route that took the document."),
-                            "Content-Location": _header("The document's status: `/v1/documents/{message_id}`."),
-                            "Idempotent-Replayed": replayed},
+                "headers": {
+                    **_ACCEPTED_HEADERS,
+                    "X-Route-ID": _header("The route that took the document."),
+                    "Content-Location": _header("The document's status: `/v1/documents/{message_id}`."),
+                    "Idempotent-Replayed": replayed,
+                },
                 "content": {"application/xml": {"schema": _STRING}},
-                "links": {"status": {"operationId": "getDocument",
-                                     "parameters": {"message_id": "$response.header.X-Message-ID"}}},
+                "links": {
+                    "status": {
+                        "operationId": "getDocument",
+                        "parameters": {"message_id": "$response.header.X-Message-ID"},
+                    }
+                },
             },
             "202": {
                 "description": "One-way route: accepted and durably stored.",
-                "headers": {**_ACCEPTED_HEADERS,
-                            "X-Route-ID": _header("The route that took the document."),
-                            "Location": _header("The document's status: `/v1/documents/{message_id}`."),
-                            "Idempotent-Replayed": replayed},
+                "headers": {
+                    **_ACCEPTED_HEADERS,
+                    "X-Route-ID": _header("The route that took the document."),
+                    "Location": _header("The document's status: `/v1/documents/{message_id}`."),
+                    "Idempotent-Replayed": replayed,
+                },
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Receipt"}}},
-                "links": {"status": {"operationId": "getDocument",
-                                     "parameters": {"message_id": "$response.body#/message_id"}}},
+                "links": {
+                    "status": {"operationId": "getDocument", "parameters": {"message_id": "$response.body#/message_id"}}
+                },
             },
             **_error_responses(_POST_STATUSES),
         },
     }
 
 
-def openapi_document(version: str = "0.1.0", *, max_body_bytes: int | None = None,
-                     noop_endpoint: bool = False) -> dict[str, Any]:
+def openapi_document(
+    version: str = "0.1.0", *, max_body_bytes: int | None = None, noop_endpoint: bool = False
+) -> dict[str, Any]:
     """The OpenAPI document (a fresh dict); *max_body_bytes*: the configured body limit, stated in it."""
     reads = _error_responses(_READ_STATUSES, read=True)
     message_id = [{"$ref": "#/components/parameters/MessageId"}]
-    not_ready = _problem_response(503, description="Not ready: the store does not answer, or the gateway is "
-                                                   "starting or stopping.")
+    not_ready = _problem_response(
+        503, description="Not ready: the store does not answer, or the gateway is starting or stopping."
+    )
     health = {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}
     paths: dict[str, Any] = {
         "/v1/documents": {"post": _post_documents(max_body_bytes)},
@@ -394,10 +468,11 @@ def openapi_document(version: str = "0.1.0", *, max_body_bytes: int | None = Non
                 "summary": "Status of one of your documents, with its history and the reply once there",
                 "parameters": message_id,
                 "responses": {
-                    "200": {"description": "The document's status.",
-                            "headers": {"X-Correlation-ID": _header("The document's correlation id.")},
-                            "content": {"application/json": {
-                                "schema": {"$ref": "#/components/schemas/DocumentStatus"}}}},
+                    "200": {
+                        "description": "The document's status.",
+                        "headers": {"X-Correlation-ID": _header("The document's correlation id.")},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DocumentStatus"}}},
+                    },
                     **reads,
                 },
             },
@@ -408,34 +483,75 @@ def openapi_document(version: str = "0.1.0", *, max_body_bytes: int | None = Non
                 "summary": "The reply document itself",
                 "parameters": message_id,
                 "responses": {
-                    "200": {"description": "The reply, as a download that no browser runs (docs/security.md).",
-                            "headers": {**_ACCEPTED_HEADERS, **_RAW_DOCUMENT_HEADERS},
-                            "content": {"application/xml": {"schema": _STRING}}},
+                    "200": {
+                        "description": "The reply, as a download that no browser runs (docs/security.md).",
+                        "headers": {**_ACCEPTED_HEADERS, **_RAW_DOCUMENT_HEADERS},
+                        "content": {"application/xml": {"schema": _STRING}},
+                    },
                     **reads,
                 },
             },
         },
-        "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness", "security": [],
-                             "responses": {"200": {"description": "The process is up.", "content": health}}}},
-        "/readyz": {"get": {"operationId": "readyz", "summary": "Readiness: the store is reachable", "security": [],
-                            "responses": {"200": {"description": "Ready.", "content": health},
-                                          **({"503": not_ready} if not_ready else {})}}},
-        "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "security": [],
-                                  "responses": {"200": {"description": "OpenAPI 3.1", "content": {
-                                      "application/json": {"schema": {"type": "object"}}}}}}},
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness",
+                "security": [],
+                "responses": {"200": {"description": "The process is up.", "content": health}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: the store is reachable",
+                "security": [],
+                "responses": {
+                    "200": {"description": "Ready.", "content": health},
+                    **({"503": not_ready} if not_ready else {}),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
     }
     if noop_endpoint:
-        paths["/v1/noop"] = {"post": {
-            "operationId": "noop", "summary": "Read the body and answer 202 (the HTTP stack alone, for benchmarks)",
-            "security": [],
-            "requestBody": {"required": False, "content": {"application/xml": {"schema": _STRING}}},
-            "responses": {
-                "202": {"description": "The body's size.", "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["status", "bytes"],
-                    "properties": {"status": {"const": "noop"}, "bytes": {"type": "integer", "minimum": 0}}}}}},
-                **_error_responses((400, 413)),
-            },
-        }}
+        paths["/v1/noop"] = {
+            "post": {
+                "operationId": "noop",
+                "summary": "Read the body and answer 202 (the HTTP stack alone, for benchmarks)",
+                "security": [],
+                "requestBody": {"required": False, "content": {"application/xml": {"schema": _STRING}}},
+                "responses": {
+                    "202": {
+                        "description": "The body's size.",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["status", "bytes"],
+                                    "properties": {
+                                        "status": {"const": "noop"},
+                                        "bytes": {"type": "integer", "minimum": 0},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    **_error_responses((400, 413)),
+                },
+            }
+        }
     return {
         "openapi": "3.1.0",
         "info": {

@@ -158,7 +158,7 @@ class _Drainer:
                         self.selector.register(drain.sock, selectors.EVENT_READ, drain)
                 for drain in [d for d in active if d.cancelled or d.deadline <= now]:
                     self._finish(drain, active)
-            except Exception:  # noqa: BLE001 - a bug here must not leave connections open for ever
+            except Exception:  # a bug here must not leave connections open for ever
                 log.exception("the connection drainer failed; closing what it drained")
                 for drain in list(active):
                     self._finish(drain, active)

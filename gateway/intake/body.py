@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable
 
-
 from gateway.errors import (
     DocumentTooLargeError,
 )
-
-
 
 # --------------------------------------------------------------------------- body
 

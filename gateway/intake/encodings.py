@@ -7,14 +7,12 @@ import codecs
 import re
 from dataclasses import dataclass
 
-
 from gateway.errors import (
     NotWellFormedError,
     XMLErrorDetail,
     clip,
 )
 from gateway.intake.scan import _decode_slices
-
 
 # --------------------------------------------------------------------------- encodings
 
@@ -76,7 +74,9 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
     bom_len = 0
     sniffed: str | None = None
     if data.startswith((b"\x00\x00\xfe\xff", b"\xff\xfe\x00\x00", b"\x00\x00\x00<", b"<\x00\x00\x00")):
-        raise _not_well_formed(f"The document is UTF-32, which this gateway does not accept; use UTF-8 (or {_SUPPORTED_TEXT}).")
+        raise _not_well_formed(
+            f"The document is UTF-32, which this gateway does not accept; use UTF-8 (or {_SUPPORTED_TEXT})."
+        )
     if data.startswith(codecs.BOM_UTF8):
         bom, bom_len = "utf-8", 3
     elif data.startswith(codecs.BOM_UTF16_BE):
@@ -106,9 +106,7 @@ def _decode(data: bytes, declared_charset: str | None) -> _Decoded:
             except (LookupError, ValueError, TypeError):
                 known = False
             what = "an encoding this gateway does not accept" if known else "not a known encoding"
-            raise _not_well_formed(
-                f"The {where} names {clip(label, 40)!r}, {what}; use UTF-8 (or {_SUPPORTED_TEXT})."
-            )
+            raise _not_well_formed(f"The {where} names {clip(label, 40)!r}, {what}; use UTF-8 (or {_SUPPORTED_TEXT}).")
         return name
 
     decl = lookup(decl_label, "XML declaration's encoding") if decl_label is not None else None

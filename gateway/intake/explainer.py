@@ -83,16 +83,24 @@ class Explainer:
     _shared: SharedHelpers[Explainer] = SharedHelpers()
 
     @classmethod
-    def shared(cls, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT,
-               workers: int = DEFAULT_WORKERS) -> Explainer:
+    def shared(
+        cls, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT, workers: int = DEFAULT_WORKERS
+    ) -> Explainer:
         """One explainer (one helper process) for every gateway of this process with the same schemas,
         limits and settings; closed when the process exits."""
         key = json.dumps([registry.registrations(), repr(limits), timeout, workers], sort_keys=True)
         return cls._shared.acquire(key, lambda: cls(registry, limits, timeout=timeout, workers=workers))
 
-    def __init__(self, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT,
-                 workers: int = DEFAULT_WORKERS, max_bytes: int = EXPLAIN_MAX_BYTES,
-                 restart_interval: float = 30.0) -> None:
+    def __init__(
+        self,
+        registry: Any,
+        limits: Any,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        workers: int = DEFAULT_WORKERS,
+        max_bytes: int = EXPLAIN_MAX_BYTES,
+        restart_interval: float = 30.0,
+    ) -> None:
         self.registry = registry
         self.limits = limits
         self.timeout = timeout
@@ -131,12 +139,15 @@ class Explainer:
         helper = None
         try:
             helper = HelperProcess("gateway.intake.explainer")
-            write_frame(helper.fd_in, {
-                "registry": self.registry.registrations(),
-                "limits": {name: getattr(self.limits, name) for name in _limit_fields()},
-                "workers": self.workers,
-                "memory": CHILD_MEMORY,
-            })
+            write_frame(
+                helper.fd_in,
+                {
+                    "registry": self.registry.registrations(),
+                    "limits": {name: getattr(self.limits, name) for name in _limit_fields()},
+                    "workers": self.workers,
+                    "memory": CHILD_MEMORY,
+                },
+            )
         except (OSError, ValueError) as exc:
             log.warning("the error-report helper did not start: %s", exc)
             if helper is not None:
@@ -214,8 +225,9 @@ class Explainer:
 
     # ----------------------------------------------------------------- jobs
 
-    def explain(self, body: bytes, charset: str | None, schema: str, *,
-                started: float | None = None) -> SchemaValidationError | None:
+    def explain(
+        self, body: bytes, charset: str | None, schema: str, *, started: float | None = None
+    ) -> SchemaValidationError | None:
         """The best report of the invalid document *body* ready within ``timeout`` seconds, or None (the
         caller then answers with its own: libxml2's errors as it has them). With *started* (a
         ``time.monotonic()`` reading: when the document's intake began) the seconds count from then, so
@@ -225,8 +237,9 @@ class Explainer:
         self.counts[source] += 1
         return report
 
-    def _explain(self, body: bytes, charset: str | None, schema: str,
-                 started: float | None) -> tuple[SchemaValidationError | None, str]:
+    def _explain(
+        self, body: bytes, charset: str | None, schema: str, started: float | None
+    ) -> tuple[SchemaValidationError | None, str]:
         timeout = self.timeout if started is None else self.timeout - (time.monotonic() - started)
         if len(body) > self.max_bytes or timeout <= 0:
             return None, "fallback"
@@ -375,8 +388,9 @@ def _reap(job: _Running, running: dict[int, _Running]) -> None:
         pass
 
 
-def _fork(header: dict[str, Any], body: bytes, registry: Any, limits: Any, memory: int,
-          close: list[int]) -> tuple[int, int] | None:
+def _fork(
+    header: dict[str, Any], body: bytes, registry: Any, limits: Any, memory: int, close: list[int]
+) -> tuple[int, int] | None:
     read_fd, write_fd = os.pipe()
     try:
         pid = os.fork()
@@ -416,7 +430,7 @@ def _child(header: dict[str, Any], body: bytes, registry: Any, limits: Any, out:
             write_frame(out, {"id": job_id, "stage": "final", "error": report_to_data(report)})
     except (GatewayError, MemoryError, RecursionError):
         write_frame(out, {"id": job_id, "stage": "failed"})
-    except Exception as exc:  # noqa: BLE001 - a bug: say what kind, never what the document held
+    except Exception as exc:  # a bug: say what kind, never what the document held
         print(f"gateway.intake.explainer: the report failed: {type(exc).__name__}", file=sys.stderr)
         write_frame(out, {"id": job_id, "stage": "failed"})
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-
-
-
 #: The nesting depth libxml2 allows when ``XML_PARSE_HUGE`` is off (always, here).
 LIBXML2_MAX_DEPTH = 256
 
@@ -54,18 +50,28 @@ class IntakeLimits:
             raise ValueError(
                 f"IntakeLimits.max_depth may not exceed {LIBXML2_MAX_DEPTH} (libxml2's limit without huge_tree)"
             )
-        object.__setattr__(self, "tag_gap", min(
-            self.max_name_length + 2,  # "<" and a longer name
-            5 * self.max_attributes + 7,  # "<a" and one attribute more, ' b=""' each at least
-            11 * self.max_namespaces_per_element + 11,  # ' xmlns=""' once, ' xmlns:p=""' for the others
-            self.max_text_length + 1,  # "<" ... ">" and a longer text
-        ))
+        object.__setattr__(
+            self,
+            "tag_gap",
+            min(
+                self.max_name_length + 2,  # "<" and a longer name
+                5 * self.max_attributes + 7,  # "<a" and one attribute more, ' b=""' each at least
+                11 * self.max_namespaces_per_element + 11,  # ' xmlns=""' once, ' xmlns:p=""' for the others
+                self.max_text_length + 1,  # "<" ... ">" and a longer text
+            ),
+        )
 
 
 #: The fields of :class:`IntakeLimits`, in order.
 LIMIT_FIELDS = (
-    "max_bytes", "max_depth", "max_elements", "max_attributes", "max_namespaces_per_element",
-    "max_namespaces_per_document", "max_name_length", "max_text_length",
+    "max_bytes",
+    "max_depth",
+    "max_elements",
+    "max_attributes",
+    "max_namespaces_per_element",
+    "max_namespaces_per_document",
+    "max_name_length",
+    "max_text_length",
 )
 
 

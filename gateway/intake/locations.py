@@ -8,10 +8,6 @@ from collections.abc import Mapping
 
 from lxml import etree
 
-
-
-
-
 # --------------------------------------------------------------------------- element locations
 
 

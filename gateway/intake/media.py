@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import re
 
-
 from gateway.errors import (
     UnsupportedMediaTypeError,
     clip,
 )
-from gateway.intake.encodings import SUPPORTED_ENCODINGS, _SUPPORTED_TEXT, _lookup_encoding
+from gateway.intake.encodings import _SUPPORTED_TEXT, SUPPORTED_ENCODINGS, _lookup_encoding
 from gateway.intake.limits import ACCEPTED_MEDIA_TYPES
-
 
 # --------------------------------------------------------------------------- media type
 

@@ -12,11 +12,16 @@ from gateway.errors import (
     XMLErrorDetail,
     XMLSecurityError,
 )
-from gateway.intake.encodings import _Decoded, _decode, _not_well_formed
-from gateway.intake.limits import DEFAULT_LIMITS, IntakeLimits, LIBXML2_MAX_DEPTH
-from gateway.intake.scan import _DOCTYPE_MESSAGE, _check_element_count, _check_markup, _check_prolog, _check_tree, _security
-
-
+from gateway.intake.encodings import _decode, _Decoded, _not_well_formed
+from gateway.intake.limits import DEFAULT_LIMITS, LIBXML2_MAX_DEPTH, IntakeLimits
+from gateway.intake.scan import (
+    _DOCTYPE_MESSAGE,
+    _check_element_count,
+    _check_markup,
+    _check_prolog,
+    _check_tree,
+    _security,
+)
 
 # --------------------------------------------------------------------------- parsing
 

@@ -20,7 +20,6 @@ from gateway.errors import (
 )
 from gateway.intake.limits import IntakeLimits
 
-
 # --------------------------------------------------------------------------- scanning
 
 # Whitespace, comments and PIs (the XML declaration is one, lexically): all a
@@ -29,9 +28,7 @@ _PROLOG = re.compile(r"(?:[ \t\r\n]+|<!--.*?-->|<\?.*?\?>)*", re.S)
 # Element start tags, skipping the markup in which a "<" is not a tag. An
 # unterminated comment, CDATA section or PI runs to the end of the text (one
 # linear pass, never a rescan per "<!--"); libxml2 builds nothing after it.
-_START_TAGS = re.compile(
-    r"<!--.*?(?:-->|\Z)|<!\[CDATA\[.*?(?:\]\]>|\Z)|<\?.*?(?:\?>|\Z)|(<)(?![!?/])", re.S
-)
+_START_TAGS = re.compile(r"<!--.*?(?:-->|\Z)|<!\[CDATA\[.*?(?:\]\]>|\Z)|<\?.*?(?:\?>|\Z)|(<)(?![!?/])", re.S)
 
 
 def _position(text: str, offset: int) -> tuple[int, int]:
@@ -58,7 +55,7 @@ def _decode_slices(body: bytes, encoding: str) -> str:
     decoder = codecs.getincrementaldecoder(encoding)()
     view = memoryview(body)
     try:
-        parts = [decoder.decode(view[start:start + _SLICE]) for start in range(0, len(body), _SLICE)]
+        parts = [decoder.decode(view[start : start + _SLICE]) for start in range(0, len(body), _SLICE)]
         parts.append(decoder.decode(b"", final=True))
     except UnicodeDecodeError:
         return body.decode(encoding)  # raises, with the offset in the whole body
@@ -111,7 +108,7 @@ def _tag_name(longest: int) -> re.Pattern[str]:
     """A start tag's name, read no further than one character past *longest* (enough to refuse it)."""
     pattern = _TAG_NAMES.get(longest)
     if pattern is None:
-        pattern = _TAG_NAMES[longest] = re.compile(r"<([^ \t\r\n/>]{1,%d})" % (longest + 1))
+        pattern = _TAG_NAMES[longest] = re.compile(rf"<([^ \t\r\n/>]{{1,{longest + 1}}})")
     return pattern
 
 
@@ -169,8 +166,9 @@ class _Opaque:
             self.span = (start, len(text) if close < 0 else close + len(closer))  # unterminated: to the end
 
 
-def _over(cls: type[IntakeLimitError], what: str, key: str, value: int, advice: str, text: str,
-          offset: int | None) -> IntakeLimitError:
+def _over(
+    cls: type[IntakeLimitError], what: str, key: str, value: int, advice: str, text: str, offset: int | None
+) -> IntakeLimitError:
     message = f"{what} (limits.{key} is {value}); {advice}"
     line = column = None
     if offset is not None:
@@ -180,15 +178,28 @@ def _over(cls: type[IntakeLimitError], what: str, key: str, value: int, advice: 
 
 def _name_too_long(kind: str, limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
     n = limits.max_name_length
-    return _over(NameTooLongError, f"The document has {kind} longer than {n} characters, the longest this gateway "
-                 "accepts", "max_name_length", n, "use shorter names.", text, offset)
+    return _over(
+        NameTooLongError,
+        f"The document has {kind} longer than {n} characters, the longest this gateway accepts",
+        "max_name_length",
+        n,
+        "use shorter names.",
+        text,
+        offset,
+    )
 
 
 def _text_too_long(limits: IntakeLimits, text: str, offset: int | None) -> IntakeLimitError:
     n = limits.max_text_length
-    return _over(TextTooLongError, f"The document has a text or attribute value longer than {n} characters, the "
-                 "longest this gateway accepts", "max_text_length", n,
-                 "send large content (an attachment) separately or split the document.", text, offset)
+    return _over(
+        TextTooLongError,
+        f"The document has a text or attribute value longer than {n} characters, the longest this gateway accepts",
+        "max_text_length",
+        n,
+        "send large content (an attachment) separately or split the document.",
+        text,
+        offset,
+    )
 
 
 def _check_start_tag(text: str, p: int, nxt: int, limits: IntakeLimits) -> tuple[int, int]:
@@ -250,14 +261,26 @@ def _check_attributes_one_by_one(text: str, p: int, pos: int, limits: IntakeLimi
 def _check_counts(attributes: int, declarations: int, limits: IntakeLimits, text: str, p: int) -> None:
     if declarations > limits.max_namespaces_per_element:
         n = limits.max_namespaces_per_element
-        raise _over(TooManyNamespacesError, f"The document has an element that declares more than {n} namespaces, "
-                    "the most this gateway accepts", "max_namespaces_per_element", n,
-                    "declare each namespace once, on the root element.", text, p)
+        raise _over(
+            TooManyNamespacesError,
+            f"The document has an element that declares more than {n} namespaces, the most this gateway accepts",
+            "max_namespaces_per_element",
+            n,
+            "declare each namespace once, on the root element.",
+            text,
+            p,
+        )
     if attributes > limits.max_attributes:
         n = limits.max_attributes
-        raise _over(TooManyAttributesError, f"The document has an element with more than {n} attributes, the most "
-                    "this gateway accepts", "max_attributes", n,
-                    "carry the data in child elements or split the document.", text, p)
+        raise _over(
+            TooManyAttributesError,
+            f"The document has an element with more than {n} attributes, the most this gateway accepts",
+            "max_attributes",
+            n,
+            "carry the data in child elements or split the document.",
+            text,
+            p,
+        )
 
 
 def _check_value(a: re.Match[str], limits: IntakeLimits, text: str, p: int) -> int:
@@ -373,10 +396,15 @@ def _count_declarations(text: str, limits: IntakeLimits) -> None:
                 if block and "xmlns" in block:
                     count += _declarations(m.group(0))
                     if count > n:
-                        raise _over(TooManyDocumentNamespacesError, f"The document declares more than {n} namespaces "
-                                    "in all, the most this gateway accepts", "max_namespaces_per_document", n,
-                                    "declare each namespace once, on the root element, rather than on every "
-                                    "element.", text, start + m.start())
+                        raise _over(
+                            TooManyDocumentNamespacesError,
+                            f"The document declares more than {n} namespaces in all, the most this gateway accepts",
+                            "max_namespaces_per_document",
+                            n,
+                            "declare each namespace once, on the root element, rather than on every element.",
+                            text,
+                            start + m.start(),
+                        )
         count += more
         start = cut
 
@@ -418,7 +446,8 @@ def _check_tree(root: etree._Element, text: str, limits: IntakeLimits, flags: in
             parent = getattr(hit[0], "getparent", lambda: None)()
             err = _text_too_long(limits, text, None)
             line = parent.sourceline if parent is not None else None
-            raise type(err)(err.detail, [XMLErrorDetail(line, None, None, err.detail)], limit=err.limit,
-                            limit_value=err.limit_value)
+            raise type(err)(
+                err.detail, [XMLErrorDetail(line, None, None, err.detail)], limit=err.limit, limit_value=err.limit_value
+            )
     if flags & _TREE_URIS and _XPATH_LONG_URI(root, n=limits.max_name_length):
         raise _name_too_long("a namespace URI", limits, text, None)

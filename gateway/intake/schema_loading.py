@@ -13,12 +13,9 @@ from typing import Any
 import xmlschema
 from lxml import etree
 
-
 from gateway.errors import (
     clip,
 )
-
-
 
 XSD_NS = "http://www.w3.org/2001/XMLSchema"
 

@@ -96,10 +96,18 @@ _TYPES: dict[str, tuple[str, str]] = {
 
 #: The range rules xmlschema applies to the integer types (its reason's tail) -> the type.
 _RANGES = {
-    "-128 <= x < 128": "byte", "-2^15 <= x < 2^15": "short", "-2^31 <= x < 2^31": "int", "-2^63 <= x < 2^63": "long",
-    "0 <= x < 256": "unsignedByte", "0 <= x < 2^16": "unsignedShort", "0 <= x < 2^32": "unsignedInt",
-    "0 <= x < 2^64": "unsignedLong", "negative": "negativeInteger", "positive": "positiveInteger",
-    "non positive": "nonPositiveInteger", "non negative": "nonNegativeInteger",
+    "-128 <= x < 128": "byte",
+    "-2^15 <= x < 2^15": "short",
+    "-2^31 <= x < 2^31": "int",
+    "-2^63 <= x < 2^63": "long",
+    "0 <= x < 256": "unsignedByte",
+    "0 <= x < 2^16": "unsignedShort",
+    "0 <= x < 2^32": "unsignedInt",
+    "0 <= x < 2^64": "unsignedLong",
+    "negative": "negativeInteger",
+    "positive": "positiveInteger",
+    "non positive": "nonPositiveInteger",
+    "non negative": "nonNegativeInteger",
 }
 
 #: Why a date or time is out of range, as the datetime parser says it -> plain words.
@@ -116,8 +124,10 @@ _ELEMENT_REASONS = (
     (re.compile(r"character data between child elements not allowed"), "must not have text between its child elements"),
     (re.compile(r"element is not nillable"), "cannot be nil (xsi:nil is not allowed for it)"),
     (re.compile(r"xsi:nil attribute must have a boolean value"), "has an xsi:nil that is not true or false"),
-    (re.compile(r"xsi:nil='true' but the element (is not empty|has a fixed value)"),
-     "has xsi:nil='true', so it must be empty"),
+    (
+        re.compile(r"xsi:nil='true' but the element (is not empty|has a fixed value)"),
+        "has xsi:nil='true', so it must be empty",
+    ),
     (re.compile(r"abstract"), "is abstract in the schema: use one of the elements or types that stand for it"),
     (re.compile(r"blocked"), "uses a substitution or type that the schema blocks here"),
 )
@@ -141,7 +151,7 @@ def plain_message(error: Any) -> str:
     m = _ATTRIBUTE.match(reason)
     if m:
         attribute = m.group(1)
-        reason = reason[m.end():].split(": ", 1)[-1]
+        reason = reason[m.end() :].split(": ", 1)[-1]
     if attribute is not None:
         subject = f"{subject}/@{attribute}"
     value = _value(error, element, attribute)
@@ -262,8 +272,15 @@ def _attributes(group: Any, error: Any, subject: str, reason: str, element: etre
     given = error.obj if isinstance(error.obj, dict) else {}
     m = re.search(r"missing required attribute '([^']+)'", reason)
     if m or "missing" in reason:
-        names = [m.group(1)] if m else [
-            str(name) for name, attr in group.items() if getattr(attr, "use", None) == "required" and name not in given]
+        names = (
+            [m.group(1)]
+            if m
+            else [
+                str(name)
+                for name, attr in group.items()
+                if getattr(attr, "use", None) == "required" and name not in given
+            ]
+        )
         if names:
             listed = ", ".join(_attribute_name(n, element) for n in names)
             return f"{subject} lacks its required attribute {listed}."
@@ -284,8 +301,11 @@ def _children(error: Any, parent: etree._Element | None, subject: str) -> str:
         return f"{subject} is incomplete: {expected or 'a required child element'} is missing."
     name = _name(child)
     max_occurs = getattr(particle, "max_occurs", None)
-    if (isinstance(particle, XsdElement) and max_occurs is not None
-            and (occurs > max_occurs or getattr(particle, "name", None) == child.tag)):
+    if (
+        isinstance(particle, XsdElement)
+        and max_occurs is not None
+        and (occurs > max_occurs or getattr(particle, "name", None) == child.tag)
+    ):
         return f"{name} appears too often in {subject}: at most {max_occurs} time{'s' if max_occurs != 1 else ''}."
     if expected:
         return f"{name} is not allowed here in {subject}; expected {expected}."
@@ -300,8 +320,11 @@ def _expected(error: Any, parent: etree._Element | None) -> str:
             names.append(_qname(qname, parent))
         else:  # a wildcard (xs:any)
             spaces = [str(ns) for ns in getattr(item, "namespace", None) or []]
-            names.append("an element of namespace " + " or ".join(_clip(ns, 80) for ns in spaces) if spaces
-                         else "another element")
+            names.append(
+                "an element of namespace " + " or ".join(_clip(ns, 80) for ns in spaces)
+                if spaces
+                else "another element"
+            )
     if not names:
         return ""
     if len(names) == 1:
@@ -387,8 +410,8 @@ def _type_names(xsd_type: Any) -> list[str]:
     current = xsd_type
     while current is not None and seen < 50:
         if _is_builtin(current):
-            return [str(current.name)[len(_XSD):]]
+            return [str(current.name)[len(_XSD) :]]
         current = getattr(current, "base_type", None)
         seen += 1
     primitive = getattr(xsd_type, "primitive_type", None)
-    return [str(primitive.name)[len(_XSD):]] if _is_builtin(primitive) else []
+    return [str(primitive.name)[len(_XSD) :]] if _is_builtin(primitive) else []

@@ -15,8 +15,10 @@ from gateway.xpaths import without_predicates
 
 __all__ = ["check_path"]
 
-def check_path(bundle: Any, name: str, roots_of: frozenset[str], path: str,
-               namespaces: Mapping[str, str]) -> str | None:
+
+def check_path(
+    bundle: Any, name: str, roots_of: frozenset[str], path: str, namespaces: Mapping[str, str]
+) -> str | None:
     """Check that an XPath's child steps name elements the schema declares (*bundle*: its xmlschema
     bundle; *name*: its name for messages; *roots_of*: the root elements it declares).
 

@@ -15,9 +15,6 @@ import xmlschema
 from lxml import etree
 from xmlschema.validators.exceptions import XMLSchemaChildrenValidationError
 
-from xml_schemas import SCHEMAS_DIR, UBL_21_DIR
-
-from gateway.intake.schema_paths import check_path
 from gateway.errors import (
     ConfigError,
     SchemaValidationError,
@@ -25,9 +22,18 @@ from gateway.errors import (
     XMLErrorDetail,
     clip,
 )
-from gateway.intake.schema_messages import plain_message
 from gateway.intake.locations import _decode_source, _locate, _prefixed, element_path
-from gateway.intake.schema_loading import LocalSchemaResolver, UBL_NAMESPACES, XSD_NS, _AllowedDirs, _XMLSCHEMA_OWN_DIR, _guarded_opener
+from gateway.intake.schema_loading import (
+    _XMLSCHEMA_OWN_DIR,
+    UBL_NAMESPACES,
+    XSD_NS,
+    LocalSchemaResolver,
+    _AllowedDirs,
+    _guarded_opener,
+)
+from gateway.intake.schema_messages import plain_message
+from gateway.intake.schema_paths import check_path
+from xml_schemas import SCHEMAS_DIR, UBL_21_DIR
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +201,9 @@ class SchemaRegistry:
             entry = self._entries[self._by_root[key]]
         if entry is None:
             known = ", ".join(list(self._entries)[:10]) + (", ..." if len(self._entries) > 10 else "")
-            raise UnknownSchemaError(f"no schema is registered as {clip(str(key), 200)!r} (registered: {known or 'none'})")
+            raise UnknownSchemaError(
+                f"no schema is registered as {clip(str(key), 200)!r} (registered: {known or 'none'})"
+            )
         return entry
 
     # ----------------------------------------------------------------- compiling
@@ -241,7 +249,12 @@ class SchemaRegistry:
                 parser, resolver = self._schema_parser()
                 try:
                     entry.lxml = etree.XMLSchema(etree.parse(str(entry.path), parser))
-                except (etree.XMLSchemaParseError, etree.XMLSyntaxError, OSError, LocalSchemaResolver.RefusedError) as exc:
+                except (
+                    etree.XMLSchemaParseError,
+                    etree.XMLSyntaxError,
+                    OSError,
+                    LocalSchemaResolver.RefusedError,
+                ) as exc:
                     why = clip(str(exc), 300)
                     if resolver.refused:
                         why += f" (refused to load {', '.join(resolver.refused[:3])}: only local files under the allowed schema directories are read)"
@@ -401,7 +414,7 @@ class SchemaRegistry:
             try:
                 found, total = self._xmlschema_errors(entry, root)
                 details = self._details_from_xmlschema(root, source, found)
-            except Exception:  # noqa: BLE001 - the detail is best effort; libxml2's log remains
+            except Exception:  # the detail is best effort; libxml2's log remains
                 log.warning("xmlschema failed to detail the errors of a %s document", entry.name, exc_info=True)
                 details = []
             if details:
@@ -460,14 +473,17 @@ class SchemaRegistry:
             lxml_log = [(e.line, getattr(e, "path", None), e.message) for e in xsd.error_log]
         return self._explained(entry, root, source, lxml_log, on_libxml2)
 
-    def streamed_error(self, schema: str, entries: list[Any], *, complete: bool = True,
-                       nsmap: Mapping[str | None, str] | None = None) -> SchemaValidationError:
+    def streamed_error(
+        self, schema: str, entries: list[Any], *, complete: bool = True, nsmap: Mapping[str | None, str] | None = None
+    ) -> SchemaValidationError:
         """The report made of the errors libxml2 gave while validating a document as it parsed it
         (:func:`gateway.intake.xmlsafe.parse_and_validate`): messages without positions, which the
         streaming validator does not know. *complete* False: the validation stopped after these."""
         entry = self._entry(schema)
-        details = [XMLErrorDetail(e.line or None, e.column or None, None, _prefixed(e.message.strip(), nsmap or {}))
-                   for e in entries[: self.max_errors]]
+        details = [
+            XMLErrorDetail(e.line or None, e.column or None, None, _prefixed(e.message.strip(), nsmap or {}))
+            for e in entries[: self.max_errors]
+        ]
         if not details:
             details = [XMLErrorDetail(None, None, None, "The document is not valid against its schema.")]
         total = max(len(entries), len(details))
@@ -487,21 +503,27 @@ class SchemaRegistry:
             "allowed_dirs": [str(d) for d in self._allowed.dirs],
             "max_errors": self.max_errors,
             "detail_max_elements": self.detail_max_elements,
-            "schemas": [{"name": e.name, "path": str(e.path), "version": e.version, "group": e.group,
-                         "roots": sorted(e.roots)} for e in self._entries.values()],
+            "schemas": [
+                {"name": e.name, "path": str(e.path), "version": e.version, "group": e.group, "roots": sorted(e.roots)}
+                for e in self._entries.values()
+            ],
         }
 
     @classmethod
     def from_registrations(cls, data: Mapping[str, Any]) -> SchemaRegistry:
         """A registry with the schemas of :meth:`registrations` registered (not compiled)."""
-        registry = cls(data["allowed_dirs"], max_errors=data["max_errors"],
-                       detail_max_elements=data["detail_max_elements"])
+        registry = cls(
+            data["allowed_dirs"], max_errors=data["max_errors"], detail_max_elements=data["detail_max_elements"]
+        )
         for item in data["schemas"]:
-            registry.register(item["name"], item["path"], version=item["version"], group=item["group"],
-                              roots=item["roots"])
+            registry.register(
+                item["name"], item["path"], version=item["version"], group=item["group"], roots=item["roots"]
+            )
         return registry
 
-    def _details_from_xmlschema(self, root: etree._Element, source: bytes | None, found: list[Any]) -> list[XMLErrorDetail]:
+    def _details_from_xmlschema(
+        self, root: etree._Element, source: bytes | None, found: list[Any]
+    ) -> list[XMLErrorDetail]:
         located: list[tuple[etree._Element | None, str]] = []
         for err in found:
             el = getattr(err, "elem", None)
@@ -572,8 +594,9 @@ class SchemaRegistry:
         :func:`gateway.intake.schema_paths.check_path`): None when every step exists, else a message naming
         the first step that does not."""
         entry = self._entry(schema)
-        return check_path(self._bundle(entry), entry.name, entry.roots, path,
-                          UBL_NAMESPACES if namespaces is None else namespaces)
+        return check_path(
+            self._bundle(entry), entry.name, entry.roots, path, UBL_NAMESPACES if namespaces is None else namespaces
+        )
 
     def element_exists(self, schema: str, path: str, namespaces: Mapping[str, str] | None = None) -> bool:
         """True if :meth:`check_path` finds every step of *path* in the schema."""

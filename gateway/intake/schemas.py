@@ -24,7 +24,7 @@ helper process under a time budget (:mod:`gateway.intake.explainer`); the servin
 from __future__ import annotations
 
 from gateway.intake.locations import element_path
-from gateway.intake.schema_loading import LocalSchemaResolver, UBL_NAMESPACES, XSD_NS
+from gateway.intake.schema_loading import UBL_NAMESPACES, XSD_NS, LocalSchemaResolver
 from gateway.intake.schema_registry import SchemaRegistry
 
 __all__ = [

@@ -14,8 +14,6 @@ from gateway.intake.limits import DEFAULT_LIMITS, IntakeLimits
 from gateway.intake.parse import ExternalLoadRefusedError, _finish, _parser, _prepare, parse_document_text
 from gateway.intake.scan import _ATTRIBUTE, _DOCTYPE_MESSAGE, _PROLOG, _TAG_NAME, _security
 
-
-
 # --------------------------------------------------------------------------- validating while parsing
 
 #: Bodies larger than this are validated while being fed to the parser a chunk at a time, so that
@@ -71,6 +69,7 @@ def parse_and_validate(
 
     def redo() -> object:
         return parse_document_text(data, limits, declared_charset=declared_charset)
+
     try:
         if len(data) <= FEED_OVER_BYTES:
             try:
@@ -82,7 +81,7 @@ def parse_and_validate(
             stopped = False
             try:
                 for start in range(0, len(data), _FEED_CHUNK):
-                    parser.feed(data[start:start + _FEED_CHUNK])
+                    parser.feed(data[start : start + _FEED_CHUNK])
                     if len(parser.feed_error_log) >= max_errors:
                         stopped = True
                         break
@@ -111,14 +110,16 @@ def _close_quietly(parser: etree.XMLParser) -> None:
         pass
 
 
-def _invalid_or_raise(log: list[Any], key: Any, text: str | None, redo: Callable[[], object], *,
-                      complete: bool) -> Validated:
+def _invalid_or_raise(
+    log: list[Any], key: Any, text: str | None, redo: Callable[[], object], *, complete: bool
+) -> Validated:
     """A document the validating parse refused: invalid (returns its validation errors, at most the
     first max_errors) or not well-formed, when *redo* (the plain parse, which libxml2's well-formedness
     errors come from intact) raises what :func:`parse_document` raises."""
     schema_errors = [e for e in log if e.domain == _SCHEMA_DOMAIN]
-    if not schema_errors or (complete and any(e.domain != _SCHEMA_DOMAIN and e.level >= etree.ErrorLevels.ERROR
-                                              for e in log)):
+    if not schema_errors or (
+        complete and any(e.domain != _SCHEMA_DOMAIN and e.level >= etree.ErrorLevels.ERROR for e in log)
+    ):
         redo()
     if not schema_errors:  # pragma: no cover - the plain parse raised
         raise _not_well_formed("The document is not well-formed XML.")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from gateway.intake.body import read_body
 from gateway.intake.encodings import SUPPORTED_ENCODINGS
-from gateway.intake.limits import ACCEPTED_MEDIA_TYPES, DEFAULT_LIMITS, IntakeLimits, LIBXML2_MAX_DEPTH, LIMIT_FIELDS
+from gateway.intake.limits import ACCEPTED_MEDIA_TYPES, DEFAULT_LIMITS, LIBXML2_MAX_DEPTH, LIMIT_FIELDS, IntakeLimits
 from gateway.intake.media import check_media_type
 from gateway.intake.parse import ExternalLoadRefusedError, parse_document, parse_document_text
 from gateway.intake.validate import FEED_OVER_BYTES, Validated, parse_and_validate

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from broker_core import Broker
-
 from gateway.ledger.records import Ledger
 
 __all__ = ["Reconciler", "LEASE_NAME"]
@@ -40,8 +39,9 @@ BATCH = 500
 class Reconciler:
     """Moves ledger statuses on from what the broker says (see the module docstring)."""
 
-    def __init__(self, broker: Broker, ledger: Ledger, *, interval: float = 2.0, batch: int = BATCH,
-                 batches_per_pass: int = 2) -> None:
+    def __init__(
+        self, broker: Broker, ledger: Ledger, *, interval: float = 2.0, batch: int = BATCH, batches_per_pass: int = 2
+    ) -> None:
         self.broker = broker
         self.ledger = ledger
         self.interval = interval
@@ -120,7 +120,7 @@ class Reconciler:
         if not self.broker.closed:
             try:
                 self.broker.release_lease(LEASE_NAME)
-            except Exception:  # noqa: BLE001 - it expires anyway
+            except Exception:  # it expires anyway
                 pass
 
     def _leader(self) -> bool:
@@ -137,7 +137,7 @@ class Reconciler:
                     self.run_once()
                     if self._cursor is None:
                         break
-            except Exception:  # noqa: BLE001 - keep reconciling; say why
+            except Exception:  # keep reconciling; say why
                 if self._stop.is_set() or self.broker.closed:
                     return
                 log.warning("reconciling ledger statuses failed; retrying in %.1f s", self.interval, exc_info=True)

@@ -40,7 +40,6 @@ import sqlalchemy as sa
 
 from broker_core import StoreError, sql
 from broker_core.clock import now_ms
-
 from ledger_contract.tables import documents, events, pack_xml, tombstones, unpack_xml
 
 __all__ = [
@@ -131,9 +130,16 @@ class Tombstone:
 
 def _tombstone(row: Any) -> Tombstone:
     m = row._mapping
-    return Tombstone(message_id=m["message_id"], partner=m["partner"], idempotency_key=m["idempotency_key"],
-                     digest=m["digest"], received_at=m["received_at"], purged_at=m["purged_at"],
-                     batch_id=m["batch_id"], archived=bool(m["archived"]))
+    return Tombstone(
+        message_id=m["message_id"],
+        partner=m["partner"],
+        idempotency_key=m["idempotency_key"],
+        digest=m["digest"],
+        received_at=m["received_at"],
+        purged_at=m["purged_at"],
+        batch_id=m["batch_id"],
+        archived=bool(m["archived"]),
+    )
 
 
 _SUMMARY_COLUMNS = [c for c in documents.c if c.name not in ("document", "facts", "facts_version")]
@@ -142,12 +148,25 @@ _SUMMARY_COLUMNS = [c for c in documents.c if c.name not in ("document", "facts"
 def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRecord:
     m = row._mapping
     return LedgerRecord(
-        message_id=m["message_id"], partner=m["partner"], doc_type=m["doc_type"],
-        doc_namespace=m["doc_namespace"], doc_id=m["doc_id"], idempotency_key=m["idempotency_key"],
-        correlation_id=m["correlation_id"], route=m["route"], destination=m["destination"], status=m["status"],
-        received_at=m["received_at"], updated_at=m["updated_at"], reply=unpack_xml(m["reply"]),
-        reply_type=m["reply_type"], receipt=m["receipt"], error=m["error"], document=unpack_xml(m.get("document")),
-        history=history, digest=m["digest"],
+        message_id=m["message_id"],
+        partner=m["partner"],
+        doc_type=m["doc_type"],
+        doc_namespace=m["doc_namespace"],
+        doc_id=m["doc_id"],
+        idempotency_key=m["idempotency_key"],
+        correlation_id=m["correlation_id"],
+        route=m["route"],
+        destination=m["destination"],
+        status=m["status"],
+        received_at=m["received_at"],
+        updated_at=m["updated_at"],
+        reply=unpack_xml(m["reply"]),
+        reply_type=m["reply_type"],
+        receipt=m["receipt"],
+        error=m["error"],
+        document=unpack_xml(m.get("document")),
+        history=history,
+        digest=m["digest"],
     )
 
 
@@ -162,21 +181,26 @@ class Ledger:
         style = (lambda name: f"%({name})s") if engine.dialect.paramstyle == "pyformat" else (lambda name: f":{name}")
         cols = [c.name for c in documents.c]
         self._doc_columns = cols
-        self._insert_doc_sql = (f"INSERT INTO {documents.name} ({', '.join(cols)}) "
-                                f"VALUES ({', '.join(style(c) for c in cols)})")
+        self._insert_doc_sql = (
+            f"INSERT INTO {documents.name} ({', '.join(cols)}) VALUES ({', '.join(style(c) for c in cols)})"
+        )
         # a key a tombstone holds is taken: PostgreSQL checks it in the insert itself (no second round trip);
         # SQLite with a probe just before (an INSERT ... SELECT, or a trigger, copies the row's values once more
         # and costs several times the probe)
-        self._tombstone_probe = (f"SELECT 1 FROM {tombstones.name} "
-                                 f"WHERE idempotency_key = {style('idempotency_key')}")
+        self._tombstone_probe = f"SELECT 1 FROM {tombstones.name} WHERE idempotency_key = {style('idempotency_key')}"
         if engine.dialect.name == "postgresql":
             # typed: in a SELECT list a NULL parameter would be text, which no bytea column takes
-            typed = ", ".join(f"CAST({style(c)} AS {documents.c[c].type.compile(dialect=engine.dialect)})"
-                              for c in cols)
-            self._insert_doc_sql = (f"INSERT INTO {documents.name} ({', '.join(cols)}) SELECT {typed} "
-                                    f"WHERE NOT EXISTS ({self._tombstone_probe})")
-        self._insert_event_sql = (f"INSERT INTO {events.name} (message_id, status, at) "
-                                  f"VALUES ({style('message_id')}, {style('status')}, {style('at')})")
+            typed = ", ".join(
+                f"CAST({style(c)} AS {documents.c[c].type.compile(dialect=engine.dialect)})" for c in cols
+            )
+            self._insert_doc_sql = (
+                f"INSERT INTO {documents.name} ({', '.join(cols)}) SELECT {typed} "
+                f"WHERE NOT EXISTS ({self._tombstone_probe})"
+            )
+        self._insert_event_sql = (
+            f"INSERT INTO {events.name} (message_id, status, at) "
+            f"VALUES ({style('message_id')}, {style('status')}, {style('at')})"
+        )
         self._style = style
         self._transitions: dict[tuple[bool, bool, int], str] = {}
         # SQLite: the writes straight through the driver's cursor, in the caller's transaction
@@ -193,24 +217,41 @@ class Ledger:
         if self._raw and self._probe(conn, doc.idempotency_key):
             raise DuplicateDocumentError(doc.idempotency_key)
         try:
-            inserted = self._execute(conn, self._insert_doc_sql, {
-                "message_id": doc.message_id, "partner": doc.partner, "doc_type": doc.doc_type,
-                "doc_namespace": doc.doc_namespace, "doc_id": doc.doc_id, "idempotency_key": doc.idempotency_key,
-                "correlation_id": doc.correlation_id, "route": doc.route, "destination": doc.destination,
-                "status": "accepted", "received_at": doc.received_at, "updated_at": doc.received_at,
-                "document": pack_xml(doc.document), "reply": None, "reply_type": None, "receipt": doc.receipt,
-                "error": None,
-                "facts": doc.facts, "facts_version": doc.facts_version if doc.facts is not None else None,
-                "digest": doc.digest,
-            })
+            inserted = self._execute(
+                conn,
+                self._insert_doc_sql,
+                {
+                    "message_id": doc.message_id,
+                    "partner": doc.partner,
+                    "doc_type": doc.doc_type,
+                    "doc_namespace": doc.doc_namespace,
+                    "doc_id": doc.doc_id,
+                    "idempotency_key": doc.idempotency_key,
+                    "correlation_id": doc.correlation_id,
+                    "route": doc.route,
+                    "destination": doc.destination,
+                    "status": "accepted",
+                    "received_at": doc.received_at,
+                    "updated_at": doc.received_at,
+                    "document": pack_xml(doc.document),
+                    "reply": None,
+                    "reply_type": None,
+                    "receipt": doc.receipt,
+                    "error": None,
+                    "facts": doc.facts,
+                    "facts_version": doc.facts_version if doc.facts is not None else None,
+                    "digest": doc.digest,
+                },
+            )
         except sa.exc.IntegrityError as exc:
             if self._is_duplicate(exc):
                 raise DuplicateDocumentError(doc.idempotency_key) from None
             raise
         if inserted == 0:  # PostgreSQL: a tombstone holds the key
             raise DuplicateDocumentError(doc.idempotency_key)
-        self._execute(conn, self._insert_event_sql,
-                      {"message_id": doc.message_id, "status": "accepted", "at": doc.received_at})
+        self._execute(
+            conn, self._insert_event_sql, {"message_id": doc.message_id, "status": "accepted", "at": doc.received_at}
+        )
 
     def _probe(self, conn: sa.Connection, key: str) -> bool:
         """SQLite, in the writer's open transaction: does a tombstone hold *key*?"""
@@ -334,9 +375,12 @@ class Ledger:
         """``(idempotency_key, received_at)`` of the rows without a digest received at *since* (epoch ms)
         or later, the newest first, at most *limit*: a range of ``ix_b2b_ledger_undigested``, which holds
         those rows alone."""
-        query = (sa.select(documents.c.idempotency_key, documents.c.received_at)
-                 .where(documents.c.digest.is_(None), documents.c.received_at >= since)
-                 .order_by(documents.c.received_at.desc()).limit(limit))
+        query = (
+            sa.select(documents.c.idempotency_key, documents.c.received_at)
+            .where(documents.c.digest.is_(None), documents.c.received_at >= since)
+            .order_by(documents.c.received_at.desc())
+            .limit(limit)
+        )
         with self.engine.connect() as conn:
             rows = [(r.idempotency_key, r.received_at) for r in conn.execute(query)]
             conn.rollback()
@@ -350,8 +394,14 @@ class Ledger:
             conn.rollback()
         return found is not None
 
-    def in_status(self, statuses: Sequence[str], *, after: tuple[int, str] | None = None, limit: int = 500,
-                  routes: Sequence[str] | None = None) -> list[tuple[str, str, int, str]]:
+    def in_status(
+        self,
+        statuses: Sequence[str],
+        *,
+        after: tuple[int, str] | None = None,
+        limit: int = 500,
+        routes: Sequence[str] | None = None,
+    ) -> list[tuple[str, str, int, str]]:
         """``(message_id, route, updated_at, status)`` of documents in *statuses*, by (updated_at,
         message_id), strictly after the cursor *after*. For one status, a range of the index on
         (status, updated_at, message_id): the cost of a batch does not grow with the documents before it."""

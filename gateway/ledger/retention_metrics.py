@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -43,28 +44,46 @@ class LifecycleCollector(Collector):
             return self._reading
 
     def _read(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"last": None, "kinds": {}, "bytes": 0, "unfinished": 0, "tombstones": 0,
-                               "oldest": None}
+        out: dict[str, Any] = {"last": None, "kinds": {}, "bytes": 0, "unfinished": 0, "tombstones": 0, "oldest": None}
         with self.engine.connect() as conn:
             if not sa.inspect(conn).has_table(archive_runs.name):
                 conn.rollback()
                 return out
             last = conn.execute(sa.select(archive_runs).order_by(archive_runs.c.run_id.desc()).limit(1)).first()
             out["last"] = dict(last._mapping) if last is not None else None
-            for kind, docs, purged, size in conn.execute(
-                    sa.select(archive_batches.c.kind, sa.func.sum(archive_batches.c.documents),
-                              sa.func.sum(archive_batches.c.purged), sa.func.sum(archive_batches.c.bytes))
-                    .where(archive_batches.c.status.in_(("purged", "expired"))).group_by(archive_batches.c.kind)):
+            for kind, _documents, purged, size in conn.execute(
+                sa.select(
+                    archive_batches.c.kind,
+                    sa.func.sum(archive_batches.c.documents),
+                    sa.func.sum(archive_batches.c.purged),
+                    sa.func.sum(archive_batches.c.bytes),
+                )
+                .where(archive_batches.c.status.in_(("purged", "expired")))
+                .group_by(archive_batches.c.kind)
+            ):
                 out["kinds"][kind] = int(purged or 0)
                 out["bytes"] += int(size or 0)
-            out["unfinished"] = int(conn.execute(sa.select(sa.func.count()).select_from(archive_batches).where(
-                archive_batches.c.status.in_(("writing", "written", "verified")))).scalar_one())
-            out["tombstones"] = int(conn.execute(sa.select(sa.func.sum(archive_batches.c.purged)).where(
-                archive_batches.c.status == "purged")).scalar() or 0)
+            out["unfinished"] = int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(archive_batches)
+                    .where(archive_batches.c.status.in_(("writing", "written", "verified")))
+                ).scalar_one()
+            )
+            out["tombstones"] = int(
+                conn.execute(
+                    sa.select(sa.func.sum(archive_batches.c.purged)).where(archive_batches.c.status == "purged")
+                ).scalar()
+                or 0
+            )
             oldest = None
             for status in FINAL_STATUSES:
-                at = conn.execute(sa.select(documents.c.updated_at).where(documents.c.status == status)
-                                  .order_by(documents.c.updated_at).limit(1)).scalar()
+                at = conn.execute(
+                    sa.select(documents.c.updated_at)
+                    .where(documents.c.status == status)
+                    .order_by(documents.c.updated_at)
+                    .limit(1)
+                ).scalar()
                 if at is not None and (oldest is None or at < oldest):
                     oldest = int(at)
             out["oldest"] = oldest
@@ -75,11 +94,13 @@ class LifecycleCollector(Collector):
         r = self.reading()
         last = r["last"]
         success = GaugeMetricFamily("b2bgw_archive_last_run_success", "1 when the last archive run succeeded.")
-        stamp = GaugeMetricFamily("b2bgw_archive_last_run_timestamp_seconds",
-                                  "When the last archive run finished (started, while it runs).")
+        stamp = GaugeMetricFamily(
+            "b2bgw_archive_last_run_timestamp_seconds", "When the last archive run finished (started, while it runs)."
+        )
         duration = GaugeMetricFamily("b2bgw_archive_last_run_duration_seconds", "How long the last archive run took.")
-        handled = GaugeMetricFamily("b2bgw_archive_last_run_documents", "Documents the last archive run handled.",
-                                    labels=["outcome"])
+        handled = GaugeMetricFamily(
+            "b2bgw_archive_last_run_documents", "Documents the last archive run handled.", labels=["outcome"]
+        )
         if last is not None:
             success.add_metric([], 1.0 if last["status"] == "succeeded" else 0.0)
             end = last["finished_at"] or last["started_at"]
@@ -89,18 +110,22 @@ class LifecycleCollector(Collector):
             for outcome in ("archived", "purged", "waiting", "tombstones_expired"):
                 handled.add_metric([outcome], float(last[outcome] or 0))
         yield from (success, stamp, duration, handled)
-        total = CounterMetricFamily("b2bgw_archive_documents", "Documents archived or purged by every run so far.",
-                                    labels=["kind"])
+        total = CounterMetricFamily(
+            "b2bgw_archive_documents", "Documents archived or purged by every run so far.", labels=["kind"]
+        )
         for kind in ("archive", "purge"):
             total.add_metric([kind], float(r["kinds"].get(kind, 0)))
         yield total
         yield CounterMetricFamily("b2bgw_archive_bytes", "Bytes of Parquet the archive has written.", value=r["bytes"])
-        yield GaugeMetricFamily("b2bgw_archive_unfinished_batches", "Archive batches a crashed run left.",
-                                value=r["unfinished"])
-        yield GaugeMetricFamily("b2bgw_ledger_tombstones", "Tombstones of purged documents kept.",
-                                value=r["tombstones"])
-        oldest = GaugeMetricFamily("b2bgw_ledger_oldest_final_age_seconds",
-                                   "Age of the oldest document online in a final status.")
+        yield GaugeMetricFamily(
+            "b2bgw_archive_unfinished_batches", "Archive batches a crashed run left.", value=r["unfinished"]
+        )
+        yield GaugeMetricFamily(
+            "b2bgw_ledger_tombstones", "Tombstones of purged documents kept.", value=r["tombstones"]
+        )
+        oldest = GaugeMetricFamily(
+            "b2bgw_ledger_oldest_final_age_seconds", "Age of the oldest document online in a final status."
+        )
         if r["oldest"] is not None:
             oldest.add_metric([], max(0.0, time.time() - r["oldest"] / 1000))
         yield oldest

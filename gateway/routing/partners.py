@@ -40,8 +40,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_core.hashes import DEFAULT_LN as SCRYPT_LN, hash_secret, is_secret_hash, verify_secret
-
+from broker_core.hashes import DEFAULT_LN as SCRYPT_LN
+from broker_core.hashes import hash_secret, is_secret_hash, verify_secret
+from gateway.as2.config import parse_partner_as2
 from gateway.config.loader import (
     MarkedDict,
     Settings,
@@ -53,9 +54,7 @@ from gateway.config.loader import (
     expect_mapping,
     expect_str,
 )
-from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
 from gateway.delivery.config import NO_DELIVERY, PartnerDelivery, parse_partner_delivery
-from gateway.as2.config import parse_partner_as2
 from gateway.errors import (
     AuthenticationBusyError,
     AuthenticationError,
@@ -66,6 +65,7 @@ from gateway.errors import (
 )
 from gateway.security.keys import KeyDigests, is_hmac_hash
 from gateway.security.throttle import FailureThrottle
+from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partner_trust, trust_registry
 
 __all__ = [
     "ApiKey",
@@ -88,13 +88,14 @@ _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _PARTNER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _TOKEN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.([A-Za-z0-9_-]{16,256})$")
 
-_AUTH_DETAIL = "Authenticate with the header 'Authorization: Bearer <API key>' and the API key agreed for your partner account."
+_AUTH_DETAIL = (
+    "Authenticate with the header 'Authorization: Bearer <API key>' and the API key agreed for your partner account."
+)
 
 
-
-
-def hash_key(key: str, *, ln: int = DEFAULT_LN, r: int = DEFAULT_R, p: int = DEFAULT_P,
-             salt: bytes | None = None) -> str:
+def hash_key(
+    key: str, *, ln: int = DEFAULT_LN, r: int = DEFAULT_R, p: int = DEFAULT_P, salt: bytes | None = None
+) -> str:
     """The salted scrypt hash of API key *key*, in the form the configuration stores."""
     return hash_secret(key, ln=ln, r=r, p=p, salt=salt)
 
@@ -107,7 +108,9 @@ def verify_key(key: str, encoded: str) -> bool:
 def generate_key(key_id: str) -> str:
     """A new random API key for key id *key_id*."""
     if not _KEY_ID.match(key_id):
-        raise ValueError(f"key id {key_id!r} must be 1-64 letters, digits, '-' or '_' (starting with a letter or digit)")
+        raise ValueError(
+            f"key id {key_id!r} must be 1-64 letters, digits, '-' or '_' (starting with a letter or digit)"
+        )
     return f"{key_id}.{secrets.token_urlsafe(32)}"
 
 
@@ -145,13 +148,19 @@ def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) ->
     concurrent, rate, burst = base.concurrent_requests, base.requests_per_second, base.burst
     delay = base.refusal_delay
     if "concurrent_requests" in limits:
-        concurrent = expect_int(limits["concurrent_requests"], limits.at("concurrent_requests"),
-                                f"{what} limits.concurrent_requests", minimum=1, maximum=100_000)
+        concurrent = expect_int(
+            limits["concurrent_requests"],
+            limits.at("concurrent_requests"),
+            f"{what} limits.concurrent_requests",
+            minimum=1,
+            maximum=100_000,
+        )
     if "requests_per_second" in limits:
         rate = limits["requests_per_second"]
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1_000_000:
             raise limits.at("requests_per_second").error(
-                f"{what} limits.requests_per_second must be a number above 0 and at most 1000000; got {clip(repr(rate), 40)}")
+                f"{what} limits.requests_per_second must be a number above 0 and at most 1000000; got {clip(repr(rate), 40)}"
+            )
         rate = float(rate)
         if "burst" not in limits:
             burst = max(1, math.ceil(rate))  # one second's worth
@@ -162,7 +171,8 @@ def _partner_limits(value: Any, where: Where, what: str, base: PartnerLimits) ->
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_REFUSAL_DELAY:
             raise limits.at("refusal_delay").error(
                 f"{what} limits.refusal_delay must be a number of seconds from 0 to {MAX_REFUSAL_DELAY:g}; got "
-                f"{clip(repr(delay), 40)}")
+                f"{clip(repr(delay), 40)}"
+            )
         delay = float(delay)
     return PartnerLimits(concurrent, rate, burst, delay)
 
@@ -194,9 +204,15 @@ class ApiKey:
 class PartnerRegistry:
     """The configured partners and keys; authenticates ``Authorization`` headers."""
 
-    def __init__(self, partners: dict[str, Partner], keys: dict[str, ApiKey], *,
-                 max_parallel_verifications: int = 2, negative_cache_size: int = 4096,
-                 max_pending_verifications: int = 32) -> None:
+    def __init__(
+        self,
+        partners: dict[str, Partner],
+        keys: dict[str, ApiKey],
+        *,
+        max_parallel_verifications: int = 2,
+        negative_cache_size: int = 4096,
+        max_pending_verifications: int = 32,
+    ) -> None:
         self.partners = dict(partners)
         self.keys = dict(keys)
         self._cache_key = os.urandom(32)
@@ -205,8 +221,9 @@ class PartnerRegistry:
         self._negative_size = negative_cache_size
         self._lock = threading.Lock()
         self._max_parallel = max(1, max_parallel_verifications)
-        self._loop_state: weakref.WeakKeyDictionary[Any, tuple[asyncio.Semaphore, dict[bytes, asyncio.Future[Partner]]]] = (
-            weakref.WeakKeyDictionary())
+        self._loop_state: weakref.WeakKeyDictionary[
+            Any, tuple[asyncio.Semaphore, dict[bytes, asyncio.Future[Partner]]]
+        ] = weakref.WeakKeyDictionary()
         #: each partner's authentication policy, pinned certificates and key windows (gateway.trust.pins)
         self.trust: Any = None
         self._max_pending = max(1, max_pending_verifications)
@@ -244,21 +261,30 @@ class PartnerRegistry:
                     f"partner id {clip(str(partner_id), 60)!r} must be 1-100 letters, digits, '.', '-' or '_'"
                 )
             entry = expect_mapping(body, where, f"partner {partner_id!r}")
-            check_keys(entry, {"name", "enabled", "keys", "limits", "endpoints", "notify", "as2"} | PARTNER_TRUST_KEYS, f"partner {partner_id!r}")
+            check_keys(
+                entry,
+                {"name", "enabled", "keys", "limits", "endpoints", "notify", "as2"} | PARTNER_TRUST_KEYS,
+                f"partner {partner_id!r}",
+            )
             name = expect_str(entry.get("name", partner_id), entry.at("name"), f"partner {partner_id!r} name")
             enabled = expect_bool(entry.get("enabled", True), entry.at("enabled"), f"partner {partner_id!r} enabled")
-            limits = (_partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
-                      if "limits" in entry else base)
+            limits = (
+                _partner_limits(entry["limits"], entry.at("limits"), f"partner {partner_id!r}", base)
+                if "limits" in entry
+                else base
+            )
             as2 = parse_partner_as2(partner_id, entry["as2"], entry.at("as2")) if "as2" in entry else None
-            partners[partner_id] = Partner(partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id),
-                                           as2)
+            partners[partner_id] = Partner(
+                partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id), as2
+            )
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)
                 key = expect_mapping(item, kw, "an API key entry")
                 check_keys(key, {"id", "hash"} | KEY_WINDOW_KEYS, "an API key entry")
-                key_id = expect_str(key.get("id"), key.at("id"), "API key id", pattern=_KEY_ID,
-                                    hint="1-64 letters, digits, '-' or '_'")
+                key_id = expect_str(
+                    key.get("id"), key.at("id"), "API key id", pattern=_KEY_ID, hint="1-64 letters, digits, '-' or '_'"
+                )
                 encoded = expect_str(key.get("hash"), key.at("hash"), f"API key {key_id!r} hash")
                 if not is_secret_hash(encoded) and not is_hmac_hash(encoded):
                     raise key.at("hash").error(
@@ -329,7 +355,9 @@ class PartnerRegistry:
         if is_hmac_hash(key.hash):
             if digests is None:
                 raise AuthenticationBusyError("The gateway is starting; retry in a moment.", retry_after=1)
-            return self._settle(digest, self.partners.get(key.partner) if digests.check(token, key.hash) else None), None
+            return self._settle(
+                digest, self.partners.get(key.partner) if digests.check(token, key.hash) else None
+            ), None
         migrated = digests.migrated(key.id, key.hash) if digests is not None else None
         if migrated is not None:
             ok = digests.check(token, migrated)  # type: ignore[union-attr]
@@ -344,7 +372,7 @@ class PartnerRegistry:
         if partner is not None and self.digests is not None:
             try:
                 self.digests.record(key.id, key.hash, token)
-            except Exception:  # noqa: BLE001 - the key still verified; the next use migrates it
+            except Exception:  # the key still verified; the next use migrates it
                 pass
         return self._settle(digest, partner)
 
@@ -408,7 +436,9 @@ class PartnerRegistry:
         if len(pending) >= self._max_pending:
             raise AuthenticationBusyError(
                 f"{len(pending)} API keys are waiting for their first check, the most this gateway queues; "
-                "nothing was accepted, retry in a moment.", retry_after=1)
+                "nothing was accepted, retry in a moment.",
+                retry_after=1,
+            )
         future = pending[digest] = loop.create_future()
         try:
             async with semaphore:
@@ -456,7 +486,9 @@ class PartnerLimiter:
             raise ConcurrencyLimitedError(
                 f"Your partner account already has {running} requests in progress, the most this gateway takes "
                 f"at once (limits.concurrent_requests is {limits.concurrent_requests}); wait for their answers "
-                "before sending more.", retry_after=1)
+                "before sending more.",
+                retry_after=1,
+            )
         now = self._clock()
         bucket = self._buckets.get(pid)
         if bucket is None:
@@ -469,7 +501,9 @@ class PartnerLimiter:
             raise RateLimitedError(
                 f"Your partner account sends more than {limits.requests_per_second:g} requests per second (bursts "
                 f"of {limits.burst}), the rate agreed (limits.requests_per_second); retry after {wait} s and "
-                "spread your requests out.", retry_after=wait)
+                "spread your requests out.",
+                retry_after=wait,
+            )
         bucket[0] = max(0.0, tokens - 1.0)
         self._in_progress[pid] = running + 1
 
@@ -483,5 +517,3 @@ class PartnerLimiter:
 
     def in_progress(self, partner_id: str) -> int:
         return self._in_progress.get(partner_id, 0)
-
-

@@ -29,9 +29,7 @@ from typing import Any
 
 from lxml import etree
 
-from broker_core import DeliveryMode, Destination, InvalidDestinationError, XMLMessage, parse_destination
-from broker_core import JMSError
-
+from broker_core import DeliveryMode, Destination, InvalidDestinationError, JMSError, XMLMessage, parse_destination
 from gateway.config.loader import (
     Settings,
     Where,
@@ -42,10 +40,10 @@ from gateway.config.loader import (
     expect_str,
     parse_duration,
 )
-from gateway.errors import ConfigError, ForbiddenRouteError, GatewayError, NoRouteError, clip
 from gateway.delivery.hooks import parse_route_delivery
-from gateway.routing.partners import PartnerRegistry
+from gateway.errors import ConfigError, ForbiddenRouteError, GatewayError, NoRouteError, clip
 from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
+from gateway.routing.partners import PartnerRegistry
 
 __all__ = ["PropertySpec", "Route", "RouteTable", "SENDER_PARTIES", "TransformError", "display_root"]
 
@@ -81,30 +79,66 @@ def _by_type(parties: dict[str, tuple[str, ...]]) -> dict[str, str]:
 #: ``schemeID``), else its first ``cac:PartyIdentification/cbc:ID``. Only the types whose issuer the
 #: standard fixes are listed; the others (FulfilmentCancellation, sent by either side; the transport
 #: documents; non-UBL documents) key on partner, type and document id alone.
-SENDER_PARTIES: dict[str, str] = _by_type({
-    "cac:BuyerCustomerParty/cac:Party": ("Order", "OrderChange", "OrderCancellation", "RequestForQuotation"),
-    "cac:SellerSupplierParty/cac:Party": ("OrderResponse", "OrderResponseSimple", "Quotation"),
-    "cac:AccountingSupplierParty/cac:Party": ("Invoice", "CreditNote", "DebitNote", "FreightInvoice", "Reminder",
-                                              "Statement"),
-    "cac:AccountingCustomerParty/cac:Party": ("SelfBilledInvoice", "SelfBilledCreditNote", "RemittanceAdvice"),
-    "cac:DespatchSupplierParty/cac:Party": ("DespatchAdvice",),
-    "cac:DeliveryCustomerParty/cac:Party": ("ReceiptAdvice",),
-    "cac:ProviderParty": ("Catalogue", "CatalogueDeletion", "CatalogueItemSpecificationUpdate",
-                          "CataloguePricingUpdate"),
-    "cac:ContractingParty/cac:Party": ("CallForTenders", "ContractAwardNotice", "ContractNotice",
-                                       "PriorInformationNotice"),
-    "cac:TendererParty": ("Tender",),
-    "cac:InventoryReportingParty": ("InventoryReport",),
-    "cac:GuarantorParty": ("GuaranteeCertificate",),
-    "cac:SenderParty": ("ApplicationResponse", "AttachedDocument", "AwardedNotification", "DocumentStatus",
-                        "DocumentStatusRequest", "ExceptionCriteria", "ExceptionNotification", "Forecast",
-                        "ForecastRevision", "GoodsItemItinerary", "ItemInformationRequest", "ProductActivity",
-                        "RetailEvent", "TenderReceipt", "TendererQualificationResponse", "TradeItemLocationProfile",
-                        "TransportExecutionPlan", "TransportExecutionPlanRequest", "TransportProgressStatus",
-                        "TransportProgressStatusRequest", "TransportServiceDescription",
-                        "TransportServiceDescriptionRequest", "TransportationStatus", "TransportationStatusRequest",
-                        "UnawardedNotification", "UtilityStatement"),
-})
+SENDER_PARTIES: dict[str, str] = _by_type(
+    {
+        "cac:BuyerCustomerParty/cac:Party": ("Order", "OrderChange", "OrderCancellation", "RequestForQuotation"),
+        "cac:SellerSupplierParty/cac:Party": ("OrderResponse", "OrderResponseSimple", "Quotation"),
+        "cac:AccountingSupplierParty/cac:Party": (
+            "Invoice",
+            "CreditNote",
+            "DebitNote",
+            "FreightInvoice",
+            "Reminder",
+            "Statement",
+        ),
+        "cac:AccountingCustomerParty/cac:Party": ("SelfBilledInvoice", "SelfBilledCreditNote", "RemittanceAdvice"),
+        "cac:DespatchSupplierParty/cac:Party": ("DespatchAdvice",),
+        "cac:DeliveryCustomerParty/cac:Party": ("ReceiptAdvice",),
+        "cac:ProviderParty": (
+            "Catalogue",
+            "CatalogueDeletion",
+            "CatalogueItemSpecificationUpdate",
+            "CataloguePricingUpdate",
+        ),
+        "cac:ContractingParty/cac:Party": (
+            "CallForTenders",
+            "ContractAwardNotice",
+            "ContractNotice",
+            "PriorInformationNotice",
+        ),
+        "cac:TendererParty": ("Tender",),
+        "cac:InventoryReportingParty": ("InventoryReport",),
+        "cac:GuarantorParty": ("GuaranteeCertificate",),
+        "cac:SenderParty": (
+            "ApplicationResponse",
+            "AttachedDocument",
+            "AwardedNotification",
+            "DocumentStatus",
+            "DocumentStatusRequest",
+            "ExceptionCriteria",
+            "ExceptionNotification",
+            "Forecast",
+            "ForecastRevision",
+            "GoodsItemItinerary",
+            "ItemInformationRequest",
+            "ProductActivity",
+            "RetailEvent",
+            "TenderReceipt",
+            "TendererQualificationResponse",
+            "TradeItemLocationProfile",
+            "TransportExecutionPlan",
+            "TransportExecutionPlanRequest",
+            "TransportProgressStatus",
+            "TransportProgressStatusRequest",
+            "TransportServiceDescription",
+            "TransportServiceDescriptionRequest",
+            "TransportationStatus",
+            "TransportationStatusRequest",
+            "UnawardedNotification",
+            "UtilityStatement",
+        ),
+    }
+)
 
 #: The longest sender party identifier a key keeps as it is (a longer one is clipped and hashed with the key).
 _MAX_PARTY_CHARS = 200
@@ -381,12 +415,14 @@ def shadowing_errors(routes: list[Route]) -> list[ConfigError]:
                     continue
                 common = ", ".join(sorted(overlap))
             why = "has no 'when' condition" if earlier.when_text is None else "has the same 'when' condition"
-            errors.append(later.where.error(
-                f"route {later.id!r} is shadowed by route {earlier.id!r} ({earlier.where}): both take "
-                f"{display_root(later.root)} documents from {common}, and {earlier.id!r} comes first and {why}, "
-                f"so {later.id!r} would never be used for them; give {earlier.id!r} a 'when' condition, "
-                "or split their partners"
-            ))
+            errors.append(
+                later.where.error(
+                    f"route {later.id!r} is shadowed by route {earlier.id!r} ({earlier.where}): both take "
+                    f"{display_root(later.root)} documents from {common}, and {earlier.id!r} comes first and {why}, "
+                    f"so {later.id!r} would never be used for them; give {earlier.id!r} a 'when' condition, "
+                    "or split their partners"
+                )
+            )
             break
     return errors
 
@@ -421,8 +457,9 @@ def _xpath(expr: str, where: Where, namespaces: dict[str, str], what: str, wrap:
         raise where.error(f"{what}: XPath {clip(expr, 150)!r} is not valid: {clip(str(exc), 150)}") from None
 
 
-def _check_against_schema(registry: SchemaRegistry | None, schema: str, expr: str, namespaces: dict[str, str],
-                          where: Where, what: str) -> None:
+def _check_against_schema(
+    registry: SchemaRegistry | None, schema: str, expr: str, namespaces: dict[str, str], where: Where, what: str
+) -> None:
     """For a plain location path, check that each step exists in the schema."""
     if registry is None or not _SIMPLE_PATH.match(expr.strip()):
         return  # functions, unions, '//'...: compiled, but not checkable against the schema
@@ -436,7 +473,9 @@ _XSLT_ACCESS = etree.XSLTAccessControl.DENY_ALL
 
 class _RefuseAll(etree.Resolver):
     def resolve(self, system_url: str, public_id: str, context: Any) -> Any:
-        raise ConfigError(f"the stylesheet refers to {clip(str(system_url), 200)}; stylesheets may not load other files")
+        raise ConfigError(
+            f"the stylesheet refers to {clip(str(system_url), 200)}; stylesheets may not load other files"
+        )
 
 
 def _compile_xslt(path: Path, where: Where) -> etree.XSLT:
@@ -453,15 +492,48 @@ def _compile_xslt(path: Path, where: Where) -> etree.XSLT:
         raise where.error(f"transform {path} does not compile: {clip(str(exc), 300)}") from None
 
 
-def _compile_route(item: Any, where: Where, settings: Settings, registry: SchemaRegistry,
-                   partners: PartnerRegistry | None, base_ns: dict[str, str], check_paths: bool = True) -> Route:
+def _compile_route(
+    item: Any,
+    where: Where,
+    settings: Settings,
+    registry: SchemaRegistry,
+    partners: PartnerRegistry | None,
+    base_ns: dict[str, str],
+    check_paths: bool = True,
+) -> Route:
     spec = expect_mapping(item, where, "a route")
     checked = registry if check_paths else None  # whose paths _check_against_schema checks
-    check_keys(spec, {"id", "partners", "root", "when", "schema", "document_id", "namespaces", "properties",
-                      "destination", "delivery_mode", "priority", "time_to_live", "exchange", "timeout",
-                      "transform", "idempotency_key", "rules", "deliver"}, "a route")
-    route_id = expect_str(spec.get("id"), spec.at("id") if "id" in spec else spec.where, "route id",
-                          pattern=_ROUTE_ID, hint="1-100 letters, digits, '.', '-' or '_'")
+    check_keys(
+        spec,
+        {
+            "id",
+            "partners",
+            "root",
+            "when",
+            "schema",
+            "document_id",
+            "namespaces",
+            "properties",
+            "destination",
+            "delivery_mode",
+            "priority",
+            "time_to_live",
+            "exchange",
+            "timeout",
+            "transform",
+            "idempotency_key",
+            "rules",
+            "deliver",
+        },
+        "a route",
+    )
+    route_id = expect_str(
+        spec.get("id"),
+        spec.at("id") if "id" in spec else spec.where,
+        "route id",
+        pattern=_ROUTE_ID,
+        hint="1-100 letters, digits, '.', '-' or '_'",
+    )
     what = f"route {route_id!r}"
 
     namespaces = dict(base_ns)
@@ -486,12 +558,15 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
                 raise plist.at(i).error(f"{what} names partner {pid!r}, which is not configured (partners: {known})")
             names.append(pid)
         if not names:
-            raise spec.at("partners").error(f"{what} allows no partner; list some, or \"*\"")
+            raise spec.at("partners").error(f'{what} allows no partner; list some, or "*"')
         allowed = frozenset(names)
 
     # root and schema
-    root = _resolve_root(expect_str(spec.get("root"), spec.at("root") if "root" in spec else spec.where,
-                                    f"{what} root"), spec.at("root"), namespaces)
+    root = _resolve_root(
+        expect_str(spec.get("root"), spec.at("root") if "root" in spec else spec.where, f"{what} root"),
+        spec.at("root"),
+        namespaces,
+    )
     if "schema" in spec:
         schema = expect_str(spec["schema"], spec.at("schema"), f"{what} schema")
         if schema not in registry.names:
@@ -511,8 +586,9 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         schema = found
 
     # destination and delivery
-    dest_text = expect_str(spec.get("destination"), spec.at("destination") if "destination" in spec else spec.where,
-                           f"{what} destination")
+    dest_text = expect_str(
+        spec.get("destination"), spec.at("destination") if "destination" in spec else spec.where, f"{what} destination"
+    )
     try:
         destination = parse_destination(dest_text.strip())
     except InvalidDestinationError as exc:
@@ -563,8 +639,10 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
             klist = expect_list(raw_key, kwhere, f"{what} idempotency_key")
             texts = [expect_str(x, klist.at(i), f"{what} idempotency_key: an XPath") for i, x in enumerate(klist)]
         if not texts:
-            raise kwhere.error(f"{what}: idempotency_key lists no XPath; list the XPaths whose values identify "
-                               "a document, or leave it out for the default key")
+            raise kwhere.error(
+                f"{what}: idempotency_key lists no XPath; list the XPaths whose values identify "
+                "a document, or leave it out for the default key"
+            )
         if len(texts) > _MAX_KEY_XPATHS:
             raise kwhere.error(f"{what}: idempotency_key lists {len(texts)} XPaths; at most {_MAX_KEY_XPATHS}")
         compiled_keys = []
@@ -605,17 +683,20 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     transform_path = None
     transform = None
     if spec.get("transform") is not None:
-        transform_path = (settings.base_dir / expect_str(spec["transform"], spec.at("transform"),
-                                                         f"{what} transform")).resolve()
+        transform_path = (
+            settings.base_dir / expect_str(spec["transform"], spec.at("transform"), f"{what} transform")
+        ).resolve()
         transform = _compile_xslt(transform_path, spec.at("transform"))
 
     deliver = None
     if spec.get("deliver") is not None:
         if request_reply:
-            raise spec.at("deliver").error(f"{what}: deliver is for one-way routes (a request-reply route's "
-                                           "answer goes back in the exchange)")
-        deliver = parse_route_delivery(spec["deliver"], spec.at("deliver"), what, partners, settings.base_dir,
-                                       _compile_xslt)
+            raise spec.at("deliver").error(
+                f"{what}: deliver is for one-way routes (a request-reply route's answer goes back in the exchange)"
+            )
+        deliver = parse_route_delivery(
+            spec["deliver"], spec.at("deliver"), what, partners, settings.base_dir, _compile_xslt
+        )
 
     rule_names: list[str] = []
     rules = expect_list(spec.get("rules"), spec.at("rules"), f"{what} rules")
@@ -623,8 +704,10 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
     for i, item in enumerate(rules):
         name = expect_str(item, rules.at(i), f"{what}: a rule set name")
         if name not in configured:
-            raise rules.at(i).error(f"{what} names rule set {name!r}, which is not configured under rules.sets "
-                                    f"(rule sets: {', '.join(configured) or 'none'})")
+            raise rules.at(i).error(
+                f"{what} names rule set {name!r}, which is not configured under rules.sets "
+                f"(rule sets: {', '.join(configured) or 'none'})"
+            )
         if name in rule_names:
             raise rules.at(i).error(f"{what} lists rule set {name!r} twice")
         rule_names.append(name)
@@ -656,4 +739,3 @@ def _compile_route(item: Any, where: Where, settings: Settings, registry: Schema
         sender_party=party_xpath,
         deliver=deliver,
     )
-

@@ -7,7 +7,6 @@ import os
 import tempfile
 from pathlib import Path
 
-
 from gateway.rules.compiled import COMPILER_VERSION, CompiledSchematron
 from gateway.rules.compiler import compile_schematron
 from gateway.rules.reading import _sha256
@@ -26,7 +25,7 @@ def default_cache_dir() -> Path:
 
 
 def _cache_file(cache_dir: Path, path: Path, phase: str | None) -> Path:
-    key = _sha256(f"{COMPILER_VERSION}\0{path}\0{phase or ''}".encode("utf-8"))
+    key = _sha256(f"{COMPILER_VERSION}\0{path}\0{phase or ''}".encode())
     return cache_dir / f"{key[:32]}.json"
 
 
@@ -45,8 +44,9 @@ def _cached(entry: Path) -> CompiledSchematron | None:
     return compiled
 
 
-def load_schematron(path: str | Path, phase: str | None = None, *, cache_dir: str | Path | None = None,
-                    check: SaxonRules | None = None) -> CompiledSchematron:
+def load_schematron(
+    path: str | Path, phase: str | None = None, *, cache_dir: str | Path | None = None, check: SaxonRules | None = None
+) -> CompiledSchematron:
     """:func:`compile_schematron` through the cache in *cache_dir* (None: no cache).
 
     A rule set is written to the cache only once Saxon has compiled its stylesheet (with *check*, or a
@@ -62,8 +62,9 @@ def load_schematron(path: str | Path, phase: str | None = None, *, cache_dir: st
     if entry is not None:
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=entry.parent, delete=False,
-                                             prefix=".tmp-", suffix=".json") as out:
+            with tempfile.NamedTemporaryFile(
+                "w", encoding="utf-8", dir=entry.parent, delete=False, prefix=".tmp-", suffix=".json"
+            ) as out:
                 out.write(compiled.to_json())
             os.replace(out.name, entry)
         except OSError as exc:

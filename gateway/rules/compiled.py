@@ -9,10 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from gateway.errors import ConfigError
-
-
 
 SCH_NS = "http://purl.oclc.org/dsdl/schematron"
 XSL_NS = "http://www.w3.org/1999/XSL/Transform"
@@ -56,8 +53,14 @@ class SchematronError(ConfigError):
 
     code = "config-error"
 
-    def __init__(self, detail: str | None = None, *, file: str | None = None, line: int | None = None,
-                 errors: list[SchematronError] | None = None) -> None:
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        errors: list[SchematronError] | None = None,
+    ) -> None:
         super().__init__(detail, file=file, line=line)
         self.errors: list[SchematronError] = errors if errors else [self]
 
@@ -98,8 +101,18 @@ class Assertion:
         return severity_of(self.flag)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "kind": self.kind, "id": self.id, "flag": self.flag, "role": self.role,
-                "see": self.see, "pattern": self.pattern, "test": self.test, "file": self.file, "line": self.line}
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "id": self.id,
+            "flag": self.flag,
+            "role": self.role,
+            "see": self.see,
+            "pattern": self.pattern,
+            "test": self.test,
+            "file": self.file,
+            "line": self.line,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Assertion:
@@ -127,8 +140,12 @@ class Finding:
         return self.assertion.severity == "error"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.assertion.id, "flag": self.assertion.flag, "location": self.location,
-                               "text": self.text}
+        out: dict[str, Any] = {
+            "id": self.assertion.id,
+            "flag": self.assertion.flag,
+            "location": self.location,
+            "text": self.text,
+        }
         if self.diagnostics:
             out["diagnostics"] = list(self.diagnostics)
         return out
@@ -182,19 +199,35 @@ class CompiledSchematron:
         return _EQNAME_URI.sub(name, path)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "version": COMPILER_VERSION, "path": self.path, "phase": self.phase, "query_binding": self.query_binding,
-            "title": self.title, "xslt": self.xslt, "assertions": [a.to_dict() for a in self.assertions],
-            "files": self.files, "line_map": {str(k): list(v) for k, v in self.line_map.items()},
-            "namespaces": self.namespaces,
-        })
+        return json.dumps(
+            {
+                "version": COMPILER_VERSION,
+                "path": self.path,
+                "phase": self.phase,
+                "query_binding": self.query_binding,
+                "title": self.title,
+                "xslt": self.xslt,
+                "assertions": [a.to_dict() for a in self.assertions],
+                "files": self.files,
+                "line_map": {str(k): list(v) for k, v in self.line_map.items()},
+                "namespaces": self.namespaces,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> CompiledSchematron:
         data = json.loads(text)
         if data.get("version") != COMPILER_VERSION:
             raise ValueError("compiled by another version")
-        return cls(path=data["path"], phase=data["phase"], query_binding=data["query_binding"], title=data["title"],
-                   xslt=data["xslt"], assertions=[Assertion.from_dict(a) for a in data["assertions"]],
-                   files=data["files"], line_map={int(k): (v[0], v[1]) for k, v in data["line_map"].items()},
-                   namespaces=data["namespaces"], from_cache=True)
+        return cls(
+            path=data["path"],
+            phase=data["phase"],
+            query_binding=data["query_binding"],
+            title=data["title"],
+            xslt=data["xslt"],
+            assertions=[Assertion.from_dict(a) for a in data["assertions"]],
+            files=data["files"],
+            line_map={int(k): (v[0], v[1]) for k, v in data["line_map"].items()},
+            namespaces=data["namespaces"],
+            from_cache=True,
+        )

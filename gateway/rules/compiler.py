@@ -11,10 +11,26 @@ from pathlib import Path
 
 from lxml import etree
 
-from gateway.rules.compiled import Assertion, CompiledSchematron, MAIN_MODE, OLD_SCH_NS, OWN_NS, QUERY_BINDINGS, SCH_NS, SchematronError, XSL_NS, _FS, _LS, _NAME, _RS, _SRC, _SRC_NS, _VARIABLE_REF
-from gateway.rules.contexts import _Shape, _context_select, _may_overlap, _shapes
+from gateway.rules.compiled import (
+    _FS,
+    _LS,
+    _NAME,
+    _RS,
+    _SRC,
+    _SRC_NS,
+    _VARIABLE_REF,
+    MAIN_MODE,
+    OLD_SCH_NS,
+    OWN_NS,
+    QUERY_BINDINGS,
+    SCH_NS,
+    XSL_NS,
+    Assertion,
+    CompiledSchematron,
+    SchematronError,
+)
+from gateway.rules.contexts import _context_select, _may_overlap, _Shape, _shapes
 from gateway.rules.reading import _Reader, _sha256, _xslt_module_files
-
 
 # --------------------------------------------------------------------------- compiling
 
@@ -80,15 +96,19 @@ class _Compiler:
     def compile(self) -> tuple[etree._Element, str, str | None, str | None]:
         root = self.root
         if root.tag == f"{{{OLD_SCH_NS}}}schema":
-            raise self.error(root, "this is Schematron 1.5 (namespace http://www.ascc.net/xml/schematron); "
-                                   f"ISO Schematron uses {SCH_NS}")
+            raise self.error(
+                root,
+                f"this is Schematron 1.5 (namespace http://www.ascc.net/xml/schematron); ISO Schematron uses {SCH_NS}",
+            )
         if root.tag != _sch("schema"):
-            raise self.error(root, f"not an ISO Schematron schema: the root element is {root.tag!r}, "
-                                   f"expected schema in {SCH_NS}")
+            raise self.error(
+                root, f"not an ISO Schematron schema: the root element is {root.tag!r}, expected schema in {SCH_NS}"
+            )
         binding = (root.get("queryBinding") or "xslt").strip().lower()
         if binding not in QUERY_BINDINGS:
-            raise self.error(root, f"queryBinding {binding!r} is not supported (use one of "
-                                   f"{', '.join(QUERY_BINDINGS)})")
+            raise self.error(
+                root, f"queryBinding {binding!r} is not supported (use one of {', '.join(QUERY_BINDINGS)})"
+            )
         title_el = root.find(_sch("title"))
         title = " ".join("".join(title_el.itertext()).split()) if title_el is not None else None
 
@@ -124,8 +144,7 @@ class _Compiler:
 
         foreign = [el for el in root if isinstance(el.tag, str) and el.tag.startswith(f"{{{XSL_NS}}}")]
         for pattern in active:
-            foreign += [el for el in pattern.element
-                        if isinstance(el.tag, str) and el.tag.startswith(f"{{{XSL_NS}}}")]
+            foreign += [el for el in pattern.element if isinstance(el.tag, str) and el.tag.startswith(f"{{{XSL_NS}}}")]
         if phase_el is not None:
             foreign += [el for el in phase_el if isinstance(el.tag, str) and el.tag.startswith(f"{{{XSL_NS}}}")]
         for el in sorted(foreign, key=lambda e: etree.QName(e).localname != "import"):  # imports come first
@@ -161,7 +180,7 @@ class _Compiler:
         main = etree.SubElement(sheet, _xsl("template"))
         main.set("match", "/")
         main.set("mode", MAIN_MODE)
-        for number, (pattern, renamed) in enumerate(zip(active, renames), 1):
+        for number, (pattern, renamed) in enumerate(zip(active, renames, strict=False), 1):
             self._pattern(main, number, pattern, renamed, binding)
         return sheet, binding, title, phase_id
 
@@ -173,7 +192,7 @@ class _Compiler:
         for bad in el.iter(_xsl("result-document")):
             raise self.error(bad, "xsl:result-document is not allowed in a rule set")
         copied = copy.deepcopy(el)
-        for node, original in zip(copied.iter(etree.Element), el.iter(etree.Element)):
+        for node in copied.iter(etree.Element):
             if not node.tag.startswith(f"{{{XSL_NS}}}"):
                 node.attrib.pop(_SRC, None)
         if name in ("include", "import"):
@@ -182,8 +201,14 @@ class _Compiler:
             copied.set("href", path.as_uri())
         return copied
 
-    def _global_let(self, sheet: etree._Element, let: etree._Element, taken: dict[str, etree._Element],
-                    renamed: dict[str, str], scope: str | None = None) -> None:
+    def _global_let(
+        self,
+        sheet: etree._Element,
+        let: etree._Element,
+        taken: dict[str, etree._Element],
+        renamed: dict[str, str],
+        scope: str | None = None,
+    ) -> None:
         name = self.required(let, "name")
         if not _NAME.match(name):
             raise self.error(let, f"let name {name!r} is not a valid variable name")
@@ -228,8 +253,10 @@ class _Compiler:
             if el.get("abstract") == "true":
                 continue
             if el.get("documents"):
-                raise self.error(el, "pattern/@documents (subordinate documents) is not supported: rules may "
-                                     "not load other documents")
+                raise self.error(
+                    el,
+                    "pattern/@documents (subordinate documents) is not supported: rules may not load other documents",
+                )
             is_a = el.get("is-a")
             source = el
             if is_a:
@@ -274,8 +301,7 @@ class _Compiler:
                 if rid in seen:
                     raise self.error(child, f"sch:extends {rid!r} extends itself")
                 children.extend(self._rule_children(target, [*seen, rid]))
-            elif child.tag in (_sch("let"), _sch("assert"), _sch("report")) or (
-                    child.tag.startswith(f"{{{XSL_NS}}}")):
+            elif child.tag in (_sch("let"), _sch("assert"), _sch("report")) or (child.tag.startswith(f"{{{XSL_NS}}}")):
                 children.append(child)
         return children
 
@@ -304,8 +330,9 @@ class _Compiler:
 
     # ----------------------------------------------------------------- rules
 
-    def _pattern(self, main: etree._Element, number: int, pattern: _Pattern, renamed: dict[str, str],
-                 binding: str) -> None:
+    def _pattern(
+        self, main: etree._Element, number: int, pattern: _Pattern, renamed: dict[str, str], binding: str
+    ) -> None:
         """Each rule of the pattern as an ``xsl:for-each`` over the nodes its context matches, less those an
         earlier rule of the pattern took (only where the two contexts may match the same node)."""
         taken: list[tuple[str, list[_Shape] | None]] = []  # (variable, context shapes) of rules kept in variables
@@ -316,7 +343,8 @@ class _Compiler:
             earlier = [] if pattern.group else [var for var, other in taken if _may_overlap(tests, other)]
             later_overlap = not pattern.group and any(
                 _may_overlap(tests, _shapes(_substitute(r.context, renamed), self.namespaces))
-                for r in pattern.rules[k:])
+                for r in pattern.rules[k:]
+            )
             variable = f"Q{{{OWN_NS}}}p{number}.r{k}"
             nodes = f"({select}) except ({' | '.join('$' + v for v in earlier)})" if earlier else select
             if later_overlap:  # a later rule excludes these nodes: select them once
@@ -334,8 +362,15 @@ class _Compiler:
             for child in rule.children:
                 self._rule_child(each, child, rule, pattern, renamed, binding)
 
-    def _rule_child(self, body: etree._Element, child: etree._Element, rule: _Rule, pattern: _Pattern,
-                    renamed: dict[str, str], binding: str) -> None:
+    def _rule_child(
+        self,
+        body: etree._Element,
+        child: etree._Element,
+        rule: _Rule,
+        pattern: _Pattern,
+        renamed: dict[str, str],
+        binding: str,
+    ) -> None:
         if child.tag == _sch("let"):
             name = self.required(child, "name")
             var = etree.SubElement(body, _xsl("variable"))
@@ -350,11 +385,16 @@ class _Compiler:
         file, line = self.reader.where(child)
         rule_el = rule.element
         assertion = Assertion(
-            index=len(self.assertions), kind=kind, id=child.get("id"),
+            index=len(self.assertions),
+            kind=kind,
+            id=child.get("id"),
             flag=child.get("flag") or rule_el.get("flag"),
             role=child.get("role") or rule_el.get("role"),
             see=child.get("see") or rule_el.get("see") or pattern.element.get("see"),
-            pattern=pattern.id, test=test, file=file, line=line,
+            pattern=pattern.id,
+            test=test,
+            file=file,
+            line=line,
         )
         self.assertions.append(assertion)
         check = etree.SubElement(body, _xsl("if"))
@@ -421,8 +461,9 @@ class _Compiler:
             return "''"
         return f"string-join(({', '.join(pieces)}), '')"
 
-    def _message_instructions(self, check: etree._Element, parts: list[str], messages: list[etree._Element],
-                              renamed: dict[str, str]) -> None:
+    def _message_instructions(
+        self, check: etree._Element, parts: list[str], messages: list[etree._Element], renamed: dict[str, str]
+    ) -> None:
         """The slow road for a message that holds XSLT instructions: each text into a variable first."""
         head = etree.SubElement(check, _xsl("value-of"))
         head.set("select", " || ".join(parts[:3]))
@@ -466,18 +507,41 @@ class _Compiler:
 # --------------------------------------------------------------------------- constant lets
 
 _LITERAL_RESOURCE = re.compile(
-    r"\b(?:doc|document|unparsed-text|unparsed-text-lines|json-doc)\s*\(\s*(['\"])([^'\"]*)\1")
+    r"\b(?:doc|document|unparsed-text|unparsed-text-lines|json-doc)\s*\(\s*(['\"])([^'\"]*)\1"
+)
 _CONSTANT_TOKEN = re.compile(
     r"\s+|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+|[(),]"
-    r"|(?:fn:)?(?P<function>[A-Za-z][\w-]*)\s*(?=\()")
+    r"|(?:fn:)?(?P<function>[A-Za-z][\w-]*)\s*(?=\()"
+)
 # Functions whose result depends on their arguments only (no context, no document): a let that calls only
 # these, with literals, is the same for every document. doc() and unparsed-text() of literal URIs read the
 # rule set's own files, at compile time.
-_CONSTANT_FUNCTIONS = frozenset({
-    "tokenize", "concat", "string-join", "distinct-values", "normalize-space", "upper-case", "lower-case",
-    "translate", "replace", "substring", "substring-before", "substring-after", "string", "number", "reverse",
-    "true", "false", "codepoints-to-string", "doc", "unparsed-text", "unparsed-text-lines", "json-doc",
-})
+_CONSTANT_FUNCTIONS = frozenset(
+    {
+        "tokenize",
+        "concat",
+        "string-join",
+        "distinct-values",
+        "normalize-space",
+        "upper-case",
+        "lower-case",
+        "translate",
+        "replace",
+        "substring",
+        "substring-before",
+        "substring-after",
+        "string",
+        "number",
+        "reverse",
+        "true",
+        "false",
+        "codepoints-to-string",
+        "doc",
+        "unparsed-text",
+        "unparsed-text-lines",
+        "json-doc",
+    }
+)
 
 
 def _is_constant(expression: str) -> bool:
@@ -544,6 +608,14 @@ def compile_schematron(path: str | Path, phase: str | None = None) -> CompiledSc
     sheet, binding, title, phase_id = compiler.compile()
     xslt, marks = _serialise(sheet)
     line_map = {line: (reader.file_names[index], src) for line, (index, src) in marks.items()}
-    return CompiledSchematron(path=str(file), phase=phase_id, query_binding=binding, title=title, xslt=xslt,
-                              assertions=compiler.assertions, files=dict(reader.files), line_map=line_map,
-                              namespaces=dict(compiler.namespaces))
+    return CompiledSchematron(
+        path=str(file),
+        phase=phase_id,
+        query_binding=binding,
+        title=title,
+        xslt=xslt,
+        assertions=compiler.assertions,
+        files=dict(reader.files),
+        line_map=line_map,
+        namespaces=dict(compiler.namespaces),
+    )

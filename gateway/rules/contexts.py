@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import re
 
-
 from gateway.xpaths import without_predicates
 
-
-
 # --------------------------------------------------------------------------- rule contexts
+
 
 def _split_top(text: str, separator: str) -> list[str]:
     """*text* split at *separator* where it is outside brackets, parentheses, braces and string literals."""
@@ -74,7 +72,7 @@ def _shapes(context: str, namespaces: dict[str, str]) -> list[_Shape] | None:
             steps = steps[1:]
         if "" in (s.strip() for s in steps):  # a '//': keep what follows the last one, unanchored
             last = max(i for i, s in enumerate(steps) if not s.strip())
-            steps, anchored = steps[last + 1:], False
+            steps, anchored = steps[last + 1 :], False
         tests: list[_Test | None] = []
         for step in steps:
             bare = without_predicates(step) or ""  # unbalanced: a pattern Saxon refuses
@@ -104,8 +102,11 @@ def _shapes(context: str, namespaces: dict[str, str]) -> list[_Shape] | None:
 def _compatible(a: _Test | None, b: _Test | None) -> bool:
     if a is None or b is None:
         return True
-    return a[0] == b[0] and (a[1] is None or b[1] is None or a[1] == b[1]) and (
-        a[2] is None or b[2] is None or a[2] == b[2])
+    return (
+        a[0] == b[0]
+        and (a[1] is None or b[1] is None or a[1] == b[1])
+        and (a[2] is None or b[2] is None or a[2] == b[2])
+    )
 
 
 def _may_overlap(a: list[_Shape] | None, b: list[_Shape] | None) -> bool:
@@ -119,6 +120,6 @@ def _may_overlap(a: list[_Shape] | None, b: list[_Shape] | None) -> bool:
                 continue
             if (anchored and len(steps2) > len(steps)) or (anchored2 and len(steps) > len(steps2)):
                 continue
-            if all(_compatible(x, y) for x, y in zip(reversed(steps), reversed(steps2))):
+            if all(_compatible(x, y) for x, y in zip(reversed(steps), reversed(steps2), strict=False)):
                 return True
     return False

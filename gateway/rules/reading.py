@@ -10,8 +10,7 @@ from pathlib import Path
 from lxml import etree
 
 from gateway.errors import clip
-from gateway.rules.compiled import SCH_NS, SchematronError, XI_NS, XSL_NS, _MAX_INCLUDE_DEPTH, _SRC
-
+from gateway.rules.compiled import _MAX_INCLUDE_DEPTH, _SRC, SCH_NS, XI_NS, XSL_NS, SchematronError
 
 # --------------------------------------------------------------------------- reading rule files
 
@@ -25,9 +24,12 @@ def _local_path(href: str, base: Path, where: tuple[str, int | None], what: str)
     parts = urllib.parse.urlsplit(href)
     if parts.scheme and len(parts.scheme) > 1:  # a one-letter scheme is a Windows drive
         if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
-            raise SchematronError(f"{what} {clip(href, 200)!r} is not a local file; rule files may include "
-                                  "local files only (nothing is fetched from the network)", file=where[0],
-                                  line=where[1])
+            raise SchematronError(
+                f"{what} {clip(href, 200)!r} is not a local file; rule files may include "
+                "local files only (nothing is fetched from the network)",
+                file=where[0],
+                line=where[1],
+            )
         return Path(urllib.parse.unquote(parts.path))
     return (base.parent / urllib.parse.unquote(parts.path)).resolve()
 
@@ -50,14 +52,21 @@ class _Reader:
         except OSError as exc:
             raise SchematronError(f"cannot read it: {clip(str(exc), 200)}", file=shown) from None
         self.files[shown] = _sha256(data)
-        parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,
-                                 remove_comments=True, remove_pis=True)
+        parser = etree.XMLParser(
+            resolve_entities=False,
+            no_network=True,
+            load_dtd=False,
+            huge_tree=False,
+            remove_comments=True,
+            remove_pis=True,
+        )
         try:
             root = etree.fromstring(data, parser, base_url=path.as_uri())
         except etree.XMLSyntaxError as exc:
             line = exc.lineno if getattr(exc, "lineno", None) else None
-            raise SchematronError(f"not well-formed XML: {clip(exc.msg or str(exc), 200)}", file=shown,
-                                  line=line) from None
+            raise SchematronError(
+                f"not well-formed XML: {clip(exc.msg or str(exc), 200)}", file=shown, line=line
+            ) from None
         if root.getroottree().docinfo.internalDTD is not None:
             raise SchematronError("rule files may not have a DOCTYPE", file=shown, line=1)
         index = len(self.file_names)
@@ -92,13 +101,17 @@ class _Reader:
                 raise SchematronError("an include has no href", file=where[0], line=where[1])
             what = "sch:include" if el.tag.startswith(f"{{{SCH_NS}") else "xi:include"
             if what == "xi:include" and (el.get("xpointer") or el.get("parse", "xml") not in ("xml", "text")):
-                raise SchematronError("xi:include: only parse=\"xml\" or \"text\" of a whole file is supported "
-                                      "(no xpointer)", file=where[0], line=where[1])
+                raise SchematronError(
+                    'xi:include: only parse="xml" or "text" of a whole file is supported (no xpointer)',
+                    file=where[0],
+                    line=where[1],
+                )
             target, _, fragment = href.partition("#")
             file = _local_path(target, self.file_of(el), where, what)
             if str(file) in stack:
-                raise SchematronError(f"{what} {href!r} includes itself (through {' -> '.join(stack)})",
-                                      file=where[0], line=where[1])
+                raise SchematronError(
+                    f"{what} {href!r} includes itself (through {' -> '.join(stack)})", file=where[0], line=where[1]
+                )
             if not file.is_file():
                 raise SchematronError(f"{what} {href!r}: no such file ({file})", file=where[0], line=where[1])
             parent = el.getparent()
@@ -106,8 +119,9 @@ class _Reader:
                 try:
                     text = file.read_text(encoding=el.get("encoding") or "utf-8")
                 except OSError as exc:
-                    raise SchematronError(f"{what} {href!r}: {clip(str(exc), 200)}", file=where[0],
-                                          line=where[1]) from None
+                    raise SchematronError(
+                        f"{what} {href!r}: {clip(str(exc), 200)}", file=where[0], line=where[1]
+                    ) from None
                 self.files[str(file)] = _sha256(text.encode("utf-8"))
                 _replace_with_text(el, text)
                 continue
@@ -115,8 +129,9 @@ class _Reader:
             if fragment:
                 hits = [e for e in included.iter(etree.Element) if e.get("id") == fragment]
                 if not hits:
-                    raise SchematronError(f"{what} {href!r}: {file} has no element with id {fragment!r}",
-                                          file=where[0], line=where[1])
+                    raise SchematronError(
+                        f"{what} {href!r}: {file} has no element with id {fragment!r}", file=where[0], line=where[1]
+                    )
                 included = hits[0]
             self._expand(included, file, [*stack, str(file)])
             if parent is None:  # pragma: no cover - the root is never an include
@@ -136,8 +151,9 @@ def _replace_with_text(el: etree._Element, text: str) -> None:
     parent.remove(el)
 
 
-def _xslt_module_files(href: str, base: Path, files: dict[str, str], where: tuple[str, int | None],
-                       depth: int = 0) -> Path:
+def _xslt_module_files(
+    href: str, base: Path, files: dict[str, str], where: tuple[str, int | None], depth: int = 0
+) -> Path:
     """Record an ``xsl:include`` / ``xsl:import`` module and the modules it includes (cache key)."""
     path = _local_path(href, base, where, "xsl:include/xsl:import")
     if str(path) in files or depth > _MAX_INCLUDE_DEPTH:
@@ -145,14 +161,18 @@ def _xslt_module_files(href: str, base: Path, files: dict[str, str], where: tupl
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise SchematronError(f"xsl:include/xsl:import {href!r}: {clip(exc.strerror or str(exc), 200)} ({path})",
-                              file=where[0], line=where[1]) from None
+        raise SchematronError(
+            f"xsl:include/xsl:import {href!r}: {clip(exc.strerror or str(exc), 200)} ({path})",
+            file=where[0],
+            line=where[1],
+        ) from None
     files[str(path)] = _sha256(data)
     try:
         module = etree.fromstring(data, etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False))
     except etree.XMLSyntaxError as exc:
-        raise SchematronError(f"not well-formed XML: {clip(exc.msg or str(exc), 200)}", file=str(path),
-                              line=getattr(exc, "lineno", None)) from None
+        raise SchematronError(
+            f"not well-formed XML: {clip(exc.msg or str(exc), 200)}", file=str(path), line=getattr(exc, "lineno", None)
+        ) from None
     for inc in module.iter(f"{{{XSL_NS}}}include", f"{{{XSL_NS}}}import"):
         if inc.get("href"):
             _xslt_module_files(inc.get("href"), path, files, (str(path), inc.sourceline), depth + 1)

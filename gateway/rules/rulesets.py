@@ -124,7 +124,7 @@ def rules_cache_dir(settings: Any) -> Path:
         return settings.rules_cache_dir
     url = settings.store_url
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-        return Path(url[len("sqlite:///"):].split("?", 1)[0]).absolute().parent / "rules-cache"
+        return Path(url[len("sqlite:///") :].split("?", 1)[0]).absolute().parent / "rules-cache"
     return default_cache_dir()
 
 
@@ -146,8 +146,9 @@ def build_rule_book(settings: Any, errors: list[ConfigError]) -> RuleBook:
                 errors.append(ConfigError(f"rule set {entry.name!r}: {err.detail}", file=err.file, line=err.line))
             continue
         except ConfigError as exc:
-            errors.append(ConfigError(f"rule set {entry.name!r}: {exc.detail}", file=exc.file or str(entry.path),
-                                      line=exc.line))
+            errors.append(
+                ConfigError(f"rule set {entry.name!r}: {exc.detail}", file=exc.file or str(entry.path), line=exc.line)
+            )
             continue
         book.sets[entry.name] = RuleSet(entry.name, compiled, entry.where)
     return book
@@ -162,15 +163,17 @@ def violation(findings: list[Finding], body: bytes | None, parse: Any = None) ->
     failures = [f for f in findings if f.is_error]
     positions: dict[int, tuple[int | None, int | None]] = {}
     if body is not None and parse is not None:
-        positions = _positions(failures[:BusinessRuleViolationError.max_errors], body, parse)
+        positions = _positions(failures[: BusinessRuleViolationError.max_errors], body, parse)
     details = []
     for i, f in enumerate(failures):
         line, column = positions.get(i, (None, None))
         details.append(RuleFailureDetail(f.assertion.id, f.assertion.flag, f.location, f.text, line, column))
     first = details[0]
     count = f"{len(failures)} business rules" if len(failures) > 1 else "a business rule"
-    detail = (f"The document breaks {count} agreed for this route (first: "
-              f"{first.id + ': ' if first.id else ''}{first.text}); fix it and send it again.")
+    detail = (
+        f"The document breaks {count} agreed for this route (first: "
+        f"{first.id + ': ' if first.id else ''}{first.text}); fix it and send it again."
+    )
     return BusinessRuleViolationError(detail, details)
 
 
@@ -179,7 +182,7 @@ def _positions(failures: list[Finding], body: bytes, parse: Any) -> dict[int, tu
 
     try:
         root = parse(body)
-    except Exception:  # noqa: BLE001 - the document parsed at intake; positions are best effort
+    except Exception:  # the document parsed at intake; positions are best effort
         return {}
     found: dict[int, etree._Element] = {}
     for i, f in enumerate(failures):
@@ -220,7 +223,7 @@ def _worker_main() -> None:
         for text in start["sets"]:
             rules.add(CompiledSchematron.from_json(text))
         rules.lock()
-    except Exception as exc:  # noqa: BLE001 - told to the parent
+    except Exception as exc:  # told to the parent
         write_record(fout, b"error:" + str(exc).encode("utf-8", "replace")[:2000])
         return
     write_record(fout, b"ok")
@@ -278,8 +281,7 @@ class _Worker:
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds the gateway package
         helper = HelperProcess("gateway.rules.rulesets", new_session=True, cwd=root, quiet=True)
         try:
-            answer = helper.handshake(lambda fd: write_record(fd, self.runner.start_frame), read_record,
-                                      START_SECONDS)
+            answer = helper.handshake(lambda fd: write_record(fd, self.runner.start_frame), read_record, START_SECONDS)
         except (OSError, EOFError, TimeoutError) as exc:
             raise RuntimeError(f"a rules worker did not start: {exc!r}") from None
         if answer != b"ok":
@@ -426,9 +428,12 @@ class _Worker:
         except OverloadedError as exc:
             self.runner.overloads += 1
             log.warning("business rules: a document had %s (the machine is overloaded); its worker was stopped", exc)
-            self._stop(GatewayBusyError(
-                "The gateway is too busy to run the business rules on this document now; nothing was accepted. "
-                f"Send it again in {GatewayBusyError.default_retry_after} s."))
+            self._stop(
+                GatewayBusyError(
+                    "The gateway is too busy to run the business rules on this document now; nothing was accepted. "
+                    f"Send it again in {GatewayBusyError.default_retry_after} s."
+                )
+            )
             return
         if budget.extended and not extended:
             self.runner.extended += 1
@@ -439,8 +444,10 @@ class _Worker:
         self._finish()
         if isinstance(error, RulesTimeoutError):
             self.runner.timeouts += 1
-            log.warning("business rules: a document took over %g s of the processor; its worker was stopped",
-                        self.runner.seconds)
+            log.warning(
+                "business rules: a document took over %g s of the processor; its worker was stopped",
+                self.runner.seconds,
+            )
         self._replace()
         if job is not None:
             _fail(job.future, error)
@@ -452,9 +459,13 @@ class _Worker:
         log.error("business rules: %s", why)
         self._replace()
         if job is not None:
-            _fail(job.future, RulesEvaluationError(
-                "The business rules could not be run on this document: the process running them stopped (out of "
-                f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."))
+            _fail(
+                job.future,
+                RulesEvaluationError(
+                    "The business rules could not be run on this document: the process running them stopped (out of "
+                    f"its {self.runner.memory_mb} MB of memory, or failed); nothing was accepted."
+                ),
+            )
         self.runner._dispatch()
 
 
@@ -483,8 +494,14 @@ class RulesRunner:
     :meth:`start` starts the processes (blocking); :meth:`submit` is called on the event loop, which
     then drives the workers' pipes itself."""
 
-    def __init__(self, book: RuleBook, *, workers: int = 1, seconds: float = DEFAULT_RULES_SECONDS,
-                 memory_mb: int = DEFAULT_WORKER_MEMORY_MB) -> None:
+    def __init__(
+        self,
+        book: RuleBook,
+        *,
+        workers: int = 1,
+        seconds: float = DEFAULT_RULES_SECONDS,
+        memory_mb: int = DEFAULT_WORKER_MEMORY_MB,
+    ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.book = book
@@ -492,8 +509,9 @@ class RulesRunner:
         self.memory_mb = memory_mb
         self.names = list(book.sets)
         self.numbers = {name: i for i, name in enumerate(self.names)}
-        self.start_frame = json.dumps({"sets": [book.sets[n].compiled.to_json() for n in self.names],
-                                       "memory": memory_mb * 1024 * 1024}).encode()
+        self.start_frame = json.dumps(
+            {"sets": [book.sets[n].compiled.to_json() for n in self.names], "memory": memory_mb * 1024 * 1024}
+        ).encode()
         self._workers = [_Worker(self, i) for i in range(workers)]
         self._queue: collections.deque[_Job] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest submit
@@ -569,15 +587,22 @@ class RulesRunner:
             if worker is None:
                 if all(w.helper is None and not w.starting for w in self._workers):  # none would start
                     while queue_:
-                        _fail(queue_.popleft().future, GatewayError(
-                            "The business rules cannot be run right now (their processes do not start); retry "
-                            "later or contact the operator."))
+                        _fail(
+                            queue_.popleft().future,
+                            GatewayError(
+                                "The business rules cannot be run right now (their processes do not start); retry "
+                                "later or contact the operator."
+                            ),
+                        )
                     for w in self._workers:  # and try again for the next documents
                         w._replace()
                 return
             if worker.helper is not None and worker.helper.poll() is not None:  # died while idle
-                log.error("business rules: worker %d exited (status %s); starting another", worker.number,
-                          worker.helper.returncode)
+                log.error(
+                    "business rules: worker %d exited (status %s); starting another",
+                    worker.number,
+                    worker.helper.returncode,
+                )
                 worker._replace()
                 continue
             job = queue_.popleft()
@@ -600,10 +625,11 @@ class RulesRunner:
         if kind == b"P":  # the intake parsed it: not expected, but the document is what Saxon refuses
             raise RulesEvaluationError(f"The business rules could not read this document: {_first_line(rest)}")
         if kind != b"R":
-            raise RulesEvaluationError(f"The business rules failed on this document: {_first_line(rest)}; check "
-                                       "the values they name.")
+            raise RulesEvaluationError(
+                f"The business rules failed on this document: {_first_line(rest)}; check the values they name."
+            )
         findings: list[Finding] = []
-        for name, output in zip(job.names, rest.split("\0")):
+        for name, output in zip(job.names, rest.split("\0"), strict=False):
             findings.extend(parse_output(self.book.sets[name].compiled, output, MAX_FINDINGS))
         return findings
 

@@ -11,8 +11,7 @@ from typing import Any
 from lxml import etree
 
 from gateway.errors import clip
-from gateway.rules.compiled import CompiledSchematron, Finding, MAIN_MODE, SchematronError, _FS, _LS, _PATH_STEP, _RS
-
+from gateway.rules.compiled import _FS, _LS, _PATH_STEP, _RS, MAIN_MODE, CompiledSchematron, Finding, SchematronError
 
 # --------------------------------------------------------------------------- running (SaxonC-HE)
 
@@ -40,7 +39,8 @@ def document_utf8(root: etree._Element, body: bytes, utf8: bool) -> bytes:
 
 _SAXON_ERROR = re.compile(r"on line (\d+)(?: column \d+)? of (\S+?):\s*\n\s*(\S+)\s+(.*?)(?=\n\S|\Z)", re.S)
 _PARSER_FEATURE = "http://saxon.sf.net/feature/parserFeature?uri=" + urllib.parse.quote(
-    "http://apache.org/xml/features/disallow-doctype-decl", safe="")
+    "http://apache.org/xml/features/disallow-doctype-decl", safe=""
+)
 
 
 class SaxonRules:
@@ -98,7 +98,7 @@ class SaxonRules:
             self.lock()
         node = self.parse(text)
         out = []
-        for number in (range(len(self.sets)) if numbers is None else numbers):
+        for number in range(len(self.sets)) if numbers is None else numbers:
             executable = self.sets[number][1]
             executable.set_global_context_item(xdm_item=node)
             out.append(executable.apply_templates_returning_string(xdm_value=node, encoding="UTF-8") or "")
@@ -108,7 +108,7 @@ class SaxonRules:
         """The findings of the rule sets (all, or *numbers*) on the document *text*."""
         chosen = list(range(len(self.sets))) if numbers is None else numbers
         findings: list[Finding] = []
-        for number, raw in zip(chosen, self.run_raw(text, chosen)):
+        for number, raw in zip(chosen, self.run_raw(text, chosen), strict=False):
             findings.extend(parse_output(self.sets[number][0], raw))
         return findings
 
@@ -124,14 +124,16 @@ def _compile_error(compiled: CompiledSchematron, message: str) -> SchematronErro
             if where is None:  # the nearest marked line before it
                 before = [k for k in compiled.line_map if k <= line]
                 where = compiled.line_map[max(before)] if before else (compiled.path, None)
-            errors.append(SchematronError(f"XPath does not compile: {clip(detail, 300)}", file=where[0],
-                                          line=where[1]))
+            errors.append(SchematronError(f"XPath does not compile: {clip(detail, 300)}", file=where[0], line=where[1]))
         else:
             path = urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if uri.startswith("file:") else uri
             errors.append(SchematronError(f"XSLT does not compile: {clip(detail, 300)}", file=path, line=line))
     if not errors:
-        errors.append(SchematronError(f"the rule set does not compile: {clip(' '.join(message.split()), 400)}",
-                                      file=compiled.path))
+        errors.append(
+            SchematronError(
+                f"the rule set does not compile: {clip(' '.join(message.split()), 400)}", file=compiled.path
+            )
+        )
     first = errors[0]
     return SchematronError(first.detail, file=first.file, line=first.line, errors=errors)
 

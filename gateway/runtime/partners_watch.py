@@ -76,7 +76,7 @@ class PartnersWatcher:
         while not self._stop.wait(self.interval):
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - the watcher must outlive any one failure
+            except Exception:  # the watcher must outlive any one failure
                 log.exception("checking the partners file failed")
 
     def check(self) -> bool:
@@ -110,7 +110,14 @@ class PartnersWatcher:
                 setattr(self.registry, name, value)
         self.reloads += 1
         new_keys, new_partners = set(self.registry.keys), set(self.registry.partners)
-        log.warning("partners reloaded from %s: %d partners, %d keys (partners added %s, removed %s; keys added "
-                    "%s, removed %s)", self.path, len(new_partners), len(new_keys),
-                    sorted(new_partners - old_partners) or "none", sorted(old_partners - new_partners) or "none",
-                    sorted(new_keys - old_keys) or "none", sorted(old_keys - new_keys) or "none")
+        log.warning(
+            "partners reloaded from %s: %d partners, %d keys (partners added %s, removed %s; keys added "
+            "%s, removed %s)",
+            self.path,
+            len(new_partners),
+            len(new_keys),
+            sorted(new_partners - old_partners) or "none",
+            sorted(old_partners - new_partners) or "none",
+            sorted(new_keys - old_keys) or "none",
+            sorted(old_keys - new_keys) or "none",
+        )

@@ -89,13 +89,15 @@ class _Child:
 class Supervisor:
     """Runs *count* serving processes on one listening socket (see the module docstring)."""
 
-    def __init__(self, settings: Settings, count: int, *, host: str, port: int, child_args: list[str],
-                 pin: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, count: int, *, host: str, port: int, child_args: list[str], pin: bool = True
+    ) -> None:
         if not settings.is_sql_store:
             raise ConfigError(
                 f"server.processes = {count} needs a SQL store (sqlite:/// or postgresql+psycopg://): "
                 f"the processes share messages through it, and {settings.store_url!r} cannot be shared",
-                file=settings.where.file)
+                file=settings.where.file,
+            )
         self.settings = settings
         self.count = count
         self.host = host
@@ -124,8 +126,9 @@ class Supervisor:
             probe.bind((self.host, self.port))
             self.port = probe.getsockname()[1]
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}; "
-                              f"choose another port (--port or server.port)") from None
+            raise ConfigError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror}; choose another port (--port or server.port)"
+            ) from None
         finally:
             probe.close()
         self.family = family
@@ -146,8 +149,9 @@ class Supervisor:
                 sock.listen(2048)
         except OSError as exc:
             sock.close()
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}; "
-                              f"choose another port (--port or server.port)") from None
+            raise ConfigError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror}; choose another port (--port or server.port)"
+            ) from None
         sock.set_inheritable(True)
         return sock
 
@@ -160,8 +164,16 @@ class Supervisor:
     def _spawn(self, child: _Child) -> None:
         if child.sock is None:  # a successor: its predecessor's socket went with it; the others serve meanwhile
             child.sock = self._listen(listen=False)
-        args = [sys.executable, "-m", "gateway.cli.main", *self.child_args,
-                "--listen-fd", str(child.sock.fileno()), "--process-index", str(child.index)]
+        args = [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            *self.child_args,
+            "--listen-fd",
+            str(child.sock.fileno()),
+            "--process-index",
+            str(child.index),
+        ]
         cpu = self.cpus[child.index]
         if cpu is not None:
             args += ["--cpu", str(cpu)]
@@ -180,8 +192,12 @@ class Supervisor:
         child.ready_fd = read_end
         child.started = time.monotonic()
         child.restart_at = None
-        log.info("started serving process %d (pid %d%s)", child.index, child.proc.pid,
-                 f", CPU {cpu}" if cpu is not None else "")
+        log.info(
+            "started serving process %d (pid %d%s)",
+            child.index,
+            child.proc.pid,
+            f", CPU {cpu}" if cpu is not None else "",
+        )
 
     # ------------------------------------------------------------------ run
 
@@ -259,12 +275,22 @@ class Supervisor:
             self._close_ready(child)
             ran = now - child.started
             if child.first:
-                log.error("serving process %d exited with code %s during start-up (after %.1f s); "
-                          "stopping the others (see its error above)", child.index, rc, ran)
+                log.error(
+                    "serving process %d exited with code %s during start-up (after %.1f s); "
+                    "stopping the others (see its error above)",
+                    child.index,
+                    rc,
+                    ran,
+                )
                 return rc if rc and rc > 0 else 1
             child.restart_at = now + child.backoff
-            log.error("serving process %d exited with code %s after %.0f s; restarting it in %.0f s",
-                      child.index, rc, ran, child.backoff)
+            log.error(
+                "serving process %d exited with code %s after %.0f s; restarting it in %.0f s",
+                child.index,
+                rc,
+                ran,
+                child.backoff,
+            )
             child.backoff = min(child.backoff * 2, _BACKOFF_MAX)
         return 0
 

@@ -17,16 +17,15 @@ import logging
 from typing import Any
 
 from broker_core import Broker
-
-from gateway.exchange.assemble import Assembly
 from gateway.config.loader import Settings
-from gateway.errors import ConfigError
-from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
 from gateway.delivery.running import start_delivery, upgrade_deliveries
+from gateway.errors import ConfigError
+from gateway.exchange.assemble import Assembly
 from gateway.exchange.submission import Gateway
-from gateway.routing.partners import PartnerRegistry
 from gateway.ledger.reconciler import Reconciler
-from gateway.runtime.stomp_listener import stomp_options  # noqa: F401 (the listener's options: its users, limits)
+from gateway.ledger.records import Ledger, current_revision, head_revision, upgrade_ledger
+from gateway.routing.partners import PartnerRegistry
+from gateway.runtime.stomp_listener import stomp_options  # the listener's options: its users, limits
 
 __all__ = ["Runtime", "etl_enabled", "open_broker", "start_stomp", "start_workers", "stomp_options"]
 
@@ -87,7 +86,9 @@ def start_workers(settings: Settings, broker: Broker) -> Any:
     try:
         handlers = importlib.import_module("gateway.handlers")
     except ImportError as exc:
-        raise settings.workers_where.error(f"the handler framework (gateway.handlers) is not available: {exc}") from None
+        raise settings.workers_where.error(
+            f"the handler framework (gateway.handlers) is not available: {exc}"
+        ) from None
     items = []
     for item in handlers.registry:
         module = getattr(item.function, "__module__", None)
@@ -112,8 +113,12 @@ async def start_stomp(settings: Settings, broker: Broker) -> Any:
     try:
         await server.start()
     except OSError as exc:
-        log.error("STOMP listener not started on %s:%s: %s (set stomp.port, or stomp.enabled: false)",
-                  options["host"], options["port"], exc)
+        log.error(
+            "STOMP listener not started on %s:%s: %s (set stomp.port, or stomp.enabled: false)",
+            options["host"],
+            options["port"],
+            exc,
+        )
         return None
     return server
 
@@ -121,8 +126,16 @@ async def start_stomp(settings: Settings, broker: Broker) -> Any:
 class Runtime:
     """The running parts of a gateway (see the module docstring)."""
 
-    def __init__(self, assembly: Assembly, *, broker: Broker | None = None, workers: bool = True,
-                 etl: bool = True, reconcile: bool = True, gateway: bool = True) -> None:
+    def __init__(
+        self,
+        assembly: Assembly,
+        *,
+        broker: Broker | None = None,
+        workers: bool = True,
+        etl: bool = True,
+        reconcile: bool = True,
+        gateway: bool = True,
+    ) -> None:
         self.assembly = assembly
         self.settings = assembly.settings
         self.broker = broker
@@ -145,13 +158,18 @@ class Runtime:
             if self.broker is None:
                 self.broker = open_broker(self.settings)
             if self._want_gateway:
-                self.gateway = Gateway(self.assembly, self.broker, intake_threads=self.settings.intake_threads,
-                                       intake_facts=self.settings.intake_facts,
-                                       large_workers=self.settings.intake_workers)
+                self.gateway = Gateway(
+                    self.assembly,
+                    self.broker,
+                    intake_threads=self.settings.intake_threads,
+                    intake_facts=self.settings.intake_facts,
+                    large_workers=self.settings.intake_workers,
+                )
                 self.gateway.start()
             if self._want_reconcile:
-                self.reconciler = Reconciler(self.broker, Ledger(self.broker.engine),
-                                             interval=self.settings.reconcile_interval)
+                self.reconciler = Reconciler(
+                    self.broker, Ledger(self.broker.engine), interval=self.settings.reconcile_interval
+                )
                 self.reconciler.start()
             if self._want_workers:
                 self.worker = start_workers(self.settings, self.broker)
@@ -171,8 +189,9 @@ class Runtime:
             from spark_etl.scheduler import NightlyLoad  # type: ignore[import-not-found]
         except ImportError as exc:
             if self.settings.etl.get("enabled") is True:
-                raise ConfigError(f"etl.enabled is true but the warehouse load is not available: {exc}",
-                                  file=self.settings.where.file) from None
+                raise ConfigError(
+                    f"etl.enabled is true but the warehouse load is not available: {exc}", file=self.settings.where.file
+                ) from None
             log.info("nightly warehouse load not started: %s", exc)
             return None
         load = NightlyLoad(dict(self.settings.etl), self.settings.store_url)
@@ -184,17 +203,23 @@ class Runtime:
         """The ledger's archive job on its schedule (spark_etl.archive), sharing this process's store."""
         policy = self.settings.retention
         if policy.needs_archive and importlib.util.find_spec("pyarrow") is None:
-            raise ConfigError("ledger.retention archives documents (after: archive), which needs pyarrow: install "
-                              "the etl extra (pip install 'b2bgw[etl]'), or set after: purge",
-                              file=self.settings.where.file)
+            raise ConfigError(
+                "ledger.retention archives documents (after: archive), which needs pyarrow: install "
+                "the etl extra (pip install 'b2bgw[etl]'), or set after: purge",
+                file=self.settings.where.file,
+            )
         from spark_etl.archive import ArchiveSchedule, archive_root, store_writer
 
         assert self.broker is not None
-        schedule = ArchiveSchedule(policy, self.settings.store_url, engine=self.broker.engine,
-                                   write=store_writer(self.broker),
-                                   purge_write=store_writer(self.broker, durable=False),
-                                   root=archive_root(policy, self.settings.etl),
-                                   wait_for_warehouse=etl_enabled(self.settings))
+        schedule = ArchiveSchedule(
+            policy,
+            self.settings.store_url,
+            engine=self.broker.engine,
+            write=store_writer(self.broker),
+            purge_write=store_writer(self.broker, durable=False),
+            root=archive_root(policy, self.settings.etl),
+            wait_for_warehouse=etl_enabled(self.settings),
+        )
         schedule.start()
         return schedule
 
@@ -203,13 +228,13 @@ class Runtime:
         if self.archive is not None:
             try:
                 self.archive.shutdown()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:  # keep stopping the rest
                 log.exception("stopping the ledger archive failed")
             self.archive = None
         if self.etl is not None:
             try:
                 self.etl.shutdown()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:  # keep stopping the rest
                 log.exception("stopping the warehouse load failed")
             self.etl = None
         if self.delivery is not None:
@@ -218,7 +243,7 @@ class Runtime:
         if self.worker is not None:
             try:
                 self.worker.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("stopping the workers failed")
             self.worker = None
         if self.reconciler is not None:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from broker_core.stomp import StompLimits, StompUser, generate_passcode, hash_passcode, is_passcode_hash
-
 from gateway.config.loader import STOMP_KEYS, Settings
 from gateway.config.stomp import no_users_hint
 from gateway.errors import ConfigError
@@ -44,25 +43,34 @@ def passcode_hash_from_file(path: Path, login: str) -> str:
         if hash_path.exists():
             encoded = hash_path.read_text(encoding="utf-8").strip()
             if not is_passcode_hash(encoded):
-                raise ConfigError(f"{hash_path} does not hold a passcode hash; delete it (and {path}) to have a new "
-                                  f"passcode generated for STOMP user {login!r}")
+                raise ConfigError(
+                    f"{hash_path} does not hold a passcode hash; delete it (and {path}) to have a new "
+                    f"passcode generated for STOMP user {login!r}"
+                )
             return encoded
         if path.exists():
             passcode = path.read_text(encoding="utf-8").strip()
             if not passcode:
-                raise ConfigError(f"{path} is empty: write STOMP user {login!r}'s passcode in it, or delete it to "
-                                  "have one generated")
+                raise ConfigError(
+                    f"{path} is empty: write STOMP user {login!r}'s passcode in it, or delete it to have one generated"
+                )
         else:
             passcode = generate_passcode()
             _write_private(path, passcode)
-            log.warning("STOMP user %r: a new passcode was written to %s (readable by this account only); give it "
-                        "to the back end", login, path)
+            log.warning(
+                "STOMP user %r: a new passcode was written to %s (readable by this account only); give it "
+                "to the back end",
+                login,
+                path,
+            )
         encoded = hash_passcode(passcode)
         _write_private(hash_path, encoded)
         return encoded
     except OSError as exc:
-        raise ConfigError(f"STOMP user {login!r}: cannot keep its passcode in {path}: {exc.strerror or exc}; make "
-                          "the folder writable by the gateway or give a passcode_hash instead") from None
+        raise ConfigError(
+            f"STOMP user {login!r}: cannot keep its passcode in {path}: {exc.strerror or exc}; make "
+            "the folder writable by the gateway or give a passcode_hash instead"
+        ) from None
 
 
 def listener_users(section: dict[str, Any]) -> list[StompUser]:
@@ -73,8 +81,16 @@ def listener_users(section: dict[str, Any]) -> list[StompUser]:
             encoded = entry["passcode_hash"]
         else:
             encoded = passcode_hash_from_file(Path(entry["passcode_file"]), login)
-        users.append(StompUser(login, encoded, consume=entry.get("consume", ()), browse=entry.get("browse", ()),
-                               send=entry.get("send", ()), client_ids=entry.get("client_ids")))
+        users.append(
+            StompUser(
+                login,
+                encoded,
+                consume=entry.get("consume", ()),
+                browse=entry.get("browse", ()),
+                send=entry.get("send", ()),
+                client_ids=entry.get("client_ids"),
+            )
+        )
     return users
 
 
@@ -99,8 +115,10 @@ def stomp_options(settings: Settings) -> dict[str, Any] | None:
         options["selector_string_numbers"] = str(section.pop("selector_string_numbers"))
     options["limits"] = StompLimits(**dict(section.pop("limits", None) or {}))
     if section:
-        raise ConfigError(f"unknown keys in the stomp section: {sorted(section)} (known: "
-                          f"{', '.join(sorted(STOMP_KEYS))})", file=settings.where.file)
+        raise ConfigError(
+            f"unknown keys in the stomp section: {sorted(section)} (known: {', '.join(sorted(STOMP_KEYS))})",
+            file=settings.where.file,
+        )
     return options
 
 
@@ -114,8 +132,10 @@ def print_passcode_hash() -> int:
     else:
         passcode = sys.stdin.readline().rstrip("\r\n")
     if not passcode:
-        print("no passcode given: type one, or pipe it in (printf %s \"$PASSCODE\" | b2bgw stomp --hash-passcode)",
-              file=sys.stderr)
+        print(
+            'no passcode given: type one, or pipe it in (printf %s "$PASSCODE" | b2bgw stomp --hash-passcode)',
+            file=sys.stderr,
+        )
         return 2
     print(hash_passcode(passcode))
     return 0

@@ -42,8 +42,8 @@ def start_reloading(assembly: Any = None) -> None:
     for reloader in reloaders:
         reloader.start(loop)
     if assembly is not None:
-        from gateway.trust.expiry import ExpiryWatch
         from gateway.runtime.partners_watch import PartnersWatcher
+        from gateway.trust.expiry import ExpiryWatch
 
         settings = assembly.settings
         watcher = PartnersWatcher(settings, assembly.partners, settings.trust.partners_reload)

@@ -27,7 +27,6 @@ import time
 from lxml import etree
 
 from broker_core import JMSError, Message, TextMessage, XMLMessage
-
 from gateway.handlers import AsyncHandlerContext, Reject, handler
 
 __all__ = [
@@ -86,13 +85,27 @@ def _receive(message: Message, context: AsyncHandlerContext, queue: str, *doc_ty
     root = _root(message)
     name = etree.QName(root)
     if name.localname not in doc_types or name.namespace != f"{_UBL}{name.localname}-2":
-        raise Reject(f"{queue} carries UBL {' and '.join(doc_types)} documents, not {{{name.namespace}}}{name.localname}")
+        raise Reject(
+            f"{queue} carries UBL {' and '.join(doc_types)} documents, not {{{name.namespace}}}{name.localname}"
+        )
     partner = message.get_string_property("JMSXUserID") if message.property_exists("JMSXUserID") else None
-    receipt = Receipt(name.localname, root.findtext(f"{{{CBC}}}ID"), root.findtext(_ORDER_ID),
-                      message.jms_message_id, partner, time.time())
+    receipt = Receipt(
+        name.localname,
+        root.findtext(f"{{{CBC}}}ID"),
+        root.findtext(_ORDER_ID),
+        message.jms_message_id,
+        partner,
+        time.time(),
+    )
     RECEIVED.append(receipt)
-    context.logger.info("%s %s (order %s) from %s received as %s", receipt.doc_type, receipt.doc_id,
-                        receipt.order_id, receipt.partner, receipt.message_id)
+    context.logger.info(
+        "%s %s (order %s) from %s received as %s",
+        receipt.doc_type,
+        receipt.doc_id,
+        receipt.order_id,
+        receipt.partner,
+        receipt.message_id,
+    )
     return receipt
 
 

@@ -25,7 +25,6 @@ import uuid
 from lxml import etree
 
 from broker_core import Message, MessageFormatError, TextMessage, XMLMessage
-
 from gateway.handlers import AsyncHandlerContext, HandlerContext, handler
 from gateway.intake.schemas import SchemaRegistry
 
@@ -83,8 +82,9 @@ def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrib: st
     return element
 
 
-def build_order_response(order_root: etree._Element, *, issued: _dt.datetime | None = None,
-                         response_id: str | None = None) -> etree._Element:
+def build_order_response(
+    order_root: etree._Element, *, issued: _dt.datetime | None = None, response_id: str | None = None
+) -> etree._Element:
     """The root element of an OrderResponse that accepts ``order_root`` (a UBL
     2.1 ``Order``) as it stands; see the module documentation for its content.
 
@@ -106,12 +106,14 @@ def build_order_response(order_root: etree._Element, *, issued: _dt.datetime | N
     buyer = _child(order_root, _cac("BuyerCustomerParty"))
     seller = _child(order_root, _cac("SellerSupplierParty"))
     if buyer is None or seller is None:
-        raise ValueError("the order has no " + ("cac:BuyerCustomerParty" if buyer is None else "cac:SellerSupplierParty"))
+        raise ValueError(
+            "the order has no " + ("cac:BuyerCustomerParty" if buyer is None else "cac:SellerSupplierParty")
+        )
 
     if issued is None:
-        issued = _dt.datetime.now(_dt.timezone.utc)
+        issued = _dt.datetime.now(_dt.UTC)
     elif issued.tzinfo is not None:
-        issued = issued.astimezone(_dt.timezone.utc)
+        issued = issued.astimezone(_dt.UTC)
     zone = "Z" if issued.tzinfo is not None else ""
 
     root = etree.Element(f"{{{ORDER_RESPONSE_NS}}}OrderResponse", nsmap=NSMAP)
@@ -186,8 +188,11 @@ def _answer(message: Message, logger: logging.Logger) -> etree._Element:
     if VALIDATE_RESPONSES:
         _schemas().validate(response, "ubl-2.1/OrderResponse")
     if logger.isEnabledFor(logging.DEBUG):  # one line per order: DEBUG (hundreds a second under load)
-        logger.debug("order %s answered with order response %s",
-                    response.findtext(f"{{{CAC}}}OrderReference/{{{CBC}}}ID"), response.findtext(_cbc("ID")))
+        logger.debug(
+            "order %s answered with order response %s",
+            response.findtext(f"{{{CAC}}}OrderReference/{{{CBC}}}ID"),
+            response.findtext(_cbc("ID")),
+        )
     return response
 
 

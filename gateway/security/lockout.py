@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -43,8 +44,9 @@ class Lockout:
         """Whole seconds until (*name*, *address*) may try again; 0: now."""
         now = int(time.time() * 1000)
         with self.engine.connect() as conn:
-            until = conn.execute(sa.select(login_failures.c.locked_until)
-                                 .where(login_failures.c.subject == _subject(name, address))).scalar()
+            until = conn.execute(
+                sa.select(login_failures.c.locked_until).where(login_failures.c.subject == _subject(name, address))
+            ).scalar()
             conn.rollback()
         return 0 if until is None or until <= now else math.ceil((until - now) / 1000)
 

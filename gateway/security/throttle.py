@@ -15,7 +15,7 @@ import ipaddress
 import math
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gateway.errors import AuthenticationThrottledError
 
@@ -39,8 +39,9 @@ def _subject(address: str) -> str:
 class FailureThrottle:
     """Failure times per address in a sliding window (a bounded number of addresses, oldest forgotten)."""
 
-    def __init__(self, max_failures: int = MAX_FAILURES, window: float = WINDOW,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_failures: int = MAX_FAILURES, window: float = WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_failures = max_failures
         self.window = window
         self._clock = clock
@@ -65,7 +66,8 @@ class FailureThrottle:
         raise AuthenticationThrottledError(
             f"Too many failed authentications from your address ({self.max_failures} within "
             f"{self.window:g} s); check the API key you send and retry after {math.ceil(wait)} s.",
-            retry_after=math.ceil(wait))
+            retry_after=math.ceil(wait),
+        )
 
     def fail(self, address: str | None) -> None:
         if address is None:

@@ -23,7 +23,6 @@ import logging
 from typing import Any
 
 from broker_core.clock import iso_ms
-
 from gateway.telemetry.log_escape import escape_block, escape_controls
 
 __all__ = [

@@ -20,7 +20,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.registry import Collector
@@ -38,6 +39,7 @@ def add_exposition(part: Callable[[], bytes]) -> None:
     if part not in _EXPOSITIONS:
         _EXPOSITIONS.append(part)
 
+
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -45,19 +47,39 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-HTTP_REQUESTS = Counter("b2bgw_http_requests", "HTTP requests by route template, method, status and partner.",
-                        ["route", "method", "status", "partner"], registry=REGISTRY)
-INTAKE = Histogram("b2bgw_intake_duration_seconds", "POST /v1/documents, first byte to answer, by B2B route.",
-                   ["route"], buckets=_LATENCY, registry=REGISTRY)
-REQUEST_REPLY = Histogram("b2bgw_request_reply_duration_seconds",
-                          "Request-reply documents answered with the backend's reply, by B2B route.",
-                          ["route"], buckets=_LATENCY, registry=REGISTRY)
+HTTP_REQUESTS = Counter(
+    "b2bgw_http_requests",
+    "HTTP requests by route template, method, status and partner.",
+    ["route", "method", "status", "partner"],
+    registry=REGISTRY,
+)
+INTAKE = Histogram(
+    "b2bgw_intake_duration_seconds",
+    "POST /v1/documents, first byte to answer, by B2B route.",
+    ["route"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+REQUEST_REPLY = Histogram(
+    "b2bgw_request_reply_duration_seconds",
+    "Request-reply documents answered with the backend's reply, by B2B route.",
+    ["route"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
 REFUSALS = Counter("b2bgw_refusals", "Refused requests by RFC 9457 problem code.", ["code"], registry=REGISTRY)
-COMMIT = Histogram("b2bgw_store_commit_duration_seconds", "Store transactions (group commits), arrival to commit.",
-                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-                   registry=REGISTRY)
-COMMIT_BATCH = Histogram("b2bgw_store_commit_batch_size", "Operations carried by each store transaction.",
-                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=REGISTRY)
+COMMIT = Histogram(
+    "b2bgw_store_commit_duration_seconds",
+    "Store transactions (group commits), arrival to commit.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+    registry=REGISTRY,
+)
+COMMIT_BATCH = Histogram(
+    "b2bgw_store_commit_batch_size",
+    "Operations carried by each store transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    registry=REGISTRY,
+)
 
 _INTAKE_PATH = "/v1/documents"
 
@@ -82,7 +104,8 @@ class HttpMetrics:
     def __init__(self, partners: set[str]) -> None:
         self._partners = partners  # label values are configured partners only: the label set stays bounded
         self._pending: collections.deque[tuple[str, str, int, str | None, str | None, str | None, float]] = (
-            collections.deque())
+            collections.deque()
+        )
         self._requests: dict[tuple[str, str, int, str], Any] = {}
         self._intake: dict[str, Any] = {}
         self._reply: dict[str, Any] = {}
@@ -90,8 +113,9 @@ class HttpMetrics:
         self._flush_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any,
-                       dispatch: Callable[[Any, Any, Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: Any, receive: Any, send: Any, dispatch: Callable[[Any, Any, Any], Awaitable[None]]
+    ) -> None:
         started = time.perf_counter()
         state = [500, None]  # status, B2B route id
         path = scope["path"]
@@ -113,9 +137,17 @@ class HttpMetrics:
             await dispatch(scope, receive, sending)
         finally:
             route = scope.get("route")
-            self._pending.append((path if path == _INTAKE_PATH else getattr(route, "path", None) or "other",
-                                  scope["method"], state[0], fields.get("partner"), fields.get("problem"), state[1],
-                                  time.perf_counter() - started))
+            self._pending.append(
+                (
+                    path if path == _INTAKE_PATH else getattr(route, "path", None) or "other",
+                    scope["method"],
+                    state[0],
+                    fields.get("partner"),
+                    fields.get("problem"),
+                    state[1],
+                    time.perf_counter() - started,
+                )
+            )
             restore(token)
             if self._flusher is None:
                 self._start_flusher()
@@ -131,10 +163,8 @@ class HttpMetrics:
             time.sleep(self.FLUSH_EVERY)
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001 - a metrics bug must not stop the counting
-                import logging
-
-                logging.getLogger("gateway.telemetry.metrics").exception("updating the HTTP metrics failed")
+            except Exception:  # a metrics bug must not stop the counting
+                log.exception("updating the HTTP metrics failed")
 
     def flush(self) -> None:
         """Add what the requests since the last flush counted to the metrics."""
@@ -217,13 +247,15 @@ class _Family:
 
     def __init__(self, name: str, kind: str, text: str, labels: tuple[str, ...] = ()) -> None:
         self.sample = name + "_total" if kind == "counter" else name
-        self.lines = [f"# HELP {self.sample if kind == 'counter' else name} {text}",
-                      f"# TYPE {self.sample if kind == 'counter' else name} {kind}"]
+        self.lines = [
+            f"# HELP {self.sample if kind == 'counter' else name} {text}",
+            f"# TYPE {self.sample if kind == 'counter' else name} {kind}",
+        ]
         self.labels = labels
 
     def add(self, values: tuple[str, ...], value: float) -> None:
         if values:
-            pairs = ",".join(f'{k}="{_label(v)}"' for k, v in zip(self.labels, values))
+            pairs = ",".join(f'{k}="{_label(v)}"' for k, v in zip(self.labels, values, strict=False))
             self.lines.append(f"{self.sample}{{{pairs}}} {_number(value)}")
         else:
             self.lines.append(f"{self.sample} {_number(value)}")
@@ -237,8 +269,9 @@ def store_exposition(snapshot: Any, dead_letter_prefix: str) -> str:
     depth = _Family("b2bgw_destination_depth", "gauge", "Messages waiting.", dest)
     flight = _Family("b2bgw_destination_in_flight", "gauge", "Delivered, not yet acknowledged.", dest)
     consumers = _Family("b2bgw_destination_consumers", "gauge", "Open consumers, of every process.", dest)
-    oldest = _Family("b2bgw_destination_oldest_age_seconds", "gauge",
-                     "How long the longest-waiting message has waited.", dest)
+    oldest = _Family(
+        "b2bgw_destination_oldest_age_seconds", "gauge", "How long the longest-waiting message has waited.", dest
+    )
     enqueued = _Family("b2bgw_destination_enqueued", "counter", "Messages stored.", dest)
     outcomes = _Family("b2bgw_handler_outcomes", "counter", "Deliveries by outcome.", dest + ("outcome",))
     dead = _Family("b2bgw_dead_letter_depth", "gauge", "Messages in the queue's dead-letter queue.", ("destination",))
@@ -247,8 +280,11 @@ def store_exposition(snapshot: Any, dead_letter_prefix: str) -> str:
         name = s.name
         if name.startswith(("temp-", "subscriber://")):
             continue
-        kind = "subscription" if s.topic or name.startswith("durable://") else (
-            "dead-letter" if name.startswith(dead_letter_prefix) else "queue")
+        kind = (
+            "subscription"
+            if s.topic or name.startswith("durable://")
+            else ("dead-letter" if name.startswith(dead_letter_prefix) else "queue")
+        )
         values = (name, kind)
         depth.add(values, s.depth)
         flight.add(values, s.in_flight)
@@ -260,18 +296,24 @@ def store_exposition(snapshot: Any, dead_letter_prefix: str) -> str:
         outcomes.add((name, kind, "dead_lettered"), s.dead_lettered)
         outcomes.add((name, kind, "expired"), s.expired)
         if kind == "dead-letter":
-            dead.add(("queue://" + name[len(dead_letter_prefix):],), s.depth)
+            dead.add(("queue://" + name[len(dead_letter_prefix) :],), s.depth)
     families = [depth, flight, consumers, oldest, enqueued, outcomes, dead]
     run = snapshot.etl_last_run
     if run is not None:
         for name, text, value in (
-            ("b2bgw_etl_last_run_success", "1 when the last warehouse load succeeded.",
-             1 if run.get("status") == "succeeded" else 0),
+            (
+                "b2bgw_etl_last_run_success",
+                "1 when the last warehouse load succeeded.",
+                1 if run.get("status") == "succeeded" else 0,
+            ),
             ("b2bgw_etl_last_run_duration_seconds", "Duration of the last warehouse load.", run.get("duration_s")),
             ("b2bgw_etl_last_run_rows", "Rows the last warehouse load wrote.", run.get("rows_written")),
             ("b2bgw_etl_last_run_documents", "Documents the last warehouse load loaded.", run.get("loaded")),
-            ("b2bgw_etl_last_run_timestamp_seconds", "When the last warehouse load finished.",
-             (run.get("finished_at") or 0) / 1000 or None),
+            (
+                "b2bgw_etl_last_run_timestamp_seconds",
+                "When the last warehouse load finished.",
+                (run.get("finished_at") or 0) / 1000 or None,
+            ),
         ):
             if value is not None:
                 family = _Family(name, "gauge", text)
@@ -293,7 +335,7 @@ class StoreMetrics:
     def exposition(self) -> bytes:
         try:
             snapshot = self._snapshot()
-        except Exception:  # noqa: BLE001 - the store is away: the process's own metrics still go out
+        except Exception:  # the store is away: the process's own metrics still go out
             return b""
         with self._lock:
             rendered = self._rendered
@@ -320,7 +362,7 @@ def scrape(store: StoreMetrics | None = None, shared: Collector | None = None) -
         registry.register(shared)
         try:
             own += generate_latest(registry)
-        except Exception:  # noqa: BLE001 - the store is away: the other metrics still go out
+        except Exception:  # the store is away: the other metrics still go out
             log.warning("the retention metrics could not be read from the store", exc_info=True)
     for part in _EXPOSITIONS:
         own += part()

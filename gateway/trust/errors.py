@@ -12,5 +12,7 @@ class KeyExpiredError(AuthenticationError):
     that the key is expired or not yet valid, never whose it is."""
 
     code = "key-expired"
-    default_detail = ("This API key is outside its validity period (expired or not yet valid); use the current "
-                      "key agreed for your partner account.")
+    default_detail = (
+        "This API key is outside its validity period (expired or not yet valid); use the current "
+        "key agreed for your partner account."
+    )

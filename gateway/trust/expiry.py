@@ -18,9 +18,13 @@ __all__ = ["Credential", "ExpiryWatch", "credentials"]
 
 log = logging.getLogger(__name__)
 
-EXPIRY = Gauge("b2bgw_credential_expiry_seconds",
-               "Seconds until a partner's API key or pinned client certificate expires (negative: expired).",
-               ["partner", "kind", "name"], registry=REGISTRY, multiprocess_mode="min")
+EXPIRY = Gauge(
+    "b2bgw_credential_expiry_seconds",
+    "Seconds until a partner's API key or pinned client certificate expires (negative: expired).",
+    ["partner", "kind", "name"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
 #: How often the warning is repeated (and the gauge refreshed).
 CHECK_EVERY = 3600.0
 
@@ -46,13 +50,29 @@ def credentials(registry: Any) -> list[Credential]:
     out = []
     for key in registry.keys.values():
         window = trust.key_window(key.partner, key.id) if trust is not None else None
-        out.append(Credential(key.partner, "key", key.id, window.label if window else None,
-                              window.not_before if window else None, window.not_after if window else None))
+        out.append(
+            Credential(
+                key.partner,
+                "key",
+                key.id,
+                window.label if window else None,
+                window.not_before if window else None,
+                window.not_after if window else None,
+            )
+        )
     if trust is not None:
         for partner_id, entry in trust.partners.items():
             for pin in entry.pins:
-                out.append(Credential(partner_id, "certificate", pin.describe(), pin.window.label,
-                                      pin.window.not_before, pin.window.not_after))
+                out.append(
+                    Credential(
+                        partner_id,
+                        "certificate",
+                        pin.describe(),
+                        pin.window.label,
+                        pin.window.not_before,
+                        pin.window.not_after,
+                    )
+                )
     return sorted(out, key=lambda c: (c.partner, c.kind, c.name))
 
 
@@ -66,7 +86,7 @@ class ExpiryWatch:
 
     def check(self, now: dt.datetime | None = None) -> list[Credential]:
         """Refresh the gauge; log and return the credentials expiring within the warning period."""
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         soon = []
         for cred in credentials(self.registry):
             if cred.not_after is None:
@@ -77,11 +97,20 @@ class ExpiryWatch:
                 soon.append(cred)
                 what = f"{cred.kind} {cred.name}" + (f" ({cred.label})" if cred.label else "")
                 if days < 0:
-                    log.warning("partner %s: %s expired on %s; remove it, or give the partner a new one",
-                                cred.partner, what, cred.not_after.isoformat())
+                    log.warning(
+                        "partner %s: %s expired on %s; remove it, or give the partner a new one",
+                        cred.partner,
+                        what,
+                        cred.not_after.isoformat(),
+                    )
                 else:
-                    log.warning("partner %s: %s expires on %s (in %.0f days); issue its successor now",
-                                cred.partner, what, cred.not_after.isoformat(), days)
+                    log.warning(
+                        "partner %s: %s expires on %s (in %.0f days); issue its successor now",
+                        cred.partner,
+                        what,
+                        cred.not_after.isoformat(),
+                        days,
+                    )
         return soon
 
     def start(self) -> None:
@@ -91,7 +120,7 @@ class ExpiryWatch:
         while True:
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - never stop warning because of one failure
+            except Exception:  # never stop warning because of one failure
                 log.exception("checking expiries failed")
             if self._stop.wait(CHECK_EVERY):
                 return

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from asyncio import sslproto
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["FIRST_BYTE_TIMEOUT", "HttpsOnlyProtocol", "https_only_factory"]
 
@@ -34,8 +35,12 @@ PLAIN_HTTP_ANSWER = (
 class HttpsOnlyProtocol(asyncio.Protocol):
     """The first protocol of each connection (module docstring)."""
 
-    def __init__(self, make_protocol: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        make_protocol: Callable[[], asyncio.BaseProtocol],
+        context: ssl.SSLContext,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.make_protocol = make_protocol
         self.context = context
         self.loop = loop
@@ -56,8 +61,14 @@ class HttpsOnlyProtocol(asyncio.Protocol):
             self.transport.write(PLAIN_HTTP_ANSWER)
             self.transport.close()
             return
-        tls = sslproto.SSLProtocol(self.loop, self.make_protocol(), self.context, None, server_side=True,
-                                   ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        tls = sslproto.SSLProtocol(
+            self.loop,
+            self.make_protocol(),
+            self.context,
+            None,
+            server_side=True,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+        )
         self.transport.set_protocol(tls)
         tls.connection_made(self.transport)
         view = memoryview(data)
@@ -82,6 +93,8 @@ def https_only_factory(protocol_class: Any, context: ssl.SSLContext) -> Callable
         loop = _loop or asyncio.get_running_loop()
         return HttpsOnlyProtocol(
             lambda: protocol_class(config=config, server_state=server_state, app_state=app_state, _loop=_loop),
-            context, loop)
+            context,
+            loop,
+        )
 
     return factory

@@ -24,8 +24,8 @@ import logging
 import re
 import ssl
 import urllib.parse
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -220,9 +220,11 @@ class TrustMiddleware:
         elif scope["type"] == "http" and self.trust.trusted_proxies:
             client = scope.get("client")
             if client and _trusted(client[0], self.trust.trusted_proxies):
-                headers = {name: value for name, value in scope["headers"]
-                           if name in (b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", NGINX_HEADER,
-                                       ENVOY_HEADER)}
+                headers = {
+                    name: value
+                    for name, value in scope["headers"]
+                    if name in (b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", NGINX_HEADER, ENVOY_HEADER)
+                }
                 address, proto = forwarded_client(headers, self.trust.trusted_proxies)
                 if address is not None:
                     scope["client"] = (address, 0)

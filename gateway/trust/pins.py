@@ -19,8 +19,17 @@ from cryptography import x509
 from gateway.marked import MarkedDict, Where, check_keys, expect_choice, expect_list, expect_mapping, expect_str
 from gateway.trust.peer import PeerCertificate
 
-__all__ = ["trust_registry", "AUTH_POLICIES", "KEY_WINDOW_KEYS", "PARTNER_TRUST_KEYS", "CertificatePin", "KeyWindow",
-           "PartnerTrust", "TrustRegistry", "parse_partner_trust"]
+__all__ = [
+    "trust_registry",
+    "AUTH_POLICIES",
+    "KEY_WINDOW_KEYS",
+    "PARTNER_TRUST_KEYS",
+    "CertificatePin",
+    "KeyWindow",
+    "PartnerTrust",
+    "TrustRegistry",
+    "parse_partner_trust",
+]
 
 #: ``auth``: what a partner must present. ``key``: an API key (a pinned certificate, if presented, must be
 #: its own); ``certificate``: a pinned client certificate alone; ``both``: a key and its own certificate.
@@ -35,16 +44,16 @@ _HEX = re.compile(r"^[0-9a-f]{64}$")
 def _when(value: Any, where: Where, what: str) -> dt.datetime:
     """A YAML date or timestamp, or an ISO 8601 string, as an aware UTC datetime (a date: 00:00 UTC)."""
     if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
     if isinstance(value, str):
         try:
             parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
             pass
         else:
-            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
     raise where.error(f"{what} must be a date or a timestamp (2027-01-31, 2027-01-31T12:00:00Z); got {value!r}")
 
 
@@ -65,10 +74,16 @@ KeyWindow = Window
 
 def _window(entry: MarkedDict, what: str) -> Window:
     label = expect_str(entry["label"], entry.at("label"), f"{what} label") if entry.get("label") is not None else None
-    before = _when(entry["not_before"], entry.at("not_before"), f"{what} not_before") \
-        if entry.get("not_before") is not None else None
-    after = _when(entry["not_after"], entry.at("not_after"), f"{what} not_after") \
-        if entry.get("not_after") is not None else None
+    before = (
+        _when(entry["not_before"], entry.at("not_before"), f"{what} not_before")
+        if entry.get("not_before") is not None
+        else None
+    )
+    after = (
+        _when(entry["not_after"], entry.at("not_after"), f"{what} not_after")
+        if entry.get("not_after") is not None
+        else None
+    )
     if before is not None and after is not None and after <= before:
         raise entry.at("not_after").error(f"{what}: not_after must come after not_before")
     return Window(label, before, after)
@@ -120,14 +135,17 @@ def _pin(item: Any, where: Where, what: str) -> CertificatePin:
             raise where.error(f"{what}: pin by sha256, or by subject and issuer, not both")
         text = expect_str(entry["sha256"], entry.at("sha256"), f"{what} sha256").replace(":", "").strip().lower()
         if not _HEX.match(text):
-            raise entry.at("sha256").error(f"{what} sha256 must be the certificate's SHA-256 fingerprint, 64 hex "
-                                           "digits (colons allowed), as `openssl x509 -noout -fingerprint -sha256` "
-                                           "prints it")
+            raise entry.at("sha256").error(
+                f"{what} sha256 must be the certificate's SHA-256 fingerprint, 64 hex "
+                "digits (colons allowed), as `openssl x509 -noout -fingerprint -sha256` "
+                "prints it"
+            )
         return CertificatePin(text, None, None, window)
     if "subject" not in entry or "issuer" not in entry:
         raise where.error(f"{what} needs sha256, or subject and issuer")
-    return CertificatePin(None, _name(entry, "subject", f"{what} subject"), _name(entry, "issuer", f"{what} issuer"),
-                          window)
+    return CertificatePin(
+        None, _name(entry, "subject", f"{what} subject"), _name(entry, "issuer", f"{what} issuer"), window
+    )
 
 
 def parse_partner_trust(entry: MarkedDict, partner_id: str) -> PartnerTrust:
@@ -160,8 +178,10 @@ class TrustRegistry:
                 if pin.sha256 is not None:
                     other = self.by_fingerprint.get(pin.sha256)
                     if other is not None and other[0] != partner_id:
-                        raise ValueError(f"certificate sha256:{pin.sha256} is pinned to partners {other[0]!r} and "
-                                         f"{partner_id!r}; a certificate identifies one partner")
+                        raise ValueError(
+                            f"certificate sha256:{pin.sha256} is pinned to partners {other[0]!r} and "
+                            f"{partner_id!r}; a certificate identifies one partner"
+                        )
                     self.by_fingerprint[pin.sha256] = (partner_id, pin)
                 else:
                     self.by_name.append((partner_id, pin))

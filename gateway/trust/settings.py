@@ -27,8 +27,10 @@ __all__ = ["TRUST_SERVER_KEYS", "TlsSettings", "TrustSettings", "parse_server_tr
 TRUST_SERVER_KEYS = {"tls", "trusted_proxies", "client_cert_header", "expiry_warning", "partners_reload"}
 _TLS_KEYS = {"certificate", "key", "key_password", "client_ca", "min_version", "ciphers", "reload_interval"}
 #: The TLS 1.2 suites offered (TLS 1.3's are OpenSSL's own, all AEAD): forward secrecy and AEAD only.
-MODERN_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
-                  "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305")
+MODERN_CIPHERS = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+)
 CLIENT_CERT_HEADERS = ("none", "nginx", "envoy")
 
 
@@ -70,8 +72,9 @@ def _file(mapping: MarkedDict, key: str, base_dir: Path, what: str) -> Path:
 def _tls(tls: MarkedDict, base_dir: Path) -> TlsSettings:
     check_keys(tls, _TLS_KEYS, "server.tls")
     if "certificate" not in tls or "key" not in tls:
-        raise tls.where.error("server.tls needs certificate (the PEM chain, server certificate first) and key (its "
-                              "private key, PEM)")
+        raise tls.where.error(
+            "server.tls needs certificate (the PEM chain, server certificate first) and key (its private key, PEM)"
+        )
     certificate = _file(tls, "certificate", base_dir, "server.tls.certificate")
     key = _file(tls, "key", base_dir, "server.tls.key")
     password = None
@@ -80,8 +83,9 @@ def _tls(tls: MarkedDict, base_dir: Path) -> TlsSettings:
     client_ca = _file(tls, "client_ca", base_dir, "server.tls.client_ca") if tls.get("client_ca") else None
     min_version = "1.2"
     if "min_version" in tls:
-        min_version = expect_choice(str(tls["min_version"]), tls.at("min_version"), "server.tls.min_version",
-                                    ("1.2", "1.3"))
+        min_version = expect_choice(
+            str(tls["min_version"]), tls.at("min_version"), "server.tls.min_version", ("1.2", "1.3")
+        )
     ciphers = MODERN_CIPHERS
     if "ciphers" in tls:
         ciphers = expect_str(tls["ciphers"], tls.at("ciphers"), "server.tls.ciphers")
@@ -89,8 +93,9 @@ def _tls(tls: MarkedDict, base_dir: Path) -> TlsSettings:
     if "reload_interval" in tls:
         interval = parse_duration(tls["reload_interval"], tls.at("reload_interval"), "server.tls.reload_interval")
         if not 0 <= interval <= 3600:
-            raise tls.at("reload_interval").error("server.tls.reload_interval must be from 0 (no polling; SIGHUP "
-                                                  "only) to 3600 s")
+            raise tls.at("reload_interval").error(
+                "server.tls.reload_interval must be from 0 (no polling; SIGHUP only) to 3600 s"
+            )
     settings = TlsSettings(certificate, key, password, client_ca, min_version, ciphers, interval, tls.where)
     from gateway.trust.tls import TlsConfigError, build_context  # a chain or key that does not load: now
 
@@ -109,8 +114,9 @@ def _networks(value: Any, where: Where) -> tuple[Any, ...]:
         try:
             out.append(ipaddress.ip_network(text.strip(), strict=False))
         except ValueError:
-            raise items.at(i).error(f"server.trusted_proxies: {text!r} is not an IP address or network "
-                                    "(e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+            raise items.at(i).error(
+                f"server.trusted_proxies: {text!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)"
+            ) from None
     return tuple(out)
 
 
@@ -124,19 +130,30 @@ def parse_server_trust(server: MarkedDict, base_dir: Path) -> TrustSettings:
         proxies = _networks(server["trusted_proxies"], server.at("trusted_proxies"))
     header = "none"
     if "client_cert_header" in server:
-        header = expect_choice(server["client_cert_header"], server.at("client_cert_header"),
-                               "server.client_cert_header", CLIENT_CERT_HEADERS)
+        header = expect_choice(
+            server["client_cert_header"],
+            server.at("client_cert_header"),
+            "server.client_cert_header",
+            CLIENT_CERT_HEADERS,
+        )
         if header != "none" and not proxies:
             raise server.at("client_cert_header").error(
-                "server.client_cert_header is read only from server.trusted_proxies; list the proxy's address there")
+                "server.client_cert_header is read only from server.trusted_proxies; list the proxy's address there"
+            )
     days = 30
     if "expiry_warning" in server:
-        days = expect_int(server["expiry_warning"], server.at("expiry_warning"), "server.expiry_warning (days)",
-                          minimum=0, maximum=3650)
+        days = expect_int(
+            server["expiry_warning"],
+            server.at("expiry_warning"),
+            "server.expiry_warning (days)",
+            minimum=0,
+            maximum=3650,
+        )
     reload = 1.0
     if "partners_reload" in server:
         reload = parse_duration(server["partners_reload"], server.at("partners_reload"), "server.partners_reload")
         if not 0 <= reload <= 3600:
-            raise server.at("partners_reload").error("server.partners_reload must be from 0 (never: a restart "
-                                                     "applies changes) to 3600 s")
+            raise server.at("partners_reload").error(
+                "server.partners_reload must be from 0 (never: a restart applies changes) to 3600 s"
+            )
     return TrustSettings(tls, proxies, header, days, reload)

@@ -36,9 +36,11 @@ def _load_chain(ctx: ssl.SSLContext, tls: Any) -> None:
     try:
         ctx.load_cert_chain(str(tls.certificate), str(tls.key), password=tls.key_password)
     except ssl.SSLError as exc:
-        raise TlsConfigError(f"the certificate {tls.certificate} and key {tls.key} do not load together "
-                             f"({exc.reason or exc}); give the PEM chain (server certificate first) and its own "
-                             "private key") from None
+        raise TlsConfigError(
+            f"the certificate {tls.certificate} and key {tls.key} do not load together "
+            f"({exc.reason or exc}); give the PEM chain (server certificate first) and its own "
+            "private key"
+        ) from None
     except OSError as exc:
         raise TlsConfigError(f"cannot read {exc.filename or tls.certificate}: {exc.strerror or exc}") from None
 
@@ -58,8 +60,9 @@ def build_context(tls: Any) -> ssl.SSLContext:
         try:
             ctx.load_verify_locations(cafile=str(tls.client_ca))
         except (ssl.SSLError, OSError) as exc:
-            raise TlsConfigError(f"the client CA bundle {tls.client_ca} does not load ({exc}); give PEM "
-                                 "certificates") from None
+            raise TlsConfigError(
+                f"the client CA bundle {tls.client_ca} does not load ({exc}); give PEM certificates"
+            ) from None
         ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
@@ -131,7 +134,7 @@ class CertificateReloader:
                     loop.call_soon_threadsafe(self.reload)
                 else:
                     self.reload()
-            except Exception:  # noqa: BLE001 - the poller must outlive any one failure
+            except Exception:  # the poller must outlive any one failure
                 log.exception("TLS certificate check failed")
 
     def stop(self) -> None:

@@ -32,5 +32,19 @@ from .model import ARCHIVE_TABLE, LEASE_NAME, ArchivedDocument, ArchiveResult, a
 from .read import get, verify
 from .schedule import ArchiveSchedule
 
-__all__ = ["ARCHIVE_TABLE", "ArchiveBusyError", "ArchiveError", "ArchiveStoppedError", "ArchiveResult", "ArchiveSchedule",
-           "ArchivedDocument", "LEASE_NAME", "archive_root", "get", "hooks", "run", "store_writer", "verify"]
+__all__ = [
+    "ARCHIVE_TABLE",
+    "ArchiveBusyError",
+    "ArchiveError",
+    "ArchiveStoppedError",
+    "ArchiveResult",
+    "ArchiveSchedule",
+    "ArchivedDocument",
+    "LEASE_NAME",
+    "archive_root",
+    "get",
+    "hooks",
+    "run",
+    "store_writer",
+    "verify",
+]

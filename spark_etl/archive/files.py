@@ -19,17 +19,33 @@ def _schema() -> Any:
     import pyarrow as pa
 
     ts = pa.timestamp("ms", tz="UTC")
-    return pa.schema([
-        ("message_id", pa.string()), ("partner", pa.string()), ("doc_type", pa.string()),
-        ("doc_namespace", pa.string()), ("doc_id", pa.string()), ("idempotency_key", pa.string()),
-        ("correlation_id", pa.string()), ("route", pa.string()), ("destination", pa.string()),
-        ("status", pa.string()), ("received_at", ts), ("updated_at", ts), ("archived_at", ts),
-        ("digest", pa.string()), ("request_sha256", pa.string()), ("reply_sha256", pa.string()),
-        ("request_xml", pa.string()), ("reply_xml", pa.string()), ("reply_type", pa.string()),
-        ("receipt", pa.string()), ("error", pa.string()),
-        ("history", pa.list_(pa.struct([("seq", pa.int64()), ("status", pa.string()), ("at", ts)]))),
-        ("batch_id", pa.int64()),
-    ])
+    return pa.schema(
+        [
+            ("message_id", pa.string()),
+            ("partner", pa.string()),
+            ("doc_type", pa.string()),
+            ("doc_namespace", pa.string()),
+            ("doc_id", pa.string()),
+            ("idempotency_key", pa.string()),
+            ("correlation_id", pa.string()),
+            ("route", pa.string()),
+            ("destination", pa.string()),
+            ("status", pa.string()),
+            ("received_at", ts),
+            ("updated_at", ts),
+            ("archived_at", ts),
+            ("digest", pa.string()),
+            ("request_sha256", pa.string()),
+            ("reply_sha256", pa.string()),
+            ("request_xml", pa.string()),
+            ("reply_xml", pa.string()),
+            ("reply_type", pa.string()),
+            ("receipt", pa.string()),
+            ("error", pa.string()),
+            ("history", pa.list_(pa.struct([("seq", pa.int64()), ("status", pa.string()), ("at", ts)]))),
+            ("batch_id", pa.int64()),
+        ]
+    )
 
 
 _XML_COLUMNS = ("request_xml", "reply_xml")
@@ -47,12 +63,13 @@ def _day(ms: int) -> str:
     day = ms // 86_400_000
     text = _DAYS.get(day)
     if text is None:
-        text = _DAYS[day] = _dt.datetime.fromtimestamp(day * 86400, _dt.timezone.utc).strftime("%Y-%m-%d")
+        text = _DAYS[day] = _dt.datetime.fromtimestamp(day * 86400, _dt.UTC).strftime("%Y-%m-%d")
     return text
 
 
-def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, int]]], batch_id: int,
-           archived_at: int) -> tuple[Any, dict[str, tuple[str, str | None]], dict[str, tuple[bytes, bytes | None]]]:
+def _table(
+    rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, int]]], batch_id: int, archived_at: int
+) -> tuple[Any, dict[str, tuple[str, str | None]], dict[str, tuple[bytes, bytes | None]]]:
     """The Arrow table of *rows*, the SHA-256 of each one's request and reply, and those bytes (the
     ledger's), by message id."""
     import pyarrow as pa
@@ -63,8 +80,8 @@ def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, i
     request_sha = [_sha(x) for x in requests]
     reply_sha = [_sha(x) for x in replies]
     ids = [row["message_id"] for row in rows]
-    expected = dict(zip(ids, zip(request_sha, reply_sha)))
-    originals = dict(zip(ids, zip(requests, replies)))
+    expected = dict(zip(ids, zip(request_sha, reply_sha, strict=False), strict=False))
+    originals = dict(zip(ids, zip(requests, replies, strict=False), strict=False))
     offsets, seqs, statuses, ats = [0], [], [], []
     for mid in ids:
         for seq, status, at in history.get(mid, ()):
@@ -74,10 +91,26 @@ def _table(rows: list[dict[str, Any]], history: dict[str, list[tuple[int, str, i
         offsets.append(len(seqs))
     events = pa.StructArray.from_arrays(
         [pa.array(seqs, pa.int64()), pa.array(statuses, pa.string()), pa.array(ats, pa.int64()).cast(ts)],
-        names=["seq", "status", "at"])
-    cols: dict[str, Any] = {name: pa.array([row[name] for row in rows], pa.string()) for name in (
-        "partner", "doc_type", "doc_namespace", "doc_id", "idempotency_key", "correlation_id", "route",
-        "destination", "status", "digest", "reply_type", "receipt", "error")}
+        names=["seq", "status", "at"],
+    )
+    cols: dict[str, Any] = {
+        name: pa.array([row[name] for row in rows], pa.string())
+        for name in (
+            "partner",
+            "doc_type",
+            "doc_namespace",
+            "doc_id",
+            "idempotency_key",
+            "correlation_id",
+            "route",
+            "destination",
+            "status",
+            "digest",
+            "reply_type",
+            "receipt",
+            "error",
+        )
+    }
     cols["message_id"] = pa.array(ids, pa.string())
     for name in ("received_at", "updated_at"):
         cols[name] = pa.array([row[name] for row in rows], pa.int64()).cast(ts)
@@ -102,10 +135,19 @@ def _write_file(table: Any, path: str) -> int:
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, "_tmp-" + os.path.basename(path))
     other = [n for n in table.column_names if n not in _XML_COLUMNS]
-    pq.write_table(table, tmp, compression="zstd", compression_level=3, row_group_size=ROW_GROUP,
-                   use_dictionary=[n for n in other if n not in ("message_id", "idempotency_key", "correlation_id",
-                                                                   "request_sha256", "reply_sha256", "receipt")],
-                   write_statistics=[n for n in other if n != "history"])
+    pq.write_table(
+        table,
+        tmp,
+        compression="zstd",
+        compression_level=3,
+        row_group_size=ROW_GROUP,
+        use_dictionary=[
+            n
+            for n in other
+            if n not in ("message_id", "idempotency_key", "correlation_id", "request_sha256", "reply_sha256", "receipt")
+        ],
+        write_statistics=[n for n in other if n != "history"],
+    )
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -139,9 +181,12 @@ def _remove_files(root: str, files: list[dict[str, Any]]) -> None:
                 pass
 
 
-def _read_back(root: str, files: list[dict[str, Any]], originals: dict[str, tuple[bytes, bytes | None]] | None = None,
-               expected: dict[str, tuple[str, str | None]] | None = None,
-               ) -> dict[str, tuple[str | None, str | None, int, str, str | None]]:
+def _read_back(
+    root: str,
+    files: list[dict[str, Any]],
+    originals: dict[str, tuple[bytes, bytes | None]] | None = None,
+    expected: dict[str, tuple[str, str | None]] | None = None,
+) -> dict[str, tuple[str | None, str | None, int, str, str | None]]:
     """``message_id -> (sha of request read back, of reply, updated_at ms, stored request sha, stored reply
     sha)`` of the batch's files; ArchiveError when one is missing or has a message id twice. With the
     *originals* just written (and their *expected* SHA-256), XML read back that is byte for byte the
@@ -158,8 +203,9 @@ def _read_back(root: str, files: list[dict[str, Any]], originals: dict[str, tupl
         path = os.path.join(root, f["path"])
         if not os.path.exists(path):
             raise ArchiveError(f"archive file {path} is missing")
-        table = pq.read_table(path, columns=["message_id", "updated_at", "request_xml", "reply_xml",
-                                             "request_sha256", "reply_sha256"])
+        table = pq.read_table(
+            path, columns=["message_id", "updated_at", "request_xml", "reply_xml", "request_sha256", "reply_sha256"]
+        )
         if table.num_rows != f["rows"]:
             raise ArchiveError(f"archive file {path} holds {table.num_rows} rows, {f['rows']} were written")
         ids = table.column("message_id").to_pylist()

@@ -8,7 +8,8 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -37,9 +38,21 @@ def _hook(name: str, batch_id: int) -> None:
 
 
 class _Job:
-    def __init__(self, engine: sa.Engine, write: Write, policy: RetentionPolicy, root: str, *,
-                 wait_for_warehouse: bool, now: int | None, lease: state.Lease | None, vacuum: bool,
-                 limit: int | None, pacer: lifecycle.Pacer | None = None, purge_write: Write | None = None) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        write: Write,
+        policy: RetentionPolicy,
+        root: str,
+        *,
+        wait_for_warehouse: bool,
+        now: int | None,
+        lease: state.Lease | None,
+        vacuum: bool,
+        limit: int | None,
+        pacer: lifecycle.Pacer | None = None,
+        purge_write: Write | None = None,
+    ) -> None:
         self.engine, self.write, self.policy, self.root = engine, write, policy, root
         self.purge_write = purge_write or write
         self.wait_for_warehouse = wait_for_warehouse
@@ -95,7 +108,7 @@ class _Job:
         except BaseException as exc:
             try:
                 self._drain()  # a purge under way ends (or fails) before the run is recorded
-            except BaseException:  # noqa: BLE001 - the first error is the one to report
+            except BaseException:  # the first error is the one to report
                 pass
             result.status = "interrupted" if isinstance(exc, ArchiveStoppedError) else "failed"
             result.seconds = time.perf_counter() - t0
@@ -123,11 +136,26 @@ class _Job:
     def _record(self, run_id: int, error: str | None) -> None:
         r = self.result
         assert r is not None
-        stats = dict(r.stats, batches=r.batches, recovered=r.recovered, vacuumed_pages=r.vacuumed_pages,
-                     seconds=round(r.seconds, 3))
-        lifecycle.update_run(self.write, run_id, status=r.status, finished_at=now_ms(), archived=r.archived,
-                             purged=r.purged, waiting=r.waiting, tombstones_expired=r.tombstones_expired,
-                             bytes=r.bytes, error=error, stats=stats)
+        stats = dict(
+            r.stats,
+            batches=r.batches,
+            recovered=r.recovered,
+            vacuumed_pages=r.vacuumed_pages,
+            seconds=round(r.seconds, 3),
+        )
+        lifecycle.update_run(
+            self.write,
+            run_id,
+            status=r.status,
+            finished_at=now_ms(),
+            archived=r.archived,
+            purged=r.purged,
+            waiting=r.waiting,
+            tombstones_expired=r.tombstones_expired,
+            bytes=r.bytes,
+            error=error,
+            stats=stats,
+        )
 
     # ------------------------------------------------------------------ one class of documents
 
@@ -144,13 +172,23 @@ class _Job:
                 if size <= 0:
                     return
             archiving = cls.rule.after == "archive"
-            rows = lifecycle.scan_due(self.engine, cls, status, cutoff, cursor, size,
-                                      lifecycle.ARCHIVE_COLUMNS if archiving else lifecycle.PURGE_COLUMNS)
+            rows = lifecycle.scan_due(
+                self.engine,
+                cls,
+                status,
+                cutoff,
+                cursor,
+                size,
+                lifecycle.ARCHIVE_COLUMNS if archiving else lifecycle.PURGE_COLUMNS,
+            )
             if not rows:
                 return
             # a purge without archive needs the histories only to wait for the warehouse load
-            history = (lifecycle.histories(self.engine, [r["message_id"] for r in rows])
-                       if archiving or watermark is not None else {})
+            history = (
+                lifecycle.histories(self.engine, [r["message_id"] for r in rows])
+                if archiving or watermark is not None
+                else {}
+            )
             scanned = len(rows)
             blocked = False
             if watermark is not None:
@@ -162,8 +200,11 @@ class _Job:
                 if len(ready) < len(rows):
                     blocked = True
                     result.waiting += len(rows) - len(ready)
-                    log.info("%d due documents wait for the warehouse load (its watermark: %d)",
-                             len(rows) - len(ready), watermark)
+                    log.info(
+                        "%d due documents wait for the warehouse load (its watermark: %d)",
+                        len(rows) - len(ready),
+                        watermark,
+                    )
                 rows = ready
                 if not rows:
                     return
@@ -184,13 +225,15 @@ class _Job:
         for row in rows:
             by_day.setdefault(_day(row["received_at"]), []).append(row)
         token = uuid.uuid4().hex[:16]
-        files = [{"path": f"{ARCHIVE_TABLE}/{PARTITION}={day}/part-{token}.parquet", "rows": len(day_rows)}
-                 for day, day_rows in sorted(by_day.items())]
+        files = [
+            {"path": f"{ARCHIVE_TABLE}/{PARTITION}={day}/part-{token}.parquet", "rows": len(day_rows)}
+            for day, day_rows in sorted(by_day.items())
+        ]
         batch_id = lifecycle.new_batch(self.write, run_id, "archive", len(rows), files, "writing")
         expected: dict[str, tuple[str, str | None]] = {}
         originals: dict[str, tuple[bytes, bytes | None]] = {}
         written = 0
-        for f, (day, day_rows) in zip(files, sorted(by_day.items())):
+        for f, (_, day_rows) in zip(files, sorted(by_day.items()), strict=False):
             table, digests, xml = _table(day_rows, history, batch_id, archived_at)
             expected.update(digests)
             originals.update(xml)
@@ -242,8 +285,9 @@ class _Job:
 
     def _purged(self, batch_id: int) -> int:
         with self.engine.connect() as conn:
-            n = conn.execute(sa.select(sa.func.count()).select_from(tombstones)
-                             .where(tombstones.c.batch_id == batch_id)).scalar_one()
+            n = conn.execute(
+                sa.select(sa.func.count()).select_from(tombstones).where(tombstones.c.batch_id == batch_id)
+            ).scalar_one()
             conn.rollback()
         return int(n)
 
@@ -255,8 +299,9 @@ class _Job:
         for batch in lifecycle.open_batches(self.engine):
             self._check_lease()
             batch_id, files = batch["batch_id"], batch["files"]
-            log.warning("archive batch %s was left %s by run %s; finishing it", batch_id, batch["status"],
-                        batch["run_id"])
+            log.warning(
+                "archive batch %s was left %s by run %s; finishing it", batch_id, batch["status"], batch["run_id"]
+            )
             if batch["status"] == "writing":
                 _remove_files(self.root, files)
                 lifecycle.set_batch(self.write, batch_id, status="abandoned")
@@ -284,8 +329,11 @@ class _Job:
         ids = list(read)
         with self.engine.connect() as conn:
             for part in lifecycle.iter_chunks(ids, 900):
-                for row in conn.execute(sa.select(documents.c.message_id, documents.c.document, documents.c.reply,
-                                                  documents.c.updated_at).where(documents.c.message_id.in_(part))):
+                for row in conn.execute(
+                    sa.select(
+                        documents.c.message_id, documents.c.document, documents.c.reply, documents.c.updated_at
+                    ).where(documents.c.message_id.in_(part))
+                ):
                     if row.updated_at == read[row.message_id][2]:
                         expected[row.message_id] = (_sha(unpack_xml(row.document)), _sha(unpack_xml(row.reply)))
             conn.rollback()
@@ -312,11 +360,23 @@ class _Job:
         return removed
 
 
-def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, db_url: str | None = None,
-        wait_for_warehouse: bool = True, now: int | None = None, lease: state.Lease | None = None,
-        vacuum: bool = True, limit: int | None = None, pacer: lifecycle.Pacer | None = None,
-        stop: Callable[[], bool] | None = None, lease_ttl: float = 600.0,
-        purge_write: Write | None = None) -> ArchiveResult:
+def run(
+    policy: RetentionPolicy,
+    *,
+    engine: sa.Engine,
+    write: Write,
+    root: str,
+    db_url: str | None = None,
+    wait_for_warehouse: bool = True,
+    now: int | None = None,
+    lease: state.Lease | None = None,
+    vacuum: bool = True,
+    limit: int | None = None,
+    pacer: lifecycle.Pacer | None = None,
+    stop: Callable[[], bool] | None = None,
+    lease_ttl: float = 600.0,
+    purge_write: Write | None = None,
+) -> ArchiveResult:
     """Run the archive job once (see the module docstring) and return what it did.
 
     *engine* reads the store; *write* runs a function of a connection in a store transaction and returns
@@ -343,8 +403,19 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
         if not lease.acquire():
             raise ArchiveBusyError("another process is running the archive job (the archive lease is held)")
     try:
-        job = _Job(engine, write, policy, root, wait_for_warehouse=wait_for_warehouse, now=now, lease=lease,
-                   vacuum=vacuum, limit=limit, pacer=pacer, purge_write=purge_write)
+        job = _Job(
+            engine,
+            write,
+            policy,
+            root,
+            wait_for_warehouse=wait_for_warehouse,
+            now=now,
+            lease=lease,
+            vacuum=vacuum,
+            limit=limit,
+            pacer=pacer,
+            purge_write=purge_write,
+        )
         if stop is not None:
             job.should_stop = stop
         return job.run(lease.owner)
@@ -358,6 +429,7 @@ def run(policy: RetentionPolicy, *, engine: sa.Engine, write: Write, root: str, 
 def store_writer(broker: Broker, *, durable: bool = True) -> Write:
     """A :data:`Write` through the broker store's writer (one store transaction per call; its result).
     ``durable=False``: its commits need not wait for the disk (see :meth:`broker_core.Broker.write`)."""
+
     def write(fn: Callable[[sa.Connection], Any]) -> Any:
         return broker.write(fn, durable=durable)[0]
 

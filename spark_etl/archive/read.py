@@ -75,9 +75,15 @@ def _document(row: dict[str, Any], path: str) -> ArchivedDocument:
     request = (row.pop("request_xml") or "").encode("utf-8")
     reply = row.pop("reply_xml")
     history = row.pop("history") or []
-    return ArchivedDocument(message_id=row["message_id"], record=row, request=request,
-                            reply=reply.encode("utf-8") if reply is not None else None, history=history,
-                            archived_at=row["archived_at"], file=path)
+    return ArchivedDocument(
+        message_id=row["message_id"],
+        record=row,
+        request=request,
+        reply=reply.encode("utf-8") if reply is not None else None,
+        history=history,
+        archived_at=row["archived_at"],
+        file=path,
+    )
 
 
 def verify(engine: sa.Engine, root: str) -> dict[str, Any]:
@@ -92,9 +98,14 @@ def verify(engine: sa.Engine, root: str) -> dict[str, Any]:
     problems: list[str] = []
     archived_ids: dict[int, set[str]] = {}
     with engine.connect() as conn:
-        batches = [dict(r._mapping) for r in conn.execute(
-            sa.select(archive_batches).where(archive_batches.c.kind == "archive",
-                                             archive_batches.c.status.in_(("purged", "expired"))))]
+        batches = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.select(archive_batches).where(
+                    archive_batches.c.kind == "archive", archive_batches.c.status.in_(("purged", "expired"))
+                )
+            )
+        ]
         for b in batches:
             files = json.loads(b["files"]) if b["files"] else []
             ids: set[str] = set()
@@ -108,10 +119,15 @@ def verify(engine: sa.Engine, root: str) -> dict[str, Any]:
                 problems.append(f"batch {b['batch_id']}: {len(ids)} documents in its files, {b['documents']} recorded")
             archived_ids[b["batch_id"]] = ids
         tomb_rows = conn.execute(sa.select(tombstones.c.message_id, tombstones.c.batch_id, tombstones.c.archived)).all()
-        online = conn.execute(sa.select(sa.func.count()).select_from(documents).where(
-            documents.c.message_id.in_(sa.select(tombstones.c.message_id)))).scalar_one()
+        online = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(documents)
+            .where(documents.c.message_id.in_(sa.select(tombstones.c.message_id)))
+        ).scalar_one()
         conn.rollback()
-    missing = [r.message_id for r in tomb_rows if r.archived and r.message_id not in archived_ids.get(r.batch_id, set())]
+    missing = [
+        r.message_id for r in tomb_rows if r.archived and r.message_id not in archived_ids.get(r.batch_id, set())
+    ]
     if missing:
         problems.append(f"{len(missing)} archived tombstones have no row in their batch's files (e.g. {missing[0]})")
     if online:
@@ -127,5 +143,11 @@ def verify(engine: sa.Engine, root: str) -> dict[str, Any]:
         duplicates = total - len(set(ids.column("message_id").to_pylist()))
         if duplicates:
             problems.append(f"{duplicates} documents are in the archive more than once")
-    return {"ok": not problems, "problems": problems, "archive_rows": total, "tombstones": len(tomb_rows),
-            "batches": len(batches), "duplicates": duplicates}
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "archive_rows": total,
+        "tombstones": len(tomb_rows),
+        "batches": len(batches),
+        "duplicates": duplicates,
+    }

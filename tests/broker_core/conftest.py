@@ -7,7 +7,7 @@ suite runs unchanged on every store.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -221,8 +221,9 @@ def test_invalid_ack_modes_are_refused(conn, mode):
         conn.create_session(transacted=False, ack_mode=mode)
 
 
-@pytest.mark.parametrize("mode", [AckMode.AUTO, AckMode.CLIENT, AckMode.DUPS_OK, AckMode.INDIVIDUAL,
-                                  AckMode.NO_ACKNOWLEDGE])
+@pytest.mark.parametrize(
+    "mode", [AckMode.AUTO, AckMode.CLIENT, AckMode.DUPS_OK, AckMode.INDIVIDUAL, AckMode.NO_ACKNOWLEDGE]
+)
 def test_session_reports_its_ack_mode(conn, mode):
     session = conn.create_session(ack_mode=mode)
     assert session.ack_mode == mode
@@ -253,4 +254,10 @@ def test_messages_that_reach_a_waiting_consumer_and_are_not_received_come_back_u
     other.start()
     again = drain(other.create_session().create_consumer(queue), timeout=0.5)
     assert sorted(m.text for m in again) == [f"h{i}" for i in range(5)]
-    assert {m.text: m.jms_redelivered for m in again} == {"h0": True, "h1": False, "h2": False, "h3": False, "h4": False}
+    assert {m.text: m.jms_redelivered for m in again} == {
+        "h0": True,
+        "h1": False,
+        "h2": False,
+        "h3": False,
+        "h4": False,
+    }

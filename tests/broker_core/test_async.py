@@ -88,7 +88,7 @@ def test_concurrent_receive_async_on_several_consumers(conn, send):
     async def main():
         tasks = [asyncio.create_task(c.receive_async(timeout=5)) for c in consumers]
         await asyncio.sleep(0.05)
-        for i, q in enumerate(reversed(queues)):
+        for _i, q in enumerate(reversed(queues)):
             send(q, f"to {q.name}")
         return await asyncio.gather(*tasks)
 
@@ -134,9 +134,9 @@ def test_request_async(broker, session):
     requestor = Requestor(session, service)
 
     async def main():
-        return await asyncio.gather(*(
-            requestor.request_async(session.create_text_message(f"req-{i}"), timeout=10) for i in range(n)
-        ))
+        return await asyncio.gather(
+            *(requestor.request_async(session.create_text_message(f"req-{i}"), timeout=10) for i in range(n))
+        )
 
     results = asyncio.run(main())
     thread.join(10)

@@ -29,8 +29,7 @@ def test_dead_letter_moves_the_message_at_once_with_its_reason(make_broker, drai
     conn = broker.connect()
     conn.start()
     (sent,) = send(conn.create_session(), "order-1", priority=7)
-    session = (conn.create_session(transacted=True) if mode == "transacted"
-               else conn.create_session(ack_mode=mode))
+    session = conn.create_session(transacted=True) if mode == "transacted" else conn.create_session(ack_mode=mode)
     consumer = session.create_consumer(ORDERS)
     received = consumer.receive(timeout=2)
     assert received.get_int_property("JMSXDeliveryCount") == 1
@@ -53,7 +52,7 @@ def test_a_later_rollback_does_not_bring_it_back_but_undoes_the_rest(broker, con
     send(conn.create_session(), "poison", "fine")
     tx = conn.create_session(transacted=True)
     consumer = tx.create_consumer(ORDERS)
-    poison, fine = consumer.receive(timeout=2), consumer.receive(timeout=2)
+    poison, _fine = consumer.receive(timeout=2), consumer.receive(timeout=2)
     tx.create_producer(Queue("orders.out")).send(tx.create_text_message("never"))
     tx.dead_letter(poison, "poison")
     tx.rollback()
@@ -69,7 +68,7 @@ def test_only_that_message_is_dead_lettered_and_the_others_still_wait(broker, co
     send(conn.create_session(), "a", "b", "c")
     session = conn.create_session(ack_mode=AckMode.CLIENT)
     consumer = session.create_consumer(ORDERS)
-    a, b = consumer.receive(timeout=2), consumer.receive(timeout=2)
+    _a, b = consumer.receive(timeout=2), consumer.receive(timeout=2)
     session.dead_letter(b, "b is poison")
     session.recover()
     assert [m.text for m in drain(consumer)] == ["a", "c"]

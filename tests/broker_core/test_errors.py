@@ -23,8 +23,11 @@ QUEUE = Queue("errors")
 
 
 def test_every_exported_error_derives_from_jms_error():
-    errors = [obj for name in broker_core.__all__
-              if inspect.isclass(obj := getattr(broker_core, name)) and issubclass(obj, BaseException)]
+    errors = [
+        obj
+        for name in broker_core.__all__
+        if inspect.isclass(obj := getattr(broker_core, name)) and issubclass(obj, BaseException)
+    ]
     assert len(errors) >= 15
     for error in errors:
         assert issubclass(error, JMSError), error
@@ -57,8 +60,9 @@ def test_priority_bounds_are_accepted(session, priority):
     assert session.create_consumer(QUEUE).receive(timeout=2).jms_priority == priority
 
 
-@pytest.mark.parametrize("options", [{"delivery_mode": 3}, {"delivery_mode": 0}, {"time_to_live": -5},
-                                     {"time_to_live": 1.5}])
+@pytest.mark.parametrize(
+    "options", [{"delivery_mode": 3}, {"delivery_mode": 0}, {"time_to_live": -5}, {"time_to_live": 1.5}]
+)
 def test_invalid_send_options_are_refused(session, options):
     with pytest.raises(InvalidArgumentError):
         session.create_producer(QUEUE).send(session.create_text_message("x"), **options)
@@ -94,8 +98,7 @@ def test_closed_connection(broker):
     session = conn.create_session()
     conn.close()
     conn.close()  # idempotent
-    for call in (conn.start, conn.stop, conn.create_session, conn.create_temporary_queue,
-                 conn.create_temporary_topic):
+    for call in (conn.start, conn.stop, conn.create_session, conn.create_temporary_queue, conn.create_temporary_topic):
         with pytest.raises(IllegalStateError):
             call()
     with pytest.raises(IllegalStateError):
@@ -152,8 +155,11 @@ def test_closed_consumer(session, send):
     consumer.close()
     consumer.close()  # idempotent
     send(QUEUE, "kept")
-    for call in (lambda: consumer.receive(timeout=0.1), consumer.receive_no_wait,
-                 lambda: consumer.set_message_listener(lambda m: None)):
+    for call in (
+        lambda: consumer.receive(timeout=0.1),
+        consumer.receive_no_wait,
+        lambda: consumer.set_message_listener(lambda m: None),
+    ):
         with pytest.raises(IllegalStateError):
             call()
     assert session.create_consumer(QUEUE).receive(timeout=2).text == "kept"

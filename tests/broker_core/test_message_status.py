@@ -26,8 +26,8 @@ def test_an_expired_message_reads_as_expired_not_gone(broker, conn, send):
     """A message whose time to live ran out was not delivered: saying "gone"
     (consumed) would let a ledger record it as delivered."""
     queue = Queue("status.exp")
-    dies, = send(queue, "dies", time_to_live=100)
-    lives, = send(queue, "lives")
+    (dies,) = send(queue, "dies", time_to_live=100)
+    (lives,) = send(queue, "lives")
     time.sleep(0.3)
     consumer = conn.create_session(ack_mode=AckMode.CLIENT).create_consumer(queue)
     received = consumer.receive(timeout=2)  # skips (and drops) the expired one
@@ -39,7 +39,7 @@ def test_an_expired_message_reads_as_expired_not_gone(broker, conn, send):
 
 def test_a_message_expired_by_the_sweeper_reads_as_expired(broker, send):
     queue = Queue("status.sweep")
-    dies, = send(queue, "dies", time_to_live=100)
+    (dies,) = send(queue, "dies", time_to_live=100)
     time.sleep(0.3)
     assert broker.sweep_expired() == 1
     assert broker.message_status([dies.jms_message_id]) == {dies.jms_message_id: "expired"}

@@ -120,8 +120,12 @@ def test_browse_pages_carry_headers_and_size_not_bodies(broker):
     message.set_string_property("region", "eu")
     session.create_producer(ORDERS).send(message, priority=6)
     [item] = broker.browse_page(ORDERS).messages
-    assert (item.message_id, item.correlation_id, item.priority, item.properties) == \
-        (message.jms_message_id, "PO-7", 6, {"region": "eu"})
+    assert (item.message_id, item.correlation_id, item.priority, item.properties) == (
+        message.jms_message_id,
+        "PO-7",
+        6,
+        {"region": "eu"},
+    )
     assert item.body is None and item.size == len(text.encode("utf-8")) and item.state == "pending"
 
 
@@ -156,8 +160,10 @@ def test_move_messages_keeps_them_as_they_were(broker):
     assert broker.move_messages(ORDERS, PARKED, selector="region = 'eu'") == [ids[0], ids[2]]
     consumer = conn.create_session().create_consumer(PARKED)
     moved = [consumer.receive(timeout=2) for _ in range(2)]
-    assert [(m.jms_message_id, m.text, m.jms_priority, m.get_string_property("region")) for m in moved] == \
-        [(ids[0], "a", 7, "eu"), (ids[2], "c", 4, "eu")]
+    assert [(m.jms_message_id, m.text, m.jms_priority, m.get_string_property("region")) for m in moved] == [
+        (ids[0], "a", 7, "eu"),
+        (ids[2], "c", 4, "eu"),
+    ]
     assert not moved[0].jms_redelivered
     assert consumption_order(broker, ORDERS) == [ids[1]]
 

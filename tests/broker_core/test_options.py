@@ -64,10 +64,24 @@ def test_check_options_says_the_same_and_opens_nothing(tmp_path, option, value, 
 
 
 def test_good_values_are_taken_as_given(tmp_path):
-    options = dict(max_deliveries=3, redelivery_delay=0, redelivery_backoff=1.5, max_redelivery_delay=2,
-                   dead_letter_prefix="DEAD.", expiry_queue=None, sweep_interval=0, prefetch=1,
-                   sqlite_synchronous="normal", local_wakeups=False, commit_delay=0, compress_over=0,
-                   slow_commit_warning=0, heartbeat_interval=0.5, lease_timeout=5, poll_interval=0.05)
+    options = dict(
+        max_deliveries=3,
+        redelivery_delay=0,
+        redelivery_backoff=1.5,
+        max_redelivery_delay=2,
+        dead_letter_prefix="DEAD.",
+        expiry_queue=None,
+        sweep_interval=0,
+        prefetch=1,
+        sqlite_synchronous="normal",
+        local_wakeups=False,
+        commit_delay=0,
+        compress_over=0,
+        slow_commit_warning=0,
+        heartbeat_interval=0.5,
+        lease_timeout=5,
+        poll_interval=0.05,
+    )
     Broker.check_options(f"sqlite:///{tmp_path / 'c.db'}", **options)
     with Broker.open(f"sqlite:///{tmp_path / 'b.db'}", **options) as broker:
         store = broker.store
@@ -103,14 +117,40 @@ def test_an_unknown_url_is_refused_by_check_options_too():
     assert info.value.option is None
 
 
-_ALL = sorted(["max_deliveries", "redelivery_delay", "redelivery_backoff", "max_redelivery_delay",
-               "dead_letter_prefix", "expiry_queue", "sweep_interval", "xpath_namespaces", "sqlite_synchronous",
-               "prefetch", "heartbeat_interval", "lease_timeout", "retry_for", "auto_upgrade", "poll_interval",
-               "local_wakeups", "pool_size", "expired_retention", "commit_delay", "compress_over",
-               "slow_commit_warning"])
-_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=12), st.lists(st.integers(), max_size=2),
-                    st.dictionaries(st.text(max_size=3), st.one_of(st.text(max_size=5), st.integers()), max_size=2))
+_ALL = sorted(
+    [
+        "max_deliveries",
+        "redelivery_delay",
+        "redelivery_backoff",
+        "max_redelivery_delay",
+        "dead_letter_prefix",
+        "expiry_queue",
+        "sweep_interval",
+        "xpath_namespaces",
+        "sqlite_synchronous",
+        "prefetch",
+        "heartbeat_interval",
+        "lease_timeout",
+        "retry_for",
+        "auto_upgrade",
+        "poll_interval",
+        "local_wakeups",
+        "pool_size",
+        "expired_retention",
+        "commit_delay",
+        "compress_over",
+        "slow_commit_warning",
+    ]
+)
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.one_of(st.text(max_size=5), st.integers()), max_size=2),
+)
 
 
 @settings(max_examples=400, deadline=None)

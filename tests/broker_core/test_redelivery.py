@@ -290,8 +290,10 @@ def test_delayed_redelivery_wakes_a_listener(make_broker):
     assert calls[1][0] - calls[0][0] >= 0.25
 
 
-@pytest.mark.parametrize("options", [{"max_deliveries": 0}, {"redelivery_delay": -1}, {"redelivery_backoff": 0.5},
-                                     {"dead_letter_prefix": ""}])
+@pytest.mark.parametrize(
+    "options",
+    [{"max_deliveries": 0}, {"redelivery_delay": -1}, {"redelivery_backoff": 0.5}, {"dead_letter_prefix": ""}],
+)
 def test_invalid_redelivery_options_are_refused(make_broker, options):
     with pytest.raises(InvalidArgumentError):
         make_broker(**options)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from broker_core import IllegalStateError, JMSError, Queue, RequestTimeoutError, Requestor, reply_correlation_id
+from broker_core import IllegalStateError, JMSError, Queue, Requestor, RequestTimeoutError, reply_correlation_id
 
 SERVICE = Queue("svc")
 

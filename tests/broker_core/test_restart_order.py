@@ -110,10 +110,13 @@ OPS = st.lists(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(first=st.lists(st.integers(0, 9), max_size=8), ops=OPS, transacted=st.booleans(),
-       prefetch=st.sampled_from([None, 1, 3]))
-def test_any_sequence_of_sends_receives_and_restarts_follows_the_model(make_broker, first, ops, transacted,
-                                                                       prefetch):
+@given(
+    first=st.lists(st.integers(0, 9), max_size=8),
+    ops=OPS,
+    transacted=st.booleans(),
+    prefetch=st.sampled_from([None, 1, 3]),
+)
+def test_any_sequence_of_sends_receives_and_restarts_follows_the_model(make_broker, first, ops, transacted, prefetch):
     """A model of one queue and one consumer: a receive returns the waiting
     message of highest priority, oldest first; a restart (recover or
     rollback) makes every unacknowledged message wait again as it was sent;

@@ -43,13 +43,17 @@ def send_with(session, destination, specs, **options):
 
 def test_selector_on_properties(session, drain):
     queue = Queue("orders.inbound")
-    send_with(session, queue, [
-        ("acme-big", {"partner": "acme", "amount": 125.5}),
-        ("acme-small", {"partner": "acme", "amount": 50.0}),
-        ("globex-big", {"partner": "globex", "amount": 500.0}),
-        ("acme-no-amount", {"partner": "acme"}),
-        ("acme-big-2", {"partner": "acme", "amount": 101}),
-    ])
+    send_with(
+        session,
+        queue,
+        [
+            ("acme-big", {"partner": "acme", "amount": 125.5}),
+            ("acme-small", {"partner": "acme", "amount": 50.0}),
+            ("globex-big", {"partner": "globex", "amount": 500.0}),
+            ("acme-no-amount", {"partner": "acme"}),
+            ("acme-big-2", {"partner": "acme", "amount": 101}),
+        ],
+    )
     consumer = session.create_consumer(queue, selector="partner = 'acme' AND amount > 100")
     assert consumer.message_selector == "partner = 'acme' AND amount > 100"
     assert [m.text for m in drain(consumer)] == ["acme-big", "acme-big-2"]
@@ -93,8 +97,9 @@ def test_selective_and_plain_consumers_never_share_a_message(broker, session, ru
 def test_priority_order_among_matching_messages(session, drain):
     queue = Queue("prio.selective")
     specs = []
-    for i, (priority, partner) in enumerate([(1, "acme"), (9, "globex"), (5, "acme"), (9, "acme"), (5, "acme"),
-                                             (0, "acme"), (7, "globex")]):
+    for i, (priority, partner) in enumerate(
+        [(1, "acme"), (9, "globex"), (5, "acme"), (9, "acme"), (5, "acme"), (0, "acme"), (7, "globex")]
+    ):
         specs.append((f"{partner}-{priority}-{i}", {"partner": partner}, {"send": {"priority": priority}}))
     send_with(session, queue, specs)
     got = drain(session.create_consumer(queue, selector="partner = 'acme'"))
@@ -111,12 +116,16 @@ def test_selector_on_jms_priority(session, drain):
 
 def test_selector_on_jms_type_and_correlation_id(session, drain):
     queue = Queue("hdr.type")
-    send_with(session, queue, [
-        ("order-1", {}, {"headers": {"jms_type": "order", "jms_correlation_id": "PO-1"}}),
-        ("invoice-1", {}, {"headers": {"jms_type": "invoice", "jms_correlation_id": "PO-1"}}),
-        ("order-2", {}, {"headers": {"jms_type": "order", "jms_correlation_id": "PO-2"}}),
-        ("untyped", {}),
-    ])
+    send_with(
+        session,
+        queue,
+        [
+            ("order-1", {}, {"headers": {"jms_type": "order", "jms_correlation_id": "PO-1"}}),
+            ("invoice-1", {}, {"headers": {"jms_type": "invoice", "jms_correlation_id": "PO-1"}}),
+            ("order-2", {}, {"headers": {"jms_type": "order", "jms_correlation_id": "PO-2"}}),
+            ("untyped", {}),
+        ],
+    )
     by_type = drain(session.create_consumer(queue, selector="JMSType = 'order'"))
     assert [m.text for m in by_type] == ["order-1", "order-2"]
     by_correlation = drain(session.create_consumer(queue, selector="JMSCorrelationID = 'PO-1'"))
@@ -126,21 +135,29 @@ def test_selector_on_jms_type_and_correlation_id(session, drain):
 
 def test_selector_on_jms_delivery_mode(session, drain):
     queue = Queue("hdr.mode")
-    send_with(session, queue, [
-        ("persistent", {}),
-        ("transient", {}, {"send": {"delivery_mode": DeliveryMode.NON_PERSISTENT}}),
-    ])
+    send_with(
+        session,
+        queue,
+        [
+            ("persistent", {}),
+            ("transient", {}, {"send": {"delivery_mode": DeliveryMode.NON_PERSISTENT}}),
+        ],
+    )
     got = drain(session.create_consumer(queue, selector="JMSDeliveryMode = 'NON_PERSISTENT'"))
     assert [m.text for m in got] == ["transient"]
 
 
 def test_headers_and_properties_combined(session, drain):
     queue = Queue("hdr.combined")
-    send_with(session, queue, [
-        ("yes", {"partner": "acme"}, {"headers": {"jms_type": "order"}, "send": {"priority": 8}}),
-        ("low", {"partner": "acme"}, {"headers": {"jms_type": "order"}, "send": {"priority": 2}}),
-        ("other", {"partner": "globex"}, {"headers": {"jms_type": "order"}, "send": {"priority": 8}}),
-    ])
+    send_with(
+        session,
+        queue,
+        [
+            ("yes", {"partner": "acme"}, {"headers": {"jms_type": "order"}, "send": {"priority": 8}}),
+            ("low", {"partner": "acme"}, {"headers": {"jms_type": "order"}, "send": {"priority": 2}}),
+            ("other", {"partner": "globex"}, {"headers": {"jms_type": "order"}, "send": {"priority": 8}}),
+        ],
+    )
     got = drain(session.create_consumer(queue, selector="partner = 'acme' AND JMSType = 'order' AND JMSPriority >= 5"))
     assert [m.text for m in got] == ["yes"]
 
@@ -183,8 +200,9 @@ def test_recovered_messages_come_back_to_a_selective_consumer(conn, session, dra
     assert [m.text for m in drain(session.create_consumer(queue))] == ["g"]
 
 
-@pytest.mark.parametrize("selector", ["partner = ", "partner = 'acme' AND", "((a = 1)", "a === 1", "= 5",
-                                      "'unterminated"])
+@pytest.mark.parametrize(
+    "selector", ["partner = ", "partner = 'acme' AND", "((a = 1)", "a === 1", "= 5", "'unterminated"]
+)
 def test_invalid_selector_raises_at_create_consumer(session, selector):
     with pytest.raises(JMSError) as info:
         session.create_consumer(Queue("bad.selector"), selector=selector)

@@ -26,8 +26,20 @@ MARK = {STRING_NUMBERS_PROPERTY: True}
 
 
 def env(props) -> Envelope:
-    return Envelope(message_id="ID:1", destination=None, delivery_mode=2, priority=4, expiration=0, timestamp=1000,
-                    correlation_id=None, reply_to=None, type="5", properties=dict(props), kind="text", body="")
+    return Envelope(
+        message_id="ID:1",
+        destination=None,
+        delivery_mode=2,
+        priority=4,
+        expiration=0,
+        timestamp=1000,
+        correlation_id=None,
+        reply_to=None,
+        type="5",
+        properties=dict(props),
+        kind="text",
+        body="",
+    )
 
 
 def outcome(selector: str, props) -> str:
@@ -86,8 +98,29 @@ def test_the_same_strings_keep_the_jms_rule_on_an_unmarked_message(selector, val
     assert outcome(selector, {STRING_NUMBERS_PROPERTY: False, "amount": value}) == plain
 
 
-@pytest.mark.parametrize("value", ["abc", " 150", "150 ", "1,000", "0x10", "017x", "NaN", "Infinity", "1e999", "",
-                                   "150L", "1.5f", "9223372036854775808", "--1", "1e", ".", "+", "1" * 65])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "abc",
+        " 150",
+        "150 ",
+        "1,000",
+        "0x10",
+        "017x",
+        "NaN",
+        "Infinity",
+        "1e999",
+        "",
+        "150L",
+        "1.5f",
+        "9223372036854775808",
+        "--1",
+        "1e",
+        ".",
+        "+",
+        "1" * 65,
+    ],
+)
 def test_strings_that_are_not_decimal_literals_are_not_numbers(value):
     assert string_number(value) is None
     props = {**MARK, "amount": value}
@@ -134,9 +167,18 @@ def test_typed_properties_and_headers_are_not_affected():
 
 
 NUMBERS = st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False))
-NUMERIC_SELECTORS = ["amount > 100", "amount = 42", "amount <> 42", "amount <= -3.25", "amount BETWEEN -5 AND 5.5",
-                     "amount NOT BETWEEN 0 AND 1", "amount * 2 > 7", "amount - 1 < amount", "amount / 3 = 1",
-                     "-amount >= 0"]
+NUMERIC_SELECTORS = [
+    "amount > 100",
+    "amount = 42",
+    "amount <> 42",
+    "amount <= -3.25",
+    "amount BETWEEN -5 AND 5.5",
+    "amount NOT BETWEEN 0 AND 1",
+    "amount * 2 > 7",
+    "amount - 1 < amount",
+    "amount / 3 = 1",
+    "-amount >= 0",
+]
 
 
 @settings(max_examples=300, deadline=None)

@@ -152,8 +152,26 @@ def test_bad_literals(selector):
 # ====================================================================== identifiers
 
 
-@pytest.mark.parametrize("name", ["a", "_a", "$a", "a1", "a_b$c9", "été", "Ωmega", "android", "order_in", "isnull",
-                                  "nullable", "$and", "or1", "xpath", "XPath"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a",
+        "_a",
+        "$a",
+        "a1",
+        "a_b$c9",
+        "été",
+        "Ωmega",
+        "android",
+        "order_in",
+        "isnull",
+        "nullable",
+        "$and",
+        "or1",
+        "xpath",
+        "XPath",
+    ],
+)
 def test_java_identifiers(name):
     assert outcome(f"{name} = 1", {name: 1}) == T
 
@@ -420,8 +438,19 @@ def test_string_and_boolean_comparisons(selector, props, expected):
 
 @pytest.mark.parametrize(
     "selector",
-    ["'a' < 'b'", "s < 'b'", "'b' >= s", "TRUE > FALSE", "flag < TRUE", "(a > 1) < (b > 1)",
-     "s = 1 AND 'a' = 1", "TRUE = 1", "'1' = 1", "n + 1 = (a > 1)", "s = TRUE AND s = 'x' AND 1 = 'x'"],
+    [
+        "'a' < 'b'",
+        "s < 'b'",
+        "'b' >= s",
+        "TRUE > FALSE",
+        "flag < TRUE",
+        "(a > 1) < (b > 1)",
+        "s = 1 AND 'a' = 1",
+        "TRUE = 1",
+        "'1' = 1",
+        "n + 1 = (a > 1)",
+        "s = TRUE AND s = 'x' AND 1 = 'x'",
+    ],
 )
 def test_ill_typed_comparisons_are_rejected(selector):
     compile_error(selector)
@@ -496,8 +525,9 @@ def test_arithmetic_on_null_or_non_numbers_is_unknown(selector, props):
     assert outcome(selector, props) == U
 
 
-@pytest.mark.parametrize("selector", ["'a' + 1 = 2", "a + 'x' = 1", "-'x' = 1", "TRUE * 2 = 2", "(a > 1) + 1 = 2",
-                                      "a * FALSE = 0"])
+@pytest.mark.parametrize(
+    "selector", ["'a' + 1 = 2", "a + 'x' = 1", "-'x' = 1", "TRUE * 2 = 2", "(a > 1) + 1 = 2", "a * FALSE = 0"]
+)
 def test_arithmetic_on_literal_non_numbers_is_rejected(selector):
     compile_error(selector)
 
@@ -508,11 +538,25 @@ def test_arithmetic_on_literal_non_numbers_is_rejected(selector):
 # x: (x BETWEEN 15 AND 19, x NOT BETWEEN 15 AND 19). By the spec these are
 # `x >= 15 AND x <= 19` and `x < 15 OR x > 19`.
 BETWEEN_CASES = [
-    (14, F, T), (15, T, F), (17, T, F), (19, T, F), (20, F, T), (15.0, T, F), (19.5, F, T), (14.99, F, T),
-    (Int(16), T, F), (Float(18.5), T, F), (None, U, U),
+    (14, F, T),
+    (15, T, F),
+    (17, T, F),
+    (19, T, F),
+    (20, F, T),
+    (15.0, T, F),
+    (19.5, F, T),
+    (14.99, F, T),
+    (Int(16), T, F),
+    (Float(18.5), T, F),
+    (None, U, U),
     (float("nan"), F, F),  # NaN is neither >= 15 nor < 15, so both are FALSE
     # a non-number compares FALSE with the bounds (unlike types), so both are FALSE too
-    ("17", F, F), ("", F, F), (True, F, F), (False, F, F), (b"17", F, F), (Decimal(17), F, F),
+    ("17", F, F),
+    ("", F, F),
+    (True, F, F),
+    (False, F, F),
+    (b"17", F, F),
+    (Decimal(17), F, F),
 ]
 
 
@@ -555,8 +599,17 @@ def test_between_expressions(selector, props, expected):
     assert outcome(selector, props) == expected
 
 
-@pytest.mark.parametrize("selector", ["x BETWEEN 'a' AND 'z'", "'m' BETWEEN a AND b", "x BETWEEN 1 AND TRUE",
-                                      "x BETWEEN 1 OR 2", "x BETWEEN 1", "x NOT BETWEEN AND 2"])
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "x BETWEEN 'a' AND 'z'",
+        "'m' BETWEEN a AND b",
+        "x BETWEEN 1 AND TRUE",
+        "x BETWEEN 1 OR 2",
+        "x BETWEEN 1",
+        "x NOT BETWEEN AND 2",
+    ],
+)
 def test_bad_between(selector):
     compile_error(selector)
 
@@ -566,9 +619,25 @@ def test_bad_between(selector):
 
 @pytest.mark.parametrize(
     "country, expected_in",
-    [("UK", T), ("US", T), ("France", T), ("Peru", F), ("uk", F), (" UK", F), ("", F), (None, U),
-     # a non-string: IN is an OR of = comparisons of unlike types, all FALSE
-     (5, F), (1.5, F), (Int(0), F), (True, F), (False, F), (b"UK", F), (Decimal(1), F), (["UK"], F)],
+    [
+        ("UK", T),
+        ("US", T),
+        ("France", T),
+        ("Peru", F),
+        ("uk", F),
+        (" UK", F),
+        ("", F),
+        (None, U),
+        # a non-string: IN is an OR of = comparisons of unlike types, all FALSE
+        (5, F),
+        (1.5, F),
+        (Int(0), F),
+        (True, F),
+        (False, F),
+        (b"UK", F),
+        (Decimal(1), F),
+        (["UK"], F),
+    ],
 )
 def test_in(country, expected_in):
     props = {} if country is None else {"Country": country}
@@ -727,8 +796,7 @@ def test_bad_like(selector, column):
 
 @pytest.mark.parametrize(
     "props, is_null",
-    [({}, T), ({"x": 1}, F), ({"x": ""}, F), ({"x": False}, F), ({"x": 0}, F), ({"x": ["weird"]}, F),
-     ({"y": 1}, T)],
+    [({}, T), ({"x": 1}, F), ({"x": ""}, F), ({"x": False}, F), ({"x": 0}, F), ({"x": ["weird"]}, F), ({"y": 1}, T)],
 )
 def test_is_null(props, is_null):
     assert outcome("x IS NULL", props) == is_null
@@ -736,8 +804,22 @@ def test_is_null(props, is_null):
     assert outcome("NOT x IS NULL", props) == {T: F, F: T}[is_null]
 
 
-@pytest.mark.parametrize("selector", ["1 IS NULL", "'a' IS NULL", "x + 1 IS NULL", "TRUE IS NOT NULL", "x IS NULL NULL",
-                                      "x IS", "x IS NOT", "x NOT IS NULL", "x = NULL", "NULL = x", "x <> NULL"])
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "1 IS NULL",
+        "'a' IS NULL",
+        "x + 1 IS NULL",
+        "TRUE IS NOT NULL",
+        "x IS NULL NULL",
+        "x IS",
+        "x IS NOT",
+        "x NOT IS NULL",
+        "x = NULL",
+        "NULL = x",
+        "x <> NULL",
+    ],
+)
 def test_bad_is_null(selector):
     compile_error(selector)
 
@@ -747,14 +829,26 @@ def test_bad_is_null(selector):
 # Atoms with a known value: t=1 makes `t = 1` TRUE and `t = 2` FALSE; u is absent.
 ATOM = {T: "t = 1", F: "t = 2", U: "u = 1"}
 AND_TABLE = {  # JMS 1.1 section 3.8.1.2, table 3-4
-    (T, T): T, (T, F): F, (T, U): U,
-    (F, T): F, (F, F): F, (F, U): F,
-    (U, T): U, (U, F): F, (U, U): U,
+    (T, T): T,
+    (T, F): F,
+    (T, U): U,
+    (F, T): F,
+    (F, F): F,
+    (F, U): F,
+    (U, T): U,
+    (U, F): F,
+    (U, U): U,
 }
 OR_TABLE = {  # table 3-5
-    (T, T): T, (T, F): T, (T, U): T,
-    (F, T): T, (F, F): F, (F, U): U,
-    (U, T): T, (U, F): U, (U, U): U,
+    (T, T): T,
+    (T, F): T,
+    (T, U): T,
+    (F, T): T,
+    (F, F): F,
+    (F, U): U,
+    (U, T): T,
+    (U, F): U,
+    (U, U): U,
 }
 NOT_TABLE = {T: F, F: T, U: U}  # table 3-6
 
@@ -809,8 +903,15 @@ def test_not_applies_to_the_whole_comparison():
 
 @pytest.mark.parametrize(
     "props, expected",
-    [({"flag": True}, T), ({"flag": False}, F), ({}, U), ({"flag": 1}, U), ({"flag": "true"}, U),
-     ({"flag": "TRUE"}, U), ({"flag": 1.0}, U)],
+    [
+        ({"flag": True}, T),
+        ({"flag": False}, F),
+        ({}, U),
+        ({"flag": 1}, U),
+        ({"flag": "true"}, U),
+        ({"flag": "TRUE"}, U),
+        ({"flag": 1.0}, U),
+    ],
 )
 def test_identifier_alone_is_a_condition(props, expected):
     # not a comparison: a non-boolean value is UNKNOWN here (compare the next test)
@@ -823,21 +924,40 @@ def test_identifier_alone_is_a_condition(props, expected):
 
 @pytest.mark.parametrize(
     "props, eq_true, eq_false",
-    [({"flag": True}, T, F), ({"flag": False}, F, T), ({}, U, U),
-     # a comparison of unlike types: FALSE both ways
-     ({"flag": 1}, F, F), ({"flag": 0}, F, F), ({"flag": "true"}, F, F), ({"flag": 1.0}, F, F),
-     ({"flag": b"x"}, F, F)],
+    [
+        ({"flag": True}, T, F),
+        ({"flag": False}, F, T),
+        ({}, U, U),
+        # a comparison of unlike types: FALSE both ways
+        ({"flag": 1}, F, F),
+        ({"flag": 0}, F, F),
+        ({"flag": "true"}, F, F),
+        ({"flag": 1.0}, F, F),
+        ({"flag": b"x"}, F, F),
+    ],
 )
 def test_identifier_compared_with_a_boolean(props, eq_true, eq_false):
     for selector, expected in [
-        ("flag = TRUE", eq_true), ("TRUE = flag", eq_true), ("flag <> FALSE", eq_true), ("FALSE <> flag", eq_true),
-        ("flag = FALSE", eq_false), ("FALSE = flag", eq_false), ("flag <> TRUE", eq_false),
-        ("TRUE <> flag", eq_false), ("flag = (t = 1)", eq_true), ("(t = 1) = flag", eq_true),
-        ("flag <> (t = 2)", eq_true), ("flag = (t = 2)", eq_false), ("(t = 1) <> flag", eq_false),
-        ("flag = (u = 1)", U), ("(u = 1) <> flag", U),
+        ("flag = TRUE", eq_true),
+        ("TRUE = flag", eq_true),
+        ("flag <> FALSE", eq_true),
+        ("FALSE <> flag", eq_true),
+        ("flag = FALSE", eq_false),
+        ("FALSE = flag", eq_false),
+        ("flag <> TRUE", eq_false),
+        ("TRUE <> flag", eq_false),
+        ("flag = (t = 1)", eq_true),
+        ("(t = 1) = flag", eq_true),
+        ("flag <> (t = 2)", eq_true),
+        ("flag = (t = 2)", eq_false),
+        ("(t = 1) <> flag", eq_false),
+        ("flag = (u = 1)", U),
+        ("(u = 1) <> flag", U),
         # nested, so the comparison's own value (not just "is it TRUE") is used
-        ("(flag = TRUE) = (t = 1)", eq_true), ("(flag <> TRUE) = (t = 1)", eq_false),
-        ("(t = 2) <> (flag = FALSE)", eq_false), ("NOT (flag = TRUE) OR t = 2", NOT_TABLE[eq_true]),
+        ("(flag = TRUE) = (t = 1)", eq_true),
+        ("(flag <> TRUE) = (t = 1)", eq_false),
+        ("(t = 2) <> (flag = FALSE)", eq_false),
+        ("NOT (flag = TRUE) OR t = 2", NOT_TABLE[eq_true]),
     ]:
         assert outcome(selector, {**props, "t": 1}) == expected, selector
 
@@ -849,8 +969,10 @@ def test_boolean_literals_as_conditions():
     assert outcome("TRUE AND x IS NULL", {}) == T
 
 
-@pytest.mark.parametrize("selector", ["5", "'abc'", "a + 1", "-a", "1.5", "(a * 2)", "a = 1 AND 5", "NOT 'x'",
-                                      "5 OR a = 1", "NOT (a + 1)", "x AND 'y'"])
+@pytest.mark.parametrize(
+    "selector",
+    ["5", "'abc'", "a + 1", "-a", "1.5", "(a * 2)", "a = 1 AND 5", "NOT 'x'", "5 OR a = 1", "NOT (a + 1)", "x AND 'y'"],
+)
 def test_a_selector_must_be_a_condition(selector):
     compile_error(selector)
 
@@ -858,8 +980,7 @@ def test_a_selector_must_be_a_condition(selector):
 # ====================================================================== XPATH
 
 BODY = "<order><b x='1'/><b x='2'/><id>42</id><name></name></order>"
-NS_BODY = ("<Invoice xmlns='urn:inv' xmlns:cbc='urn:cbc'><cbc:ID>7</cbc:ID>"
-           "<cbc:Note>it's</cbc:Note></Invoice>")
+NS_BODY = "<Invoice xmlns='urn:inv' xmlns:cbc='urn:cbc'><cbc:ID>7</cbc:ID><cbc:Note>it's</cbc:Note></Invoice>"
 
 
 @pytest.mark.parametrize(
@@ -1052,8 +1173,14 @@ class _Broken:
 )
 def test_matches_never_raises_on_malformed_envelopes(selector):
     sel = compile_selector(selector)
-    for bad in (None, object(), _Broken(), env(None), env({"a": 1}, body=b"<a/>", kind="text"),
-                env({"a": 1}, priority=None, type=5, delivery_mode="x")):
+    for bad in (
+        None,
+        object(),
+        _Broken(),
+        env(None),
+        env({"a": 1}, body=b"<a/>", kind="text"),
+        env({"a": 1}, priority=None, type=5, delivery_mode="x"),
+    ):
         assert sel.matches(bad) in (True, False)
 
 
@@ -1081,14 +1208,43 @@ def test_selectors_can_be_shared_between_threads():
 # ====================================================================== hypothesis: (a) any text
 
 KEYWORDS = ["AND", "or", "Not", "BETWEEN", "like", "IN", "is", "NULL", "escape", "TRUE", "false", "XPATH"]
-SYMBOLS = ["=", "<>", "<", "<=", ">", ">=", "+", "-", "*", "/", "(", ")", ",", "!=", "'", "''", '"', "%", "_", ".",
-           "#", "\n", "\t", "\\", "$", "!", "~"]
+SYMBOLS = [
+    "=",
+    "<>",
+    "<",
+    "<=",
+    ">",
+    ">=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "(",
+    ")",
+    ",",
+    "!=",
+    "'",
+    "''",
+    '"',
+    "%",
+    "_",
+    ".",
+    "#",
+    "\n",
+    "\t",
+    "\\",
+    "$",
+    "!",
+    "~",
+]
 TOKENS = st.one_of(
     st.sampled_from(KEYWORDS + SYMBOLS),
-    st.sampled_from(["a", "b", "$x", "_y", "JMSPriority", "JMSType", "JMSDeliveryMode", "JMSXGroupID", "JMSFoo",
-                     "été"]),
-    st.sampled_from(["0", "1", "57", "-3", "7.", ".5", "7E3", "0x1F", "017", "08", "1e999", "99999999999999999999",
-                     "1L", "2.5F"]),
+    st.sampled_from(
+        ["a", "b", "$x", "_y", "JMSPriority", "JMSType", "JMSDeliveryMode", "JMSXGroupID", "JMSFoo", "été"]
+    ),
+    st.sampled_from(
+        ["0", "1", "57", "-3", "7.", ".5", "7E3", "0x1F", "017", "08", "1e999", "99999999999999999999", "1L", "2.5F"]
+    ),
     st.sampled_from(["'x'", "'it''s'", "'%a_'", "'//b'", "'//b['", "'unterminated", "'count(//b)'", "''"]),
 )
 SELECTOR_TEXT = st.one_of(
@@ -1123,16 +1279,25 @@ def test_compiling_any_text_raises_only_invalid_selector_error(text):
 # spells keywords in random case, so it also tests the parser's precedence.
 
 NAMES = ["a", "b", "s", "f", "JMSPriority", "JMSType", "JMSDeliveryMode", "JMSXGroupID", "JMSBogus"]
-FLOAT_SPELLINGS = {0.5: [".5", "0.5", "5E-1"], 2.0: ["2.", "2.0", "2E0", "2D"], 1.5: ["1.5", "15e-1"],
-                   1000.0: ["1E3", "1000.", "1e+3"], 0.0: ["0.0", "0.", "0E0"]}
+FLOAT_SPELLINGS = {
+    0.5: [".5", "0.5", "5E-1"],
+    2.0: ["2.", "2.0", "2E0", "2D"],
+    1.5: ["1.5", "15e-1"],
+    1000.0: ["1E3", "1000.", "1e+3"],
+    0.0: ["0.0", "0.", "0E0"],
+}
 STRINGS = st.text(alphabet="ab.%_!'\n", max_size=4)
 XPATHS = ["//b", "//b[@x=1]", "//c", "count(//b)", "string(//id)", "//id = 42", "number(//zz)"]
 BODIES = [BODY, "not xml", None, "<root/>"]
 
 
 def ref_lookup(name, e):
-    headers = {"JMSPriority": e.priority, "JMSType": e.type, "JMSMessageID": e.message_id,
-               "JMSDeliveryMode": "PERSISTENT" if e.delivery_mode == 2 else "NON_PERSISTENT"}
+    headers = {
+        "JMSPriority": e.priority,
+        "JMSType": e.type,
+        "JMSMessageID": e.message_id,
+        "JMSDeliveryMode": "PERSISTENT" if e.delivery_mode == 2 else "NON_PERSISTENT",
+    }
     if name in headers:
         return headers[name]
     if name.startswith("JMS") and not name.startswith(("JMSX", "JMS_")):
@@ -1282,8 +1447,9 @@ def ref_eval(node, e):
 # ---------------------------------------------------------------- AST strategies
 
 names = st.sampled_from(NAMES)
-number_literals = st.one_of(st.integers(0, 20).map(lambda n: ("num", n)),
-                            st.sampled_from(sorted(FLOAT_SPELLINGS)).map(lambda x: ("num", x)))
+number_literals = st.one_of(
+    st.integers(0, 20).map(lambda n: ("num", n)), st.sampled_from(sorted(FLOAT_SPELLINGS)).map(lambda x: ("num", x))
+)
 arith = st.recursive(
     st.one_of(names.map(lambda n: ("prop", n)), number_literals),
     lambda inner: st.one_of(
@@ -1353,8 +1519,13 @@ values = st.one_of(
 )
 envelopes = st.builds(
     lambda props, priority, type_, mode, body: env(
-        {k: v for k, v in props.items() if v is not None}, priority=priority, type=type_, delivery_mode=mode,
-        body=body, kind="xml"),
+        {k: v for k, v in props.items() if v is not None},
+        priority=priority,
+        type=type_,
+        delivery_mode=mode,
+        body=body,
+        kind="xml",
+    ),
     st.fixed_dictionaries({n: values for n in NAMES if not n.startswith("JMS") or n.startswith("JMSX")}),
     st.integers(0, 9),
     st.one_of(st.none(), STRINGS),
@@ -1394,8 +1565,9 @@ def _wrap(child, need, rnd):
 def _number(value, rnd):
     if isinstance(value, float):
         return rnd.choice(FLOAT_SPELLINGS[value])
-    return rnd.choice([str(value), str(value), f"{value}L", oct(value).replace("0o", "0") if value else "0",
-                       hex(value)])
+    return rnd.choice(
+        [str(value), str(value), f"{value}L", oct(value).replace("0o", "0") if value else "0", hex(value)]
+    )
 
 
 def _render(node, rnd):
@@ -1435,8 +1607,9 @@ def _render(node, rnd):
         _, negated, x, lo, hi = node
         neg = f"{_kw('not', rnd)}{sp()}" if negated else ""
         parts = [_wrap(p, PREC["add"], rnd) for p in (x, lo, hi)]
-        return (f"{parts[0]}{sp()}{neg}{_kw('between', rnd)}{sp()}{parts[1]}{sp()}{_kw('and', rnd)}{sp()}"
-                f"{parts[2]}"), pred
+        return (
+            f"{parts[0]}{sp()}{neg}{_kw('between', rnd)}{sp()}{parts[1]}{sp()}{_kw('and', rnd)}{sp()}{parts[2]}"
+        ), pred
     if tag == "in":
         _, negated, name, values_ = node
         neg = f"{_kw('not', rnd)}{sp()}" if negated else ""
@@ -1499,7 +1672,8 @@ weird_values = st.one_of(
 )
 weird_envelopes = st.builds(
     lambda props, priority, type_, mode, body, kind: env(
-        props, priority=priority, type=type_, delivery_mode=mode, body=body, kind=kind),
+        props, priority=priority, type=type_, delivery_mode=mode, body=body, kind=kind
+    ),
     st.dictionaries(st.sampled_from(NAMES), weird_values, max_size=6),
     st.one_of(st.integers(0, 9), st.none(), st.text(max_size=2), st.floats()),
     st.one_of(st.none(), st.text(max_size=3), st.integers(), st.binary(max_size=2)),

@@ -60,7 +60,7 @@ def _sections() -> dict[str, str]:
     text = CLI_PAGE.read_text(encoding="utf-8")
     sections: dict[str, str] = {}
     parts = re.split(r"^###\s+(.+)$", text, flags=re.MULTILINE)
-    for heading, body in zip(parts[1::2], parts[2::2]):
+    for heading, body in zip(parts[1::2], parts[2::2], strict=False):
         for named in re.findall(r"`b2bgw ([^`]+)`", heading):
             words = [word for word in named.split() if re.fullmatch(r"[a-z][a-z0-9-]*", word)]
             for n in range(len(words), 0, -1):
@@ -76,8 +76,15 @@ COMMON = CLI_PAGE.read_text(encoding="utf-8").split("## Options of every command
 
 def test_b2bgw_help_lists_the_documented_groups():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "gateway.cli.main", "--help"], capture_output=True, text=True,
-                          check=False, env=env, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     listed = _listed_in_help(done.stdout)
     assert {"serve", "send", "db", "archive", "rules", "operator"} <= set(listed)
@@ -87,8 +94,10 @@ def test_b2bgw_help_lists_the_documented_groups():
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_has_a_section(command):
-    assert command in SECTIONS, (f"`b2bgw {command}` is not documented: add a section `### \\`b2bgw {command}\\`` "
-                                 f"to docs/cli.md with its options")
+    assert command in SECTIONS, (
+        f"`b2bgw {command}` is not documented: add a section `### \\`b2bgw {command}\\`` "
+        f"to docs/cli.md with its options"
+    )
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -105,6 +114,10 @@ def test_every_option_of_a_command_is_documented(command):
 
 
 def test_the_counts():
-    options = sum(1 for parser in COMMANDS.values() for action in parser._actions
-                  if action.option_strings and action.help != argparse.SUPPRESS)
+    options = sum(
+        1
+        for parser in COMMANDS.values()
+        for action in parser._actions
+        if action.option_strings and action.help != argparse.SUPPRESS
+    )
     assert len(COMMANDS) >= 20 and options >= 80, (len(COMMANDS), options)

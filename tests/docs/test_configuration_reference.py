@@ -63,8 +63,13 @@ def _check_keys_calls() -> list[Key]:
     keys: list[Key] = []
     for file in sorted((ROOT / "gateway").rglob("*.py")):
         tree = ast.parse(file.read_text(encoding="utf-8"))
-        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_keys" and len(node.args) == 3]
+        calls = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_keys"
+            and len(node.args) == 3
+        ]
         if not calls:
             continue
         module = importlib.import_module(".".join(file.relative_to(ROOT).with_suffix("").parts))
@@ -84,9 +89,11 @@ def _check_keys_calls() -> list[Key]:
             elif match:
                 prefixes = [match.group(1)]
             else:
-                pytest.fail(f"{where}: check_keys checks the keys of {what}: name the configuration path it checks "
-                            f"in WHAT_PATHS of {Path(__file__).relative_to(ROOT)}, and document its keys "
-                            f"({', '.join(sorted(allowed))}) in {PAGE}")
+                pytest.fail(
+                    f"{where}: check_keys checks the keys of {what}: name the configuration path it checks "
+                    f"in WHAT_PATHS of {Path(__file__).relative_to(ROOT)}, and document its keys "
+                    f"({', '.join(sorted(allowed))}) in {PAGE}"
+                )
             for prefix in prefixes:
                 keys += [Key(f"{prefix}.{name}" if prefix else name, where) for name in allowed]
     return keys
@@ -141,9 +148,20 @@ def _delegated(path: str) -> list[Path]:
 def test_the_code_has_keys_to_check():
     paths = {key.path for key in KEYS}
     assert len(paths) > 150, paths  # the sections, the broker's options, the warehouse load's, routes, partners
-    assert {"limits.max_text_length", "store.options.lease_timeout", "etl.lock_ttl", "routes[].idempotency_key",
-            "routes[].rules", "rules.workers", "admin.session_ttl", "logging.format", "operators.NAME.hash",
-            "ledger.retention.batch", "partners.ID.limits.burst", "stomp.users"} <= paths
+    assert {
+        "limits.max_text_length",
+        "store.options.lease_timeout",
+        "etl.lock_ttl",
+        "routes[].idempotency_key",
+        "routes[].rules",
+        "rules.workers",
+        "admin.session_ttl",
+        "logging.format",
+        "operators.NAME.hash",
+        "ledger.retention.batch",
+        "partners.ID.limits.burst",
+        "stomp.users",
+    } <= paths
 
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda key: key.path)
@@ -155,11 +173,14 @@ def test_every_key_is_documented_with_its_default_and_unit(key):
             rows = table_rows(page) if page.exists() else {}
             if key.path in rows or leaf in rows or any(key.path.endswith("." + name) for name in rows):
                 return
-        pytest.fail(f"configuration key {key.path!r} (accepted at {key.source}) is not documented: add a row "
-                    f"| `{key.path}` | default | unit | meaning | to {PAGE}, in its section's table (or to the "
-                    f"feature's page that {PAGE}'s row for its section links to)")
+        pytest.fail(
+            f"configuration key {key.path!r} (accepted at {key.source}) is not documented: add a row "
+            f"| `{key.path}` | default | unit | meaning | to {PAGE}, in its section's table (or to the "
+            f"feature's page that {PAGE}'s row for its section links to)"
+        )
     assert len(cells) >= 3 and all(cells[:3]), (
-        f"{PAGE}: the row of {key.path!r} needs a default, a unit (— for none) and a meaning: {cells}")
+        f"{PAGE}: the row of {key.path!r} needs a default, a unit (— for none) and a meaning: {cells}"
+    )
 
 
 def test_the_reference_names_no_key_the_code_does_not_accept():
@@ -185,8 +206,17 @@ def test_the_documented_defaults_are_the_codes():
     expected: dict[str, object] = {f"limits.{key}": getattr(DEFAULT_LIMITS, name) for key, name in LIMIT_KEYS.items()}
     settings = Settings()
     expected["limits.rules_seconds"] = settings.rules_seconds
-    for name in ("host", "port", "processes", "pin_processes", "intake_threads", "intake_workers", "intake_facts",
-                 "explain_workers", "explain_timeout"):
+    for name in (
+        "host",
+        "port",
+        "processes",
+        "pin_processes",
+        "intake_threads",
+        "intake_workers",
+        "intake_facts",
+        "explain_workers",
+        "explain_timeout",
+    ):
         expected[f"server.{name}"] = getattr(settings, name)
     expected["exchange.late_reply_window"] = settings.late_reply_window
     expected["exchange.reconcile_interval"] = settings.reconcile_interval
@@ -195,13 +225,21 @@ def test_the_documented_defaults_are_the_codes():
     for name in ("session_ttl", "secure_cookies", "login_attempts", "login_window", "stats_interval"):
         expected[f"admin.{name}"] = getattr(admin, name)
     for name in ("concurrent_requests", "requests_per_second", "burst", "refusal_delay"):
-        expected[f"partners.ID.limits.{name}"] = expected[f"defaults.limits.{name}"] = \
-            getattr(DEFAULT_PARTNER_LIMITS, name)
+        expected[f"partners.ID.limits.{name}"] = expected[f"defaults.limits.{name}"] = getattr(
+            DEFAULT_PARTNER_LIMITS, name
+        )
     policy = RetentionPolicy()
-    expected.update({"ledger.retention.online": policy.default.online, "ledger.retention.after": policy.default.after,
-                     "ledger.retention.tombstones": policy.tombstones, "ledger.retention.schedule": policy.schedule,
-                     "ledger.retention.timezone": policy.timezone, "ledger.retention.batch": policy.batch,
-                     "ledger.retention.enabled": policy.enabled})
+    expected.update(
+        {
+            "ledger.retention.online": policy.default.online,
+            "ledger.retention.after": policy.default.after,
+            "ledger.retention.tombstones": policy.tombstones,
+            "ledger.retention.schedule": policy.schedule,
+            "ledger.retention.timezone": policy.timezone,
+            "ledger.retention.batch": policy.batch,
+            "ledger.retention.enabled": policy.enabled,
+        }
+    )
     expected.update({f"etl.{name}": value for name, value in DEFAULTS.items()})
 
     def same(documented: str, value: object) -> bool:

@@ -16,7 +16,7 @@ PAGES = sorted(path.name for path in DOCS.glob("*.md"))
 def _nav_pages(nav) -> set[str]:
     found: set[str] = set()
     for item in nav:
-        for value in (item.values() if isinstance(item, dict) else [item]):
+        for value in item.values() if isinstance(item, dict) else [item]:
             if isinstance(value, list):
                 found |= _nav_pages(value)
             else:
@@ -39,4 +39,5 @@ def test_the_home_page_links_every_page(page):
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     stem = page.removesuffix(".md")
     assert f"]({page}" in index or f'href="../{stem}/"' in index, (
-        f"docs/index.md does not link docs/{page}: add it to the 'Where to read' table")
+        f"docs/index.md does not link docs/{page}: add it to the 'Where to read' table"
+    )

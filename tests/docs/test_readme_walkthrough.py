@@ -114,8 +114,14 @@ def _env() -> dict[str, str]:
 def server(checkout):
     port = _free_port()
     log = (checkout / "serve.log").open("wb")
-    proc = subprocess.Popen([str(checkout / ".venv" / "bin" / "b2bgw"), "serve", "--port", str(port), "--no-stomp"],
-                            cwd=checkout, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(checkout / ".venv" / "bin" / "b2bgw"), "serve", "--port", str(port), "--no-stomp"],
+        cwd=checkout,
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -141,12 +147,12 @@ def server(checkout):
 
 #: Every curl of a block records its status line, headers and body under $ANSWERS (numbered in order), then
 #: prints what curl prints; a counter file numbers them across the subshells of $(...).
-_RECORDING_CURL = r'''
+_RECORDING_CURL = r"""
 curl() {
   n=$(( $(cat "$ANSWERS/count") + 1 )); echo "$n" > "$ANSWERS/count"
   command curl -sS -D "$ANSWERS/$n.headers" "$@" | tee "$ANSWERS/$n.body"
 }
-'''
+"""
 
 
 def test_try_it_in_order_against_a_real_server(checkout, server):
@@ -162,8 +168,15 @@ def test_try_it_in_order_against_a_real_server(checkout, server):
             block = block.replace(".venv/bin/b2bgw etl run", ": no Java here: etl run left out")
         script.append(block)
     env = {**_env(), "ANSWERS": str(answers)}
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, f"the README's commands failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     count = int((answers / "count").read_text())
@@ -179,8 +192,11 @@ def test_try_it_in_order_against_a_real_server(checkout, server):
             assert json.loads(body)["code"] == code, f"request {n}: the README says {code}: {body[:500]}"
         if header:
             name, _, value = header.partition(":")
-            lines = {line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
-                     for line in head.splitlines()[1:] if ":" in line}
+            lines = {
+                line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip()
+                for line in head.splitlines()[1:]
+                if ":" in line
+            }
             assert name.strip().lower() in lines, f"request {n}: no {name} header: {head}"
             if value.strip():
                 assert lines[name.strip().lower()] == value.strip(), f"request {n}: {name}: {head}"
@@ -189,15 +205,17 @@ def test_try_it_in_order_against_a_real_server(checkout, server):
     assert "<OrderResponse" in order_response
     receipt_example, rules_example = examples
     assert set(json.loads(receipt)) == set(receipt_example), "the receipt's fields are not the README's"
-    assert {key: json.loads(receipt)[key] for key in ("route", "document_type", "document_id", "status")} == \
-        {key: receipt_example[key] for key in ("route", "document_type", "document_id", "status")}
+    assert {key: json.loads(receipt)[key] for key in ("route", "document_type", "document_id", "status")} == {
+        key: receipt_example[key] for key in ("route", "document_type", "document_id", "status")
+    }
     assert json.loads(replay) == json.loads(receipt), "the replay did not return the same receipt"
     assert json.loads(document_status)["status"] in ("accepted", "delivered")
 
     refusal = json.loads(bodies[6])
     assert refusal["code"] == rules_example["code"] and refusal["status"] == rules_example["status"]
-    assert [(e["id"], e["flag"]) for e in refusal["errors"]] == \
-        [(e["id"], e["flag"]) for e in rules_example["errors"]], refusal["errors"]
+    assert [(e["id"], e["flag"]) for e in refusal["errors"]] == [
+        (e["id"], e["flag"]) for e in rules_example["errors"]
+    ], refusal["errors"]
 
     # "delivered once the sample invoice receiver has taken it"
     message_id = json.loads(receipt)["message_id"]

@@ -20,13 +20,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gwtest import SAMPLE_CONFIG, GatewayEnv, Responder, sample_data  # noqa: E402
+from gwtest import SAMPLE_CONFIG, GatewayEnv, Responder, sample_data
 
-from gateway.http.app import create_app  # noqa: E402
-from gateway.exchange.assemble import Assembly, assemble, build_registry  # noqa: E402
-from gateway.config.loader import load_settings, settings_from_mapping  # noqa: E402
-from gateway.runtime.serving import Runtime  # noqa: E402
-from gateway.intake.schemas import SchemaRegistry  # noqa: E402
+from gateway.config.loader import load_settings, settings_from_mapping
+from gateway.exchange.assemble import Assembly, assemble, build_registry
+from gateway.http.app import create_app
+from gateway.intake.schemas import SchemaRegistry
+from gateway.runtime.serving import Runtime
 
 
 @pytest.fixture(scope="session")

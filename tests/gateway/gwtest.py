@@ -8,11 +8,11 @@ the test modules (``from gwtest import ...``).
 from __future__ import annotations
 
 import socket
-from contextlib import contextmanager
-from collections.abc import Callable as _Callable, Iterator as _Iterator
-
 import threading
 import time
+from collections.abc import Callable as _Callable
+from collections.abc import Iterator as _Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from broker_core import Broker, Queue, XMLMessage
-from gateway.exchange.assemble import Assembly
 from gateway.config.loader import load_yaml
+from gateway.exchange.assemble import Assembly
 from gateway.runtime.serving import Runtime
 from gateway.samples.order_responder import build_order_response
 
@@ -95,7 +95,7 @@ class Responder:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self) -> "Responder":
+    def start(self) -> Responder:
         self._thread = threading.Thread(target=self._run, name="test-responder", daemon=True)
         self._thread.start()
         return self
@@ -183,8 +183,10 @@ class GatewayEnv:
 
         with self.broker.engine.connect() as conn:
             rows = [row._asdict() for row in conn.execute(sa.select(documents))]
-        return [SimpleNamespace(**{**row, "document": unpack_xml(row["document"]), "reply": unpack_xml(row["reply"])})
-                for row in rows]
+        return [
+            SimpleNamespace(**{**row, "document": unpack_xml(row["document"]), "reply": unpack_xml(row["reply"])})
+            for row in rows
+        ]
 
 
 @contextmanager

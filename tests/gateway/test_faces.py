@@ -59,8 +59,11 @@ PACKAGES = ["gateway", "broker_core", "spark_etl", "ledger_contract"]
 def test_loggers_are_named_after_their_modules(package: str) -> None:
     """A logger's name says where a line comes from: ``getLogger(__name__)``, never a name typed by hand."""
     typed = re.compile(r"""^\s*\w+\s*=\s*logging\.getLogger\(\s*["']""", re.M)
-    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / package).rglob("*.py")
-                 if typed.search(path.read_text(encoding="utf-8"))]
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / package).rglob("*.py")
+        if typed.search(path.read_text(encoding="utf-8"))
+    ]
     assert offenders == []
 
 

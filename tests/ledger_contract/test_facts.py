@@ -49,9 +49,13 @@ def _assert_read_alike(root: etree._Element, doc_type: str) -> None:
 
 
 #: The elements the paths end on (their text or attributes are the values).
-FIELD_TAGS = sorted({path.split("/")[-1] if "@" not in path else path.split("/")[-2]
-                     for kind in facts.KINDS.values()
-                     for _, path, _ in facts._header_paths(kind) + facts._ORDER_LINE[1] + facts._INVOICE_LINE[1]})
+FIELD_TAGS = sorted(
+    {
+        path.split("/")[-1] if "@" not in path else path.split("/")[-2]
+        for kind in facts.KINDS.values()
+        for _, path, _ in facts._header_paths(kind) + facts._ORDER_LINE[1] + facts._INVOICE_LINE[1]
+    }
+)
 
 
 def _edit(doc: str, op: tuple) -> str:
@@ -73,8 +77,9 @@ def _edit(doc: str, op: tuple) -> str:
     return doc[: leaf.start()] + new + doc[leaf.end() :]
 
 
-EDITS = st.tuples(st.sampled_from(["text", "comment", "drop", "twin", "bare"]), st.sampled_from(FIELD_TAGS),
-                  st.integers(0, 30), TEXTS)
+EDITS = st.tuples(
+    st.sampled_from(["text", "comment", "drop", "twin", "bare"]), st.sampled_from(FIELD_TAGS), st.integers(0, 30), TEXTS
+)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

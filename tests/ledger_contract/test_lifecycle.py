@@ -12,6 +12,7 @@ def test_pacer_yields_the_write_turn_to_a_busy_store():
     """A purge transaction that had to wait for the turn (the intake is busy), as the one before it did, is
     followed by a pause nine times as long as it took (its wait included): it takes a tenth of the time;
     on a quiet store a pause a quarter as long as it ran."""
+
     def quiet(fn):
         return fn(None)
 
@@ -39,6 +40,7 @@ def test_pacer_yields_the_write_turn_to_a_busy_store():
 def test_pacer_yields_while_others_write_though_the_turn_is_free():
     """The intake's short commits seldom make a purge transaction wait: ``activity()`` (the ledger's newest
     event) rising between transactions marks the store busy all the same; unchanged, the purge runs on."""
+
     def write(fn):
         return fn(None)
 

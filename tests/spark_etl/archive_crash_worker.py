@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from archivetest import open_store, policy  # noqa: E402
+from archivetest import open_store, policy
 
-from ledger_contract.lifecycle import Pacer  # noqa: E402
-from spark_etl import archive  # noqa: E402
+from ledger_contract.lifecycle import Pacer
+from spark_etl import archive
 
 
 def main() -> None:
@@ -28,9 +28,17 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     archive.hooks[step] = die
-    archive.run(policy(batch=40), engine=broker.engine, write=archive.store_writer(broker),
-                purge_write=archive.store_writer(broker, durable=False), root=root,
-                wait_for_warehouse=False, now=int(time.time() * 1000), pacer=Pacer(first=7, most=7, least=7, rest=0, busy_rest=0), lease_ttl=1.0)
+    archive.run(
+        policy(batch=40),
+        engine=broker.engine,
+        write=archive.store_writer(broker),
+        purge_write=archive.store_writer(broker, durable=False),
+        root=root,
+        wait_for_warehouse=False,
+        now=int(time.time() * 1000),
+        pacer=Pacer(first=7, most=7, least=7, rest=0, busy_rest=0),
+        lease_ttl=1.0,
+    )
     print("finished without dying", flush=True)
     broker.close()
     sys.exit(3)

@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker_core import Broker
+from gateway.exchange.submission import document_digest
 from gateway.ledger.records import Ledger, NewDocument, upgrade_ledger
 from ledger_contract.retention import RetentionPolicy, Rule
-from gateway.exchange.submission import document_digest
 
 EXAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubl-2.1" / "xml"
 ORDER = (EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
@@ -31,8 +31,9 @@ def open_store(url: str) -> Broker:
     return broker
 
 
-def fill(broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, status: str = "replied",
-         spread_days: int = 2) -> list[str]:
+def fill(
+    broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, status: str = "replied", spread_days: int = 2
+) -> list[str]:
     """*count* documents accepted *days_ago* days ago (over *spread_days* received dates) and moved to
     *status* (with a reply when ``replied``); their message ids."""
     ledger = Ledger(broker.engine)
@@ -44,14 +45,29 @@ def fill(broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, s
         at = base + (k % spread_days) * DAY_MS + k
         mid = f"ID:test-{k:06d}"
         ids.append(mid)
-        docs.append((NewDocument(message_id=mid, partner="acme" if k % 3 else "globex", doc_type="Order",
-                                 doc_namespace=NS, doc_id=f"PO-{k}", idempotency_key=f"key-{k}",
-                                 correlation_id=f"c-{k}", route="ubl-order", destination="queue://orders.inbound",
-                                 received_at=at, document=body, receipt='{"status":"accepted"}',
-                                 digest=document_digest(body)), at))
+        docs.append(
+            (
+                NewDocument(
+                    message_id=mid,
+                    partner="acme" if k % 3 else "globex",
+                    doc_type="Order",
+                    doc_namespace=NS,
+                    doc_id=f"PO-{k}",
+                    idempotency_key=f"key-{k}",
+                    correlation_id=f"c-{k}",
+                    route="ubl-order",
+                    destination="queue://orders.inbound",
+                    received_at=at,
+                    document=body,
+                    receipt='{"status":"accepted"}',
+                    digest=document_digest(body),
+                ),
+                at,
+            )
+        )
 
     for i in range(0, len(docs), 500):
-        part = docs[i:i + 500]
+        part = docs[i : i + 500]
         broker.write(lambda conn, part=part: _insert(ledger, conn, part, status))
     return ids
 
@@ -59,9 +75,15 @@ def fill(broker: Broker, count: int, *, days_ago: float = 100, start: int = 0, s
 def _insert(ledger: Ledger, conn: Any, docs: list[Any], status: str) -> None:
     for doc, at in docs:
         ledger.insert(conn, doc)
-        ledger.transition(conn, doc.message_id, status, from_statuses=("accepted",),
-                          reply=REPLY if status == "replied" else None,
-                          reply_type="OrderResponse" if status == "replied" else None, at=at + 50)
+        ledger.transition(
+            conn,
+            doc.message_id,
+            status,
+            from_statuses=("accepted",),
+            reply=REPLY if status == "replied" else None,
+            reply_type="OrderResponse" if status == "replied" else None,
+            at=at + 50,
+        )
 
 
 def policy(batch: int = 100, **changes: Any) -> RetentionPolicy:

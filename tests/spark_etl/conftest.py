@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from etltest import EXAMPLES, Ledger  # noqa: E402
+from etltest import EXAMPLES, Ledger
 
 
 @pytest.fixture(scope="session")
@@ -58,5 +58,3 @@ def settings(tmp_path) -> dict:
     from spark_etl.config import resolve
 
     return resolve({"warehouse": str(tmp_path / "warehouse"), "read_partitions": 2, "lock_ttl": 60})
-
-

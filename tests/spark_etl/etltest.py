@@ -37,9 +37,9 @@ def gateway_facts(document: bytes, doc_type: str) -> str | None:
     """The facts the gateway stores for *document* at intake: its own parse,
     then :func:`ledger_contract.facts.for_ledger` (None when the gateway's parser
     refuses the document; the gateway would not accept it at all)."""
-    from ledger_contract import facts
     from gateway.errors import GatewayError
     from gateway.intake.xmlsafe import IntakeLimits, parse_document
+    from ledger_contract import facts
 
     try:
         root = parse_document(document, IntakeLimits())

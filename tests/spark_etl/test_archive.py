@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-
 from archivetest import (
     REPLY,
     archived_ids,
@@ -26,6 +25,7 @@ from archivetest import (
     policy,
     tombstoned_ids,
 )
+
 from ledger_contract.lifecycle import Pacer
 from ledger_contract.space import sqlite_space
 from ledger_contract.tables import archive_batches, documents, events
@@ -45,8 +45,9 @@ def run(broker, root, **kw):
     kw.setdefault("now", int(time.time() * 1000))
     kw.setdefault("wait_for_warehouse", False)
     kw.setdefault("purge_write", archive.store_writer(broker, durable=False))
-    return archive.run(kw.pop("pol", policy()), engine=broker.engine, write=archive.store_writer(broker),
-                       root=str(root), **kw)
+    return archive.run(
+        kw.pop("pol", policy()), engine=broker.engine, write=archive.store_writer(broker), root=str(root), **kw
+    )
 
 
 def test_archive_document_holds_record_history_and_xml(store, tmp_path):
@@ -60,8 +61,21 @@ def test_archive_document_holds_record_history_and_xml(store, tmp_path):
     files = sorted((root / "archive_document").rglob("*.parquet"))
     assert len(files) == 2 and all(f.parent.name.startswith("received_date=") for f in files)  # two dates
     table = pq.read_table(files[0])
-    assert {"message_id", "partner", "doc_type", "doc_id", "digest", "history", "request_xml", "reply_xml",
-            "request_sha256", "reply_sha256", "status", "received_at", "archived_at"} <= set(table.column_names)
+    assert {
+        "message_id",
+        "partner",
+        "doc_type",
+        "doc_id",
+        "digest",
+        "history",
+        "request_xml",
+        "reply_xml",
+        "request_sha256",
+        "reply_sha256",
+        "status",
+        "received_at",
+        "archived_at",
+    } <= set(table.column_names)
     row = table.slice(0, 1).to_pylist()[0]
     k = int(row["message_id"].rsplit("-", 1)[1])
     assert row["request_xml"].encode() == order(k)
@@ -74,8 +88,10 @@ def test_archive_document_holds_record_history_and_xml(store, tmp_path):
     day = files[0].parent.name.split("=", 1)[1]
     assert row["received_at"].strftime("%Y-%m-%d") == day
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(events)
-                            .where(events.c.message_id.in_(ids))).scalar() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(events).where(events.c.message_id.in_(ids))).scalar()
+            == 0
+        )
     assert archive.verify(store.engine, str(root))["ok"]
 
 
@@ -115,8 +131,7 @@ def test_a_batch_that_does_not_read_back_is_not_purged(store, tmp_path):
             xml[0] = xml[0].replace("PO-", "PX-", 1)
             import pyarrow as pa
 
-            table = table.set_column(table.column_names.index("request_xml"), "request_xml",
-                                     pa.array(xml, pa.string()))
+            table = table.set_column(table.column_names.index("request_xml"), "request_xml", pa.array(xml, pa.string()))
             pq.write_table(table, path)
 
     archive.hooks["before_verify"] = tamper
@@ -139,8 +154,11 @@ def test_a_row_changed_after_archiving_stays_online(store, tmp_path):
 
     def change(batch_id: int) -> None:
         with store.engine.begin() as conn:
-            conn.execute(documents.update().where(documents.c.message_id == ids[0])
-                         .values(status="failed", updated_at=int(time.time() * 1000)))
+            conn.execute(
+                documents.update()
+                .where(documents.c.message_id == ids[0])
+                .values(status="failed", updated_at=int(time.time() * 1000))
+            )
 
     archive.hooks["verified"] = change
     try:
@@ -161,8 +179,13 @@ def test_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, step):
         kept = set(fill(broker, 5, days_ago=1, start=500))
     finally:
         broker.close()
-    proc = subprocess.run([sys.executable, str(WORKER), url, str(root), step, "2"], capture_output=True, text=True,
-                          timeout=120, cwd=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), url, str(root), step, "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     assert proc.returncode == -9, proc.stdout + proc.stderr  # killed in its second batch
 
     time.sleep(1.1)  # its lease (1 s) expires, as a crashed run's does
@@ -268,9 +291,14 @@ def test_scheduled_runs_take_the_lease_once_per_slot(store, tmp_path):
     late one for the same slot does nothing."""
     fill(store, 8, days_ago=100)
     url = str(store.engine.url)
-    make = lambda: archive.ArchiveSchedule(  # noqa: E731
-        policy(), url, engine=store.engine, write=archive.store_writer(store), root=str(tmp_path / "wh"),
-        wait_for_warehouse=False)
+    make = lambda: archive.ArchiveSchedule(
+        policy(),
+        url,
+        engine=store.engine,
+        write=archive.store_writer(store),
+        root=str(tmp_path / "wh"),
+        wait_for_warehouse=False,
+    )
     first, second = make(), make()
     slot = int(time.time() * 1000)
     assert first.run_scheduled(slot) is True and first.last_result.purged == 8
@@ -284,8 +312,8 @@ def test_serve_schedules_the_archive_when_a_policy_is_configured(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
     from gwtest import SAMPLE_CONFIG, sample_data
 
-    from gateway.exchange.assemble import assemble
     from gateway.config.loader import settings_from_mapping
+    from gateway.exchange.assemble import assemble
     from gateway.runtime.serving import Runtime
 
     data = sample_data(tmp_path)

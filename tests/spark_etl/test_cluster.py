@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from etltest import EXAMPLES, INVOICE, ORDER, ORDER_CHANGE, Ledger, example, table
 
 from spark_etl import state
-
-from etltest import EXAMPLES, INVOICE, ORDER, ORDER_CHANGE, Ledger, example, table
 
 pytestmark = pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"the OASIS UBL examples are not at {EXAMPLES}")
 

@@ -9,13 +9,12 @@ import os
 
 import pytest
 import sqlalchemy as sa
+from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, table
 from pyspark.sql import SparkSession
 
 from broker_core.sql import absolute_url, relative_sqlite_path
 from gateway.cli import main as gateway_cli
 from spark_etl import cli, job, source, state
-
-from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, table
 
 
 def runs(url: str) -> list[state.RunRecord]:
@@ -147,7 +146,12 @@ def test_a_run_with_nothing_new_does_not_start_spark(spark, ledger, settings, mo
 
     last = runs(ledger.url)[-1]
     assert (last.status, last.mode, last.docs_read, last.seq_from, last.seq_to) == (
-        "succeeded", "incremental", 0, first.seq_to, newest)
+        "succeeded",
+        "incremental",
+        0,
+        first.seq_to,
+        newest,
+    )
     with ledger.engine.connect() as conn:
         assert state.watermark(conn) == newest
     assert table(settings, "fact_order") == before
@@ -181,7 +185,7 @@ def test_a_since_run_with_nothing_delivered_since_does_not_start_spark(ledger, s
     import datetime as dt
 
     ledger.add("a1", "Order", example(ORDER), status="accepted")
-    r = job.run(settings, ledger.url, since=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc))
+    r = job.run(settings, ledger.url, since=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
     assert (r.mode, r.status, r.nothing_new, r.spark_started, r.docs_read) == ("since", "succeeded", True, False, 0)
 
 
@@ -246,7 +250,9 @@ def test_a_bad_config_file_is_a_message_not_a_traceback(content, says, tmp_path,
     if content is not None:
         path.write_text(content)
     for command in ("run", "status"):
-        assert gateway_cli.main(["etl", command, "-c", str(path)]) == 2  # a configuration that does not load is a user error (docs/cli.md)
+        assert (
+            gateway_cli.main(["etl", command, "-c", str(path)]) == 2
+        )  # a configuration that does not load is a user error (docs/cli.md)
         err = capsys.readouterr().err
         assert err.startswith("etl: ") and says in err and "Traceback" not in err
 

@@ -22,10 +22,28 @@ def _etl_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
     env.pop("B2BGW_CONFIG", None)
     env.pop("B2BGW_STORE_URL", None)
-    return subprocess.run([sys.executable, "-m", "gateway.cli.main", "etl", "run", "--db-url",
-                           f"sqlite:///{tmp_path / 'ledger.db'}", "--warehouse", str(tmp_path / "warehouse"),
-                           "--master", "local[1]", *extra], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          check=False, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "etl",
+            "run",
+            "--db-url",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--warehouse",
+            str(tmp_path / "warehouse"),
+            "--master",
+            "local[1]",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        timeout=600,
+    )
 
 
 def test_etl_run_prints_one_line_and_spark_only_with_verbose(tmp_path):

@@ -8,11 +8,6 @@ from __future__ import annotations
 import json
 
 import sqlalchemy as sa
-
-from ledger_contract import facts
-from ledger_contract.tables import documents
-from spark_etl import job, state
-
 from etltest import (
     INVOICE,
     ORDER,
@@ -26,6 +21,10 @@ from etltest import (
     with_id,
 )
 from test_load import _change
+
+from ledger_contract import facts
+from ledger_contract.tables import documents
+from spark_etl import job, state
 
 
 def run(spark, ledger, settings, **kw) -> job.RunResult:
@@ -103,8 +102,12 @@ def test_warehouse_from_facts_equals_the_warehouse_parsed_from_the_xml(spark, le
     assert orders == {"o1": ("34", "replaced"), "o1bis": ("34", "changed"), "o2": ("35", "cancelled"),
                       "o3": ("36", "changed")}  # fmt: skip
     assert len(from_xml["fact_invoice_line"]) == 10 and len(from_xml["fact_order_change"]) == 4
-    assert {(l["message_id"], l["line_id"]) for l in from_xml["fact_order_line"] if l["is_current"]} == {
-        ("c1", "1"), ("c2", "3"), ("c0", "1"), ("o3", "2")}
+    assert {(ln["message_id"], ln["line_id"]) for ln in from_xml["fact_order_line"] if ln["is_current"]} == {
+        ("c1", "1"),
+        ("c2", "3"),
+        ("c0", "1"),
+        ("o3", "2"),
+    }
 
     # and a ledger written by an older gateway (no facts at all) gives the same warehouse too
     old = Ledger(f"sqlite:///{tmp_path / 'old.db'}", facts=False)
@@ -197,9 +200,9 @@ def test_a_rebuild_from_xml_parses_in_processes_that_share_no_locks_with_the_dri
     ranges = [(0, 8), (8, 16), (16, 24)]  # ledger seqs: two events per document
 
     def rows(staged):
-        return sorted((t, tuple(sorted(r.items())))
-                      for t in staged.rows
-                      for r in pq.read_table(staged.table_path(t)).to_pylist())
+        return sorted(
+            (t, tuple(sorted(r.items()))) for t in staged.rows for r in pq.read_table(staged.table_path(t)).to_pylist()
+        )
 
     single = stage.stage_window(ledger.url, ranges, str(tmp_path / "single"), reparse=True, threads=1)
     assert single.rows["fact_order"] == 12
@@ -217,8 +220,9 @@ def test_a_rebuild_from_xml_parses_in_processes_that_share_no_locks_with_the_dri
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as runner:
             for attempt in range(3):
-                staged = runner.submit(stage.stage_window, ledger.url, ranges, str(tmp_path / f"procs{attempt}"),
-                                       reparse=True, threads=2).result(timeout=120)
+                staged = runner.submit(
+                    stage.stage_window, ledger.url, ranges, str(tmp_path / f"procs{attempt}"), reparse=True, threads=2
+                ).result(timeout=120)
                 assert rows(staged) == rows(single)
         pool = stage._reparse_pool(2)
         try:

@@ -10,13 +10,9 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 import sqlalchemy as sa
-
-import pyarrow.compute as pc
-
-from spark_etl import job, stage, state, warehouse
-
 from etltest import (
     INVOICE,
     ORDER,
@@ -28,6 +24,8 @@ from etltest import (
     table,
     with_id,
 )
+
+from spark_etl import job, stage, state, warehouse
 
 D = Decimal
 
@@ -52,7 +50,7 @@ def quarantine(ledger) -> list[dict]:
 
 
 def ts(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).replace(tzinfo=None)
 
 
 # --------------------------------------------------------------------------- contents
@@ -107,15 +105,15 @@ def test_warehouse_contents_row_by_row(spark, ledger, settings):
                              "allowance_total_amount", "charge_total_amount", "prepaid_amount", "payable_amount")] == [
         D("1436.5"), D("1436.5"), D("1729"), D("292.2"), D("100"), D("100"), D("1000"), D("729")]  # fmt: skip
     ilines = table(settings, "fact_invoice_line", sort=("message_id", "line_no"))
-    assert [(l["line_id"], l["order_line_ref"], l["item_id"], l["quantity"], l["unit_code"], l["price_amount"],
-             l["line_amount"], l["tax_amount"]) for l in ilines] == [
+    assert [(ln["line_id"], ln["order_line_ref"], ln["item_id"], ln["quantity"], ln["unit_code"], ln["price_amount"],
+             ln["line_amount"], ln["tax_amount"]) for ln in ilines] == [
         ("1", "1", "JB007", D("1"), "C62", D("1273"), D("1273"), D("254.6")),
         ("2", "5", "JB008", D("-1"), "C62", D("3.96"), D("-3.96"), D("-0.396")),
         ("3", "3", "JB009", D("2"), "C62", D("2.48"), D("4.96"), D("0.496")),
         ("4", "2", "JB010", D("-1"), "C62", D("25"), D("-25"), D("0")),
         ("5", "4", "JB011", D("250"), "C62", D("0.75"), D("187.5"), D("37.5")),
     ]  # fmt: skip
-    assert all(l["message_id"] == "m-invoice" and l["issue_date"] == "2009-12-15" for l in ilines)
+    assert all(ln["message_id"] == "m-invoice" and ln["issue_date"] == "2009-12-15" for ln in ilines)
     assert table(settings, "fact_order_change") == []
 
     partners = table(settings, "dim_partner", sort=("partner",))
@@ -133,7 +131,8 @@ def test_warehouse_contents_row_by_row(spark, ledger, settings):
 
     q = quarantine(ledger)
     assert [(x["message_id"], x["doc_type"], x["partner"], x["run_id"]) for x in q] == [
-        ("m-broken", "Order", "ACME", r.run_id)]
+        ("m-broken", "Order", "ACME", r.run_id)
+    ]
     assert "not well-formed" in q[0]["reason"]
 
     (rec,) = runs(ledger)
@@ -156,7 +155,8 @@ def test_spark_sql_reads_the_warehouse(spark, ledger, settings):
         FROM fact_order o JOIN fact_order_line l USING (message_id)
         WHERE l.is_current GROUP BY o.partner, o.issue_date, o.currency""").collect()
     assert [(r.partner, str(r.issue_date), r.currency, r.lines, r.amount) for r in row] == [
-        ("ACME", "2010-01-20", "SEK", 2, D("6225"))]
+        ("ACME", "2010-01-20", "SEK", 2, D("6225"))
+    ]
 
 
 # --------------------------------------------------------------------------- incremental, idempotent
@@ -185,7 +185,7 @@ def test_incremental_and_idempotent_reruns(spark, ledger, settings):
     assert run(spark, ledger, settings).docs_read == 0
 
     # reloading the same windows (--since the beginning) loads nothing twice
-    r5 = run(spark, ledger, settings, since=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
+    r5 = run(spark, ledger, settings, since=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
     assert (r5.mode, r5.seq_from, r5.docs_read) == ("since", 0, 3)
     assert snapshot(settings) == after2
     assert [p.parent.name for p in data_files(settings, "fact_order_line")] == ["issue_date=2010-01-20"]
@@ -206,7 +206,10 @@ def test_full_rebuild_equals_the_incremental_history(spark, ledger, settings):
     run(spark, ledger, settings)
     incremental = snapshot(settings)
     assert [(o["order_id"], o["status"]) for o in incremental["fact_order"]] == [
-        ("34", "changed"), ("35", "cancelled"), ("36", "changed")]
+        ("34", "changed"),
+        ("35", "cancelled"),
+        ("36", "changed"),
+    ]
 
     r = run(spark, ledger, settings, full=True)  # over the existing warehouse
     assert (r.mode, r.seq_from, r.docs_read) == ("full", 0, 8)
@@ -240,7 +243,8 @@ def test_one_file_per_partition_whatever_the_read_ranges(spark, ledger, settings
         assert [p.parent.name for p in data_files(settings, t)] == [*days, "issue_date=2010-01-23"], t
     orders = table(settings, "fact_order")
     assert [(o["message_id"], o["issue_date"]) for o in orders] == [
-        (f"o{i}", f"2010-01-2{i % 3}") for i in range(6)] + [("o6", "2010-01-21"), ("o7", "2010-01-23")]
+        (f"o{i}", f"2010-01-2{i % 3}") for i in range(6)
+    ] + [("o6", "2010-01-21"), ("o7", "2010-01-23")]
     assert len(table(settings, "fact_order_line")) == 16
 
 
@@ -270,13 +274,20 @@ def test_correction_rule(spark, ledger, settings):
     run(spark, ledger, settings)
     (o,) = table(settings, "fact_order")
     assert (o["status"], o["revision"], o["last_change_message_id"], o["cancel_message_id"]) == (
-        "changed", 1, "c1", None)
+        "changed",
+        1,
+        "c1",
+        None,
+    )
     assert (o["line_count"], o["payable_amount"]) == (2, D("6225"))  # as issued: never changes
     assert (o["current_line_count"], o["current_line_extension_amount"], o["current_payable_amount"]) == (
-        2, D("12225"), D("6225"))
+        2,
+        D("12225"),
+        D("6225"),
+    )
     lines = table(settings, "fact_order_line", sort=("ledger_seq", "line_no"))
-    assert [(l["message_id"], l["line_id"], l["quantity"], l["line_amount"], l["is_current"], l["superseded_by"],
-             l["issue_date"]) for l in lines] == [
+    assert [(ln["message_id"], ln["line_id"], ln["quantity"], ln["line_amount"], ln["is_current"], ln["superseded_by"],
+             ln["issue_date"]) for ln in lines] == [
         ("o1", "1", D("120"), D("6000"), False, "c1", "2010-01-20"),
         ("o1", "2", D("15"), D("225"), True, None, "2010-01-20"),
         ("c1", "1", D("240"), D("12000"), True, None, "2010-01-21"),
@@ -292,9 +303,9 @@ def test_correction_rule(spark, ledger, settings):
     (o,) = table(settings, "fact_order")
     assert (o["status"], o["revision"], o["last_change_message_id"], o["current_line_count"],
             o["current_line_extension_amount"]) == ("changed", 2, "c2", 2, D("12300"))  # fmt: skip
-    current = {(l["line_id"], l["message_id"]) for l in table(settings, "fact_order_line") if l["is_current"]}
+    current = {(ln["line_id"], ln["message_id"]) for ln in table(settings, "fact_order_line") if ln["is_current"]}
     assert current == {("1", "c1"), ("3", "c2")}
-    by_key = {(l["message_id"], l["line_id"]): l for l in table(settings, "fact_order_line")}
+    by_key = {(ln["message_id"], ln["line_id"]): ln for ln in table(settings, "fact_order_line")}
     assert by_key[("o1", "2")]["superseded_by"] == "c2"
     assert (by_key[("c2", "2")]["is_current"], by_key[("c2", "2")]["line_status"]) == (False, "Cancelled")
 
@@ -302,12 +313,21 @@ def test_correction_rule(spark, ledger, settings):
     ledger.add("x1", "OrderCancellation", example(ORDER_CANCELLATION))
     run(spark, ledger, settings)
     (o,) = table(settings, "fact_order")
-    assert (o["status"], o["cancel_message_id"], o["current_line_count"], o["current_line_extension_amount"],
-            o["current_payable_amount"], o["payable_amount"]) == ("cancelled", "x1", 0, D("0"), D("0"), D("6225"))
-    assert not any(l["is_current"] for l in table(settings, "fact_order_line"))
+    assert (
+        o["status"],
+        o["cancel_message_id"],
+        o["current_line_count"],
+        o["current_line_extension_amount"],
+        o["current_payable_amount"],
+        o["payable_amount"],
+    ) == ("cancelled", "x1", 0, D("0"), D("0"), D("6225"))
+    assert not any(ln["is_current"] for ln in table(settings, "fact_order_line"))
     assert by_key[("c2", "3")]["message_id"] == "c2"
-    assert {l["superseded_by"] for l in table(settings, "fact_order_line") if l["message_id"] == "c2"
-            and l["line_id"] == "3"} == {"x1"}
+    assert {
+        ln["superseded_by"]
+        for ln in table(settings, "fact_order_line")
+        if ln["message_id"] == "c2" and ln["line_id"] == "3"
+    } == {"x1"}
     assert all(c["applied"] for c in table(settings, "fact_order_change"))
 
 
@@ -318,8 +338,9 @@ def test_change_before_its_order_and_order_sent_again(spark, ledger, settings):
     run(spark, ledger, settings)
     (c,) = table(settings, "fact_order_change")
     assert (c["applied"], c["applied_to_message_id"]) == (False, None)
-    assert [(l["message_id"], l["is_current"]) for l in table(settings, "fact_order_line")
-            if l["message_id"] == "c1"] == [("c1", False)]
+    assert [
+        (ln["message_id"], ln["is_current"]) for ln in table(settings, "fact_order_line") if ln["message_id"] == "c1"
+    ] == [("c1", False)]
     assert [(o["partner"], o["status"]) for o in table(settings, "fact_order")] == [("OTHER", "open")]
 
     # then the order: the change applies to it
@@ -327,7 +348,10 @@ def test_change_before_its_order_and_order_sent_again(spark, ledger, settings):
     run(spark, ledger, settings)
     orders = {o["message_id"]: o for o in table(settings, "fact_order")}
     assert (orders["o1"]["status"], orders["o1"]["revision"], orders["o1"]["current_line_extension_amount"]) == (
-        "changed", 1, D("12225"))
+        "changed",
+        1,
+        D("12225"),
+    )
     assert orders["other"]["status"] == "open"  # another partner's order 34 is another order
     (c,) = table(settings, "fact_order_change")
     assert (c["applied"], c["applied_to_message_id"]) == (True, "o1")
@@ -339,9 +363,11 @@ def test_change_before_its_order_and_order_sent_again(spark, ledger, settings):
     assert (orders["o1"]["status"], orders["o1"]["current_line_count"]) == ("replaced", 0)
     assert (orders["o1bis"]["status"], orders["o1bis"]["revision"]) == ("changed", 1)
     lines = table(settings, "fact_order_line")
-    assert {(l["message_id"], l["superseded_by"]) for l in lines if l["message_id"] == "o1"} == {("o1", "o1bis")}
-    assert {(l["message_id"], l["line_id"]) for l in lines if l["is_current"] and l["partner"] == "ACME"} == {
-        ("c1", "1"), ("o1bis", "2")}
+    assert {(ln["message_id"], ln["superseded_by"]) for ln in lines if ln["message_id"] == "o1"} == {("o1", "o1bis")}
+    assert {(ln["message_id"], ln["line_id"]) for ln in lines if ln["is_current"] and ln["partner"] == "ACME"} == {
+        ("c1", "1"),
+        ("o1bis", "2"),
+    }
 
 
 # --------------------------------------------------------------------------- quarantine, reconciliation, crashes
@@ -350,7 +376,9 @@ def test_change_before_its_order_and_order_sent_again(spark, ledger, settings):
 def test_bad_data_is_quarantined_and_the_night_goes_on(spark, ledger, settings):
     ledger.add("o1", "Order", example(ORDER))
     ledger.add("bad-xml", "Order", b"<Order>\x00</Order>")
-    ledger.add("bad-amount", "Invoice", example(INVOICE).replace(b">729</cbc:PayableAmount>", b">seven</cbc:PayableAmount>"))
+    ledger.add(
+        "bad-amount", "Invoice", example(INVOICE).replace(b">729</cbc:PayableAmount>", b">seven</cbc:PayableAmount>")
+    )
     ledger.add("bad-ref", "OrderCancellation", example(ORDER_CANCELLATION).replace(b"OrderReference", b"OrderRef"))
     r = run(spark, ledger, settings)
     assert (r.status, r.loaded, r.quarantined) == ("succeeded", 1, 3)
@@ -375,6 +403,7 @@ def test_reconciliation_failure_fails_loudly_and_leaves_the_watermark(spark, led
 
     ledger.add("o2", "Order", with_id(example(ORDER), "34", "35"))
     if arrow:  # a transform bug: one order line is lost on the way
+
         def losing_a_line(tables):
             lines = tables["fact_order_line"]
             keep = pc.invert(pc.and_(pc.equal(lines["message_id"], "o2"), pc.equal(lines["line_no"], 2)))
@@ -481,7 +510,7 @@ def test_a_crash_between_staging_and_commit_leaves_nothing_behind(spark, ledger,
     seen = []
 
     def staged_then_crash(*args, **kw):
-        out = real_stage(*args, **kw)
+        real_stage(*args, **kw)
         seen.extend(staging.rglob("*.parquet"))
         raise _Crash("killed after staging")
 
@@ -535,11 +564,12 @@ def test_staged_files_are_spark_parquet_one_per_date(spark, ledger, settings):
     (spark_file,) = [f for f in data_files(settings, "fact_order") if f.parent.name == "issue_date=2010-01-22"]
     a, b = pq.ParquetFile(arrow_file), pq.ParquetFile(spark_file)
     assert a.schema.to_arrow_schema() == b.schema.to_arrow_schema()  # same physical and logical types
-    phys = lambda f, col: f.schema.column(f.schema.names.index(col)).physical_type  # noqa: E731
+    phys = lambda f, col: f.schema.column(f.schema.names.index(col)).physical_type
     assert [phys(a, c) for c in ("received_at", "payable_amount")] == ["INT96", "INT64"]
     assert [phys(b, c) for c in ("received_at", "payable_amount")] == ["INT96", "INT64"]
     assert json.loads(a.metadata.metadata[b"org.apache.spark.sql.parquet.row.metadata"]) == json.loads(
-        b.metadata.metadata[b"org.apache.spark.sql.parquet.row.metadata"])
+        b.metadata.metadata[b"org.apache.spark.sql.parquet.row.metadata"]
+    )
     # read as one table, by pyarrow and by Spark without a schema given
     assert [o["message_id"] for o in table(settings, "fact_order")] == ["o1", "o2", "o3", "o4"]
     df = spark.read.parquet(str(Path(settings["warehouse"]) / "fact_order"))

@@ -13,12 +13,11 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, race_worker, table
 
 from spark_etl import cli, config, job, state
 from spark_etl.config import EtlSettingError
 from spark_etl.scheduler import JOB_ID, NightlyLoad
-
-from etltest import INVOICE, ORDER, ORDER_CHANGE, Ledger, example, race_worker, table
 
 # --------------------------------------------------------------------------- lock
 
@@ -54,8 +53,8 @@ def test_two_schedulers_racing_run_the_night_exactly_once(ledger):
         return "ok"
 
     loads = [NightlyLoad({}, ledger.url, runner=runner) for _ in range(3)]
-    slot = loads[0].current_slot(dt.datetime(2026, 11, 22, 2, 0, 5, tzinfo=dt.timezone.utc))
-    assert slot == int(dt.datetime(2026, 11, 22, 2, 0, tzinfo=dt.timezone.utc).timestamp() * 1000)
+    slot = loads[0].current_slot(dt.datetime(2026, 11, 22, 2, 0, 5, tzinfo=dt.UTC))
+    assert slot == int(dt.datetime(2026, 11, 22, 2, 0, tzinfo=dt.UTC).timestamp() * 1000)
     results: dict[int, bool] = {}
 
     def fire(i: int) -> None:
@@ -132,7 +131,12 @@ def test_register_adds_etl_run_and_status():
     cli.register(sub)
     args = parser.parse_args(["etl", "run", "--full", "--since", "2026-11-01", "--config", "x.yaml", "--db-url", "u"])
     assert (args.func, args.full, args.since, args.etl_config, args.etl_db_url) == (
-        cli.cmd_run, True, "2026-11-01", "x.yaml", "u")
+        cli.cmd_run,
+        True,
+        "2026-11-01",
+        "x.yaml",
+        "u",
+    )
     args = parser.parse_args(["-c", "gw.yaml", "etl", "status"])
     assert args.func is cli.cmd_status and args.config == "gw.yaml" and args.etl_config is None
 
@@ -144,7 +148,12 @@ def test_settings_come_from_the_gateway_yaml(tmp_path, monkeypatch):
     cfg.write_text("store:\n  url: sqlite:///x.db\netl:\n  schedule: '15 1 * * *'\n  warehouse: /w\n")
     settings, url = config.load_settings(cfg)
     assert (url, settings["schedule"], settings["warehouse"], settings["spark_master"], settings["timezone"]) == (
-        "sqlite:///x.db", "15 1 * * *", "/w", "local[2]", "UTC")
+        "sqlite:///x.db",
+        "15 1 * * *",
+        "/w",
+        "local[2]",
+        "UTC",
+    )
     monkeypatch.chdir(tmp_path)  # no config/b2bgw.yaml here: the defaults
     assert config.load_settings() == (config.DEFAULTS, config.DEFAULT_DB_URL)
 
@@ -210,8 +219,10 @@ def test_load_from_postgresql(spark, pg_ledger, settings):
         assert state.watermark(conn) == r.seq_to
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs Linux CPU affinity and at least two CPUs")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux CPU affinity and at least two CPUs",
+)
 def test_a_pinned_serving_process_starts_the_jvm_on_every_cpu(monkeypatch):
     """``b2bgw serve --processes N`` binds each serving process to one CPU and names them all in
     B2BGW_CPUS; the thread that starts Spark's JVM (which inherits its CPU set) takes them all back."""

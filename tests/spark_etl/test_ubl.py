@@ -7,10 +7,9 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+from etltest import INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, example
 
 from spark_etl import ubl
-
-from etltest import INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE, example
 
 
 def _extract(doc: bytes, doc_type: str) -> ubl.Doc:
@@ -46,13 +45,20 @@ def test_order_change_and_cancellation_examples():
     c = _extract(example(ORDER_CHANGE), "OrderChange")
     assert c.outcome == "ok", c.reason
     assert (c.header["kind"], c.header["doc_id"], c.header["order_ref"], c.header["sequence_number"]) == (
-        "change", "7", "34", 1)
+        "change",
+        "7",
+        "34",
+        1,
+    )
     assert c.header["payable_amount"] is None and c.n_lines == 1
     assert _line(c, 0)["line_status"] == "Revised" and _line(c, 0)["line_amount"] == "12000"
     x = _extract(example(ORDER_CANCELLATION), "OrderCancellation")
     assert x.outcome == "ok", x.reason
     assert (x.header["kind"], x.header["order_ref"], x.header["note"]) == (
-        "cancellation", "34", "With reference to phone call")
+        "cancellation",
+        "34",
+        "With reference to phone call",
+    )
     assert x.n_lines == 0
 
 
@@ -129,15 +135,20 @@ def _tricky_order() -> bytes:
     """The example with the corners of XPath's string(first node) semantics."""
     doc = example(ORDER).decode("utf-8")
     # a blank first PartyIdentification: the party id is the first non-blank one
-    doc = doc.replace('<cbc:ID schemeAgencyID="9" schemeID="GLN">7300070011115</cbc:ID>',
-                      "<cbc:ID> </cbc:ID></cac:PartyIdentification>"
-                      "<cac:PartyIdentification><cbc:ID>7300070011115</cbc:ID>", 1)
+    doc = doc.replace(
+        '<cbc:ID schemeAgencyID="9" schemeID="GLN">7300070011115</cbc:ID>',
+        "<cbc:ID> </cbc:ID></cac:PartyIdentification><cac:PartyIdentification><cbc:ID>7300070011115</cbc:ID>",
+        1,
+    )
     # a comment inside a value, free text spread over lines
     doc = doc.replace("<cbc:ID>34</cbc:ID>", "<cbc:ID>3<!-- po -->4</cbc:ID>", 1)
     doc = doc.replace("<cbc:Name>Johnssons byggvaror</cbc:Name>", "<cbc:Name>  Johnssons\n\t  byggvaror </cbc:Name>", 1)
     # line 2: no Name (the Description stands in), a blank seller's item id (the buyer's one stands in)
-    doc = doc.replace("<cbc:Name>Pensel 20 mm</cbc:Name>",
-                      "<cac:BuyersItemIdentification><cbc:ID>B-11</cbc:ID></cac:BuyersItemIdentification>", 1)
+    doc = doc.replace(
+        "<cbc:Name>Pensel 20 mm</cbc:Name>",
+        "<cac:BuyersItemIdentification><cbc:ID>B-11</cbc:ID></cac:BuyersItemIdentification>",
+        1,
+    )
     doc = doc.replace("<cbc:ID>SItemNo011</cbc:ID>", "<cbc:ID> </cbc:ID>", 1)
     return doc.encode("utf-8")
 

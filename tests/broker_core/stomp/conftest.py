@@ -6,7 +6,8 @@ import asyncio
 import os
 import threading
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -33,7 +33,7 @@ def test_several_frames_in_one_read_and_split_reads():
     parser = FrameParser()
     out = []
     for i in range(len(data)):
-        out += parser.feed(data[i:i + 1])
+        out += parser.feed(data[i : i + 1])
     assert [f.body for f in out] == [b"x" * i for i in range(5)]
 
 
@@ -145,8 +145,27 @@ def test_fuzz_arbitrary_bytes_only_raise_frame_error(data, version):
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from([b"SEND\n", b"a:b\n", b"\n", b"\r\n", b"\x00", b"content-length:3\n", b"\\c",
-                                 b"\\", b"x", b":", b"\xff", b"MESSAGE\n"]), max_size=40))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b"SEND\n",
+                b"a:b\n",
+                b"\n",
+                b"\r\n",
+                b"\x00",
+                b"content-length:3\n",
+                b"\\c",
+                b"\\",
+                b"x",
+                b":",
+                b"\xff",
+                b"MESSAGE\n",
+            ]
+        ),
+        max_size=40,
+    )
+)
 def test_fuzz_protocol_shaped_bytes(parts):
     try:
         FrameParser().feed(b"".join(parts))
@@ -158,8 +177,10 @@ def test_fuzz_protocol_shaped_bytes(parts):
 @given(st.lists(frames(), min_size=1, max_size=5), st.sampled_from(["1.1", "1.2"]))
 def test_encode_parse_roundtrip(sent, version):
     if version == "1.1":
-        sent = [Frame(f.command, {k.replace("\r", ""): v.replace("\r", "") for k, v in f.headers.items()}, f.body)
-                for f in sent]
+        sent = [
+            Frame(f.command, {k.replace("\r", ""): v.replace("\r", "") for k, v in f.headers.items()}, f.body)
+            for f in sent
+        ]
     data = b"".join(encode(f, version) for f in sent)
     assert FrameParser(version).feed(data) == sent
 

@@ -11,13 +11,21 @@ from typing import Any
 import pytest
 import stomp
 
-from broker_core import (AckMode, Broker, BytesMessage, DeliveryMode, Queue, Requestor, TextMessage, Topic,
-                         reply_correlation_id)
+from broker_core import (
+    Broker,
+    BytesMessage,
+    DeliveryMode,
+    Queue,
+    Requestor,
+    TextMessage,
+    Topic,
+    reply_correlation_id,
+)
 
 
 class Collector(stomp.ConnectionListener):
     def __init__(self) -> None:
-        self.messages: "queue.Queue[Any]" = queue.Queue()
+        self.messages: queue.Queue[Any] = queue.Queue()
         self.errors: list[Any] = []
         self.receipts: list[str] = []
         self.receipt_event = threading.Condition()
@@ -95,16 +103,22 @@ def test_python_sees_stomp_messages_as_jms(server, broker):
     jms.start()
     session = jms.create_session()
     consumer = session.create_consumer(Queue("orders.inbound"))
-    conn.send("/queue/orders.inbound", b"\x00\x01binary", headers={"persistent": "true", "priority": "7",
-                                                                  "correlation-id": "c-1", "type": "Order",
-                                                                  "region": "EU"})
+    conn.send(
+        "/queue/orders.inbound",
+        b"\x00\x01binary",
+        headers={"persistent": "true", "priority": "7", "correlation-id": "c-1", "type": "Order", "region": "EU"},
+    )
     msg = consumer.receive(5)
     assert isinstance(msg, BytesMessage)  # content-length present (stomp.py always adds it)
     assert msg.get_body() == b"\x00\x01binary"
     assert msg.jms_delivery_mode == DeliveryMode.PERSISTENT
     assert msg.jms_priority == 7 and msg.jms_correlation_id == "c-1" and msg.jms_type == "Order"
     assert msg.get_string_property("region") == "EU"
-    conn.send("/queue/orders.inbound", "text", headers={"amq-msg-type": "text", "expires": str(int(time.time() * 1000) + 60000)})
+    conn.send(
+        "/queue/orders.inbound",
+        "text",
+        headers={"amq-msg-type": "text", "expires": str(int(time.time() * 1000) + 60000)},
+    )
     msg = consumer.receive(5)
     assert isinstance(msg, TextMessage) and msg.text == "text" and msg.jms_expiration > 0
     assert msg.jms_delivery_mode == DeliveryMode.NON_PERSISTENT
@@ -309,16 +323,14 @@ def test_unacked_messages_redelivered_after_drop(start_server, sqlite_url):
 
 def test_durable_subscription_across_reconnects(port):
     conn, listener = client(port, client_id="backend-1")
-    conn.subscribe("/topic/events", id="d", ack="client-individual",
-                   headers={"durable-subscription-name": "audit"})
+    conn.subscribe("/topic/events", id="d", ack="client-individual", headers={"durable-subscription-name": "audit"})
     sync(conn, listener)
     conn.disconnect()
     pub, _ = client(port)
     pub.send("/topic/events", "while away", headers={"persistent": "true"})
     pub.disconnect()
     conn, listener = client(port, client_id="backend-1")
-    conn.subscribe("/topic/events", id="d", ack="client-individual",
-                   headers={"activemq.subscriptionName": "audit"})
+    conn.subscribe("/topic/events", id="d", ack="client-individual", headers={"activemq.subscriptionName": "audit"})
     frame = listener.get()
     assert frame.body == "while away"
     conn.ack(frame.headers["ack"])
@@ -363,8 +375,11 @@ def test_temp_queue_request_reply_with_python_requestor(server, broker):
                 frame = listener.get(0.2)
             except queue.Empty:
                 continue
-            backend.send(frame.headers["reply-to"], "ack:" + frame.body,
-                         headers={"correlation-id": frame.headers.get("correlation-id") or frame.headers["message-id"]})
+            backend.send(
+                frame.headers["reply-to"],
+                "ack:" + frame.body,
+                headers={"correlation-id": frame.headers.get("correlation-id") or frame.headers["message-id"]},
+            )
             backend.ack(frame.headers["ack"])
 
     worker = threading.Thread(target=serve, daemon=True)
@@ -454,7 +469,7 @@ def test_authentication(start_server, broker, stomp_user):
     conn = stomp.Connection12([("127.0.0.1", server.port)])
     listener = Collector()
     conn.set_listener("c", listener)
-    with pytest.raises(Exception):
+    with pytest.raises(stomp.exception.StompException):
         conn.connect("alice", "wrong", wait=True)
     assert listener.errors and "authentication failed" in listener.errors[0].headers["message"]
 

@@ -5,7 +5,6 @@ memory for non-persistent messages (producer flow control)."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from broker_core import Queue
 from broker_core.stomp import StompLimits
 
 sys.path.insert(0, os.path.dirname(__file__))  # the raw-socket helpers of the neighbouring tests
-from test_server import Raw, expect_error, still_works  # noqa: E402
+from test_server import Raw, expect_error, still_works
 
 
 def limited(start_server: Any, broker: Any, **limits: Any) -> Any:
@@ -41,8 +40,12 @@ def test_connections_beyond_the_limit_are_refused_before_anything_is_read(start_
 
 
 def test_connections_per_user(start_server, broker, stomp_user):
-    srv = start_server(broker, heartbeat=(0, 0), users=[stomp_user(), stomp_user("other", "o")],
-                       limits=StompLimits(connections_per_user=2))
+    srv = start_server(
+        broker,
+        heartbeat=(0, 0),
+        users=[stomp_user(), stomp_user("other", "o")],
+        limits=StompLimits(connections_per_user=2),
+    )
     a, b = Raw(srv.port), Raw(srv.port)
     a.connect()
     b.connect()
@@ -52,12 +55,15 @@ def test_connections_per_user(start_server, broker, stomp_user):
     Raw(srv.port).connect(login="other", passcode="o")  # other users are not affected
 
 
-@pytest.mark.parametrize("data", [
-    b"CONNECT\naccept-version:1.2\nx:" + b"a" * 20000 + b"\n\n\x00",  # headers
-    b"CONNECT\naccept-version:1.2\ncontent-length:1000000\n\n" + b"a" * 20000,  # a body announced
-    b"CONNECT\naccept-version:1.2\n\n" + b"a" * 20000,  # a body never ended
-    b"SEND\ndestination:/queue/a\n\n" + b"a" * 20000,  # any frame before CONNECT
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"CONNECT\naccept-version:1.2\nx:" + b"a" * 20000 + b"\n\n\x00",  # headers
+        b"CONNECT\naccept-version:1.2\ncontent-length:1000000\n\n" + b"a" * 20000,  # a body announced
+        b"CONNECT\naccept-version:1.2\n\n" + b"a" * 20000,  # a body never ended
+        b"SEND\ndestination:/queue/a\n\n" + b"a" * 20000,  # any frame before CONNECT
+    ],
+)
 def test_frames_before_connect_are_small(start_server, broker, data):
     srv = limited(start_server, broker, connect_frame_bytes=8192)
     raw = Raw(srv.port)
@@ -94,12 +100,22 @@ def test_a_client_that_never_connects_is_dropped(start_server, broker):
     assert srv.server.connections == 0
 
 
-@pytest.mark.parametrize("limit, frames, message", [
-    ("subscriptions", lambda i: ("SUBSCRIBE", {"destination": f"/queue/s{i}", "id": str(i)}), "too many subscriptions"),
-    ("transactions", lambda i: ("BEGIN", {"transaction": f"t{i}"}), "too many transactions"),
-    ("temporary_destinations", lambda i: ("SUBSCRIBE", {"destination": f"/temp-queue/t{i}", "id": str(i)}),
-     "too many temporary destinations"),
-])
+@pytest.mark.parametrize(
+    "limit, frames, message",
+    [
+        (
+            "subscriptions",
+            lambda i: ("SUBSCRIBE", {"destination": f"/queue/s{i}", "id": str(i)}),
+            "too many subscriptions",
+        ),
+        ("transactions", lambda i: ("BEGIN", {"transaction": f"t{i}"}), "too many transactions"),
+        (
+            "temporary_destinations",
+            lambda i: ("SUBSCRIBE", {"destination": f"/temp-queue/t{i}", "id": str(i)}),
+            "too many temporary destinations",
+        ),
+    ],
+)
 def test_per_connection_resources_are_bounded(start_server, broker, limit, frames, message):
     srv = limited(start_server, broker, **{limit: 5})
     raw = Raw(srv.port)
@@ -119,7 +135,7 @@ def test_an_open_transaction_holds_a_bounded_number_of_messages(start_server, br
     raw = Raw(srv.port)
     raw.connect()
     raw.frame("BEGIN", transaction="t")
-    for i in range(101):
+    for _i in range(101):
         raw.frame("SEND", b"x", destination="/queue/tx", transaction="t")
     frame = expect_error(raw, "transaction too large")
     assert b"commit more often" in frame.body
@@ -134,19 +150,26 @@ def _flood(port: int, body: bytes, count: int, persistent: bool = False) -> tupl
     """Send *count* messages as fast as the socket takes them; (sent, the ERROR frame or None)."""
     raw = Raw(port)
     raw.connect()
-    frame = (b"SEND\ndestination:/queue/flood\npersistent:" + (b"true" if persistent else b"false")
-             + b"\ncontent-length:" + str(len(body)).encode() + b"\n\n" + body + b"\x00")
+    frame = (
+        b"SEND\ndestination:/queue/flood\npersistent:"
+        + (b"true" if persistent else b"false")
+        + b"\ncontent-length:"
+        + str(len(body)).encode()
+        + b"\n\n"
+        + body
+        + b"\x00"
+    )
     sent = 0
     raw.sock.settimeout(30)
     try:
         for _ in range(count):
             raw.send(frame)
             sent += 1
-    except (BrokenPipeError, ConnectionResetError, socket.timeout):
+    except (TimeoutError, BrokenPipeError, ConnectionResetError):
         pass
     try:
         return sent, raw.next(10)
-    except (EOFError, ConnectionResetError, socket.timeout):
+    except (TimeoutError, EOFError, ConnectionResetError):
         return sent, None
 
 

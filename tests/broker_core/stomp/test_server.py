@@ -61,7 +61,7 @@ class Raw:
                 data = self.sock.recv(65536)
             except (ConnectionResetError, BrokenPipeError):
                 return True
-            except socket.timeout:
+            except TimeoutError:
                 return False
             if not data:
                 return True
@@ -89,14 +89,17 @@ def still_works(port: int) -> None:
     raw.close()
 
 
-@pytest.mark.parametrize("data,text", [
-    (b"\x00\x01garbage\xff\n\n\x00", "malformed frame"),
-    (b"NOT A COMMAND\n\n\x00", "malformed frame"),
-    (b"SEND\nno colon here\n\n\x00", "malformed frame"),
-    (b"SEND\ndestination:/queue/a\ncontent-length:2\n\nabcdef\x00", "malformed frame"),
-    (b"SEND\nh:" + b"x" * 70000, "malformed frame"),
-    (b"SEND\ndestination:/queue/a\nbad:\\t\n\n\x00", "malformed frame"),
-])
+@pytest.mark.parametrize(
+    "data,text",
+    [
+        (b"\x00\x01garbage\xff\n\n\x00", "malformed frame"),
+        (b"NOT A COMMAND\n\n\x00", "malformed frame"),
+        (b"SEND\nno colon here\n\n\x00", "malformed frame"),
+        (b"SEND\ndestination:/queue/a\ncontent-length:2\n\nabcdef\x00", "malformed frame"),
+        (b"SEND\nh:" + b"x" * 70000, "malformed frame"),
+        (b"SEND\ndestination:/queue/a\nbad:\\t\n\n\x00", "malformed frame"),
+    ],
+)
 def test_malformed_frames_get_error_and_close(server, data, text):
     other = Raw(server.port)
     other.connect()
@@ -156,8 +159,13 @@ def test_protocol_errors(server):
     for frames, text in [
         ([("SUBSCRIBE", {"destination": "/queue/a"})], "missing id"),
         ([("SUBSCRIBE", {"destination": "/queue/a", "id": "1", "ack": "sometimes"})], "invalid ack"),
-        ([("SUBSCRIBE", {"destination": "/queue/a", "id": "1"}), ("SUBSCRIBE", {"destination": "/queue/b", "id": "1"})],
-         "duplicate subscription"),
+        (
+            [
+                ("SUBSCRIBE", {"destination": "/queue/a", "id": "1"}),
+                ("SUBSCRIBE", {"destination": "/queue/b", "id": "1"}),
+            ],
+            "duplicate subscription",
+        ),
         ([("UNSUBSCRIBE", {"id": "nope"})], "unknown subscription"),
         ([("ACK", {"id": "12345"})], "unknown ack id"),
         ([("COMMIT", {"transaction": "t"})], "unknown transaction"),
@@ -194,10 +202,11 @@ def test_split_reads_and_many_frames_per_read(server):
     raw = Raw(server.port)
     raw.connect()
     data = encode(Frame("SUBSCRIBE", {"destination": "/queue/s", "id": "1"}))
-    data += b"\r\n\n" + b"".join(encode(Frame("SEND", {"destination": "/queue/s", "n": str(i)}, b"b%d" % i))
-                                for i in range(50))
+    data += b"\r\n\n" + b"".join(
+        encode(Frame("SEND", {"destination": "/queue/s", "n": str(i)}, b"b%d" % i)) for i in range(50)
+    )
     for i in range(0, len(data), 7):
-        raw.send(data[i:i + 7])
+        raw.send(data[i : i + 7])
         time.sleep(0.0005)
     assert [raw.next().body for _ in range(50)] == [b"b%d" % i for i in range(50)]
 
@@ -308,7 +317,7 @@ def test_fuzz_live_server_with_random_bytes(server, data):
     raw.frame("DISCONNECT", receipt="end")
     try:  # either an ERROR (then close) or the frames were valid and we get the receipt
         frames = [raw.next(2) for _ in range(3)]
-    except (EOFError, socket.timeout, ConnectionResetError):
+    except (TimeoutError, EOFError, ConnectionResetError):
         frames = []
     assert all(f.command in ("ERROR", "RECEIPT", "MESSAGE") for f in frames)
     raw.close()

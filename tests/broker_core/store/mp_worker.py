@@ -16,9 +16,13 @@ import time
 
 from broker_core import AckMode, Broker, Queue, reply_correlation_id
 
-OPTIONS = dict(sweep_interval=0, heartbeat_interval=0.5, lease_timeout=5.0,
-               **({"poll_interval": float(os.environ["MP_POLL_INTERVAL"])} if os.environ.get("MP_POLL_INTERVAL") else {}),
-               **({"local_wakeups": False} if os.environ.get("MP_NO_WAKEUPS") else {}))
+OPTIONS = dict(
+    sweep_interval=0,
+    heartbeat_interval=0.5,
+    lease_timeout=5.0,
+    **({"poll_interval": float(os.environ["MP_POLL_INTERVAL"])} if os.environ.get("MP_POLL_INTERVAL") else {}),
+    **({"local_wakeups": False} if os.environ.get("MP_NO_WAKEUPS") else {}),
+)
 
 
 def main() -> None:

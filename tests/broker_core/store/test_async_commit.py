@@ -45,8 +45,9 @@ def test_an_async_commit_finishes_on_the_loop_with_its_memory_part(transacted):
 
     async def run() -> str:
         for i in range(3):
-            producer.send(temporary, session.create_text_message(f"volatile-{i}"),
-                          delivery_mode=DeliveryMode.NON_PERSISTENT)
+            producer.send(
+                temporary, session.create_text_message(f"volatile-{i}"), delivery_mode=DeliveryMode.NON_PERSISTENT
+            )
             producer.send(durable, session.create_text_message(f"kept-{i}"))
             await session.commit_async()
         return threading.current_thread().name

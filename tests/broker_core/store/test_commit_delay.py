@@ -39,6 +39,7 @@ def _stream(writer: GroupCommitter, gaps: list[float]) -> tuple[dict[str, int], 
             if block:
                 first_running.set()
                 release_first.wait(5)
+
         return run
 
     def callback(name):
@@ -46,6 +47,7 @@ def _stream(writer: GroupCommitter, gaps: list[float]) -> tuple[dict[str, int], 
             assert error is None
             committed[name] = time.monotonic()
             done.release()
+
         return settle
 
     writer.submit(op("a", block=True), callback=callback("a"))
@@ -81,6 +83,7 @@ def _pair_after(writer: GroupCommitter, warm_up_gap: float | None, count: int = 
     def op(name):
         def run(batch):
             numbers[name] = batch.number
+
         return run
 
     def callback(result, error):
@@ -191,7 +194,7 @@ def test_callers_blocked_on_their_own_operation_never_wait_for_the_delay(tmp_pat
 
 
 def _after_a_waiting_stream(tmp_path, submit_c) -> tuple[dict[str, int], float]:
-    """"a" committed, "b" streamed in after it, the writer waiting (5 s delay) for more of the stream:
+    """ "a" committed, "b" streamed in after it, the writer waiting (5 s delay) for more of the stream:
     then ``submit_c(writer, op)`` submits "c" and returns once it is committed. The transaction numbers, and
     how long "c" took."""
     writer = _committer(tmp_path, delay=5.0)
@@ -226,6 +229,7 @@ def test_a_blocking_caller_ends_the_delay_and_joins_the_waiting_stream(tmp_path)
 
 def test_an_awaited_callback_ends_the_delay_like_a_blocking_caller(tmp_path):
     """An event loop's claim: submitted with a callback, but someone waits for it."""
+
     def submit_awaited(writer, op):
         settled = threading.Event()
         writer.submit(op, callback=lambda result, error: settled.set(), awaited=True)
@@ -248,8 +252,9 @@ def test_a_synchronous_send_does_not_wait_and_a_stream_of_async_sends_arrives_wh
         assert time.monotonic() - started < 0.05 * 20 / 2  # no send waited for the delay
 
         async def stream():
-            await asyncio.gather(*(producer.send_async(queue, session.create_text_message(f"async-{i}"))
-                                   for i in range(200)))
+            await asyncio.gather(
+                *(producer.send_async(queue, session.create_text_message(f"async-{i}")) for i in range(200))
+            )
 
         asyncio.run(stream())
         consumer = connection.create_session().create_consumer(queue)

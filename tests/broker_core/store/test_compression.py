@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker_core import AckMode, Broker, InvalidArgumentError, Queue
 from broker_core._sql import _codec
@@ -61,8 +62,14 @@ def _body(message) -> object:
     return message.object
 
 
-EXPECTED = [("XMLMessage", BIG_XML), ("TextMessage", BIG_TEXT), ("BytesMessage", BIG_BYTES),
-            ("MapMessage", BIG_MAP), ("StreamMessage", BIG_STREAM), ("ObjectMessage", BIG_OBJECT)]
+EXPECTED = [
+    ("XMLMessage", BIG_XML),
+    ("TextMessage", BIG_TEXT),
+    ("BytesMessage", BIG_BYTES),
+    ("MapMessage", BIG_MAP),
+    ("StreamMessage", BIG_STREAM),
+    ("ObjectMessage", BIG_OBJECT),
+]
 
 
 def _stored(url: str) -> list[tuple[str, int]]:
@@ -70,8 +77,10 @@ def _stored(url: str) -> list[tuple[str, int]]:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            return [(kind, len(body)) for kind, body in
-                    conn.exec_driver_sql("SELECT kind, body FROM b2b_messages ORDER BY id")]
+            return [
+                (kind, len(body))
+                for kind, body in conn.exec_driver_sql("SELECT kind, body FROM b2b_messages ORDER BY id")
+            ]
     finally:
         engine.dispose()
 
@@ -90,8 +99,7 @@ def test_large_bodies_of_every_kind_are_stored_compressed_and_read_back_exactly(
     with Broker.open(sql_url, sweep_interval=0) as sender, Broker.open(sql_url, sweep_interval=0) as other:
         _send_every_kind(sender, queue)
         stored = _stored(sql_url)
-        assert [kind for kind, _ in stored] == [k + "+lz4" for k in ("xml", "text", "bytes", "map", "stream",
-                                                                      "object")]
+        assert [kind for kind, _ in stored] == [k + "+lz4" for k in ("xml", "text", "bytes", "map", "stream", "object")]
         assert stored[0][1] < len(BIG_XML.encode()) // 3  # XML shrinks 3-4 times
         assert stored[1][1] < len(BIG_TEXT) // 10
         with other.connect() as conn:  # a browser of another process reads the rows
@@ -146,7 +154,8 @@ def test_selectors_see_into_compressed_bodies(sql_url):
         with other.connect() as conn:
             conn.start()
             consumer = conn.create_session().create_consumer(
-                queue, "XPATH '//*[local-name()=\"item\" and . = \"Sprocket 7\"]'")
+                queue, 'XPATH \'//*[local-name()="item" and . = "Sprocket 7"]\''
+            )
             got = consumer.receive(timeout=10)
             assert got is not None and "Sprocket 7<" in got.text
             assert consumer.receive(timeout=0.3) is None
@@ -200,14 +209,17 @@ def test_an_xml_message_made_from_its_bytes_is_stored_as_those_bytes(sql_url, mo
         engine = make_engine(sql_url)
         try:
             with engine.connect() as c:
-                rows = [_codec.read_body(kind, body) for kind, body in
-                        c.exec_driver_sql("SELECT kind, body FROM b2b_messages ORDER BY id")]
+                rows = [
+                    _codec.read_body(kind, body)
+                    for kind, body in c.exec_driver_sql("SELECT kind, body FROM b2b_messages ORDER BY id")
+                ]
         finally:
             engine.dispose()
         assert rows == [("xml", BIG_XML), ("xml", BIG_XML.replace("Widget", "Gadget"))]
         with other.connect() as conn:
             conn.start()
             picky = conn.create_session().create_consumer(
-                queue, "XPATH '//*[local-name()=\"item\" and . = \"Gadget 3\"]'")
+                queue, 'XPATH \'//*[local-name()="item" and . = "Gadget 3"]\''
+            )
             assert picky.receive(timeout=10).text == BIG_XML.replace("Widget", "Gadget")
         assert [m.text for m in _receive_all(other, queue, 1)] == [BIG_XML]

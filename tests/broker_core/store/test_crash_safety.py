@@ -11,6 +11,7 @@ delivery that was not acknowledged carried ``jms_redelivered``.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import random
 import signal
@@ -18,8 +19,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import importlib.util
 
 import pytest
 
@@ -110,8 +109,10 @@ def run_crash_scenario(url: str, tmp_path: Path) -> tuple[int, int, int]:
             acked.add(key)
             pending.discard(key)
     lost = len(sent - delivered)
-    print(f"\ncrash test on {url.split('?')[0]}: sent={len(sent)} delivered={len(delivered)} acked={len(acked)} "
-          f"kills={KILLS} lost={lost} duplicated={duplicated} redelivered-without-flag={unflagged}")
+    print(
+        f"\ncrash test on {url.split('?')[0]}: sent={len(sent)} delivered={len(delivered)} acked={len(acked)} "
+        f"kills={KILLS} lost={lost} duplicated={duplicated} redelivered-without-flag={unflagged}"
+    )
     assert len(sent) >= TOTAL * 0.99  # what the producers confirmed (a killed send may be unconfirmed)
     return lost, duplicated, unflagged
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -40,15 +39,20 @@ def local_cluster() -> tuple[str, str] | None:
 
 
 def restart(cluster: tuple[str, str]) -> None:
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster[0], cluster[1], "restart", "-m", "fast"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", cluster[0], cluster[1], "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_restart_postgres_mid_stream(postgres_schema):
     cluster = local_cluster()
     if cluster is None:
-        pytest.skip("the PostgreSQL server on port 5432 is not under this test's control "
-                    "(needs root, pg_ctlcluster and a local online cluster)")
+        pytest.skip(
+            "the PostgreSQL server on port 5432 is not under this test's control "
+            "(needs root, pg_ctlcluster and a local online cluster)"
+        )
     total = 1500
     broker = Broker.open(postgres_schema, sweep_interval=0, retry_for=60.0, heartbeat_interval=0.5, lease_timeout=30.0)
     sent: list[str] = []
@@ -101,8 +105,10 @@ def test_restart_postgres_mid_stream(postgres_schema):
     assert not errors, errors
     lost = set(sent) - set(received)
     duplicated = len(received) - len(set(received))
-    print(f"\nPostgreSQL restarted ({outage:.1f} s) after {300} sends: sent={len(sent)} received={len(received)} "
-          f"lost={len(lost)} duplicated={duplicated}")
+    print(
+        f"\nPostgreSQL restarted ({outage:.1f} s) after {300} sends: sent={len(sent)} received={len(received)} "
+        f"lost={len(lost)} duplicated={duplicated}"
+    )
     assert len(sent) == total
     assert (len(lost), duplicated) == (0, 0)
 
@@ -143,8 +149,9 @@ def test_a_commit_whose_answer_is_lost_is_neither_lost_nor_repeated(postgres_sch
             for i in range(3):
                 producer.send(session.create_text_message(f"c{i}"))
             ran = []
-            asyncio.run(session.commit_async(in_transaction=[
-                lambda c: ran.append(c.exec_driver_sql("SELECT 1").scalar())]))
+            asyncio.run(
+                session.commit_async(in_transaction=[lambda c: ran.append(c.exec_driver_sql("SELECT 1").scalar())])
+            )
             assert lost_answers == [True]
             assert ran == [1]  # the in-transaction work ran once: the retry found the commit had happened
             consumer = conn.create_session().create_consumer(Queue("faults.commit"))

@@ -12,8 +12,9 @@ import pytest
 
 from broker_core import AckMode, Broker, DeliveryMode, Queue
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("broker_core._sql") is None,
-                                reason="the SQL store is not installed")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("broker_core._sql") is None, reason="the SQL store is not installed"
+)
 
 BODY = "x" * 2048
 
@@ -31,7 +32,7 @@ def test_sqlite_file_stays_bounded_over_many_rounds(tmp_path):
         producer = session.create_producer(Queue("work"))
         consumer = session.create_consumer(Queue("work"))
         for _ in range(30):
-            for i in range(300):
+            for _i in range(300):
                 producer.send(session.create_text_message(BODY))
             session.commit()
             got = 0
@@ -42,7 +43,9 @@ def test_sqlite_file_stays_bounded_over_many_rounds(tmp_path):
             sizes.append(db_size(path))
         assert broker.stats(Queue("work")).depth == 0
     # one round holds ~300 x 2 KB; the file must not grow with the number of rounds
-    print(f"\nSQLite size after rounds 5, 15, 30: {sizes[4] // 1024} KB, {sizes[14] // 1024} KB, {sizes[-1] // 1024} KB")
+    print(
+        f"\nSQLite size after rounds 5, 15, 30: {sizes[4] // 1024} KB, {sizes[14] // 1024} KB, {sizes[-1] // 1024} KB"
+    )
     assert sizes[-1] <= max(sizes[4] * 1.5, sizes[4] + 4 * 1024 * 1024)
 
 

@@ -14,8 +14,9 @@ import pytest
 
 from broker_core import Broker, Queue, Requestor
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("broker_core._sql") is None,
-                                reason="the SQL store is not installed")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("broker_core._sql") is None, reason="the SQL store is not installed"
+)
 
 WORKER = Path(__file__).with_name("mp_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +52,7 @@ def test_competing_consumers_in_processes_never_share_a_message(shared_url, tmp_
     total = 600
     outs = [tmp_path / f"consumer{i}.txt" for i in range(3)]
     procs = [spawn("consume", shared_url, str(out), str(total)) for out in outs]
-    for out, proc in zip(outs, procs):
+    for out, proc in zip(outs, procs, strict=False):
         wait_ready(out, proc)
     with Broker.open(shared_url, sweep_interval=0) as broker, broker.connect() as conn:
         session = conn.create_session()
@@ -67,8 +68,9 @@ def test_competing_consumers_in_processes_never_share_a_message(shared_url, tmp_
     assert all(keys for keys in received), [len(k) for k in received]  # the load was shared
 
 
-def wake_up_latencies(url: str, tmp_path: Path, count: int, consumer_env: dict[str, str] | None = None,
-                      **broker_options) -> list[float]:
+def wake_up_latencies(
+    url: str, tmp_path: Path, count: int, consumer_env: dict[str, str] | None = None, **broker_options
+) -> list[float]:
     """Milliseconds from each send's commit (in this process) to its receipt by a consumer process that
     was blocked in ``receive``; ``count`` messages, 50 ms apart."""
     out = tmp_path / "consumer.txt"
@@ -84,11 +86,14 @@ def wake_up_latencies(url: str, tmp_path: Path, count: int, consumer_env: dict[s
             sent_at[f"w{i}"] = time.monotonic_ns()  # after the commit: the message is visible
             time.sleep(0.05)
     finish(proc)
-    latencies = sorted((int(ns) - sent_at[key]) / 1e6 for key, ns in
-                       (line.split() for line in out.read_text().splitlines()))
+    latencies = sorted(
+        (int(ns) - sent_at[key]) / 1e6 for key, ns in (line.split() for line in out.read_text().splitlines())
+    )
     assert len(latencies) == count
-    print(f"\ncross-process wake-up on {url.split(':')[0]}: median {statistics.median(latencies):.1f} ms, "
-          f"max {latencies[-1]:.1f} ms")
+    print(
+        f"\ncross-process wake-up on {url.split(':')[0]}: median {statistics.median(latencies):.1f} ms, "
+        f"max {latencies[-1]:.1f} ms"
+    )
     return latencies
 
 
@@ -121,13 +126,22 @@ def test_processes_creating_one_sqlite_database_together_all_open_it(tmp_path):
     instead of failing with "database is locked"."""
     url = f"sqlite:///{tmp_path / 'new.db'}"
     go = tmp_path / "go"
-    code = ("import os, sys, time\n"
-            f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
-            "from broker_core import Broker\n"
-            f"Broker.open({url!r}, sweep_interval=0).close()\n")
+    code = (
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        "from broker_core import Broker\n"
+        f"Broker.open({url!r}, sweep_interval=0).close()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", "import broker_core._sql, sqlalchemy, alembic\n" + code],
-                              env=env, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import broker_core._sql, sqlalchemy, alembic\n" + code],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     time.sleep(1.5)  # every process imported what it needs and waits for the start
     go.touch()
     for proc in procs:

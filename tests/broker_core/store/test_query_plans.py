@@ -32,6 +32,7 @@ def traced(tmp_path, monkeypatch):
     monkeypatch.setattr(_statements._Statements, "run", run)
     path = tmp_path / "plans.db"
     with Broker.open(f"sqlite:///{path}", sweep_interval=0) as broker:
+
         def record(conn, cursor, statement, parameters, context, executemany):
             if not executemany:
                 statements.append((statement, parameters))
@@ -89,8 +90,11 @@ def test_no_statement_walks_the_entries_table(traced):
     checked = list(_plans(path, statements))
     assert len(checked) >= 8, checked  # claims, acks, releases, scans, browse, sweep, stats, temporary queue
     for text, plan in checked:
-        walks = [step for step in plan
-                 if step.startswith("SCAN") and step.split()[1] in ("b2b_entries", "e") and "INDEX" not in step]
+        walks = [
+            step
+            for step in plan
+            if step.startswith("SCAN") and step.split()[1] in ("b2b_entries", "e") and "INDEX" not in step
+        ]
         assert not walks, f"{text}\n -> {plan}"
 
 
@@ -105,8 +109,11 @@ def test_an_acknowledgement_is_found_by_primary_key_not_by_owner(traced):
             producer.send(session.create_text_message(f"m{i}"))
         consumer = session.create_consumer(queue)
         [consumer.receive(timeout=5) for _ in range(5)][-1].acknowledge()
-    acks = [(text, plan) for text, plan in _plans(path, statements)
-            if text.startswith("DELETE FROM b2b_entries WHERE id IN")]
+    acks = [
+        (text, plan)
+        for text, plan in _plans(path, statements)
+        if text.startswith("DELETE FROM b2b_entries WHERE id IN")
+    ]
     assert acks
     for text, plan in acks:
         assert any("PRIMARY KEY" in step for step in plan), (text, plan)

@@ -34,8 +34,16 @@ def _observed(message) -> tuple:
     if body is None:
         body = getattr(message, "body", None)
     props = {name: message.get_object_property(name) for name in message.property_names()}
-    return (type(message).__name__, body, message.jms_correlation_id, message.jms_type, message.jms_priority,
-            message.jms_expiration > 0, message.jms_redelivered, props)
+    return (
+        type(message).__name__,
+        body,
+        message.jms_correlation_id,
+        message.jms_type,
+        message.jms_priority,
+        message.jms_expiration > 0,
+        message.jms_redelivered,
+        props,
+    )
 
 
 def test_claims_of_own_and_foreign_messages_look_the_same(tmp_path, monkeypatch):

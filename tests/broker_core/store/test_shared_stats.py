@@ -10,8 +10,9 @@ import pytest
 
 from broker_core import Broker, Queue
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("broker_core._sql") is None,
-                                reason="the SQL store is not installed")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("broker_core._sql") is None, reason="the SQL store is not installed"
+)
 
 ORDERS = Queue("orders")
 
@@ -68,8 +69,11 @@ def _scanned(broker, box: str) -> tuple[int, int]:
     import sqlalchemy as sa
 
     with broker.store.engine.connect() as conn:
-        rows = dict(conn.execute(sa.text("SELECT state, count(*) FROM b2b_entries WHERE box = :b GROUP BY state"),
-                                 {"b": box}).all())
+        rows = dict(
+            conn.execute(
+                sa.text("SELECT state, count(*) FROM b2b_entries WHERE box = :b GROUP BY state"), {"b": box}
+            ).all()
+        )
     return rows.get(0, 0), rows.get(1, 0)
 
 
@@ -109,10 +113,12 @@ def test_the_kept_counts_agree_with_the_entries_through_everything_that_adds_or_
         assert _counted(broker, box) == _scanned(broker, box) == (4, 0)
         assert _counted(broker, "queue://parked") == (1, 0)
         # another process stores two and dies without saying goodbye: its counts are folded by the reaper
-        code = ("import os\nfrom broker_core import Broker, Queue\n"
-                f"b = Broker.open({shared_url!r}, heartbeat_interval=0.1, sweep_interval=0)\n"
-                "c = b.connect(); s = c.create_session(); p = s.create_producer(Queue('orders'))\n"
-                "p.send(s.create_text_message('x')); p.send(s.create_text_message('y'))\nos._exit(0)\n")
+        code = (
+            "import os\nfrom broker_core import Broker, Queue\n"
+            f"b = Broker.open({shared_url!r}, heartbeat_interval=0.1, sweep_interval=0)\n"
+            "c = b.connect(); s = c.create_session(); p = s.create_producer(Queue('orders'))\n"
+            "p.send(s.create_text_message('x')); p.send(s.create_text_message('y'))\nos._exit(0)\n"
+        )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
         assert _counted(broker, box) == _scanned(broker, box) == (6, 0)
         deadline = time.monotonic() + 15

@@ -22,15 +22,21 @@ def _committer(slow: float, serialize=None) -> GroupCommitter:
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "broker_core._sql._writer" and r.levelno == logging.WARNING and "slow commit" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "broker_core._sql._writer" and r.levelno == logging.WARNING and "slow commit" in r.getMessage()
+    ]
 
 
 def _parts(message: str) -> dict[str, int]:
-    found = re.search(r"took (\d+) ms: (\d+) ms waiting for the write turn .*?, (\d+) ms running the operations, "
-                      r"(\d+) ms in COMMIT", message)
+    found = re.search(
+        r"took (\d+) ms: (\d+) ms waiting for the write turn .*?, (\d+) ms running the operations, "
+        r"(\d+) ms in COMMIT",
+        message,
+    )
     assert found, message
-    return dict(zip(("took", "turn", "ops", "commit"), map(int, found.groups())))
+    return dict(zip(("took", "turn", "ops", "commit"), map(int, found.groups()), strict=False))
 
 
 def test_a_slow_operation_is_reported_as_such(caplog):

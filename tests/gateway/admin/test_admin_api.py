@@ -38,14 +38,16 @@ BOB = basic("bob", "bob-secret-22")
 
 @pytest.fixture
 async def admin_env(make_assembly):
-    assembly = make_assembly(operators=OPERATORS, admin={"stats_interval": "50ms", "login_attempts": 3,
-                                                         "login_window": "1m"})
+    assembly = make_assembly(
+        operators=OPERATORS, admin={"stats_interval": "50ms", "login_attempts": 3, "login_window": "1m"}
+    )
     runtime = Runtime(assembly, workers=False, etl=False, reconcile=True)
     runtime.start()
     responder = Responder(runtime.broker).start()
     app = create_app(assembly, runtime=runtime)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.1.2.3", 5000)),
-                               base_url="http://gw.test")
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, client=("10.1.2.3", 5000)), base_url="http://gw.test"
+    )
     try:
         yield GatewayEnv(assembly, runtime, app, client, responder)
     finally:
@@ -143,11 +145,13 @@ async def test_the_session_cookie_is_httponly_strict_and_csrf_guards_every_chang
     assert r.status_code == 403 and r.json()["code"] == "csrf-failed"
     r = await c.post(f"{API}/actions/delete", json=action, headers={"X-CSRF-Token": "x" + csrf})
     assert r.status_code == 403
-    r = await c.post(f"{API}/actions/delete", json=action,
-                     headers={"X-CSRF-Token": csrf, "Sec-Fetch-Site": "cross-site"})
+    r = await c.post(
+        f"{API}/actions/delete", json=action, headers={"X-CSRF-Token": csrf, "Sec-Fetch-Site": "cross-site"}
+    )
     assert r.status_code == 403
-    r = await c.post(f"{API}/actions/delete", json=action,
-                     headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"})
+    r = await c.post(
+        f"{API}/actions/delete", json=action, headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"}
+    )
     assert r.status_code == 403
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
     r = await c.post(f"{API}/actions/delete", json=action, headers={"X-CSRF-Token": csrf, "Origin": "http://gw.test"})
@@ -160,8 +164,11 @@ async def test_the_session_cookie_is_httponly_strict_and_csrf_guards_every_chang
 
 async def test_basic_credentials_change_only_with_a_json_body(admin_env):
     [mid] = await post_invoices(admin_env, "INV-FORM")
-    r = await admin_env.client.post(f"{API}/actions/delete", headers={**ALICE, "Content-Type": "text/plain"},
-                                    content=f'{{"destination": "queue://invoices.inbound", "message_ids": ["{mid}"]}}')
+    r = await admin_env.client.post(
+        f"{API}/actions/delete",
+        headers={**ALICE, "Content-Type": "text/plain"},
+        content=f'{{"destination": "queue://invoices.inbound", "message_ids": ["{mid}"]}}',
+    )
     assert r.status_code == 403 and r.json()["code"] == "csrf-failed"
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
 
@@ -169,14 +176,27 @@ async def test_basic_credentials_change_only_with_a_json_body(admin_env):
 async def test_a_viewer_reads_everything_and_is_refused_every_change(admin_env):
     c = admin_env.client
     [mid] = await post_invoices(admin_env, "INV-VIEW")
-    for path in ("/destinations", "/partners", "/routes", "/etl/runs", "/audit", "/documents?doc_id=INV-VIEW",
-                 f"/documents/{mid}", "/messages?destination=queue://invoices.inbound"):
+    for path in (
+        "/destinations",
+        "/partners",
+        "/routes",
+        "/etl/runs",
+        "/audit",
+        "/documents?doc_id=INV-VIEW",
+        f"/documents/{mid}",
+        "/messages?destination=queue://invoices.inbound",
+    ):
         r = await c.get(API + path, headers=BOB)
         assert r.status_code == 200, (path, r.text)
-    for action, body in (("delete", {"message_ids": [mid]}), ("move", {"message_ids": [mid], "target": "queue://x"}),
-                         ("purge", {"confirm": "queue://invoices.inbound"}), ("replay", {"selector": "1 = 1"})):
-        r = await c.post(f"{API}/actions/{action}", headers=BOB,
-                         json={"destination": "queue://invoices.inbound", **body})
+    for action, body in (
+        ("delete", {"message_ids": [mid]}),
+        ("move", {"message_ids": [mid], "target": "queue://x"}),
+        ("purge", {"confirm": "queue://invoices.inbound"}),
+        ("replay", {"selector": "1 = 1"}),
+    ):
+        r = await c.post(
+            f"{API}/actions/{action}", headers=BOB, json={"destination": "queue://invoices.inbound", **body}
+        )
         assert r.status_code == 403 and r.json()["code"] == "forbidden", action
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
     entries = (await c.get(f"{API}/audit", params={"operator": "bob"}, headers=ALICE)).json()["entries"]
@@ -219,17 +239,24 @@ async def test_browse_pages_with_cursor_and_selector_then_open_a_message(admin_e
         if cursor is None:
             break
     assert seen == ids
-    page = (await c.get(f"{API}/messages", headers=BOB, params={
-        "destination": "queue://invoices.inbound", "selector": "InvoiceID IN ('INV-2', 'INV-5')"})).json()
+    page = (
+        await c.get(
+            f"{API}/messages",
+            headers=BOB,
+            params={"destination": "queue://invoices.inbound", "selector": "InvoiceID IN ('INV-2', 'INV-5')"},
+        )
+    ).json()
     assert [m["message_id"] for m in page["messages"]] == [ids[2], ids[5]]
     assert page["messages"][0]["properties"]["InvoiceID"] == "INV-2" and "body" not in page["messages"][0]
-    r = await c.get(f"{API}/messages", headers=BOB, params={"destination": "queue://invoices.inbound",
-                                                             "selector": "InvoiceID = "})
+    r = await c.get(
+        f"{API}/messages", headers=BOB, params={"destination": "queue://invoices.inbound", "selector": "InvoiceID = "}
+    )
     assert r.status_code == 400 and r.json()["code"] == "invalid-request"
     r = await c.get(f"{API}/messages", headers=BOB, params={"destination": "queue://invoices.inbound", "limit": "0"})
     assert r.status_code == 400
-    m = (await c.get(f"{API}/message", params={"destination": "queue://invoices.inbound", "id": ids[2]},
-                     headers=BOB)).json()
+    m = (
+        await c.get(f"{API}/message", params={"destination": "queue://invoices.inbound", "id": ids[2]}, headers=BOB)
+    ).json()
     sent = with_id(INVOICE, "INV-2")
     assert m["size"] == len(sent) and m["state"] == "pending" and m["persistent"] is True
     assert m["body"]["format"] == "xml" and "<cbc:ID>INV-2</cbc:ID>" in m["body"]["text"]
@@ -248,52 +275,88 @@ async def test_replay_a_dead_letter_by_id_puts_it_and_its_document_back(admin_en
     assert dests["queue://invoices.inbound"]["dead_letter_depth"] == 2
     assert dests["queue://DLQ.invoices.inbound"]["kind"] == "dead-letter"
     assert dests["queue://DLQ.invoices.inbound"]["dead_letter_for"] == "queue://invoices.inbound"
-    r = await c.post(f"{API}/actions/replay", headers=ALICE,
-                     json={"destination": "queue://DLQ.invoices.inbound", "message_ids": [ids[0]]})
+    r = await c.post(
+        f"{API}/actions/replay",
+        headers=ALICE,
+        json={"destination": "queue://DLQ.invoices.inbound", "message_ids": [ids[0]]},
+    )
     assert r.status_code == 200, r.text
-    assert r.json() == {"action": "replay", "destination": "queue://DLQ.invoices.inbound", "count": 1,
-                        "message_ids": [ids[0]], "ledger_documents": 1}
+    assert r.json() == {
+        "action": "replay",
+        "destination": "queue://DLQ.invoices.inbound",
+        "count": 1,
+        "message_ids": [ids[0]],
+        "ledger_documents": 1,
+    }
     assert admin_env.broker.find_message("queue://DLQ.invoices.inbound", ids[0]) is None
     assert admin_env.broker.find_message("queue://invoices.inbound", ids[0]) is not None
     assert admin_env.gateway.ledger.get(ids[0]).status == "accepted"
-    r = await c.post(f"{API}/actions/replay", headers=ALICE,
-                     json={"destination": "queue://invoices.inbound", "selector": "1 = 1"})
+    r = await c.post(
+        f"{API}/actions/replay", headers=ALICE, json={"destination": "queue://invoices.inbound", "selector": "1 = 1"}
+    )
     assert r.status_code == 400  # not a dead-letter queue
     refused, entry = (await c.get(f"{API}/audit", params={"action": "replay"}, headers=ALICE)).json()["entries"]
     assert (refused["outcome"], refused["target"]) == ("refused", "queue://invoices.inbound")
-    assert (entry["operator"], entry["role"], entry["target"], entry["message_ids"], entry["count"], entry["outcome"]) \
-        == ("alice", "operator", "queue://DLQ.invoices.inbound", [ids[0]], 1, "done")
+    assert (
+        entry["operator"],
+        entry["role"],
+        entry["target"],
+        entry["message_ids"],
+        entry["count"],
+        entry["outcome"],
+    ) == ("alice", "operator", "queue://DLQ.invoices.inbound", [ids[0]], 1, "done")
     assert entry["client"] == "10.1.2.3" and entry["at"] <= int(time.time() * 1000)
 
 
 async def test_delete_and_move_by_selector_with_a_limit_and_purge_with_confirmation(admin_env):
     c = admin_env.client
     ids = await post_invoices(admin_env, *(f"INV-M{i}" for i in range(6)))
-    r = await c.post(f"{API}/actions/move", headers=ALICE, json={
-        "destination": "queue://invoices.inbound", "target": "queue://invoices.parked",
-        "selector": "InvoiceID LIKE 'INV-M%'", "limit": 2})
+    r = await c.post(
+        f"{API}/actions/move",
+        headers=ALICE,
+        json={
+            "destination": "queue://invoices.inbound",
+            "target": "queue://invoices.parked",
+            "selector": "InvoiceID LIKE 'INV-M%'",
+            "limit": 2,
+        },
+    )
     assert r.status_code == 200 and r.json()["message_ids"] == ids[:2]
     assert [m.message_id for m in admin_env.broker.browse_page("queue://invoices.parked").messages] == ids[:2]
-    r = await c.post(f"{API}/actions/delete", headers=ALICE, json={
-        "destination": "queue://invoices.inbound", "message_ids": [ids[5], "ID:unknown"]})
+    r = await c.post(
+        f"{API}/actions/delete",
+        headers=ALICE,
+        json={"destination": "queue://invoices.inbound", "message_ids": [ids[5], "ID:unknown"]},
+    )
     assert r.json()["count"] == 1
     r = await c.post(f"{API}/actions/delete", headers=ALICE, json={"destination": "queue://invoices.inbound"})
     assert r.status_code == 400  # name the messages
-    r = await c.post(f"{API}/actions/delete", headers=ALICE, json={
-        "destination": "queue://invoices.inbound", "selector": "1 = 1", "limit": 0})
+    r = await c.post(
+        f"{API}/actions/delete",
+        headers=ALICE,
+        json={"destination": "queue://invoices.inbound", "selector": "1 = 1", "limit": 0},
+    )
     assert r.status_code == 400
     r = await c.post(f"{API}/actions/purge", headers=ALICE, json={"destination": "queue://invoices.inbound"})
     assert r.status_code == 400 and "confirm" in r.json()["detail"]
-    r = await c.post(f"{API}/actions/purge", headers=ALICE, json={"destination": "queue://invoices.inbound",
-                                                                  "confirm": "queue://invoices.inbound"})
+    r = await c.post(
+        f"{API}/actions/purge",
+        headers=ALICE,
+        json={"destination": "queue://invoices.inbound", "confirm": "queue://invoices.inbound"},
+    )
     assert r.status_code == 200 and r.json()["count"] == 3
     assert admin_env.broker.browse_page("queue://invoices.inbound").messages == []
     r = await c.post(f"{API}/actions/explode", headers=ALICE, json={"destination": "queue://invoices.inbound"})
     assert r.status_code == 404
     entries = (await c.get(f"{API}/audit", headers=ALICE)).json()["entries"]
     assert [(e["action"], e["outcome"], e["count"]) for e in entries[:6]] == [
-        ("purge", "done", 3), ("purge", "refused", None), ("delete", "refused", None), ("delete", "refused", None),
-        ("delete", "done", 1), ("move", "done", 2)]
+        ("purge", "done", 3),
+        ("purge", "refused", None),
+        ("delete", "refused", None),
+        ("delete", "refused", None),
+        ("delete", "done", 1),
+        ("move", "done", 2),
+    ]
     assert entries[5]["target"] == "queue://invoices.inbound -> queue://invoices.parked"
 
 
@@ -362,8 +425,19 @@ async def test_partners_and_routes_count_documents_by_status(admin_env):
 
 async def test_the_openapi_document_describes_the_admin_api(admin_env):
     doc = (await admin_env.client.get("/openapi.json")).json()
-    for path in ("/session", "/destinations", "/messages", "/message", "/actions/{action}", "/documents",
-                 "/documents/{message_id}", "/partners", "/routes", "/etl/runs", "/audit"):
+    for path in (
+        "/session",
+        "/destinations",
+        "/messages",
+        "/message",
+        "/actions/{action}",
+        "/documents",
+        "/documents/{message_id}",
+        "/partners",
+        "/routes",
+        "/etl/runs",
+        "/audit",
+    ):
         assert API + path in doc["paths"], path
     assert {"operatorSession", "operatorBasic"} <= set(doc["components"]["securitySchemes"])
     codes = doc["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
@@ -407,12 +481,20 @@ async def test_console_pages_need_a_session_and_render_for_it(admin_env):
     await console_login(admin_env)
     [mid] = await post_invoices(admin_env, "INV-PAGES")
     fresh(admin_env)
-    for path in ("/console", "/console/destinations", "/console/destinations?q=invoices&page=0",
-                 "/console/dead-letters", "/console/ledger?doc_id=INV-PAGES", f"/console/ledger/{mid}",
-                 "/console/partners", "/console/etl", "/console/audit",
-                 "/console/destination?name=queue%3A%2F%2Finvoices.inbound",
-                 f"/console/message?destination=queue%3A%2F%2Finvoices.inbound&id={mid}",
-                 "/console/fragments/destinations"):
+    for path in (
+        "/console",
+        "/console/destinations",
+        "/console/destinations?q=invoices&page=0",
+        "/console/dead-letters",
+        "/console/ledger?doc_id=INV-PAGES",
+        f"/console/ledger/{mid}",
+        "/console/partners",
+        "/console/etl",
+        "/console/audit",
+        "/console/destination?name=queue%3A%2F%2Finvoices.inbound",
+        f"/console/message?destination=queue%3A%2F%2Finvoices.inbound&id={mid}",
+        "/console/fragments/destinations",
+    ):
         r = await c.get(path)
         assert r.status_code == 200, (path, r.text[:300])
         assert r.headers["cache-control"] == "no-store"
@@ -430,8 +512,12 @@ async def test_console_actions_need_the_csrf_token_and_say_what_they_did(admin_e
     [mid] = await post_invoices(admin_env, "INV-FORM-DEL")
     page = await c.get("/console/destination?name=queue%3A%2F%2Finvoices.inbound")
     token = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
-    form = {"destination": "queue://invoices.inbound", "message_id": mid, "action": "delete",
-            "return_to": "/console/destination?name=queue%3A%2F%2Finvoices.inbound"}
+    form = {
+        "destination": "queue://invoices.inbound",
+        "message_id": mid,
+        "action": "delete",
+        "return_to": "/console/destination?name=queue%3A%2F%2Finvoices.inbound",
+    }
     r = await c.post("/console/actions", data={**form, "csrf": "wrong"})
     assert r.status_code == 403
     assert admin_env.broker.find_message("queue://invoices.inbound", mid) is not None
@@ -463,6 +549,7 @@ async def etl_env(make_assembly, tmp_path):
 async def test_a_loaded_document_shows_its_run_and_warehouse_rows_a_quarantined_one_why(etl_env):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from spark_etl import state
 
     env, warehouse = etl_env
@@ -483,18 +570,40 @@ async def test_a_loaded_document_shows_its_run_and_warehouse_rows_a_quarantined_
     assert doc["lineage"]["state"] == "waiting-for-load"
     delivered_seq = next(h["seq"] for h in doc["history"] if h["status"] == "delivered")
     run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=delivered_seq + 10)
-    state.finish_run(engine, run_id, lease=None, quarantine_rows=[{
-        "message_id": quarantined, "partner": "globex", "doc_type": "Invoice", "ledger_seq": delivered_seq + 1,
-        "reason": "a decimal does not fit decimal(18,6)"}], rows_written=1, loaded=1)
+    state.finish_run(
+        engine,
+        run_id,
+        lease=None,
+        quarantine_rows=[
+            {
+                "message_id": quarantined,
+                "partner": "globex",
+                "doc_type": "Invoice",
+                "ledger_seq": delivered_seq + 1,
+                "reason": "a decimal does not fit decimal(18,6)",
+            }
+        ],
+        rows_written=1,
+        loaded=1,
+    )
     folder = warehouse / "fact_invoice" / "issue_date=2009-12-15"  # the example invoice's IssueDate
     folder.mkdir(parents=True)
-    pq.write_table(pa.table({"message_id": [loaded, "ID:someone-else"], "invoice_id": ["INV-W1", "X"],
-                             "payable_amount": ["729.000000", "1.000000"]}), folder / "part-00000.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "message_id": [loaded, "ID:someone-else"],
+                "invoice_id": ["INV-W1", "X"],
+                "payable_amount": ["729.000000", "1.000000"],
+            }
+        ),
+        folder / "part-00000.parquet",
+    )
     doc = (await c.get(f"{API}/documents/{loaded}", headers=BOB)).json()
     lineage = doc["lineage"]
     assert lineage["state"] == "loaded" and lineage["run"]["run_id"] == run_id
-    assert lineage["rows"] == {"fact_invoice": [{"message_id": loaded, "invoice_id": "INV-W1",
-                                                 "payable_amount": "729.000000"}]}
+    assert lineage["rows"] == {
+        "fact_invoice": [{"message_id": loaded, "invoice_id": "INV-W1", "payable_amount": "729.000000"}]
+    }
     assert doc["timeline"][-1]["step"] == "warehouse" and f"run {run_id}" in doc["timeline"][-1]["detail"]
     other = (await c.get(f"{API}/documents/{quarantined}", headers=BOB)).json()
     assert other["lineage"]["state"] == "quarantined"

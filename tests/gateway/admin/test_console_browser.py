@@ -25,15 +25,23 @@ import pytest
 from gwtest import GLOBEX, INVOICE, SAMPLE_CONFIG, sample_data, with_id
 
 from broker_core import Queue
-from gateway.http.app import create_app
-from gateway.exchange.assemble import assemble
 from gateway.config.loader import settings_from_mapping
+from gateway.exchange.assemble import assemble
+from gateway.http.app import create_app
 from gateway.routing.partners import hash_key
 from gateway.runtime.serving import Runtime
 
 CHROMIUM = os.environ.get("B2BGW_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 REQUIRE_BROWSER = os.environ.get("B2BGW_REQUIRE_BROWSER") == "1"
 #: where the documentation's console screenshots go (docs/operations-console.md shows them)
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
@@ -90,9 +98,14 @@ def served(gw_registry, tmp_path_factory):
     import uvicorn
 
     tmp = tmp_path_factory.mktemp("console")
-    data = sample_data(tmp, operators={"alice": {"role": "operator", "hash": hash_key("alice-secret-1", ln=4)},
-                                       "bob": {"role": "viewer", "hash": hash_key("bob-secret-22", ln=4)}},
-                       admin={"stats_interval": "200ms"})
+    data = sample_data(
+        tmp,
+        operators={
+            "alice": {"role": "operator", "hash": hash_key("alice-secret-1", ln=4)},
+            "bob": {"role": "viewer", "hash": hash_key("bob-secret-22", ln=4)},
+        },
+        admin={"stats_interval": "200ms"},
+    )
     settings = settings_from_mapping(data, config_path=SAMPLE_CONFIG, base_dir=tmp)
     assembly = assemble(settings, registry=gw_registry)
     runtime = Runtime(assembly, workers=False, etl=False, reconcile=True)

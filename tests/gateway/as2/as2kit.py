@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from asn1crypto import cms as asn1_cms
-
 from gwtest import sample_data
 
 from gateway.config.loader import load_yaml
@@ -40,8 +39,23 @@ class Pki:
 def make_pki(folder: Path, name: str, *, days: int = 30) -> Pki:
     folder.mkdir(parents=True, exist_ok=True)
     key, cert = folder / f"{name}.key", folder / f"{name}.crt"
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-        "-days", str(days), "-subj", f"/CN={name}", "-sha256")
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        str(days),
+        "-subj",
+        f"/CN={name}",
+        "-sha256",
+    )
     return Pki(key, cert)
 
 
@@ -50,8 +64,11 @@ def make_expired_pki(folder: Path, name: str) -> Pki:
     import trustme
 
     ca = trustme.CA()
-    leaf = ca.issue_cert(f"{name}.example", not_before=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30),
-                         not_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1))
+    leaf = ca.issue_cert(
+        f"{name}.example",
+        not_before=dt.datetime.now(dt.UTC) - dt.timedelta(days=30),
+        not_after=dt.datetime.now(dt.UTC) - dt.timedelta(days=1),
+    )
     folder.mkdir(parents=True, exist_ok=True)
     key, cert = folder / f"{name}.key", folder / f"{name}.crt"
     leaf.private_key_pem.write_to_path(str(key))
@@ -65,8 +82,19 @@ def entity(body: bytes, content_type: str = "application/xml") -> bytes:
 
 def cms_sign(data: bytes, signer: Pki, *, md: str = "sha256") -> bytes:
     """S/MIME multipart/signed (detached) of the MIME entity *data*."""
-    return run("openssl", "cms", "-sign", "-binary", "-md", md, "-signer", str(signer.cert), "-inkey",
-               str(signer.key), data=data)
+    return run(
+        "openssl",
+        "cms",
+        "-sign",
+        "-binary",
+        "-md",
+        md,
+        "-signer",
+        str(signer.cert),
+        "-inkey",
+        str(signer.key),
+        data=data,
+    )
 
 
 def cms_encrypt(data: bytes, recipient: Pki, *, cipher: str = "-aes256") -> bytes:
@@ -77,16 +105,22 @@ def cms_encrypt(data: bytes, recipient: Pki, *, cipher: str = "-aes256") -> byte
 def compressed_entity(data: bytes, *, raw_zlib: bytes | None = None) -> bytes:
     """An application/pkcs7-mime; smime-type=compressed-data entity of *data* (RFC 3274), made here."""
     content = raw_zlib if raw_zlib is not None else zlib.compress(data)
-    der = asn1_cms.ContentInfo({
-        "content_type": "compressed_data",
-        "content": asn1_cms.CompressedData({
-            "version": "v0",
-            "compression_algorithm": {"algorithm": "zlib"},
-            "encap_content_info": {"content_type": "data", "content": content},
-        }),
-    }).dump()
-    return (b"Content-Type: application/pkcs7-mime; smime-type=compressed-data; name=smime.p7z\r\n"
-            b"Content-Transfer-Encoding: base64\r\n\r\n" + base64.encodebytes(der).replace(b"\n", b"\r\n"))
+    der = asn1_cms.ContentInfo(
+        {
+            "content_type": "compressed_data",
+            "content": asn1_cms.CompressedData(
+                {
+                    "version": "v0",
+                    "compression_algorithm": {"algorithm": "zlib"},
+                    "encap_content_info": {"content_type": "data", "content": content},
+                }
+            ),
+        }
+    ).dump()
+    return (
+        b"Content-Type: application/pkcs7-mime; smime-type=compressed-data; name=smime.p7z\r\n"
+        b"Content-Transfer-Encoding: base64\r\n\r\n" + base64.encodebytes(der).replace(b"\n", b"\r\n")
+    )
 
 
 def zlib_bomb(size: int) -> bytes:
@@ -115,15 +149,29 @@ def to_http(smime: bytes) -> tuple[dict[str, str], bytes]:
     return keep, body
 
 
-def as2_headers(sender: str, *, receiver: str = OUR_ID, message_id: str | None = None, signed_mdn: bool = True,
-                mdn: bool = True, micalg: str = "sha-256", async_url: str | None = None) -> dict[str, str]:
-    headers = {"AS2-Version": "1.2", "AS2-From": sender, "AS2-To": receiver,
-               "Message-ID": message_id or f"<{uuid.uuid4().hex}@{sender}>", "MIME-Version": "1.0"}
+def as2_headers(
+    sender: str,
+    *,
+    receiver: str = OUR_ID,
+    message_id: str | None = None,
+    signed_mdn: bool = True,
+    mdn: bool = True,
+    micalg: str = "sha-256",
+    async_url: str | None = None,
+) -> dict[str, str]:
+    headers = {
+        "AS2-Version": "1.2",
+        "AS2-From": sender,
+        "AS2-To": receiver,
+        "Message-ID": message_id or f"<{uuid.uuid4().hex}@{sender}>",
+        "MIME-Version": "1.0",
+    }
     if mdn:
         headers["Disposition-Notification-To"] = "edi@partner.example"
     if signed_mdn:
         headers["Disposition-Notification-Options"] = (
-            f"signed-receipt-protocol=optional, pkcs7-signature; signed-receipt-micalg=optional, {micalg}")
+            f"signed-receipt-protocol=optional, pkcs7-signature; signed-receipt-micalg=optional, {micalg}"
+        )
     if async_url:
         headers["Receipt-Delivery-Option"] = async_url
     return headers
@@ -161,7 +209,8 @@ class As2Pki:
 
 def as2_data(tmp_path: Path, pki: As2Pki, *, globex_cert: Path | None = None) -> Any:
     data = sample_data(tmp_path)
-    extra = load_yaml(text=f"""
+    extra = load_yaml(
+        text=f"""
 as2:
   id: {OUR_ID}
   key: {pki.ours.key}
@@ -174,10 +223,10 @@ acme:
   certificate: {pki.acme.cert}
   require_encryption: false
   allow_3des: true
-""", name="as2-test.yaml")
+""",
+        name="as2-test.yaml",
+    )
     data["as2"] = extra["as2"]
     data["partners"]["globex"]["as2"] = extra["globex"]
     data["partners"]["acme"]["as2"] = extra["acme"]
     return data
-
-

@@ -7,28 +7,32 @@ request-reply Order route) must sign, need not encrypt, and may use 3DES.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-
-import sys
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from as2kit import As2Pki, as2_data, make_pki  # noqa: E402
-from gwtest import GatewayEnv, Responder  # noqa: E402
+from as2kit import As2Pki, as2_data, make_pki
+from gwtest import GatewayEnv, Responder
 
-from gateway.http.app import create_app  # noqa: E402
-from gateway.runtime.serving import Runtime  # noqa: E402
+from gateway.http.app import create_app
+from gateway.runtime.serving import Runtime
 
 
 @pytest.fixture(scope="session")
 def as2_pki(tmp_path_factory) -> As2Pki:
     folder = tmp_path_factory.mktemp("as2-pki")
-    return As2Pki(make_pki(folder, "ours"), make_pki(folder, "globex"), make_pki(folder, "acme"),
-                  make_pki(folder, "stranger"), folder)
+    return As2Pki(
+        make_pki(folder, "ours"),
+        make_pki(folder, "globex"),
+        make_pki(folder, "acme"),
+        make_pki(folder, "stranger"),
+        folder,
+    )
 
 
 async def _env(make_assembly, data) -> Iterator[GatewayEnv]:
@@ -55,6 +59,8 @@ async def as2_env(make_assembly, tmp_path, as2_pki) -> Iterator[GatewayEnv]:
 @pytest.fixture
 def as2_env_factory(make_assembly, tmp_path, as2_pki):
     """Make an env from changed AS2 data (``async for env in factory(data)``)."""
+
     def make(data):
         return _env(make_assembly, data)
+
     return make

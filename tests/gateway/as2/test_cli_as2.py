@@ -28,21 +28,29 @@ def test_keys_new_writes_a_private_key_and_its_self_signed_certificate(tmp_path,
 
 def test_cert_prints_what_the_partner_needs(tmp_path, capsys, as2_pki):
     partners = tmp_path / "partners.yaml"
-    partners.write_text((REPO / "config" / "partners.yaml").read_text().replace(
-        "  globex:\n    name: Globex Supplies (supplier)\n",
-        f"  globex:\n    name: Globex Supplies (supplier)\n    as2:\n      id: GLOBEX-AS2\n"
-        f"      certificate: {as2_pki.globex.cert}\n", 1))
+    partners.write_text(
+        (REPO / "config" / "partners.yaml")
+        .read_text()
+        .replace(
+            "  globex:\n    name: Globex Supplies (supplier)\n",
+            f"  globex:\n    name: Globex Supplies (supplier)\n    as2:\n      id: GLOBEX-AS2\n"
+            f"      certificate: {as2_pki.globex.cert}\n",
+            1,
+        )
+    )
     config = tmp_path / "b2bgw.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text()
-                      .replace("partners: partners.yaml", f"partners: {partners}")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
-                      .replace("file: ../rules/", f"file: {REPO}/rules/")
-                      + f"\nas2:\n  id: {OUR_ID}\n  key: {as2_pki.ours.key}\n  certificate: {as2_pki.ours.cert}\n")
+    config.write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {partners}")
+        .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+        .replace("file: ../rules/", f"file: {REPO}/rules/")
+        + f"\nas2:\n  id: {OUR_ID}\n  key: {as2_pki.ours.key}\n  certificate: {as2_pki.ours.cert}\n"
+    )
     assert main(["as2", "cert", "globex", "-c", str(config), "--url", "https://b2b.example/as2"]) == 0
     printed = capsys.readouterr().out
     assert f"Our AS2 id (your AS2-To):       {OUR_ID}" in printed and "GLOBEX-AS2" in printed
     assert "https://b2b.example/as2" in printed
-    pem = printed[printed.index("-----BEGIN CERTIFICATE-----"):]
+    pem = printed[printed.index("-----BEGIN CERTIFICATE-----") :]
     assert pem.strip() == as2_pki.ours.cert.read_text().strip()
     assert main(["as2", "cert", "acme", "-c", str(config)]) == 2  # acme has no as2: entry
     assert "no `as2:` entry" in capsys.readouterr().err

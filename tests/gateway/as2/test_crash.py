@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from as2kit import OUR_ID, as2_headers, cms_encrypt, cms_sign, disposition_of, entity, openssl_verify_mdn, to_http
 from gwtest import INVOICE, REPO, SAMPLE_CONFIG
 
@@ -26,17 +25,22 @@ HERE = Path(__file__).resolve().parent
 def _config(tmp_path: Path, pki) -> Path:
     partners = tmp_path / "partners.yaml"
     text = (REPO / "config" / "partners.yaml").read_text()
-    text = text.replace("  globex:\n    name: Globex Supplies (supplier)\n",
-                        f"  globex:\n    name: Globex Supplies (supplier)\n    as2:\n      id: GLOBEX-AS2\n"
-                        f"      certificate: {pki.globex.cert}\n", 1)
+    text = text.replace(
+        "  globex:\n    name: Globex Supplies (supplier)\n",
+        f"  globex:\n    name: Globex Supplies (supplier)\n    as2:\n      id: GLOBEX-AS2\n"
+        f"      certificate: {pki.globex.cert}\n",
+        1,
+    )
     assert "GLOBEX-AS2" in text
     partners.write_text(text)
     config = tmp_path / "b2bgw.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text()
-                      .replace("partners: partners.yaml", f"partners: {partners}")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
-                      .replace("file: ../rules/", f"file: {REPO}/rules/")
-                      + f"\nas2:\n  id: {OUR_ID}\n  key: {pki.ours.key}\n  certificate: {pki.ours.cert}\n")
+    config.write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {partners}")
+        .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+        .replace("file: ../rules/", f"file: {REPO}/rules/")
+        + f"\nas2:\n  id: {OUR_ID}\n  key: {pki.ours.key}\n  certificate: {pki.ours.cert}\n"
+    )
     return config
 
 
@@ -45,10 +49,25 @@ def _serve(tmp_path: Path, config: Path, script: list[str]) -> tuple[subprocess.
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "B2BGW_STORE_URL": f"sqlite:///{tmp_path / 'gw.db'}", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, *script, "serve", "--config", str(config), "--port", str(port),
-                             "--no-etl", "--no-stomp", "--no-access-log", "--no-workers"],
-                            cwd=str(tmp_path), env=env, stdout=(tmp_path / "serve.log").open("ab"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *script,
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--no-etl",
+            "--no-stomp",
+            "--no-access-log",
+            "--no-workers",
+        ],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=(tmp_path / "serve.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -92,5 +111,6 @@ def test_a_resend_after_a_kill_between_commit_and_mdn_gets_the_mdn_once(tmp_path
         assert db.execute("select count(*) from b2b_ledger").fetchone()[0] == 1
         ledger_id = db.execute("select message_id from b2b_ledger").fetchone()[0]
         assert db.execute("select message_id, disposition from b2b_as2_messages").fetchall() == [
-            (ledger_id, "processed")]
+            (ledger_id, "processed")
+        ]
     assert ledger_id.encode() in report

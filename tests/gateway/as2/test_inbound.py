@@ -12,9 +12,9 @@ import hashlib
 import time
 
 import pytest
-
 from as2kit import (
     OUR_ID,
+    as2_data,
     as2_headers,
     cms_encrypt,
     cms_sign,
@@ -25,7 +25,6 @@ from as2kit import (
     mic_of,
     openssl_verify_mdn,
     to_http,
-    as2_data,
     zlib_bomb,
 )
 from gwtest import INVOICE, ORDER, with_id
@@ -58,7 +57,7 @@ def signed_mic(signed_smime: bytes, digest="sha256") -> str:
     head, _, body = signed_smime.partition(b"\n\n")
     boundary = head.split(b'boundary="')[1].split(b'"')[0]
     first = body.split(b"--" + boundary)[1]
-    first = first[first.index(b"\n") + 1:]
+    first = first[first.index(b"\n") + 1 :]
     first = first[:-2] if first.endswith(b"\r\n") else first[:-1]
     return base64.b64encode(hashlib.new(digest, first).digest()).decode()
 
@@ -105,8 +104,10 @@ async def test_the_same_message_id_with_other_content_is_a_conflict(as2_env, as2
     other, _ = signed_encrypted(as2_pki, with_id(INVOICE, "OTHER-1"))
     response, elapsed, _ = await post_as2(as2_env, other, message_id=sent["Message-ID"])
     report = mdn_of(response, as2_pki)
-    assert disposition_of(report) == "automatic-action/MDN-sent-automatically; processed/error: " \
-                                     "unexpected-processing-error"
+    assert (
+        disposition_of(report) == "automatic-action/MDN-sent-automatically; processed/error: "
+        "unexpected-processing-error"
+    )
     assert b"idempotency-conflict" in report
     assert len(as2_env.ledger_rows()) == 1 and elapsed < 2
 
@@ -250,8 +251,11 @@ async def test_an_unsigned_mdn_when_none_is_asked_for_signing(as2_env, as2_pki):
 
 async def test_a_body_over_the_limit_is_refused_unread(as2_env, as2_pki):
     inbound_limit = as2_env.assembly.settings.limits.max_bytes * 2 + 64 * 1024
-    headers = {**as2_headers("GLOBEX-AS2"), "Content-Type": "application/pkcs7-mime; smime-type=enveloped-data",
-               "Content-Length": str(inbound_limit + 1)}
+    headers = {
+        **as2_headers("GLOBEX-AS2"),
+        "Content-Type": "application/pkcs7-mime; smime-type=enveloped-data",
+        "Content-Length": str(inbound_limit + 1),
+    }
     response = await as2_env.client.post("/as2", content=b"x" * (inbound_limit + 1), headers=headers)
     assert response.status_code == 413
 

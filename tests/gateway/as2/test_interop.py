@@ -22,7 +22,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from as2kit import OUR_ID, run
 from gwtest import INVOICE, ORDER
 
@@ -32,14 +31,15 @@ INTEROP = Path(__file__).resolve().parent / "interop"
 SCRIPT = INTEROP / "as2node.js"
 NODE = shutil.which("node")
 if NODE is None or not (INTEROP / "node_modules" / "libas2").is_dir():
-    pytest.skip("libas2 interop needs Node 20 and `npm ci` in tests/gateway/as2/interop (scripts/test runs it)",
-                allow_module_level=True)
+    pytest.skip(
+        "libas2 interop needs Node 20 and `npm ci` in tests/gateway/as2/interop (scripts/test runs it)",
+        allow_module_level=True,
+    )
 NODE_ARGS = [NODE, "--security-revert=CVE-2023-46809", str(SCRIPT)]  # PKCS #1 v1.5 key transport, see above
 
 
 def node(command: str, options: dict) -> dict:
-    out = subprocess.run(NODE_ARGS + [command], input=json.dumps(options).encode(), capture_output=True,
-                         timeout=120)
+    out = subprocess.run(NODE_ARGS + [command], input=json.dumps(options).encode(), capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     return json.loads(_json_lines(out.stdout.splitlines())[-1])
 
@@ -57,19 +57,34 @@ def _first_json(stream) -> dict:
 
 
 def libas2_options(pki, **extra) -> dict:
-    return {"hostId": "GLOBEX-AS2", "hostCert": pki.globex.cert.read_text(), "hostKey": pki.globex.key.read_text(),
-            "partnerId": OUR_ID, "partnerCert": pki.ours.cert.read_text(), **extra}
+    return {
+        "hostId": "GLOBEX-AS2",
+        "hostCert": pki.globex.cert.read_text(),
+        "hostKey": pki.globex.key.read_text(),
+        "partnerId": OUR_ID,
+        "partnerCert": pki.ours.cert.read_text(),
+        **extra,
+    }
 
 
 def independent_mic(pki, headers: dict, body: bytes) -> str:
     """The MIC of libas2's message by RFC 4130 7.3.1, worked out with ``openssl cms -decrypt`` (not our code)."""
     smime = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower().startswith("content-")).encode()
-    signed = run("openssl", "cms", "-decrypt", "-binary", "-recip", str(pki.ours.cert), "-inkey", str(pki.ours.key),
-                 data=smime + b"\r\n" + body)
+    signed = run(
+        "openssl",
+        "cms",
+        "-decrypt",
+        "-binary",
+        "-recip",
+        str(pki.ours.cert),
+        "-inkey",
+        str(pki.ours.key),
+        data=smime + b"\r\n" + body,
+    )
     head, _, rest = signed.partition(b"\r\n\r\n")
     boundary = head.split(b"boundary=")[1].split(b";")[0].strip().strip(b'"')
     first = rest.split(b"--" + boundary)[1]
-    first = first[first.index(b"\n") + 1:]
+    first = first[first.index(b"\n") + 1 :]
     first = first[:-2] if first.endswith(b"\r\n") else first[:-1]
     return base64.b64encode(hashlib.sha256(first).digest()).decode()
 
@@ -80,9 +95,14 @@ async def test_libas2_sends_us_a_signed_encrypted_message_and_verifies_our_signe
     body = base64.b64decode(message["body"])
     response = await as2_env.client.post("/as2", content=body, headers=message["headers"])
     assert response.status_code == 200, response.text
-    verdict = node("verify-mdn", {"headers": {"Content-Type": response.headers["content-type"]},
-                                  "body": base64.b64encode(response.content).decode(),
-                                  "cert": as2_pki.ours.cert.read_text()})
+    verdict = node(
+        "verify-mdn",
+        {
+            "headers": {"Content-Type": response.headers["content-type"]},
+            "body": base64.b64encode(response.content).decode(),
+            "cert": as2_pki.ours.cert.read_text(),
+        },
+    )
     assert verdict["signed"] and verdict["processed"] and verdict["description"] is None
     assert verdict["originalMessageId"] == message["headers"]["Message-ID"]
     if encrypt.endswith("CBC"):  # openssl cannot open PKIjs's AES-GCM (a bare nonce for GCMParameters); we can
@@ -97,7 +117,7 @@ async def test_libas2_sends_us_a_signed_encrypted_message_and_verifies_our_signe
 class _Capture(http.server.BaseHTTPRequestHandler):
     received: list[tuple[dict, bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         type(self).received.append((dict(self.headers.items()), body))
         self.send_response(200)
@@ -131,17 +151,23 @@ async def _wait_for(items: list, seconds: float = 30.0) -> None:
 
 async def test_libas2_asks_for_an_async_mdn_and_verifies_it(as2_env, as2_pki, capture):
     url, received = capture
-    message = node("compose", libas2_options(as2_pki, payload=base64.b64encode(INVOICE).decode(), **{"async": True},
-                                             asyncUrl=url))
+    message = node(
+        "compose", libas2_options(as2_pki, payload=base64.b64encode(INVOICE).decode(), **{"async": True}, asyncUrl=url)
+    )
     message["headers"]["Receipt-Delivery-Option"] = url
-    response = await as2_env.client.post("/as2", content=base64.b64decode(message["body"]),
-                                         headers=message["headers"])
+    response = await as2_env.client.post("/as2", content=base64.b64decode(message["body"]), headers=message["headers"])
     assert response.status_code == 200 and response.content == b""
     await _wait_for(received)
     headers, body = received[0]
     assert headers["AS2-To"] == "GLOBEX-AS2" and headers["AS2-From"] == OUR_ID
-    verdict = node("verify-mdn", {"headers": {"Content-Type": headers["Content-Type"]},
-                                  "body": base64.b64encode(body).decode(), "cert": as2_pki.ours.cert.read_text()})
+    verdict = node(
+        "verify-mdn",
+        {
+            "headers": {"Content-Type": headers["Content-Type"]},
+            "body": base64.b64encode(body).decode(),
+            "cert": as2_pki.ours.cert.read_text(),
+        },
+    )
     assert verdict["signed"] and verdict["processed"]
     assert verdict["originalMessageId"] == message["headers"]["Message-ID"]
 
@@ -155,8 +181,12 @@ def libas2_receiver(as2_pki, tmp_path):
     try:
         first = _first_json(process.stdout)
         lines: list[dict] = []
-        reader = threading.Thread(target=lambda: [lines.append(json.loads(line)) for line in process.stdout
-                                                  if line.lstrip().startswith(b"{")], daemon=True)
+        reader = threading.Thread(
+            target=lambda: [
+                lines.append(json.loads(line)) for line in process.stdout if line.lstrip().startswith(b"{")
+            ],
+            daemon=True,
+        )
         reader.start()
         yield f"http://127.0.0.1:{first['port']}/as2", lines
     finally:
@@ -221,8 +251,7 @@ async def test_an_mdn_with_another_mic_is_a_failed_delivery(as2_pki, libas2_rece
     endpoint = _endpoint(as2_pki, url)
     result = await send_message(endpoint, _ours(as2_pki), _request("d-3"))
     head, _, body = result.evidence.partition(b"\r\n\r\n")
-    mdn = mdns.parse_mdn(head.decode().split(":", 1)[1].strip(), body, list(endpoint.certificates),
-                         require_signed=True)
+    mdn = mdns.parse_mdn(head.decode().split(":", 1)[1].strip(), body, list(endpoint.certificates), require_signed=True)
     other = judge(mdn, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, sha-256", endpoint, result.evidence, 200)
     assert other.outcome == "failed" and "MIC mismatch" in other.detail
 

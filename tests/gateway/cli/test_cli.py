@@ -9,13 +9,13 @@ import socket
 from pathlib import Path
 
 import pytest
+from gwtest import FIXTURES, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 from broker_core import AckMode, Broker, Queue
 from gateway.cli import main as cli
 from gateway.cli import queues as queue_cli
 from gateway.cli import serve as serve_cli
 from gateway.ledger.records import Ledger
-from gwtest import FIXTURES, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 
 @pytest.fixture
@@ -64,16 +64,22 @@ def test_routes_check_on_the_sample(capsys, store):
 
 
 def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, shared_schemas):
-    (tmp_path / "b2bgw.yaml").write_text((SAMPLE_CONFIG.read_text()
-                                          .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                                          .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")
-                                          .replace("file: ../rules/", f"file: {REPO}/rules/")))
+    (tmp_path / "b2bgw.yaml").write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
+        .replace("routes: ../routes/ubl-2.1.yaml", "routes: routes.yaml")
+        .replace("file: ../rules/", f"file: {REPO}/rules/")
+    )
     routes = (REPO / "routes" / "ubl-2.1.yaml").read_text()
     routes = routes.replace("destination: queue://despatch.inbound", "destination: despatch")
-    routes = routes.replace("TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:PayableAmount, type: double}",
-                            "TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:Payable, type: double}")
-    routes = routes.replace("partners: [globex]\n    root: \"{urn:oasis:names:specification:ubl:schema:xsd:Invoice-2}",
-                            "partners: [globex, initech]\n    root: \"{urn:oasis:names:specification:ubl:schema:xsd:Invoice-2}")
+    routes = routes.replace(
+        "TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:PayableAmount, type: double}",
+        "TotalAmount: {xpath: cac:LegalMonetaryTotal/cbc:Payable, type: double}",
+    )
+    routes = routes.replace(
+        'partners: [globex]\n    root: "{urn:oasis:names:specification:ubl:schema:xsd:Invoice-2}',
+        'partners: [globex, initech]\n    root: "{urn:oasis:names:specification:ubl:schema:xsd:Invoice-2}',
+    )
     (tmp_path / "routes.yaml").write_text(routes)
     code, out, err = run(capsys, "routes", "check", "--config", str(tmp_path / "b2bgw.yaml"))
     assert code == 1
@@ -87,8 +93,8 @@ def test_routes_check_reports_every_error_with_file_and_line(capsys, tmp_path, s
 
 
 def test_key_new_prints_a_key_and_its_hash(capsys, store):
-    from gateway.security.keys import verify_hmac
     from gateway.cli.store_secret import store_secret
+    from gateway.security.keys import verify_hmac
 
     code, out, _ = run(capsys, "key", "new", "--id", "initech-1")
     assert code == 0
@@ -116,8 +122,15 @@ def _broker_head_revision() -> str:
 
 
 def test_send_queues_browse_and_dlq_replay(capsys, store, shared_schemas):
-    code, out, err = run(capsys, "send", str(UBL_EXAMPLES / "UBL-Invoice-2.1-Example.xml"), "--partner", "globex",
-                         "--correlation-id", "cli-1")
+    code, out, err = run(
+        capsys,
+        "send",
+        str(UBL_EXAMPLES / "UBL-Invoice-2.1-Example.xml"),
+        "--partner",
+        "globex",
+        "--correlation-id",
+        "cli-1",
+    )
     assert code == 0, err
     receipt = json.loads(out)
     assert receipt["route"] == "ubl-invoice" and receipt["correlation_id"] == "cli-1"
@@ -212,8 +225,16 @@ def test_version_is_the_installed_package_version(capsys):
 
 #: Every command that reads the configuration, with arguments that get it as far as reading it.
 CONFIG_COMMANDS = [
-    ["serve"], ["stomp"], ["worker"], ["send", "DOC", "--partner", "acme"], ["queues"], ["browse", "orders.inbound"],
-    ["dlq", "replay", "orders.inbound"], ["db", "upgrade"], ["routes", "check"], ["key", "new", "--id", "k1"],
+    ["serve"],
+    ["stomp"],
+    ["worker"],
+    ["send", "DOC", "--partner", "acme"],
+    ["queues"],
+    ["browse", "orders.inbound"],
+    ["dlq", "replay", "orders.inbound"],
+    ["db", "upgrade"],
+    ["routes", "check"],
+    ["key", "new", "--id", "k1"],
 ]
 
 
@@ -225,8 +246,12 @@ def test_every_configuration_command_takes_c_before_or_after_it(capsys, tmp_path
     (tmp_path / "doc.xml").write_bytes(b"<Order/>")
     argv = [str(tmp_path / "doc.xml") if word == "DOC" else word for word in command]
     missing = str(tmp_path / "missing.yaml")
-    for given in (argv + ["-c", missing], ["-c", missing] + argv, argv + ["--config", missing],
-                  ["--config", missing] + argv):
+    for given in (
+        argv + ["-c", missing],
+        ["-c", missing] + argv,
+        argv + ["--config", missing],
+        ["--config", missing] + argv,
+    ):
         assert f"-c {missing}: no such file" in user_error(run(capsys, *given)), given
     # the same default for all of them: nothing in the current directory, no $B2BGW_CONFIG: said, not guessed
     line = user_error(run(capsys, *argv))
@@ -276,8 +301,9 @@ def test_serve_outside_a_deployment_says_where_it_looked(capsys, tmp_path, monke
     assert not no_uvicorn  # the sample configuration of the source tree is not served
 
 
-def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(capsys, caplog, tmp_path, monkeypatch,
-                                                                           no_uvicorn, shared_schemas):
+def test_serve_from_the_checkout_with_no_arguments_names_its_configuration(
+    capsys, caplog, tmp_path, monkeypatch, no_uvicorn, shared_schemas
+):
     # what scripts/serve does: `b2bgw serve` in the checkout, no -c, no $B2BGW_CONFIG
     monkeypatch.delenv("B2BGW_CONFIG", raising=False)
     monkeypatch.setenv("B2BGW_STORE_URL", f"sqlite:///{tmp_path / 'serve.db'}")
@@ -315,7 +341,8 @@ def test_serve_listens_on_a_public_address_with_keys_of_its_own(capsys, tmp_path
         "  acme:\n    keys:\n      - {id: acme-demo, hash: '" + hash_key(own) + "'}\n"
         "  globex:\n    enabled: false\n"  # the published key of a disabled partner lets nobody in
         "    keys:\n      - {id: globex-demo, hash: '" + _published_hash("globex-demo") + "'}\n"
-        "etl: {enabled: false}\nstomp: {enabled: false}\n")
+        "etl: {enabled: false}\nstomp: {enabled: false}\n"
+    )
     code, _, err = run(capsys, "serve", "-c", str(config), "--host", "0.0.0.0", "--port", "0")
     assert code == 0, err
     assert no_uvicorn["host"] == "0.0.0.0"
@@ -328,10 +355,21 @@ def _published_hash(key_id: str) -> str:
     return next(k["hash"] for p in partners.values() for k in p["keys"] if k["id"] == key_id)
 
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("", False), ("10.1.2.3", False), ("gateway.example.com", False),
-])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.1.2.3", False),
+        ("gateway.example.com", False),
+    ],
+)
 def test_which_addresses_are_loopback(host, loopback):
     assert serve_cli.is_loopback(host) is loopback
 
@@ -358,10 +396,12 @@ def test_serve_user_errors(capsys, tmp_path, store, no_uvicorn):
     assert "argument --port" in user_error(run(capsys, "serve", "--port", "eighty"))
     assert "argument --processes" in user_error(run(capsys, "serve", "--processes", "-1"))
     config = tmp_path / "w.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text()
-                      .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
-                      .replace("gateway.samples.order_responder", "gateway.samples.no_such_module"))
+    config.write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
+        .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {REPO}/routes/ubl-2.1.yaml")
+        .replace("gateway.samples.order_responder", "gateway.samples.no_such_module")
+    )
     for processes in ("1", "2"):  # found before any serving process starts
         line = user_error(run(capsys, "serve", "-c", str(config), "--port", "0", "--processes", processes))
         assert "gateway.samples.no_such_module" in line and "cannot be imported" in line
@@ -449,15 +489,19 @@ def _config_with_stomp(tmp_path, stomp: str) -> str:
     config.write_text(
         "store: {url: 'sqlite:///" + str(tmp_path / "s.db") + "'}\n"
         "partners:\n  acme:\n    keys:\n      - {id: acme-own, hash: '" + hash_key(generate_key("acme-own")) + "'}\n"
-        "etl: {enabled: false}\nstomp: " + stomp + "\n")
+        "etl: {enabled: false}\nstomp: " + stomp + "\n"
+    )
     return str(config)
 
 
 def test_serve_and_stomp_refuse_a_stomp_listener_without_users_on_any_address(capsys, tmp_path, no_uvicorn):
     for host in ("127.0.0.1", "0.0.0.0"):
         config = _config_with_stomp(tmp_path, "{host: " + host + ", port: 0}")
-        for argv in (("serve", "-c", config, "--port", "0"), ("stomp", "-c", config, "--port", "0"),
-                     ("stomp", "-c", config, "--host", "0.0.0.0", "--port", "0")):
+        for argv in (
+            ("serve", "-c", config, "--port", "0"),
+            ("stomp", "-c", config, "--port", "0"),
+            ("stomp", "-c", config, "--host", "0.0.0.0", "--port", "0"),
+        ):
             line = user_error(run(capsys, *argv))
             assert "needs stomp.users" in line and "passcode_file" in line and "stomp.enabled: false" in line, line
     assert not no_uvicorn
@@ -467,8 +511,10 @@ def test_serve_starts_a_stomp_listener_with_users_or_without_stomp(capsys, tmp_p
     public = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0}")
     code, _, err = run(capsys, "serve", "-c", public, "--port", "0", "--no-stomp")
     assert code == 0, err
-    checked = _config_with_stomp(tmp_path, "{host: 0.0.0.0, port: 0, users: {backend: {passcode_file: backend.pass, "
-                                           "consume: [/queue/orders.inbound]}}}")
+    checked = _config_with_stomp(
+        tmp_path,
+        "{host: 0.0.0.0, port: 0, users: {backend: {passcode_file: backend.pass, consume: [/queue/orders.inbound]}}}",
+    )
     code, _, err = run(capsys, "serve", "-c", checked, "--port", "0")
     assert code == 0, err
     assert no_uvicorn

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gwtest import SAMPLE_CONFIG
 
 from gateway.config.loader import (
     DEFAULT_STORE_URL,
@@ -15,7 +16,6 @@ from gateway.config.loader import (
     settings_from_mapping,
 )
 from gateway.errors import ConfigError
-from gwtest import SAMPLE_CONFIG
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -29,11 +29,22 @@ def test_sample_configuration_loads():
     assert s.store_url == DEFAULT_STORE_URL == "sqlite:///var/b2bgw.db"
     assert s.port == 8080 and s.host == "127.0.0.1"
     assert s.limits.max_bytes == 10 * 1024 * 1024
-    assert set(s.ubl_documents) == {"Order", "OrderResponse", "OrderChange", "OrderCancellation",
-                                    "DespatchAdvice", "Invoice"}
+    assert set(s.ubl_documents) == {
+        "Order",
+        "OrderResponse",
+        "OrderChange",
+        "OrderCancellation",
+        "DespatchAdvice",
+        "Invoice",
+    }
     assert set(s.partners) == {"acme", "globex"}
-    assert [r["id"] for r in s.routes] == ["ubl-order", "ubl-order-change", "ubl-order-cancellation",
-                                          "ubl-despatch-advice", "ubl-invoice"]
+    assert [r["id"] for r in s.routes] == [
+        "ubl-order",
+        "ubl-order-change",
+        "ubl-order-cancellation",
+        "ubl-despatch-advice",
+        "ubl-invoice",
+    ]
     assert s.workers == ["gateway.samples.order_responder", "gateway.samples.document_receiver"]
     assert s.worker_concurrency == {"gateway.samples.order_responder": 4}
     assert s.etl["schedule"] == "0 2 * * *"  # passed through untouched
@@ -90,8 +101,10 @@ def test_section_files_report_their_own_file(tmp_path):
 
 
 def test_inline_sections_and_defaults(tmp_path):
-    data = load_yaml(text="partners: {}\nroutes: []\nworkers: [a.b]\netl: {enabled: false}\nstomp: {port: 61613}\n",
-                     name="inline.yaml")
+    data = load_yaml(
+        text="partners: {}\nroutes: []\nworkers: [a.b]\netl: {enabled: false}\nstomp: {port: 61613}\n",
+        name="inline.yaml",
+    )
     s = settings_from_mapping(data, base_dir=tmp_path)
     assert s.routes == [] and s.workers == ["a.b"] and s.etl == {"enabled": False}
     assert s.stomp == {"port": 61613}  # reserved, passed through
@@ -121,39 +134,47 @@ def test_store_options_are_checked_at_load_with_the_line_of_the_option(tmp_path)
         assert info.value.detail.startswith("store.options: ") and words in info.value.detail, info.value.detail
     good = "store:\n  options:\n    sqlite_synchronous: normal\n    max_deliveries: 2\n"
     assert settings_from_mapping(load_yaml(text=good, name="s.yaml"), base_dir=tmp_path).store_options == {
-        "sqlite_synchronous": "normal", "max_deliveries": 2}
+        "sqlite_synchronous": "normal",
+        "max_deliveries": 2,
+    }
 
 
-@pytest.mark.parametrize("section, line, words", [
-    ("stomp:\n  port: abc\n", 2, "stomp.port must be an integer"),
-    ("stomp:\n  port: 70000\n", 2, "from 0 to 65535"),
-    ("stomp:\n  enabled: 'no'\n", 2, "stomp.enabled must be true or false"),
-    ("stomp:\n  heartbeat: [5]\n", 2, "[send_ms, receive_ms]"),
-    ("stomp:\n  heartbeat: [5, -1]\n", 2, "heartbeat interval"),
-    ("stomp:\n  users:\n    1234: {passcode_file: p}\n", 3, "quote one that YAML reads as a number"),
-    ("stomp:\n  users:\n    erp: '1234'\n", 3, "passcodes are not kept in the configuration"),
-    ("stomp:\n  users:\n    erp: {consume: [/queue/a]}\n", 3, "needs one of passcode_hash"),
-    ("stomp:\n  users:\n    erp: {passcode_hash: secret}\n", 3, "passcode_hash must be 'scrypt$"),
-    ("stomp:\n  users:\n    erp:\n      passcode_file: p\n      send: [orders]\n", 5, "must start with /queue/"),
-    ("stomp:\n  users:\n    erp:\n      passcode_file: p\n      consume: [/queue/a.>.b]\n", 5,
-     "'>' may only be the last"),
-    ("stomp:\n  users:\n    erp: {passcode_file: p, sned: []}\n", 3, "unknown key 'sned' in stomp.users.erp"),
-    ("stomp:\n  limits:\n    connections: 0\n", 3, "stomp.limits.connections must be at least 1"),
-    ("stomp:\n  limits:\n    connect_timeout: soon\n", 3, "positive number of seconds"),
-    ("stomp:\n  limits:\n    memory: 5\n", 3, "unknown key 'memory' in stomp.limits"),
-    ("stomp:\n  host: 127.0.0.1\n  prefetch: 0\n", 3, "stomp.prefetch must be at least 1"),
-    ("stomp:\n  max_frame_size: 10\n", 2, "at least 1024"),
-    ("stomp:\n  prot: 61613\n", 2, "unknown key 'prot' in stomp"),
-    ("etl:\n  schedule: whenever\n", 2, "etl.schedule: must be a crontab expression"),
-    ("etl:\n  schedule: '0 2 * *'\n", 2, "etl.schedule: must be a crontab expression"),
-    ("etl:\n  timezone: Mars/Base\n", 2, "etl.timezone: must be an IANA time zone name"),
-    ("etl:\n  enabled: 'no'\n", 2, "etl.enabled: must be true or false"),
-    ("etl:\n  warehouse: ./w\n  lock_ttl: 0\n", 3, "etl.lock_ttl: must be a number of seconds over 0"),
-    ("etl:\n  read_partitions: 2.5\n", 2, "whole number"),
-    ("etl:\n  arrow_staging: sometimes\n", 2, "auto, true or false"),
-    ("etl:\n  spark_conf: [a]\n", 2, "mapping of Spark settings"),
-    ("etl:\n  shedule: '0 2 * * *'\n", 2, "unknown etl setting 'shedule'"),
-])
+@pytest.mark.parametrize(
+    "section, line, words",
+    [
+        ("stomp:\n  port: abc\n", 2, "stomp.port must be an integer"),
+        ("stomp:\n  port: 70000\n", 2, "from 0 to 65535"),
+        ("stomp:\n  enabled: 'no'\n", 2, "stomp.enabled must be true or false"),
+        ("stomp:\n  heartbeat: [5]\n", 2, "[send_ms, receive_ms]"),
+        ("stomp:\n  heartbeat: [5, -1]\n", 2, "heartbeat interval"),
+        ("stomp:\n  users:\n    1234: {passcode_file: p}\n", 3, "quote one that YAML reads as a number"),
+        ("stomp:\n  users:\n    erp: '1234'\n", 3, "passcodes are not kept in the configuration"),
+        ("stomp:\n  users:\n    erp: {consume: [/queue/a]}\n", 3, "needs one of passcode_hash"),
+        ("stomp:\n  users:\n    erp: {passcode_hash: secret}\n", 3, "passcode_hash must be 'scrypt$"),
+        ("stomp:\n  users:\n    erp:\n      passcode_file: p\n      send: [orders]\n", 5, "must start with /queue/"),
+        (
+            "stomp:\n  users:\n    erp:\n      passcode_file: p\n      consume: [/queue/a.>.b]\n",
+            5,
+            "'>' may only be the last",
+        ),
+        ("stomp:\n  users:\n    erp: {passcode_file: p, sned: []}\n", 3, "unknown key 'sned' in stomp.users.erp"),
+        ("stomp:\n  limits:\n    connections: 0\n", 3, "stomp.limits.connections must be at least 1"),
+        ("stomp:\n  limits:\n    connect_timeout: soon\n", 3, "positive number of seconds"),
+        ("stomp:\n  limits:\n    memory: 5\n", 3, "unknown key 'memory' in stomp.limits"),
+        ("stomp:\n  host: 127.0.0.1\n  prefetch: 0\n", 3, "stomp.prefetch must be at least 1"),
+        ("stomp:\n  max_frame_size: 10\n", 2, "at least 1024"),
+        ("stomp:\n  prot: 61613\n", 2, "unknown key 'prot' in stomp"),
+        ("etl:\n  schedule: whenever\n", 2, "etl.schedule: must be a crontab expression"),
+        ("etl:\n  schedule: '0 2 * *'\n", 2, "etl.schedule: must be a crontab expression"),
+        ("etl:\n  timezone: Mars/Base\n", 2, "etl.timezone: must be an IANA time zone name"),
+        ("etl:\n  enabled: 'no'\n", 2, "etl.enabled: must be true or false"),
+        ("etl:\n  warehouse: ./w\n  lock_ttl: 0\n", 3, "etl.lock_ttl: must be a number of seconds over 0"),
+        ("etl:\n  read_partitions: 2.5\n", 2, "whole number"),
+        ("etl:\n  arrow_staging: sometimes\n", 2, "auto, true or false"),
+        ("etl:\n  spark_conf: [a]\n", 2, "mapping of Spark settings"),
+        ("etl:\n  shedule: '0 2 * * *'\n", 2, "unknown etl setting 'shedule'"),
+    ],
+)
 def test_stomp_and_etl_sections_are_checked_at_load_with_lines(tmp_path, section, line, words):
     """Checked when the configuration loads (and by `routes check`), not when the listener
     starts or the night comes."""
@@ -164,15 +185,22 @@ def test_stomp_and_etl_sections_are_checked_at_load_with_lines(tmp_path, section
 
 
 def test_good_stomp_and_etl_sections_are_kept_as_written(tmp_path):
-    text = ("stomp:\n  enabled: true\n  port: 61614\n  users: {erp: {passcode_file: erp.pass, send: [/queue/a.*]}}\n"
-            "  heartbeat: [0, 5000]\n  limits: {connections: 10, send_wait: 2.5}\n"
-            "etl:\n  schedule: '30 3 * * 1-5'\n  timezone: Europe/Stockholm\n  arrow_staging: auto\n"
-            "  spark_conf: {spark.driver.memory: 2g}\n")
+    text = (
+        "stomp:\n  enabled: true\n  port: 61614\n  users: {erp: {passcode_file: erp.pass, send: [/queue/a.*]}}\n"
+        "  heartbeat: [0, 5000]\n  limits: {connections: 10, send_wait: 2.5}\n"
+        "etl:\n  schedule: '30 3 * * 1-5'\n  timezone: Europe/Stockholm\n  arrow_staging: auto\n"
+        "  spark_conf: {spark.driver.memory: 2g}\n"
+    )
     s = settings_from_mapping(load_yaml(text=text, name="x.yaml"), base_dir=tmp_path)
-    assert s.stomp == {"enabled": True, "port": 61614, "heartbeat": [0, 5000],
-                       "users": {"erp": {"passcode_file": str(tmp_path / "erp.pass"), "consume": [], "browse": [],
-                                         "send": ["/queue/a.*"]}},
-                       "limits": {"connections": 10, "send_wait": 2.5}}
+    assert s.stomp == {
+        "enabled": True,
+        "port": 61614,
+        "heartbeat": [0, 5000],
+        "users": {
+            "erp": {"passcode_file": str(tmp_path / "erp.pass"), "consume": [], "browse": [], "send": ["/queue/a.*"]}
+        },
+        "limits": {"connections": 10, "send_wait": 2.5},
+    }
     assert s.etl["schedule"] == "30 3 * * 1-5" and s.etl["timezone"] == "Europe/Stockholm"
 
 
@@ -183,10 +211,20 @@ def test_limits_are_checked(tmp_path):
     assert "256" in info.value.detail
 
 
-@pytest.mark.parametrize("value, seconds", [
-    (10, 10.0), (0.5, 0.5), ("250ms", 0.25), ("10s", 10.0), ("5m", 300.0), ("1h", 3600.0), ("7d", 604800.0),
-    ("1.5s", 1.5), ("3", 3.0),
-])
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        (10, 10.0),
+        (0.5, 0.5),
+        ("250ms", 0.25),
+        ("10s", 10.0),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("7d", 604800.0),
+        ("1.5s", 1.5),
+        ("3", 3.0),
+    ],
+)
 def test_durations(value, seconds):
     assert parse_duration(value, Where("f", 1), "x") == seconds
 

@@ -9,15 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from gwtest import REPO
 
 from gateway.config.loader import load_settings
 from gateway.errors import ConfigError
 from ledger_contract.retention import Rule
-from gwtest import REPO
 
 BASE = f"""
-partners: {REPO / 'config' / 'partners.yaml'}
-routes: {REPO / 'routes' / 'ubl-2.1.yaml'}
+partners: {REPO / "config" / "partners.yaml"}
+routes: {REPO / "routes" / "ubl-2.1.yaml"}
 exchange: {{late_reply_window: 1h}}
 """
 
@@ -35,8 +35,11 @@ def error(tmp_path: Path, retention: str) -> ConfigError:
 
 
 def test_defaults_and_rules(tmp_path):
-    s = load(tmp_path, "online: 30d\ndocument_types: {Invoice: 400d}\n"
-                       "routes: {ubl-order: {online: 7d, after: purge}, ubl-invoice: {after: purge}}")
+    s = load(
+        tmp_path,
+        "online: 30d\ndocument_types: {Invoice: 400d}\n"
+        "routes: {ubl-order: {online: 7d, after: purge}, ubl-invoice: {after: purge}}",
+    )
     p = s.retention
     assert p.default == Rule(30 * 86400.0, "archive")
     assert p.rule_for("ubl-order", "Order") == Rule(7 * 86400.0, "purge")
@@ -48,8 +51,9 @@ def test_defaults_and_rules(tmp_path):
     assert [c.default for c in classes] == [False, False, False, True]
     assert len({c.name for c in classes}) == 4
     # a class's name follows what it holds (the job's scan cursors are kept per name)
-    again = load(tmp_path, "online: 30d\ndocument_types: {Invoice: 400d}\n"
-                           "routes: {ubl-order: {online: 7d, after: purge}}").retention
+    again = load(
+        tmp_path, "online: 30d\ndocument_types: {Invoice: 400d}\nroutes: {ubl-order: {online: 7d, after: purge}}"
+    ).retention
     assert {c.name for c in again.classes()} != {c.name for c in classes}
 
 
@@ -59,21 +63,24 @@ def test_without_section_nothing_is_retained(tmp_path):
     assert load_settings(path).retention is None
 
 
-@pytest.mark.parametrize("retention, line, words", [
-    ("online: 0d", 7, "positive duration"),
-    ("online: 10m", 7, "shorter than exchange.late_reply_window"),
-    ("online: soon", 7, "must be a duration"),
-    ("after: delete", 7, "must be one of archive, purge"),
-    ("online: 30d\nroutes: {no-such-route: 10d}", 8, "not configured"),
-    ("routes:\n  ubl-order: {online: 10d, keep: 1}", 8, "unknown key 'keep'"),
-    ("document_types: {Invoice: {after: shred}}", 7, "must be one of archive, purge"),
-    ("tombstones: 2h", 7, "at least 1d"),
-    ("schedule: every night", 7, "not a crontab expression"),
-    ("timezone: Mars/Olympus", 7, "not a time zone"),
-    ("batch: 5", 7, "from 100 to 100000"),
-    ("enabled: yes please", 7, "true or false"),
-    ("keep: 90d", 7, "unknown key 'keep' in ledger.retention"),
-])
+@pytest.mark.parametrize(
+    "retention, line, words",
+    [
+        ("online: 0d", 7, "positive duration"),
+        ("online: 10m", 7, "shorter than exchange.late_reply_window"),
+        ("online: soon", 7, "must be a duration"),
+        ("after: delete", 7, "must be one of archive, purge"),
+        ("online: 30d\nroutes: {no-such-route: 10d}", 8, "not configured"),
+        ("routes:\n  ubl-order: {online: 10d, keep: 1}", 8, "unknown key 'keep'"),
+        ("document_types: {Invoice: {after: shred}}", 7, "must be one of archive, purge"),
+        ("tombstones: 2h", 7, "at least 1d"),
+        ("schedule: every night", 7, "not a crontab expression"),
+        ("timezone: Mars/Olympus", 7, "not a time zone"),
+        ("batch: 5", 7, "from 100 to 100000"),
+        ("enabled: yes please", 7, "true or false"),
+        ("keep: 90d", 7, "unknown key 'keep' in ledger.retention"),
+    ],
+)
 def test_wrong_values_are_reported_at_their_line(tmp_path, retention, line, words):
     err = error(tmp_path, retention)
     assert err.line == line, (err.line, str(err))
@@ -95,9 +102,11 @@ def test_sample_configuration_has_a_policy():
 
 def _config(tmp_path: Path) -> Path:
     path = tmp_path / "b2bgw.yaml"
-    path.write_text(BASE + f"store: {{url: 'sqlite:///{tmp_path / 'gw.db'}'}}\n"
-                    f"etl: {{enabled: false, warehouse: '{tmp_path / 'wh'}'}}\n"
-                    "workers: []\nledger:\n  retention: {online: 90d, tombstones: 400d}\n")
+    path.write_text(
+        BASE + f"store: {{url: 'sqlite:///{tmp_path / 'gw.db'}'}}\n"
+        f"etl: {{enabled: false, warehouse: '{tmp_path / 'wh'}'}}\n"
+        "workers: []\nledger:\n  retention: {online: 90d, tombstones: 400d}\n"
+    )
     return path
 
 
@@ -146,8 +155,11 @@ def test_cli_archive_run_status_get_and_db_stats(tmp_path, capsys):
         rows = conn.execute(sa.select(audit).order_by(audit.c.id)).all()
     engine.dispose()
     assert [(r.action, r.target, r.outcome) for r in rows] == [
-        ("archive-run", None, "done"), ("archive-get", ids[4], "done"), ("archive-get", ids[4], "done"),
-        ("archive-get", "ID:nothing", "refused")]
+        ("archive-run", None, "done"),
+        ("archive-get", ids[4], "done"),
+        ("archive-get", ids[4], "done"),
+        ("archive-get", "ID:nothing", "refused"),
+    ]
     assert all(r.role == "cli" for r in rows)
     assert main(["db", "stats", "-c", str(config), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
@@ -198,8 +210,13 @@ def test_metrics_read_the_store(tmp_path):
         assert "b2bgw_archive_last_run_success" in text and 'b2bgw_archive_documents_total{kind="archive"} 0.0' in text
         fill(broker, 15, days_ago=100)
         fill(broker, 2, days_ago=2, start=50)
-        archive.run(policy(), engine=broker.engine, write=archive.store_writer(broker),
-                    root=str(tmp_path / "wh"), wait_for_warehouse=False)
+        archive.run(
+            policy(),
+            engine=broker.engine,
+            write=archive.store_writer(broker),
+            root=str(tmp_path / "wh"),
+            wait_for_warehouse=False,
+        )
         text = generate_latest(registry).decode()
         assert "b2bgw_archive_last_run_success 1.0" in text
         assert 'b2bgw_archive_last_run_documents{outcome="purged"} 15.0' in text

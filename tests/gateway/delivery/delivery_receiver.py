@@ -36,15 +36,14 @@ class Receiver:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = self.rfile.read(length)
                 path = self.path
                 with receiver.lock:
                     receiver.counts[path] += 1
                     n = receiver.counts[path]
-                    receiver.requests[path].append(({k.lower(): v for k, v in self.headers.items()}, body,
-                                                    time.time()))
+                    receiver.requests[path].append(({k.lower(): v for k, v in self.headers.items()}, body, time.time()))
                 receiver.answer(self, path, n)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -9,11 +9,10 @@ import sys
 import time
 
 from broker_core import Broker
-
-from gateway.marked import load_yaml
 from gateway.delivery.config import parse_partner_delivery
 from gateway.delivery.engine import DeliveryEngine
 from gateway.delivery.records import upgrade_deliveries
+from gateway.marked import load_yaml
 
 STORE_OPTIONS = dict(heartbeat_interval=0.25, lease_timeout=2.0, sweep_interval=0)
 

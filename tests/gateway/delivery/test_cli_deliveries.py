@@ -8,9 +8,9 @@ import json
 import os
 
 import yaml
+from gwtest import sample_data
 
 from gateway.cli import main as cli
-from gwtest import sample_data
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 

@@ -14,13 +14,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from broker_core import Broker
-
 from delivery_receiver import Receiver
-from gateway.marked import load_yaml
+
+from broker_core import Broker
 from gateway.delivery.config import parse_partner_delivery
 from gateway.delivery.outbox import queue_delivery
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries
+from gateway.marked import load_yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -37,8 +37,13 @@ def receiver(tmp_path):
 
 def start(url: str, config: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "delivery_worker.py"), url, str(config)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "delivery_worker.py"), url, str(config)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -54,9 +59,11 @@ def wait_for(predicate, timeout=120.0):
 
 def burst_then_kill(url: str, receiver: Receiver, tmp_path: Path, processes: int) -> None:
     config = tmp_path / "endpoints.yaml"
-    config.write_text(f"endpoints:\n  main:\n    url: {receiver.url('/slow')}\n    ca_bundle: {receiver.ca_file}\n"
-                      f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n    concurrency: 4\n"
-                      "    timeout: 10s\n    backoff: {initial: 100ms, max: 500ms}\n")
+    config.write_text(
+        f"endpoints:\n  main:\n    url: {receiver.url('/slow')}\n    ca_bundle: {receiver.ca_file}\n"
+        f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n    concurrency: 4\n"
+        "    timeout: 10s\n    backoff: {initial: 100ms, max: 500ms}\n"
+    )
     endpoint = parse_partner_delivery(load_yaml(config), "buyer").endpoints["main"]
     broker = Broker.open(url, sweep_interval=0)
     try:

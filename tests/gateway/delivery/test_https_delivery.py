@@ -12,14 +12,14 @@ import time
 
 import pytest
 import standardwebhooks
-from broker_core import Broker, Queue
-
 from delivery_receiver import Receiver
-from gateway.marked import load_yaml
+
+from broker_core import Broker, Queue
 from gateway.delivery.config import parse_partner_delivery
 from gateway.delivery.engine import DeliveryEngine
 from gateway.delivery.outbox import queue_delivery
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries
+from gateway.marked import load_yaml
 
 SECRET_A = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 SECRET_B = "whsec_" + base64.b64encode(os.urandom(32)).decode()
@@ -44,9 +44,11 @@ def broker(tmp_path):
 def endpoints(receiver, paths: dict[str, str], extra: str = "", secrets: str = "") -> dict:
     text = "endpoints:\n"
     for name, path in paths.items():
-        text += (f"  {name}:\n    url: {receiver.url(path)}\n    ca_bundle: {receiver.ca_file}\n"
-                 f"    secrets: [{secrets or SECRET_A}]\n    allow_addresses: [127.0.0.1/32]\n"
-                 f"    timeout: 1s\n    max_attempts: 4\n    backoff: {{initial: 50ms, max: 200ms}}\n{extra}")
+        text += (
+            f"  {name}:\n    url: {receiver.url(path)}\n    ca_bundle: {receiver.ca_file}\n"
+            f"    secrets: [{secrets or SECRET_A}]\n    allow_addresses: [127.0.0.1/32]\n"
+            f"    timeout: 1s\n    max_attempts: 4\n    backoff: {{initial: 50ms, max: 200ms}}\n{extra}"
+        )
     return parse_partner_delivery(load_yaml(text=text), "buyer").endpoints
 
 
@@ -172,8 +174,10 @@ def test_a_10_mb_answer_is_read_only_up_to_the_limit(receiver, broker):
 
 
 def test_loopback_is_refused_unless_allowed(receiver, broker):
-    text = (f"endpoints:\n  main:\n    url: {receiver.url('/ok')}\n    ca_bundle: {receiver.ca_file}\n"
-            f"    secrets: [{SECRET_A}]\n    max_attempts: 3\n")
+    text = (
+        f"endpoints:\n  main:\n    url: {receiver.url('/ok')}\n    ca_bundle: {receiver.ca_file}\n"
+        f"    secrets: [{SECRET_A}]\n    max_attempts: 3\n"
+    )
     configs = parse_partner_delivery(load_yaml(text=text), "buyer").endpoints
     [row] = run(broker, configs, [("main", DOC)])
     assert row.status == "dead" and row.timeline[0].outcome == "failed"

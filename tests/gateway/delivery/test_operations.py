@@ -8,10 +8,9 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from broker_core import Broker, Queue
-
 from delivery_receiver import Receiver
-from gateway.marked import load_yaml
+
+from broker_core import Broker, Queue
 from gateway.admin import deliveries_ops as operations
 from gateway.delivery.config import parse_partner_delivery
 from gateway.delivery.engine import DeliveryEngine
@@ -19,6 +18,7 @@ from gateway.delivery.outbox import queue_delivery
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries
 from gateway.errors import ConfigError
 from gateway.ledger.records import upgrade_ledger
+from gateway.marked import load_yaml
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
@@ -50,9 +50,11 @@ def wait_status(ledger, message_id, status, timeout=60.0):
 
 
 def test_replay_sends_a_dead_delivery_again_and_discard_drops_it(receiver, broker):
-    text = (f"endpoints:\n  main:\n    url: {receiver.url('/flaky')}\n    ca_bundle: {receiver.ca_file}\n"
-            f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n    max_attempts: 2\n"
-            "    backoff: {initial: 10ms, max: 20ms}\n")
+    text = (
+        f"endpoints:\n  main:\n    url: {receiver.url('/flaky')}\n    ca_bundle: {receiver.ca_file}\n"
+        f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n    max_attempts: 2\n"
+        "    backoff: {initial: 10ms, max: 20ms}\n"
+    )
     endpoint = parse_partner_delivery(load_yaml(text=text), "buyer").endpoints["main"]
     receiver.fail_first = 1000
     ledger = DeliveryLedger(broker.engine)
@@ -79,20 +81,25 @@ def test_replay_sends_a_dead_delivery_again_and_discard_drops_it(receiver, broke
     assert webhook_ids.count(first) == 3 and webhook_ids.count(second) == 2
     with broker.engine.connect() as conn:
         audit = conn.execute(sa.text("SELECT operator, action, target, count FROM b2b_audit ORDER BY id")).all()
-    assert [tuple(r) for r in audit] == [("alice", "delivery-replay", "buyer/main", 1),
-                                         ("alice", "delivery-discard", "buyer/main", 1)]
+    assert [tuple(r) for r in audit] == [
+        ("alice", "delivery-replay", "buyer/main", 1),
+        ("alice", "delivery-discard", "buyer/main", 1),
+    ]
 
 
-@pytest.mark.parametrize("body, message", [
-    ("  main: {url: 'http://x.example/hook', secrets: [SECRET]}", "must be an https:// URL"),
-    ("  main: {url: 'https://x.example/hook'}", "secrets must list at least one"),
-    ("  main: {url: 'https://x.example/hook', secrets: [whsec_short]}", "whsec_"),
-    ("  main: {kind: ftp, url: 'https://x.example/hook', secrets: [SECRET]}", "kind 'ftp' is not known"),
-    ("  main: {url: 'https://x.example/hook', secrets: [SECRET], concurrency: 0}", "concurrency must be"),
-    ("  main: {url: 'https://x.example/hook', secrets: [SECRET], allow_addresses: [nowhere]}", "CIDR"),
-    ("  main: {url: 'https://x.example/hook', secrets: [SECRET], headers: {webhook-id: x}}", "set by the gateway"),
-    ("  main: {url: 'https://x.example/hook', secrets: [SECRET], colour: red}", "unknown key 'colour'"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("  main: {url: 'http://x.example/hook', secrets: [SECRET]}", "must be an https:// URL"),
+        ("  main: {url: 'https://x.example/hook'}", "secrets must list at least one"),
+        ("  main: {url: 'https://x.example/hook', secrets: [whsec_short]}", "whsec_"),
+        ("  main: {kind: ftp, url: 'https://x.example/hook', secrets: [SECRET]}", "kind 'ftp' is not known"),
+        ("  main: {url: 'https://x.example/hook', secrets: [SECRET], concurrency: 0}", "concurrency must be"),
+        ("  main: {url: 'https://x.example/hook', secrets: [SECRET], allow_addresses: [nowhere]}", "CIDR"),
+        ("  main: {url: 'https://x.example/hook', secrets: [SECRET], headers: {webhook-id: x}}", "set by the gateway"),
+        ("  main: {url: 'https://x.example/hook', secrets: [SECRET], colour: red}", "unknown key 'colour'"),
+    ],
+)
 def test_endpoint_mistakes_are_refused_with_their_line(body, message):
     text = "endpoints:\n" + body.replace("SECRET", SECRET) + "\n"
     with pytest.raises(ConfigError) as caught:
@@ -102,6 +109,8 @@ def test_endpoint_mistakes_are_refused_with_their_line(body, message):
 
 
 def test_notify_must_name_one_of_its_endpoints():
-    text = f"endpoints:\n  main: {{url: 'https://x.example/hook', secrets: [{SECRET}]}}\nnotify:\n  late_replies: other\n"
+    text = (
+        f"endpoints:\n  main: {{url: 'https://x.example/hook', secrets: [{SECRET}]}}\nnotify:\n  late_replies: other\n"
+    )
     with pytest.raises(ConfigError, match="not among its endpoints"):
         parse_partner_delivery(load_yaml(text=text), "buyer")

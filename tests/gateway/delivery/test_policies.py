@@ -10,16 +10,16 @@ import statistics
 import time
 
 import pytest
-from broker_core import Broker
-
 from delivery_receiver import Receiver
-from gateway.marked import load_yaml
+
+from broker_core import Broker
 from gateway.delivery.config import Backoff, parse_partner_delivery
 from gateway.delivery.engine import DeliveryEngine
 from gateway.delivery.https import retry_after_seconds
 from gateway.delivery.outbox import queue_delivery
 from gateway.delivery.policy import backoff_delay
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries
+from gateway.marked import load_yaml
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
@@ -40,8 +40,10 @@ def broker(tmp_path):
 
 
 def endpoint(receiver, partner: str, path: str, extra: str = "", url: str | None = None):
-    text = (f"endpoints:\n  main:\n    url: {url or receiver.url(path)}\n    ca_bundle: {receiver.ca_file}\n"
-            f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n{extra}")
+    text = (
+        f"endpoints:\n  main:\n    url: {url or receiver.url(path)}\n    ca_bundle: {receiver.ca_file}\n"
+        f"    secrets: [{SECRET}]\n    allow_addresses: [127.0.0.1]\n{extra}"
+    )
     return parse_partner_delivery(load_yaml(text=text), partner).endpoints["main"]
 
 
@@ -56,9 +58,12 @@ def wait_for(predicate, timeout=60.0):
 
 
 def test_the_breaker_rests_then_probes(receiver, broker):
-    config = endpoint(receiver, "buyer", "/error",
-                      "    max_attempts: 100\n    backoff: {initial: 10ms, max: 10ms}\n"
-                      "    breaker: {failures: 3, cooldown: 2s}\n")
+    config = endpoint(
+        receiver,
+        "buyer",
+        "/error",
+        "    max_attempts: 100\n    backoff: {initial: 10ms, max: 10ms}\n    breaker: {failures: 3, cooldown: 2s}\n",
+    )
     engine = DeliveryEngine(broker, [config])
     queue_delivery(broker, config, b"<A/>", source="test")
     engine.start()
@@ -95,8 +100,15 @@ def healthy_latencies(receiver, broker, with_failing: bool) -> list[float]:
     configs = [healthy]
     if with_failing:
         # a partner whose endpoint never answers: every attempt hangs until its timeout
-        configs.append(endpoint(receiver, "buyer", "/hang", "    timeout: 5s\n    concurrency: 8\n"
-                                "    backoff: {initial: 10ms, max: 20ms}\n    max_attempts: 1000\n"))
+        configs.append(
+            endpoint(
+                receiver,
+                "buyer",
+                "/hang",
+                "    timeout: 5s\n    concurrency: 8\n"
+                "    backoff: {initial: 10ms, max: 20ms}\n    max_attempts: 1000\n",
+            )
+        )
         receiver.hang_seconds = 30.0
         for i in range(40):
             queue_delivery(broker, configs[1], f"<Stuck>{i}</Stuck>".encode(), source="test")
@@ -109,7 +121,7 @@ def healthy_latencies(receiver, broker, with_failing: bool) -> list[float]:
         for i in range(30):
             start = time.time()
             delivery_id = queue_delivery(broker, healthy, f"<Ok>{i}</Ok>".encode(), source="test")
-            wait_for(lambda: ledger.get(delivery_id, timeline=False).status == "delivered")
+            wait_for(lambda delivery_id=delivery_id: ledger.get(delivery_id, timeline=False).status == "delivered")
             latencies.append(time.time() - start)
         return latencies
     finally:
@@ -126,8 +138,10 @@ def test_a_dead_partner_does_not_delay_another(receiver, broker, tmp_path):
         other.close()
     p99_alone = sorted(alone)[-1]
     p99_beside = sorted(beside)[-1]
-    print(f"healthy partner p99 alone {p99_alone * 1000:.0f} ms, beside a hanging one {p99_beside * 1000:.0f} ms; "
-          f"medians {statistics.median(alone) * 1000:.0f} / {statistics.median(beside) * 1000:.0f} ms")
+    print(
+        f"healthy partner p99 alone {p99_alone * 1000:.0f} ms, beside a hanging one {p99_beside * 1000:.0f} ms; "
+        f"medians {statistics.median(alone) * 1000:.0f} / {statistics.median(beside) * 1000:.0f} ms"
+    )
     # every hanging attempt lasts 5 s: a healthy delivery that waited behind one would take that long
     assert p99_beside < 4.0
     assert len(receiver.requests["/hang"]) >= 8  # the failing partner was being attempted meanwhile

@@ -8,16 +8,16 @@ import os
 import time
 
 import pytest
-from broker_core import Broker, Queue, TextMessage
-
 from delivery_receiver import Receiver
-from gateway.marked import load_yaml
+from gwtest import GLOBEX, INVOICE, sample_data, with_id
+
+from broker_core import Broker, Queue, TextMessage
 from gateway.delivery.engine import DeliveryEngine
 from gateway.delivery.errors import UnknownEndpointError
 from gateway.delivery.records import DeliveryLedger, upgrade_deliveries
 from gateway.handlers import HandlerRegistry, Worker, handler
+from gateway.marked import load_yaml
 from gateway.routing.partners import PartnerRegistry
-from gwtest import GLOBEX, INVOICE, sample_data, with_id
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
@@ -30,8 +30,10 @@ def receiver(tmp_path):
 
 
 def acme_endpoint(receiver) -> dict:
-    return load_yaml(text=f"main:\n  url: {receiver.url('/ok')}\n  ca_bundle: {receiver.ca_file}\n"
-                          f"  secrets: [{SECRET}]\n  allow_addresses: [127.0.0.1]\n")
+    return load_yaml(
+        text=f"main:\n  url: {receiver.url('/ok')}\n  ca_bundle: {receiver.ca_file}\n"
+        f"  secrets: [{SECRET}]\n  allow_addresses: [127.0.0.1]\n"
+    )
 
 
 def wait_for(predicate, timeout=60.0):
@@ -46,9 +48,10 @@ def wait_for(predicate, timeout=60.0):
 
 @pytest.mark.anyio
 async def test_a_route_delivers_what_it_accepts(receiver, tmp_path, make_assembly):
+    import httpx
+
     from gateway.http.app import create_app
     from gateway.runtime.serving import Runtime
-    import httpx
 
     data = sample_data(tmp_path)
     data["partners"]["acme"]["endpoints"] = acme_endpoint(receiver)
@@ -108,9 +111,10 @@ def test_a_handler_delivers_in_its_transaction(receiver, tmp_path):
             for text in ("fail", "nowhere", "A-1"):
                 producer.send(TextMessage(text))
         [(headers, body, _)] = wait_for(lambda: receiver.requests["/ok"])
-        assert body == "<Invoice><ID>A-1</ID></Invoice>".encode()
-        row = wait_for(lambda: (r := DeliveryLedger(broker.engine).get(headers["webhook-id"]))
-                       and r.status == "delivered" and r)
+        assert body == b"<Invoice><ID>A-1</ID></Invoice>"
+        row = wait_for(
+            lambda: (r := DeliveryLedger(broker.engine).get(headers["webhook-id"])) and r.status == "delivered" and r
+        )
         assert row.source == "handler:invoicer"
         time.sleep(1.0)  # the failing request's redeliveries: its delivery never commits
         assert [b for _, b, _ in receiver.requests["/ok"]] == [body]
@@ -127,10 +131,10 @@ async def test_late_replies_and_status_notifications_go_to_the_partner(receiver,
     import json
 
     import httpx
+    from gwtest import ACME, ORDER, Responder
 
     from gateway.http.app import create_app
     from gateway.runtime.serving import Runtime
-    from gwtest import ACME, ORDER, Responder
 
     data = sample_data(tmp_path)
     data["partners"]["acme"]["endpoints"] = acme_endpoint(receiver)
@@ -150,13 +154,22 @@ async def test_late_replies_and_status_notifications_go_to_the_partner(receiver,
         def arrived():
             bodies = [(h["content-type"], b) for h, b, _ in receiver.requests["/ok"]]
             return len(bodies) >= 2 and bodies
+
         bodies = await asyncio.to_thread(wait_for, arrived)
         late = [b for t, b in bodies if t == "application/xml"]
         notes = [json.loads(b) for t, b in bodies if t == "application/json"]
         assert len(late) == 1 and b"<OrderResponse" in late[0]
-        assert notes == [{"type": "document.status", "message_id": message_id, "status": "replied",
-                          "at": notes[0]["at"], "doc_type": "Order", "doc_id": notes[0]["doc_id"],
-                          "correlation_id": notes[0]["correlation_id"]}]
+        assert notes == [
+            {
+                "type": "document.status",
+                "message_id": message_id,
+                "status": "replied",
+                "at": notes[0]["at"],
+                "doc_type": "Order",
+                "doc_id": notes[0]["doc_id"],
+                "correlation_id": notes[0]["correlation_id"],
+            }
+        ]
         ledger = DeliveryLedger(runtime.broker.engine)
         sources = sorted(r.source for r in ledger.list(partner="acme"))
         assert sources == [f"late-reply:{message_id}", f"status:{message_id}"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE
 
 from ledger_contract import facts
-from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER, ORDER_CANCELLATION, ORDER_CHANGE
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +33,11 @@ async def test_accepted_documents_carry_their_warehouse_facts(gw_env):
     order = json.loads(rows["Order"].facts)
     assert rows["Order"].facts_version == facts.VERSION
     assert (order["kind"], order["doc_id"], order["issue_date"], order["currency"]) == (
-        "order", "34", "2010-01-20", "SEK")
+        "order",
+        "34",
+        "2010-01-20",
+        "SEK",
+    )
     assert (order["party_a_id"], order["party_b_name"]) == ("7300070011115", "Moderna Produkter AB")
     assert (order["payable_amount"], order["ctl_lines"], order["ctl_line_amount"]) == ("6225", 2, "6225.000000")
     assert order["lines"]["line_id"] == ["1", "2"]
@@ -42,14 +46,25 @@ async def test_accepted_documents_carry_their_warehouse_facts(gw_env):
 
     change = json.loads(rows["OrderChange"].facts)
     assert (change["kind"], change["order_ref"], change["sequence_number"], change["lines"]["line_status"]) == (
-        "change", "34", 1, ["Revised"])
+        "change",
+        "34",
+        1,
+        ["Revised"],
+    )
     cancellation = json.loads(rows["OrderCancellation"].facts)
     assert (cancellation["kind"], cancellation["order_ref"], cancellation["note"]) == (
-        "cancellation", "34", "With reference to phone call")
+        "cancellation",
+        "34",
+        "With reference to phone call",
+    )
     assert "lines" not in cancellation
     invoice = json.loads(rows["Invoice"].facts)
     assert (invoice["kind"], invoice["doc_id"], invoice["party_a_id"], invoice["payable_amount"]) == (
-        "invoice", "TOSL108", "Supp123", "729")
+        "invoice",
+        "TOSL108",
+        "Supp123",
+        "729",
+    )
     assert invoice["lines"]["ref_line_id"] == ["1", "5", "3", "2", "4"]
 
     assert (rows["DespatchAdvice"].facts, rows["DespatchAdvice"].facts_version) == (None, None)  # not loaded

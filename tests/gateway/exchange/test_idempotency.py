@@ -14,16 +14,6 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from lxml import etree
-
-from gateway.exchange import idempotency
-from gateway.exchange import submission as service
-from gateway.http.app import create_app
-from gateway.exchange.assemble import assemble
-from gateway.config.loader import load_yaml, settings_from_mapping
-from ledger_contract.tables import documents
-from gateway.routing.routes import SENDER_PARTIES
-from gateway.runtime.serving import Runtime
 from gwtest import (
     ACME,
     DESPATCH_ADVICE,
@@ -36,6 +26,16 @@ from gwtest import (
     sample_data,
     with_id,
 )
+from lxml import etree
+
+from gateway.config.loader import load_yaml, settings_from_mapping
+from gateway.exchange import idempotency
+from gateway.exchange import submission as service
+from gateway.exchange.assemble import assemble
+from gateway.http.app import create_app
+from gateway.routing.routes import SENDER_PARTIES
+from gateway.runtime.serving import Runtime
+from ledger_contract.tables import documents
 
 pytestmark = pytest.mark.anyio
 
@@ -55,14 +55,16 @@ def with_party(document: bytes, party_element: str, endpoint: str) -> bytes:
 
 def order(buyer: str, number: str, note: str = "Information text for the whole order") -> bytes:
     doc = with_party(with_id(ORDER, number), "cac:BuyerCustomerParty", buyer)
-    return doc.replace(b"<cbc:Note>Information text for the whole order</cbc:Note>",
-                       f"<cbc:Note>{note}</cbc:Note>".encode(), 1)
+    return doc.replace(
+        b"<cbc:Note>Information text for the whole order</cbc:Note>", f"<cbc:Note>{note}</cbc:Note>".encode(), 1
+    )
 
 
 def despatch(supplier: str, number: str, note: str = "Two pallets; handle with care.") -> bytes:
     doc = with_party(with_id(DESPATCH_ADVICE, number), "cac:DespatchSupplierParty", supplier)
-    return doc.replace(b"<cbc:Note>Two pallets; handle with care.</cbc:Note>",
-                       f"<cbc:Note>{note}</cbc:Note>".encode(), 1)
+    return doc.replace(
+        b"<cbc:Note>Two pallets; handle with care.</cbc:Note>", f"<cbc:Note>{note}</cbc:Note>".encode(), 1
+    )
 
 
 def problem(response: httpx.Response) -> dict[str, Any]:
@@ -92,8 +94,9 @@ def assert_conflict(response: httpx.Response, first_id: str) -> dict[str, Any]:
 class Env:
     """A gateway on a SQLite store in tmp_path that a test can restart (a new process: nothing remembered)."""
 
-    def __init__(self, make_assembly: Any, tmp_path: Any, *, sample_responder: bool = False,
-                 intake_threads: int = 0) -> None:
+    def __init__(
+        self, make_assembly: Any, tmp_path: Any, *, sample_responder: bool = False, intake_threads: int = 0
+    ) -> None:
         changes: dict[str, Any] = {}
         if sample_responder:  # the sample handler answers orders.inbound in-process
             changes["workers"] = [{"module": "gateway.samples.order_responder", "concurrency": 2}]
@@ -187,8 +190,11 @@ async def test_the_party_without_an_endpoint_id_is_its_party_identification(env)
     """An invoice whose supplier has no cbc:EndpointID is keyed by its PartyIdentification/cbc:ID."""
     gw = env.env
     no_endpoint = INVOICE.replace(
-        b'<cbc:EndpointID schemeID="GLN" schemeAgencyID="9">1234567890123</cbc:EndpointID>', b"", 1)
-    other = no_endpoint.replace(b'<cbc:ID schemeID="ZZZ">Supp123</cbc:ID>', b'<cbc:ID schemeID="ZZZ">Supp456</cbc:ID>', 1)
+        b'<cbc:EndpointID schemeID="GLN" schemeAgencyID="9">1234567890123</cbc:EndpointID>', b"", 1
+    )
+    other = no_endpoint.replace(
+        b'<cbc:ID schemeID="ZZZ">Supp123</cbc:ID>', b'<cbc:ID schemeID="ZZZ">Supp456</cbc:ID>', 1
+    )
     a, b = await post(gw, no_endpoint, GLOBEX), await post(gw, other, GLOBEX)
     assert a.status_code == b.status_code == 202, (a.text, b.text)
     assert a.json()["message_id"] != b.json()["message_id"]
@@ -228,8 +234,10 @@ async def test_409_for_a_changed_document_under_the_same_idempotency_key_header(
     a = await post(gw, despatch("7302347231110", "DA-1"), GLOBEX, **{"Idempotency-Key": "batch-7"})
     assert a.status_code == 202
     # another document id, but the same key: the key decides, and the content differs
-    assert_conflict(await post(gw, despatch("7302347231110", "DA-2"), GLOBEX, **{"Idempotency-Key": "batch-7"}),
-                    a.json()["message_id"])
+    assert_conflict(
+        await post(gw, despatch("7302347231110", "DA-2"), GLOBEX, **{"Idempotency-Key": "batch-7"}),
+        a.json()["message_id"],
+    )
     assert gw.depth("despatch.inbound") == 1
     same = await post(gw, despatch("7302347231110", "DA-1"), GLOBEX, **{"Idempotency-Key": "batch-7"})
     assert same.status_code == 202 and same.json() == a.json() and same.headers["idempotent-replayed"] == "true"
@@ -241,8 +249,7 @@ async def test_a_byte_for_byte_retry_replays_and_any_change_conflicts(env):
     document = despatch("7302347231110", "DA-B")
     a = await post(gw, document, GLOBEX)
     assert (await post(gw, document, GLOBEX)).headers["idempotent-replayed"] == "true"
-    for variant in (document.replace(b"<cbc:Note>", b"<cbc:Note> ", 1), document + b"\n",
-                    b"\xef\xbb\xbf" + document):
+    for variant in (document.replace(b"<cbc:Note>", b"<cbc:Note> ", 1), document + b"\n", b"\xef\xbb\xbf" + document):
         assert_conflict(await post(gw, variant, GLOBEX), a.json()["message_id"])
     [row] = gw.ledger_rows()
     assert row.digest == service.document_digest(document) and row.digest.startswith("sha256:")
@@ -290,7 +297,7 @@ async def test_concurrent_variants_exactly_one_is_accepted(make_assembly, tmp_pa
             winner_id = accepted[0].json()["message_id"]
             [winner_row] = [r for r in gw.ledger_rows() if r.doc_id == number]
             assert winner_row.message_id == winner_id
-            for body, response in zip(posts, responses):
+            for body, response in zip(posts, responses, strict=False):
                 if body == winner_row.document:
                     assert response.status_code == 202 and response.json() == accepted[0].json()
                 else:
@@ -310,10 +317,10 @@ async def test_concurrent_request_reply_variants_one_round_trip(make_assembly, t
         posts = variants * 3
         responses = await asyncio.gather(*[post(env, body, ACME) for body in posts])
         [row] = env.ledger_rows()
-        ok = [r for body, r in zip(posts, responses) if body == row.document]
+        ok = [r for body, r in zip(posts, responses, strict=False) if body == row.document]
         assert {r.status_code for r in ok} == {200} and len({r.content for r in ok}) == 1
         assert sum("idempotent-replayed" not in r.headers for r in ok) == 1
-        for body, response in zip(posts, responses):
+        for body, response in zip(posts, responses, strict=False):
             if body != row.document:
                 assert_conflict(response, row.message_id)
         assert len(env.responder.seen) == 1
@@ -331,8 +338,9 @@ def _make_legacy(env: GatewayEnv) -> None:
     with engine.begin() as conn:
         for message_id, key in conn.execute(sa.select(documents.c.message_id, documents.c.idempotency_key)).all():
             old = key.split("|party=", 1)[0]
-            conn.execute(documents.update().where(documents.c.message_id == message_id)
-                         .values(digest=None, idempotency_key=old))
+            conn.execute(
+                documents.update().where(documents.c.message_id == message_id).values(digest=None, idempotency_key=old)
+            )
 
 
 async def test_rows_without_a_digest_keep_replaying(make_assembly, tmp_path):
@@ -354,15 +362,20 @@ async def test_rows_without_a_digest_keep_replaying(make_assembly, tmp_path):
         again = await post(env, first_order, ACME)
         assert again.status_code == 200 and again.content == o.content and again.headers["idempotent-replayed"]
         assert (await post(env, despatch("7302347231110", "DA-OLD"), GLOBEX)).json() == d.json()
-        assert (await post(env, with_id(INVOICE, "INV-OLD"), GLOBEX, **{"Idempotency-Key": "old-key"})).json() \
-            == h.json()
+        assert (
+            await post(env, with_id(INVOICE, "INV-OLD"), GLOBEX, **{"Idempotency-Key": "old-key"})
+        ).json() == h.json()
         # changed ones under the same key are refused, naming the first
-        assert_conflict(await post(env, order("7300000000001", "PO-OLD", note="changed"), ACME),
-                        o.headers["x-message-id"])
-        assert_conflict(await post(env, despatch("7302347231110", "DA-OLD", note="changed"), GLOBEX),
-                        d.json()["message_id"])
-        assert_conflict(await post(env, with_id(INVOICE, "INV-OTHER"), GLOBEX, **{"Idempotency-Key": "old-key"}),
-                        h.json()["message_id"])
+        assert_conflict(
+            await post(env, order("7300000000001", "PO-OLD", note="changed"), ACME), o.headers["x-message-id"]
+        )
+        assert_conflict(
+            await post(env, despatch("7302347231110", "DA-OLD", note="changed"), GLOBEX), d.json()["message_id"]
+        )
+        assert_conflict(
+            await post(env, with_id(INVOICE, "INV-OTHER"), GLOBEX, **{"Idempotency-Key": "old-key"}),
+            h.json()["message_id"],
+        )
         assert len(env.ledger_rows()) == 3
         # another buyer's order with the old one's number is a document of its own
         other = await post(env, order("7300000000002", "PO-OLD"), ACME)
@@ -384,8 +397,9 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
         _make_legacy(env)
         engine = env.broker.engine
         with engine.begin() as conn:  # accepted two windows ago
-            conn.execute(documents.update().values(received_at=documents.c.received_at
-                                                   - 2 * service.LEGACY_KEY_WINDOW * 1000))
+            conn.execute(
+                documents.update().values(received_at=documents.c.received_at - 2 * service.LEGACY_KEY_WINDOW * 1000)
+            )
         env = await holder.start()
         assert env.gateway.idempotency._legacy_keys is None
         # beyond the window the old key is not looked for: the document is taken under its new key
@@ -394,12 +408,18 @@ async def test_old_keys_are_checked_only_within_the_window(make_assembly, tmp_pa
         # and the window closes while the gateway runs
         await holder.stop()
         with engine.begin() as conn:
-            conn.execute(documents.update().where(documents.c.message_id == d.json()["message_id"])
-                         .values(received_at=service.now_ms()))
+            conn.execute(
+                documents.update()
+                .where(documents.c.message_id == d.json()["message_id"])
+                .values(received_at=service.now_ms())
+            )
         env = await holder.start()
         assert env.gateway.idempotency._legacy_keys is not None
         monkeypatch.setattr(idempotency.time, "time", lambda: env.gateway.idempotency._legacy_until + 1)
-        assert env.gateway.idempotency.legacy_key("globex", env.assembly.routes.get("ubl-despatch-advice"), "DA-WIN") is None
+        assert (
+            env.gateway.idempotency.legacy_key("globex", env.assembly.routes.get("ubl-despatch-advice"), "DA-WIN")
+            is None
+        )
         assert env.gateway.idempotency._legacy_keys is None
     finally:
         await holder.stop()
@@ -412,9 +432,18 @@ UBL = REPO / "xml_schemas" / "ubl-2.1"
 XS = "{http://www.w3.org/2001/XMLSchema}"
 #: UBL 2.1 types whose issuer the standard leaves open (either side may send them) or that carry no
 #: party of their own: they keep the key of partner, type and document id.
-UNKEYED = {"BillOfLading", "CatalogueRequest", "CertificateOfOrigin", "ForwardingInstructions",
-           "FulfilmentCancellation", "InstructionForReturns", "PackingList", "StockAvailabilityReport",
-           "TendererQualification", "Waybill"}
+UNKEYED = {
+    "BillOfLading",
+    "CatalogueRequest",
+    "CertificateOfOrigin",
+    "ForwardingInstructions",
+    "FulfilmentCancellation",
+    "InstructionForReturns",
+    "PackingList",
+    "StockAvailabilityReport",
+    "TendererQualification",
+    "Waybill",
+}
 
 
 def test_every_sender_party_path_leads_to_a_party_in_the_ubl_schemas():
@@ -430,7 +459,7 @@ def test_every_sender_party_path_leads_to_a_party_in_the_ubl_schemas():
 
     names = set()
     for xsd in sorted((UBL / "maindoc").glob("UBL-*-2.1.xsd")):
-        name = xsd.name[len("UBL-"):-len("-2.1.xsd")]
+        name = xsd.name[len("UBL-") : -len("-2.1.xsd")]
         names.add(name)
         root = f"{{urn:oasis:names:specification:ubl:schema:xsd:{name}-2}}{name}"
         path = SENDER_PARTIES.get(root)
@@ -459,18 +488,22 @@ def test_the_sender_party_is_the_endpoint_id_else_the_first_party_identification
     assert order_route.extract_sender_party(etree.fromstring(spaced)) == "GLN:7300072311115"
     blank = ORDER.replace(b">7300072311115</cbc:EndpointID>", b"> </cbc:EndpointID>", 1)
     assert order_route.extract_sender_party(etree.fromstring(blank)) == "GLN:7300070011115"
-    no_scheme = ORDER.replace(b'<cbc:EndpointID schemeAgencyID="9" schemeID="GLN">7300072311115</cbc:EndpointID>',
-                              b"", 1).replace(b'<cbc:ID schemeAgencyID="9" schemeID="GLN">7300070011115</cbc:ID>',
-                                              b"<cbc:ID>7300070011115</cbc:ID>", 1)
+    no_scheme = ORDER.replace(
+        b'<cbc:EndpointID schemeAgencyID="9" schemeID="GLN">7300072311115</cbc:EndpointID>', b"", 1
+    ).replace(b'<cbc:ID schemeAgencyID="9" schemeID="GLN">7300070011115</cbc:ID>', b"<cbc:ID>7300070011115</cbc:ID>", 1)
     assert order_route.extract_sender_party(etree.fromstring(no_scheme)) == "7300070011115"
     # the seller's identifiers are not the buyer's
     start, end = ORDER.index(b"<cac:BuyerCustomerParty>"), ORDER.index(b"</cac:BuyerCustomerParty>")
-    buyer_ids_gone = ORDER[:start] + b"<cac:BuyerCustomerParty><cac:Party><cac:PartyName><cbc:Name>x</cbc:Name>" \
+    buyer_ids_gone = (
+        ORDER[:start] + b"<cac:BuyerCustomerParty><cac:Party><cac:PartyName><cbc:Name>x</cbc:Name>"
         b"</cac:PartyName></cac:Party>" + ORDER[end:]
+    )
     assert order_route.extract_sender_party(etree.fromstring(buyer_ids_gone)) is None
     assert sample_routes.get("ubl-invoice").extract_sender_party(etree.fromstring(INVOICE)) == "GLN:1234567890123"
-    assert sample_routes.get("ubl-despatch-advice").extract_sender_party(
-        etree.fromstring(DESPATCH_ADVICE)) == "GLN:7302347231110"
+    assert (
+        sample_routes.get("ubl-despatch-advice").extract_sender_party(etree.fromstring(DESPATCH_ADVICE))
+        == "GLN:7302347231110"
+    )
 
 
 def route_table(tmp_path: Any, registry: Any, extra: str) -> tuple[Any, list[Any]]:
@@ -487,13 +520,16 @@ def route_table(tmp_path: Any, registry: Any, extra: str) -> tuple[Any, list[Any
     return assembly.routes, assembly.errors
 
 
-@pytest.mark.parametrize("extra, line, words", [
-    ("    idempotency_key: 'cbc:ID['\n", 6, "does not compile"),
-    ("    idempotency_key: [cbc:ID, cac:Nope/cbc:ID]\n", 6, "does not exist"),
-    ("    idempotency_key: []\n", 6, "lists no XPath"),
-    ("    idempotency_key: {xpath: cbc:ID}\n", 6, "list"),
-    ("    idempotency_key: [" + ", ".join(["cbc:ID"] * 9) + "]\n", 6, "at most 8"),
-])
+@pytest.mark.parametrize(
+    "extra, line, words",
+    [
+        ("    idempotency_key: 'cbc:ID['\n", 6, "does not compile"),
+        ("    idempotency_key: [cbc:ID, cac:Nope/cbc:ID]\n", 6, "does not exist"),
+        ("    idempotency_key: []\n", 6, "lists no XPath"),
+        ("    idempotency_key: {xpath: cbc:ID}\n", 6, "list"),
+        ("    idempotency_key: [" + ", ".join(["cbc:ID"] * 9) + "]\n", 6, "at most 8"),
+    ],
+)
 def test_route_key_xpaths_are_checked_at_load(tmp_path, gw_registry, extra, line, words):
     _, errors = route_table(tmp_path, gw_registry, extra)
     assert errors and errors[0].file == "routes.yaml" and errors[0].line == line, [str(e) for e in errors]
@@ -501,12 +537,17 @@ def test_route_key_xpaths_are_checked_at_load(tmp_path, gw_registry, extra, line
 
 
 def test_route_key_xpaths_replace_the_default_key(tmp_path, gw_registry):
-    routes, errors = route_table(tmp_path, gw_registry, "    idempotency_key: [cac:OrderReference/cbc:ID, "
-                                 "cac:DeliveryCustomerParty/cac:Party/cbc:EndpointID]\n")
+    routes, errors = route_table(
+        tmp_path,
+        gw_registry,
+        "    idempotency_key: [cac:OrderReference/cbc:ID, cac:DeliveryCustomerParty/cac:Party/cbc:EndpointID]\n",
+    )
     assert not errors, [str(e) for e in errors]
     route = routes.get("r")
     assert route.sender_party is None and route.key_xpath_texts == (
-        "cac:OrderReference/cbc:ID", "cac:DeliveryCustomerParty/cac:Party/cbc:EndpointID")
+        "cac:OrderReference/cbc:ID",
+        "cac:DeliveryCustomerParty/cac:Party/cbc:EndpointID",
+    )
     assert route.extract_key_values(etree.fromstring(DESPATCH_ADVICE)) == ["34", "7300072311115"]
     single, errors = route_table(tmp_path, gw_registry, "    idempotency_key: cbc:UUID\n")
     assert not errors and single.get("r").key_xpath_texts == ("cbc:UUID",)
@@ -528,8 +569,9 @@ async def test_a_route_keyed_by_its_own_xpaths(make_assembly, tmp_path):
         other_customer = with_party(despatch("7302347231110", "DA-X2"), "cac:DeliveryCustomerParty", "7300000000009")
         assert (await post(gw, other_customer, GLOBEX)).status_code == 202
         assert (await post(gw, despatch("7302347231110", "DA-X1"), GLOBEX)).json() == first.json()
-        nothing = DESPATCH_ADVICE.replace(b"<cac:OrderReference>\n    <cbc:ID>34</cbc:ID>", b"<cac:OrderReference>\n"
-                                          b"    <cbc:ID> </cbc:ID>", 1)
+        nothing = DESPATCH_ADVICE.replace(
+            b"<cac:OrderReference>\n    <cbc:ID>34</cbc:ID>", b"<cac:OrderReference>\n    <cbc:ID> </cbc:ID>", 1
+        )
         nothing = with_party(nothing, "cac:DeliveryCustomerParty", " ")
         assert nothing != DESPATCH_ADVICE
         # no key values at all: like a document without an id, never a replay

@@ -9,11 +9,11 @@ import asyncio
 import threading
 
 import pytest
+from gwtest import INVOICE, ORDER_CHANGE, with_id
 
+from gateway.errors import NoRouteError, NotWellFormedError, SchemaValidationError
 from gateway.exchange import stages as intake
 from ledger_contract import facts
-from gateway.errors import NotWellFormedError, SchemaValidationError, NoRouteError
-from gwtest import INVOICE, ORDER_CHANGE, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -42,10 +42,11 @@ async def test_a_burst_larger_than_a_batch_gets_every_answer_and_error_its_own(g
             bodies.append((globex, with_id(INVOICE, f"BURST-{i}"), None))
     bodies.append((globex, with_id(INVOICE, "BURST-0"), None))  # a replay of the first, in the same burst
 
-    outcomes = await asyncio.gather(*(gateway.submit(partner, body) for partner, body, _ in bodies),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(gateway.submit(partner, body) for partner, body, _ in bodies), return_exceptions=True
+    )
 
-    for i, ((_, body, error), outcome) in enumerate(zip(bodies, outcomes)):
+    for i, ((_, body, error), outcome) in enumerate(zip(bodies, outcomes, strict=False)):
         if error is not None:
             assert isinstance(outcome, error), (i, outcome)
         else:

@@ -12,15 +12,15 @@ import json
 
 import pytest
 import sqlalchemy as sa
+from gwtest import DESPATCH_ADVICE, INVOICE, with_id
 from lxml import etree
 
-from gateway.exchange import stages as intake
-from ledger_contract import facts
 from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
-from gateway.runtime.serving import Runtime
+from gateway.exchange import stages as intake
 from gateway.exchange.submission import Gateway
+from gateway.runtime.serving import Runtime
+from ledger_contract import facts
 from ledger_contract.tables import unpack_xml
-from gwtest import DESPATCH_ADVICE, INVOICE, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -32,8 +32,7 @@ def test_the_setting(tmp_path):
         assert settings_from_mapping(data, base_dir=tmp_path).intake_facts == value
     for bad in ("sometimes", "true", "1"):
         with pytest.raises(ConfigError) as info:
-            settings_from_mapping(load_yaml(text=f"server:\n  intake_facts: {bad}\n", name="s.yaml"),
-                                  base_dir=tmp_path)
+            settings_from_mapping(load_yaml(text=f"server:\n  intake_facts: {bad}\n", name="s.yaml"), base_dir=tmp_path)
         assert info.value.line == 2 and "server.intake_facts" in info.value.detail
         assert "always, when_idle, never" in info.value.detail
 
@@ -45,8 +44,10 @@ async def test_a_gateway_refuses_an_unknown_policy(gw_env):
 
 def _rows(gw_env) -> dict[str, tuple]:
     with gw_env.runtime.broker.engine.connect() as conn:
-        return {row.doc_id: (row.facts, row.facts_version, unpack_xml(row.document))
-                for row in conn.execute(sa.text("SELECT doc_id, facts, facts_version, document FROM b2b_ledger"))}
+        return {
+            row.doc_id: (row.facts, row.facts_version, unpack_xml(row.document))
+            for row in conn.execute(sa.text("SELECT doc_id, facts, facts_version, document FROM b2b_ledger"))
+        }
 
 
 async def _one_by_one(gw_env, prefix: str, n: int) -> list:
@@ -64,7 +65,7 @@ async def test_when_idle_documents_arriving_alone_get_their_facts(gw_env):
     await _one_by_one(gw_env, "ALONE", 3)
     rows = _rows(gw_env)
     assert len(rows) == 3
-    for doc_id, (stored, version, document) in rows.items():
+    for _doc_id, (stored, version, document) in rows.items():
         assert stored is not None and version == facts.VERSION
         # the facts are those of the document stored with them
         assert json.loads(stored) == json.loads(facts.for_ledger(etree.fromstring(document), "Invoice"))
@@ -108,8 +109,9 @@ async def test_never_leaves_them_all_to_the_load(gw_env):
 
 async def test_a_document_type_the_warehouse_does_not_load_is_not_counted(gw_env):
     globex = gw_env.assembly.partners.get("globex")
-    await asyncio.gather(*(gw_env.gateway.submit(globex, with_id(DESPATCH_ADVICE, f"DA-{i}"))
-                           for i in range(intake.INTAKE_BUSY * 2)))
+    await asyncio.gather(
+        *(gw_env.gateway.submit(globex, with_id(DESPATCH_ADVICE, f"DA-{i}")) for i in range(intake.INTAKE_BUSY * 2))
+    )
     assert gw_env.gateway.facts_deferred == 0
 
 

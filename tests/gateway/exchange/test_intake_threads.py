@@ -11,14 +11,14 @@ import threading
 import httpx
 import pytest
 import sqlalchemy as sa
+from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER_CANCELLATION, ORDER_CHANGE, with_id
 
 from broker_core import Queue
-from ledger_contract import facts
-from gateway.http.app import create_app
 from gateway.config.loader import ConfigError, load_yaml, settings_from_mapping
-from ledger_contract.tables import unpack_xml
+from gateway.http.app import create_app
 from gateway.runtime.serving import Runtime
-from gwtest import ACME, DESPATCH_ADVICE, GLOBEX, INVOICE, ORDER_CANCELLATION, ORDER_CHANGE, with_id
+from ledger_contract import facts
+from ledger_contract.tables import unpack_xml
 
 pytestmark = pytest.mark.anyio
 
@@ -37,8 +37,9 @@ def test_intake_threads_setting(tmp_path):
     assert settings_from_mapping(data, base_dir=tmp_path).intake_threads == 2
     for bad in ("-1", "65", "two"):
         with pytest.raises(ConfigError) as info:
-            settings_from_mapping(load_yaml(text=f"server:\n  intake_threads: {bad}\n", name="s.yaml"),
-                                  base_dir=tmp_path)
+            settings_from_mapping(
+                load_yaml(text=f"server:\n  intake_threads: {bad}\n", name="s.yaml"), base_dir=tmp_path
+            )
         assert info.value.line == 2 and "server.intake_threads" in info.value.detail
 
 
@@ -70,19 +71,31 @@ async def _run(make_assembly, threads: int, monkeypatch) -> dict:
                 errors[name] = (response.status_code, response.headers["content-type"], response.json())
         rows = {}
         with runtime.broker.engine.connect() as conn:
-            for row in conn.execute(sa.text("SELECT doc_type, doc_id, document, facts, facts_version, receipt "
-                                            "FROM b2b_ledger")):
+            for row in conn.execute(
+                sa.text("SELECT doc_type, doc_id, document, facts, facts_version, receipt FROM b2b_ledger")
+            ):
                 rows[row.doc_type] = (row.doc_id, unpack_xml(row.document), row.facts, row.facts_version)
         messages = {}
-        for destination in sorted({r.destination for r in assembly.routes if isinstance(r.destination, Queue)},
-                                  key=str):
+        for destination in sorted(
+            {r.destination for r in assembly.routes if isinstance(r.destination, Queue)}, key=str
+        ):
             for message in runtime.broker.browse(destination):
                 messages[(message.jms_type, message.get_string_property("B2BDocumentID"))] = (
-                    message.text, sorted((name, message.get_object_property(name))
-                                         for name in message.property_names()))
-        return {"answers": answers, "replay": (replay.status_code, replay.headers.get("idempotent-replayed"),
-                                                replay.json()["message_id"] == answers["Invoice"]["message_id"]),
-                "errors": errors, "rows": rows, "messages": messages, "where": where}
+                    message.text,
+                    sorted((name, message.get_object_property(name)) for name in message.property_names()),
+                )
+        return {
+            "answers": answers,
+            "replay": (
+                replay.status_code,
+                replay.headers.get("idempotent-replayed"),
+                replay.json()["message_id"] == answers["Invoice"]["message_id"],
+            ),
+            "errors": errors,
+            "rows": rows,
+            "messages": messages,
+            "where": where,
+        }
     finally:
         monkeypatch.undo()
         runtime.stop()
@@ -97,8 +110,9 @@ async def test_the_same_answers_documents_and_facts_with_or_without_intake_threa
     inline = await _run(make_assembly, 0, monkeypatch)
     threaded = await _run(make_assembly, 2, monkeypatch)
 
-    assert {k: _comparable(v) for k, v in inline["answers"].items()} == \
-        {k: _comparable(v) for k, v in threaded["answers"].items()}
+    assert {k: _comparable(v) for k, v in inline["answers"].items()} == {
+        k: _comparable(v) for k, v in threaded["answers"].items()
+    }
     assert inline["replay"] == threaded["replay"] == (202, "true", True)
     assert inline["errors"] == threaded["errors"]
     assert [s for s, _, _ in inline["errors"].values()] == [400, 422, 400]
@@ -123,9 +137,9 @@ async def test_intake_threads_take_concurrent_documents(gw_env):
     ids = [f"INV-{i}" for i in range(20)]
     import asyncio
 
-    responses = await asyncio.gather(*[
-        gw_env.client.post("/v1/documents", content=with_id(INVOICE, i), headers=GLOBEX) for i in ids
-    ])
+    responses = await asyncio.gather(
+        *[gw_env.client.post("/v1/documents", content=with_id(INVOICE, i), headers=GLOBEX) for i in ids]
+    )
     assert [r.status_code for r in responses] == [202] * len(ids)
     assert sorted(r.json()["document_id"] for r in responses) == sorted(ids)
     assert len({r.json()["message_id"] for r in responses}) == len(ids)
@@ -187,15 +201,15 @@ async def test_a_large_document_is_taken_in_on_a_lower_priority_thread(gw_env, m
 
     def spying(real):
         def spy(*args, **kwargs):
-            seen.append((threading.current_thread().name,
-                         os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
             return real(*args, **kwargs)
+
         return spy
 
     monkeypatch.setattr(intake, "parse_document_text", spying(intake.parse_document_text))
     monkeypatch.setattr(intake, "parse_and_validate", spying(intake.parse_and_validate))
     start = INVOICE.index(b"<cac:InvoiceLine>")
-    line = INVOICE[start:INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
+    line = INVOICE[start : INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
     large = INVOICE[:start] + line * (INLINE_MAX_BYTES // len(line) + 10) + INVOICE[start:]
     assert len(large) > INLINE_MAX_BYTES
 

@@ -13,8 +13,8 @@ import signal
 import time
 
 import pytest
+from gwtest import ACME, GLOBEX, INVOICE, with_id
 
-from gateway.exchange import stages as intake
 from gateway.errors import (
     GatewayError,
     NotWellFormedError,
@@ -22,10 +22,10 @@ from gateway.errors import (
     TooManyAttributesError,
     XMLErrorDetail,
 )
+from gateway.exchange import stages as intake
+from gateway.exchange.intake_workers import WORKER_NICE
 from gateway.exchange.stages import INLINE_MAX_BYTES
 from gateway.helpers.errors import error_from_data, error_to_data
-from gateway.exchange.intake_workers import WORKER_NICE
-from gwtest import ACME, GLOBEX, INVOICE, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -58,6 +58,7 @@ def never_in_this_process(monkeypatch) -> list[str]:
         def spy(*args, **kwargs):
             seen.append(real.__name__)
             return real(*args, **kwargs)
+
         return spy
 
     monkeypatch.setattr(intake, "parse_document_text", spying(intake.parse_document_text))
@@ -79,8 +80,11 @@ def assert_nice_counts(pid: int) -> None:
 
 
 def _comparable(answer: dict) -> dict:
-    return {k: v for k, v in answer.items()
-            if k not in ("message_id", "received_at", "status_url", "correlation_id", "document_id")}
+    return {
+        k: v
+        for k, v in answer.items()
+        if k not in ("message_id", "received_at", "status_url", "correlation_id", "document_id")
+    }
 
 
 async def test_a_worker_takes_a_large_document_in_as_a_thread_would(gw_env, monkeypatch):
@@ -116,8 +120,9 @@ async def test_a_worker_takes_a_large_document_in_as_a_thread_would(gw_env, monk
     assert w.text == large_invoice("LARGE-W").decode("utf-8")
     ids = {"B2BDocumentID", "InvoiceID"}
     assert w.get_string_property("InvoiceID") == "LARGE-W"
-    assert {n: w.get_object_property(n) for n in w.property_names() if n not in ids} == \
-        {n: t.get_object_property(n) for n in t.property_names() if n not in ids}
+    assert {n: w.get_object_property(n) for n in w.property_names() if n not in ids} == {
+        n: t.get_object_property(n) for n in t.property_names() if n not in ids
+    }
     assert w.jms_type == t.jms_type == "Invoice"
 
 
@@ -126,8 +131,9 @@ async def test_a_worker_keeps_idempotency_with_the_serving_process(gw_env):
     await ready(gw_env.gateway)
     first = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-I"), headers=GLOBEX)
     again = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-I"), headers=GLOBEX)
-    changed = await gw_env.client.post("/v1/documents", content=large_invoice("LARGE-I", line_extra=b"<!-- x -->"),
-                                       headers=GLOBEX)
+    changed = await gw_env.client.post(
+        "/v1/documents", content=large_invoice("LARGE-I", line_extra=b"<!-- x -->"), headers=GLOBEX
+    )
     assert first.status_code == 202 and again.status_code == 202, (first.text, again.text)
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["message_id"] == first.json()["message_id"]
@@ -140,7 +146,8 @@ async def test_a_worker_keeps_idempotency_with_the_serving_process(gw_env):
 REFUSED = {
     "schema": large_invoice("BAD-1", line_extra=b"<cbc:Bogus>1</cbc:Bogus>"),
     "attributes": large_invoice("BAD-2").replace(
-        b"<cac:InvoiceLine>", b"<cac:InvoiceLine " + b" ".join(b'a%d="1"' % i for i in range(300)) + b">", 1),
+        b"<cac:InvoiceLine>", b"<cac:InvoiceLine " + b" ".join(b'a%d="1"' % i for i in range(300)) + b">", 1
+    ),
     "well-formed": large_invoice("BAD-3")[:-40],
     "route": large_invoice("BAD-4"),  # posted by a partner the invoice route does not allow
 }
@@ -154,8 +161,9 @@ async def test_a_worker_refuses_what_a_thread_refuses_with_the_same_answer(gw_en
     for workers in (gateway.intake_workers, None):
         monkeypatch.setattr(gateway.intake, "intake_workers", workers)
         for name, body in REFUSED.items():
-            response = await gw_env.client.post("/v1/documents", content=body,
-                                                headers=ACME if name == "route" else GLOBEX)
+            response = await gw_env.client.post(
+                "/v1/documents", content=body, headers=ACME if name == "route" else GLOBEX
+            )
             answers.setdefault(name, []).append((response.status_code, response.json()))
     codes = {name: [(status, body["code"]) for status, body in got] for name, got in answers.items()}
     assert codes == {
@@ -271,10 +279,10 @@ async def post_with_server(make_assembly, tmp_path, server: dict, bodies: list[b
     """Post *bodies* at once to a gateway whose ``server:`` settings have *server* over the sample's; its
     answers and the gateway (stopped)."""
     import httpx
+    from gwtest import sample_data
 
     from gateway.http.app import create_app
     from gateway.runtime.serving import Runtime
-    from gwtest import sample_data
 
     data = sample_data(tmp_path)
     data["server"].update(server)
@@ -287,8 +295,9 @@ async def post_with_server(make_assembly, tmp_path, server: dict, bodies: list[b
             await ready(gateway)
         transport = httpx.ASGITransport(app=create_app(assembly, runtime=runtime))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
-            answers = await asyncio.gather(*(client.post("/v1/documents", content=body, headers=GLOBEX)
-                                             for body in bodies))
+            answers = await asyncio.gather(
+                *(client.post("/v1/documents", content=body, headers=GLOBEX) for body in bodies)
+            )
         return answers, gateway
     finally:
         runtime.stop()
@@ -298,16 +307,16 @@ async def test_documents_that_find_every_worker_busy_wait_for_one(make_assembly,
     """``server.intake_workers`` sets how many documents are taken in at once; the others wait for a worker
     rather than run in the serving process."""
     seen = never_in_this_process(monkeypatch)
-    answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 1},
-                                              [large_invoice(f"ONE-{i}") for i in range(3)])
+    answers, gateway = await post_with_server(
+        make_assembly, tmp_path, {"intake_workers": 1}, [large_invoice(f"ONE-{i}") for i in range(3)]
+    )
     assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
     assert gateway.intake_workers.workers == 1
     assert gateway.intake_workers.counts == {"worker": 3, "refused": 0, "thread": 0, "busy": 0} and seen == []
 
 
 async def test_no_intake_workers_takes_large_documents_in_on_threads(make_assembly, tmp_path):
-    answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 0},
-                                              [large_invoice("NONE-1")])
+    answers, gateway = await post_with_server(make_assembly, tmp_path, {"intake_workers": 0}, [large_invoice("NONE-1")])
     assert answers[0].status_code == 202, answers[0].text
     assert gateway.intake_workers is None
 
@@ -324,12 +333,17 @@ def test_settings_not_built_from_a_mapping_get_no_workers(make_assembly):
 # --------------------------------------------------------------------------- errors as plain data
 
 
-@pytest.mark.parametrize("error", [
-    SchemaValidationError("bad", [XMLErrorDetail(3, 4, "/Invoice/cbc:ID", "wrong")], omitted=7, schema="ubl-2.1/Invoice"),
-    TooManyAttributesError("many", [XMLErrorDetail(1, 2, None, "m")], limit="max_attributes", limit_value=256),
-    NotWellFormedError("nwf", [XMLErrorDetail(9, None, None, "unclosed")]),
-    GatewayError("a bug"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        SchemaValidationError(
+            "bad", [XMLErrorDetail(3, 4, "/Invoice/cbc:ID", "wrong")], omitted=7, schema="ubl-2.1/Invoice"
+        ),
+        TooManyAttributesError("many", [XMLErrorDetail(1, 2, None, "m")], limit="max_attributes", limit_value=256),
+        NotWellFormedError("nwf", [XMLErrorDetail(9, None, None, "unclosed")]),
+        GatewayError("a bug"),
+    ],
+)
 def test_an_error_crosses_the_pipe_as_plain_data_and_comes_back_whole(error):
     data = json.loads(json.dumps(error_to_data(error)))
     back = error_from_data(data)
@@ -337,12 +351,18 @@ def test_an_error_crosses_the_pipe_as_plain_data_and_comes_back_whole(error):
     assert (back.status, back.to_dict(), str(back)) == (error.status, error.to_dict(), str(error))
 
 
-@pytest.mark.parametrize("data", [
-    None, [], {"type": "builtins.SystemExit", "detail": "x"}, {"type": "os.system", "detail": "x"},
-    {"type": "gateway.errors.SchemaValidationError"}, {"type": "gateway.errors.SchemaValidationError",
-                                                       "detail": "x", "errors": [[1, 2]]},
-    {"type": "bug"},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        [],
+        {"type": "builtins.SystemExit", "detail": "x"},
+        {"type": "os.system", "detail": "x"},
+        {"type": "gateway.errors.SchemaValidationError"},
+        {"type": "gateway.errors.SchemaValidationError", "detail": "x", "errors": [[1, 2]]},
+        {"type": "bug"},
+    ],
+)
 def test_anything_but_a_gateway_error_from_a_worker_is_a_plain_500(data):
     error = error_from_data(data)
     assert type(error) is GatewayError and error.status == 500
@@ -350,8 +370,9 @@ def test_anything_but_a_gateway_error_from_a_worker_is_a_plain_500(data):
 
 def test_a_worker_cannot_set_private_or_odd_fields():
     data = error_to_data(TooManyAttributesError("many", limit="max_attributes", limit_value=256))
-    data["fields"].update({"_secret": 1, "__class__": "x", "not an identifier": 2, "limit_value": {"a": 1},
-                           "detail": "y" * 10_000})
+    data["fields"].update(
+        {"_secret": 1, "__class__": "x", "not an identifier": 2, "limit_value": {"a": 1}, "detail": "y" * 10_000}
+    )
     error = error_from_data(data)
     assert type(error) is TooManyAttributesError
     assert error.limit_value is None and not hasattr(error, "_secret")

@@ -10,11 +10,11 @@ import gc
 from pathlib import Path
 
 import pytest
+from exchange.test_intake_workers import REFUSED, ready
+from gwtest import ACME, GLOBEX, ORDER, with_id
 
 import gateway as gateway_package
 from gateway.errors import GatewayError
-from gwtest import ACME, GLOBEX, ORDER, with_id
-from exchange.test_intake_workers import REFUSED, ready
 
 pytestmark = pytest.mark.anyio
 
@@ -30,8 +30,11 @@ def cyclic_frames() -> list[str]:
         gc.collect()
     finally:
         gc.set_debug(0)
-    found = [f"{o.f_code.co_name} ({Path(o.f_code.co_filename).name})" for o in gc.garbage
-             if type(o).__name__ == "frame" and o.f_code.co_filename.startswith(OURS)]
+    found = [
+        f"{o.f_code.co_name} ({Path(o.f_code.co_filename).name})"
+        for o in gc.garbage
+        if type(o).__name__ == "frame" and o.f_code.co_filename.startswith(OURS)
+    ]
     gc.garbage.clear()
     return found
 
@@ -67,8 +70,12 @@ async def test_a_refused_document_leaves_no_cycle_behind(gw_env, no_collection, 
 async def test_a_refusal_over_http_leaves_no_cycle_behind(gw_env, no_collection):
     await ready(gw_env.gateway)
     cyclic_frames()
-    for headers, body in ((ACME, SMALL_INVALID), (GLOBEX, SMALL_INVALID), (GLOBEX, REFUSED["schema"]),
-                          (GLOBEX, REFUSED["well-formed"])):
+    for headers, body in (
+        (ACME, SMALL_INVALID),
+        (GLOBEX, SMALL_INVALID),
+        (GLOBEX, REFUSED["schema"]),
+        (GLOBEX, REFUSED["well-formed"]),
+    ):
         response = await gw_env.client.post("/v1/documents", content=body, headers=headers)
         assert response.status_code in (400, 403)
     await asyncio.sleep(0)

@@ -15,12 +15,16 @@ from gateway.samples.document_receiver import (
 from gateway.testing import HandlerHarness
 
 
-@pytest.mark.parametrize("receiver, document, doc_type, doc_id", [
-    (receive_invoice, INVOICE, "Invoice", "TOSL108"),
-    (receive_despatch_advice, DESPATCH_ADVICE, "DespatchAdvice", None),
-    (receive_order_change, ORDER_CHANGE, "OrderChange", None),
-    (receive_order_change, ORDER_CANCELLATION, "OrderCancellation", None),
-], ids=["Invoice", "DespatchAdvice", "OrderChange", "OrderCancellation"])
+@pytest.mark.parametrize(
+    "receiver, document, doc_type, doc_id",
+    [
+        (receive_invoice, INVOICE, "Invoice", "TOSL108"),
+        (receive_despatch_advice, DESPATCH_ADVICE, "DespatchAdvice", None),
+        (receive_order_change, ORDER_CHANGE, "OrderChange", None),
+        (receive_order_change, ORDER_CANCELLATION, "OrderCancellation", None),
+    ],
+    ids=["Invoice", "DespatchAdvice", "OrderChange", "OrderCancellation"],
+)
 def test_each_document_is_taken_and_recorded(receiver, document, doc_type, doc_id):
     with HandlerHarness(receiver) as harness:
         result = harness.request(document, reply=False, properties={"JMSXUserID": "globex"})

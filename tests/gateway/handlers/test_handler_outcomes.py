@@ -228,10 +228,12 @@ def test_reject_dead_letters_once_at_once_with_its_reason(broker, kind, style):
         return rejection
 
     if kind == "sync":
+
         @handler(WORK, name="rejecting", registry=None)
         def rejecting(message, context):
             return decide(message, context)
     else:
+
         @handler(WORK, name="rejecting", registry=None)
         async def rejecting(message, context):
             calls.append(message.get_int_property("JMSXDeliveryCount"))
@@ -267,12 +269,17 @@ def test_reject_needs_a_reason():
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_business_error_answers_with_an_error_reply_and_commits(broker, kind):
     if kind == "sync":
+
         @handler(WORK, name="business", registry=None)
         def business(message, context):
             context.send(AUDIT, "<Refused/>")
-            raise BusinessError("unknown-customer", "no customer C-77 in the ERP",
-                                reply="<ApplicationResponse><Code>RE</Code></ApplicationResponse>")
+            raise BusinessError(
+                "unknown-customer",
+                "no customer C-77 in the ERP",
+                reply="<ApplicationResponse><Code>RE</Code></ApplicationResponse>",
+            )
     else:
+
         @handler(WORK, name="business", registry=None)
         async def business(message, context):
             await context.send(AUDIT, "<Refused/>")

@@ -72,8 +72,15 @@ def texts(broker: Broker, queue: Queue) -> list[str]:
     return [m.text for m in broker.browse(queue)]
 
 
-def send(broker: Broker, body: str, *, reply_to=None, jms_type: str | None = None,
-         correlation_id: str | None = None, destination: Queue = WORK) -> XMLMessage:
+def send(
+    broker: Broker,
+    body: str,
+    *,
+    reply_to=None,
+    jms_type: str | None = None,
+    correlation_id: str | None = None,
+    destination: Queue = WORK,
+) -> XMLMessage:
     """Send one XML request (outside any worker) and return it, stamped."""
     with broker.connect() as conn:
         session = conn.create_session()
@@ -288,8 +295,10 @@ def test_request_is_dead_lettered_after_max_deliveries(open_broker):
 
     request = send(broker, "<Poison/>", reply_to=REPLIES)
     with Worker(broker, [fn]) as worker:
-        wait_until(lambda: broker.message_status([request.jms_message_id])[request.jms_message_id] == "dead_lettered",
-                   what="the request to be dead-lettered")
+        wait_until(
+            lambda: broker.message_status([request.jms_message_id])[request.jms_message_id] == "dead_lettered",
+            what="the request to be dead-lettered",
+        )
         time.sleep(0.2)
     assert calls == [False, True, True]
     dead = list(broker.browse(Queue("DLQ.work")))
@@ -369,7 +378,8 @@ def test_stop_is_prompt_and_the_worker_restarts(broker):
 
 @pytest.mark.parametrize("selector", [None, "JMSType = 'Job'"])
 def test_one_session_of_a_handler_waits_on_the_broker_and_the_others_still_work_in_parallel(
-        broker, monkeypatch, selector):
+    broker, monkeypatch, selector
+):
     """With concurrency N, a new message wakes one waiting session, not all N (each would look for it and
     try to claim it); the sessions still process messages in parallel."""
     import broker_core

@@ -26,9 +26,9 @@ from gwtest import (
     with_id,
 )
 
-from gateway.http.app import create_app
 from gateway.config.loader import load_yaml
 from gateway.handlers import BusinessError, Reject, Worker, handler
+from gateway.http.app import create_app
 from gateway.runtime.serving import Runtime
 from gateway.samples.order_responder import ORDERS_QUEUE, respond, respond_async
 
@@ -36,8 +36,9 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def gateway(make_assembly: Callable[..., Any], handlers: list[Any] | None = None,
-                  **changes: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime, Worker | None]]:
+async def gateway(
+    make_assembly: Callable[..., Any], handlers: list[Any] | None = None, **changes: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime, Worker | None]]:
     """The sample gateway on a fresh SQLite store; ``handlers`` run in a Worker of their own
     (else the runtime starts the workers the configuration names)."""
     assembly = make_assembly(**changes)
@@ -57,8 +58,7 @@ async def gateway(make_assembly: Callable[..., Any], handlers: list[Any] | None 
         runtime.stop()
 
 
-async def wait_for_status(client: httpx.AsyncClient, url: str, headers: dict, want: str,
-                          timeout: float = 15.0) -> dict:
+async def wait_for_status(client: httpx.AsyncClient, url: str, headers: dict, want: str, timeout: float = 15.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         body = (await client.get(url, headers=headers)).json()
@@ -73,14 +73,16 @@ async def test_sync_and_async_responders_answer_orders_side_by_side(make_assembl
     orders (by the OrderID property the route sets): every order gets its
     OrderResponse over HTTP."""
     plain = handler(ORDERS_QUEUE, selector="OrderID LIKE 'S-%'", name="plain", registry=None)(respond.function)
-    coroutine = handler(ORDERS_QUEUE, selector="OrderID LIKE 'A-%'", name="coroutine",
-                        registry=None)(respond_async.function)
+    coroutine = handler(ORDERS_QUEUE, selector="OrderID LIKE 'A-%'", name="coroutine", registry=None)(
+        respond_async.function
+    )
     assert coroutine.is_async and not plain.is_async
     async with gateway(make_assembly, [plain, coroutine]) as (client, runtime, worker):
         ids = ["S-1", "A-1", "S-2", "A-2"]
-        responses = await asyncio.gather(*(client.post("/v1/documents", content=with_id(ORDER, i), headers=ACME)
-                                           for i in ids))
-        for order_id, response in zip(ids, responses):
+        responses = await asyncio.gather(
+            *(client.post("/v1/documents", content=with_id(ORDER, i), headers=ACME) for i in ids)
+        )
+        for order_id, response in zip(ids, responses, strict=False):
             assert response.status_code == 200, response.text
             assert response.headers["content-type"].startswith("application/xml")
             assert f"<cbc:ID>OR-{order_id}</cbc:ID>".encode() in response.content
@@ -149,9 +151,16 @@ async def test_reject_dead_letters_the_order_once_and_the_partner_is_told_to_loo
     assert calls == [1]
 
 
-@pytest.mark.parametrize("document, headers", [
-    (INVOICE, GLOBEX), (DESPATCH_ADVICE, GLOBEX), (ORDER_CHANGE, ACME), (ORDER_CANCELLATION, ACME),
-], ids=["Invoice", "DespatchAdvice", "OrderChange", "OrderCancellation"])
+@pytest.mark.parametrize(
+    "document, headers",
+    [
+        (INVOICE, GLOBEX),
+        (DESPATCH_ADVICE, GLOBEX),
+        (ORDER_CHANGE, ACME),
+        (ORDER_CANCELLATION, ACME),
+    ],
+    ids=["Invoice", "DespatchAdvice", "OrderChange", "OrderCancellation"],
+)
 async def test_the_sample_configuration_delivers_every_one_way_document(make_assembly, document, headers):
     """`b2bgw serve` with the sample workers: a posted Invoice (and the other
     one-way documents) is taken by a consumer, so its status becomes

@@ -16,9 +16,9 @@ from lxml import etree
 
 from broker_core import Broker, Queue, Requestor, XMLMessage
 from gateway.handlers import HandlerStats, Worker, registry
+from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
 from gateway.samples import order_responder
 from gateway.samples.order_responder import ORDER_NS, ORDER_RESPONSE_NS, build_order_response
-from gateway.intake.schemas import UBL_NAMESPACES, SchemaRegistry
 
 UBL_EXAMPLES = Path(__file__).resolve().parents[3].parent / "shared" / "ubl-2.1" / "xml"
 ORDER_EXAMPLE = UBL_EXAMPLES / "UBL-Order-2.1-Example.xml"
@@ -58,27 +58,35 @@ def check_response(response: etree._Element, order: etree._Element, schemas: Sch
     assert response.findtext("cac:OrderReference/cbc:ID", namespaces=NS) == order_id
     for name in ("UUID", "IssueDate", "IssueTime"):
         assert response.findtext(f"cac:OrderReference/cbc:{name}", namespaces=NS) == order.findtext(
-            f"cbc:{name}", namespaces=NS)
+            f"cbc:{name}", namespaces=NS
+        )
     assert response.findtext("cbc:DocumentCurrencyCode", namespaces=NS) == order.findtext(
-        "cbc:DocumentCurrencyCode", namespaces=NS)
+        "cbc:DocumentCurrencyCode", namespaces=NS
+    )
     for party in ("SellerSupplierParty", "BuyerCustomerParty"):
         names = [n.text for n in response.iterfind(f"cac:{party}/cac:Party/cac:PartyName/cbc:Name", NS)]
         assert names == [n.text for n in order.iterfind(f"cac:{party}/cac:Party/cac:PartyName/cbc:Name", NS)]
     ordered = [
-        (line.findtext("cac:LineItem/cbc:ID", namespaces=NS),
-         line.findtext("cac:LineItem/cbc:Quantity", namespaces=NS),
-         line.findtext("cac:LineItem/cac:Item/cbc:Name", namespaces=NS))
+        (
+            line.findtext("cac:LineItem/cbc:ID", namespaces=NS),
+            line.findtext("cac:LineItem/cbc:Quantity", namespaces=NS),
+            line.findtext("cac:LineItem/cac:Item/cbc:Name", namespaces=NS),
+        )
         for line in order.iterfind("cac:OrderLine", NS)
     ]
     answered = [
-        (line.findtext("cac:LineItem/cbc:ID", namespaces=NS),
-         line.findtext("cac:LineItem/cbc:Quantity", namespaces=NS),
-         line.findtext("cac:LineItem/cac:Item/cbc:Name", namespaces=NS))
+        (
+            line.findtext("cac:LineItem/cbc:ID", namespaces=NS),
+            line.findtext("cac:LineItem/cbc:Quantity", namespaces=NS),
+            line.findtext("cac:LineItem/cac:Item/cbc:Name", namespaces=NS),
+        )
         for line in response.iterfind("cac:OrderLine", NS)
     ]
     assert answered == ordered
-    assert [line.findtext("cac:OrderLineReference/cbc:LineID", namespaces=NS)
-            for line in response.iterfind("cac:OrderLine", NS)] == [line_id for line_id, _, _ in ordered]
+    assert [
+        line.findtext("cac:OrderLineReference/cbc:LineID", namespaces=NS)
+        for line in response.iterfind("cac:OrderLine", NS)
+    ] == [line_id for line_id, _, _ in ordered]
     assert {s.text for s in response.iterfind("cac:OrderLine/cac:LineItem/cbc:LineStatusCode", NS)} <= {"5"}
 
 
@@ -96,7 +104,7 @@ def test_response_to_the_official_order(schemas):
     response = build_order_response(order, issued=issued)
     check_response(response, order, schemas)
 
-    get = lambda path: response.findtext(path, namespaces=NS)  # noqa: E731
+    get = lambda path: response.findtext(path, namespaces=NS)
     assert get("cbc:ID") == "OR-34"
     assert get("cbc:IssueDate") == "2024-05-06" and get("cbc:IssueTime") == "05:08:09Z"  # in UTC
     assert get("cbc:OrderResponseCode") == "AP"
@@ -126,11 +134,14 @@ def test_response_id_can_be_chosen_and_the_order_is_not_changed(schemas):
     schemas.validate(response, "ubl-2.1/OrderResponse")
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda o: o.remove(o.find("cbc:ID", NS)), "no cbc:ID"),
-    (lambda o: o.remove(o.find("cac:SellerSupplierParty", NS)), "SellerSupplierParty"),
-    (lambda o: o.find("cac:OrderLine", NS).remove(o.find("cac:OrderLine/cac:LineItem", NS)), "order line 1"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda o: o.remove(o.find("cbc:ID", NS)), "no cbc:ID"),
+        (lambda o: o.remove(o.find("cac:SellerSupplierParty", NS)), "SellerSupplierParty"),
+        (lambda o: o.find("cac:OrderLine", NS).remove(o.find("cac:OrderLine/cac:LineItem", NS)), "order line 1"),
+    ],
+)
 def test_unanswerable_orders_raise(mutate, message):
     order = example_order()
     mutate(order)
@@ -148,14 +159,23 @@ def test_only_orders_are_answered():
 XML_TEXT = st.characters(blacklist_categories=("Cs", "Cc", "Cn"))
 SPECIAL = st.sampled_from(list("<>&\"'") + ["&amp;", "]]>", "<!--", "&#x41;"])
 NAME = st.lists(st.one_of(SPECIAL, XML_TEXT), min_size=1, max_size=12).map("".join)
-QUANTITY = st.decimals(min_value=Decimal("0.001"), max_value=Decimal("1000000"), places=3,
-                       allow_nan=False, allow_infinity=False)
+QUANTITY = st.decimals(
+    min_value=Decimal("0.001"), max_value=Decimal("1000000"), places=3, allow_nan=False, allow_infinity=False
+)
 LINE = st.tuples(QUANTITY, st.sampled_from(["C62", "LTR", "KGM", "EA"]), NAME)
 
 
-def make_order(order_id: str, buyer: str, seller: str, lines: list[tuple[Decimal, str, str]],
-               currency: str | None, uuid: str | None, issue_time: bool) -> etree._Element:
+def make_order(
+    order_id: str,
+    buyer: str,
+    seller: str,
+    lines: list[tuple[Decimal, str, str]],
+    currency: str | None,
+    uuid: str | None,
+    issue_time: bool,
+) -> etree._Element:
     """A UBL 2.1 Order built with lxml (every text escaped by lxml)."""
+
     def sub(parent, ns, name, text=None, **attrib):
         element = etree.SubElement(parent, f"{{{ns}}}{name}", attrib)
         if text is not None:
@@ -257,9 +277,15 @@ def test_the_answer_is_logged_at_debug_only(caplog):
 
 def test_end_to_end_with_a_requestor(open_broker, schemas):
     broker = open_broker()
-    generated = make_order(" PO <&> \"42\" ", "Buyer & <Sons>", "Seller 'Ltd' ]]>",
-                           [(Decimal(n) / 4, "KGM", f"Item <{n}> & co") for n in range(1, 8)],
-                           "EUR", "0b5c7f0e-3f1a-4d43-9a59-2f5d0c3b6a11", True)
+    generated = make_order(
+        ' PO <&> "42" ',
+        "Buyer & <Sons>",
+        "Seller 'Ltd' ]]>",
+        [(Decimal(n) / 4, "KGM", f"Item <{n}> & co") for n in range(1, 8)],
+        "EUR",
+        "0b5c7f0e-3f1a-4d43-9a59-2f5d0c3b6a11",
+        True,
+    )
     orders = [example_order(), generated]
     with Worker(broker, [order_responder.respond]) as worker, broker.connect() as conn:
         conn.start()

@@ -157,8 +157,9 @@ def test_requests_take_documents_in_every_form_and_their_options():
         harness.request(etree.fromstring("<Element/>"))
         harness.request(etree.ElementTree(etree.fromstring("<Tree/>")))
         harness.request(TextMessage("plain"))
-        harness.request("<Typed/>", jms_type="Custom", correlation_id="c-1", properties={"amount": 150},
-                        priority=7, reply=False)
+        harness.request(
+            "<Typed/>", jms_type="Custom", correlation_id="c-1", properties={"amount": 150}, priority=7, reply=False
+        )
         with pytest.raises(TypeError):
             harness.send(42)
     assert [m.jms_type for m in received] == ["Bytes", "Element", "Tree", None, "Custom"]

@@ -13,7 +13,7 @@ mypy_api = pytest.importorskip("mypy.api", reason="mypy is a test dependency (pi
 
 REPO = Path(__file__).resolve().parents[3]
 
-GOOD = '''
+GOOD = """
 from lxml import etree
 from broker_core import Message
 from gateway.handlers import AsyncHandlerContext, BusinessError, HandlerContext, Reject, handler
@@ -36,10 +36,10 @@ def outcomes(message: Message, context: HandlerContext) -> Reject | BusinessErro
 
 reveal_type(plain)
 reveal_type(coroutine)
-'''
+"""
 
 #: line (1-based) -> what mypy must say there
-BAD = '''
+BAD = """
 from broker_core import Message
 from gateway.handlers import AsyncHandlerContext, HandlerContext, handler
 
@@ -62,7 +62,7 @@ def no_context(message: Message) -> None:
 @handler("e", registry=None)
 async def send_not_awaited(message: Message, context: AsyncHandlerContext) -> None:
     context.send("audit", "<Audit/>").jms_message_id
-'''
+"""
 BAD_LINES = {5: "arg-type", 9: "arg-type", 13: "arg-type", 17: "arg-type", 23: "attr-defined"}
 
 
@@ -75,8 +75,9 @@ def mypy_cache(tmp_path_factory) -> Path:
 def mypy(tmp_path: Path, cache: Path, source: str) -> list[str]:
     path = tmp_path / "handlers_under_check.py"
     path.write_text(source, encoding="utf-8")
-    out, err, _ = mypy_api.run(["--follow-imports=silent", "--no-error-summary", "--show-error-codes",
-                                "--cache-dir", str(cache), str(path)])
+    out, err, _ = mypy_api.run(
+        ["--follow-imports=silent", "--no-error-summary", "--show-error-codes", "--cache-dir", str(cache), str(path)]
+    )
     assert not err, err
     return [line for line in out.splitlines() if line.strip()]
 

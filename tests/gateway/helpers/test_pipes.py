@@ -132,8 +132,10 @@ def test_a_frame_and_a_record_come_back_as_they_were_sent(pipe):
     read, write = pipe
     write_frame(write, {"id": 7, "stage": "final"}, b"body")
     write_record(write, b"R\0out")
-    assert read_frame(read, time.monotonic() + 5, max_head=1024, max_payload=1024) == ({"id": 7, "stage": "final"},
-                                                                                      b"body")
+    assert read_frame(read, time.monotonic() + 5, max_head=1024, max_payload=1024) == (
+        {"id": 7, "stage": "final"},
+        b"body",
+    )
     assert read_record(read, time.monotonic() + 5) == b"R\0out"
 
 

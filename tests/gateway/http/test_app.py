@@ -14,10 +14,6 @@ import json
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from broker_core import Queue
 from gwtest import (
     ACME,
     ACME_KEY,
@@ -30,6 +26,10 @@ from gwtest import (
     ORDER_CHANGE,
     with_id,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker_core import Queue
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +94,7 @@ async def test_one_way_document_is_stored_before_the_receipt(gw_env):
 
 
 async def test_every_sample_route_accepts_its_ubl_example(gw_env):
-    for document, headers, queue in [
+    for document, headers, _queue in [
         (ORDER_CHANGE, ACME, "orders.changes"),
         (ORDER_CANCELLATION, ACME, "orders.changes"),
         (DESPATCH_ADVICE, GLOBEX, "despatch.inbound"),
@@ -118,8 +118,9 @@ async def test_receipt_body_is_the_ledgers_receipt_and_the_text_is_the_document_
     assert json.loads(row.receipt) == response.json()
     [message] = [m for m in gw_env.messages("invoices.inbound") if m.get_string_property("B2BDocumentID") == "BOM-1"]
     assert message.text == document[3:].decode("utf-8") and row.document == document[3:]
-    latin = ("<?xml version='1.0' encoding='ISO-8859-1'?>" + with_id(INVOICE, "LATIN-1").decode("utf-8")
-             .split("?>", 1)[1]).encode("latin-1", "replace")
+    latin = (
+        "<?xml version='1.0' encoding='ISO-8859-1'?>" + with_id(INVOICE, "LATIN-1").decode("utf-8").split("?>", 1)[1]
+    ).encode("latin-1", "replace")
     response = await post(gw_env, latin, GLOBEX)
     assert response.status_code == 202, response.text
     [message] = [m for m in gw_env.messages("invoices.inbound") if m.get_string_property("B2BDocumentID") == "LATIN-1"]
@@ -129,19 +130,21 @@ async def test_receipt_body_is_the_ledgers_receipt_and_the_text_is_the_document_
 async def test_a_transformed_document_is_stored_as_the_transform_made_it(make_assembly, tmp_path):
     """The message carries the transform's output; the ledger keeps the document as received."""
     import httpx
+    from gwtest import GatewayEnv, sample_data
 
     from gateway.http.app import create_app
     from gateway.runtime.serving import Runtime
 
-    from gwtest import GatewayEnv, sample_data
-
-    (tmp_path / "slim.xsl").write_text("""<xsl:stylesheet version="1.0"
+    (tmp_path / "slim.xsl").write_text(
+        """<xsl:stylesheet version="1.0"
     xmlns:xsl="http://www.w3.org/1999/XSL/Transform" exclude-result-prefixes="i cbc"
     xmlns:i="urn:oasis:names:specification:ubl:schema:xsd:Invoice-2"
     xmlns:cbc="urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2">
   <xsl:output method="xml" omit-xml-declaration="yes"/>
   <xsl:template match="/i:Invoice"><SlimInvoice id="{cbc:ID}">Ünïcode</SlimInvoice></xsl:template>
-</xsl:stylesheet>""", encoding="utf-8")
+</xsl:stylesheet>""",
+        encoding="utf-8",
+    )
     data = sample_data(tmp_path)
     [invoice_route] = [r for r in data["routes"] if r["destination"] == "queue://invoices.inbound"]
     invoice_route["transform"] = str(tmp_path / "slim.xsl")
@@ -259,11 +262,11 @@ async def test_concurrent_orders_each_get_their_own_reply(gw_env):
     # the first round trip end before the last request starts, and its correlation id is then free again)
     gw_env.responder.mode, gw_env.responder.delay = "late", 0.5
     ids = [f"PO-{i}" for i in range(15)]
-    responses = await asyncio.gather(*[
-        post(gw_env, with_id(ORDER, i), ACME, **{"X-Correlation-ID": "same-for-all"}) for i in ids
-    ])
+    responses = await asyncio.gather(
+        *[post(gw_env, with_id(ORDER, i), ACME, **{"X-Correlation-ID": "same-for-all"}) for i in ids]
+    )
     assert [r.status_code for r in responses] == [200] * len(ids)
-    for order_id, response in zip(ids, responses):
+    for order_id, response in zip(ids, responses, strict=False):
         assert f"<cbc:ID>OR-{order_id}</cbc:ID>".encode() in response.content
     # the partner's correlation id is kept, made unique where two were in flight at once
     assert all(r.headers["x-correlation-id"].startswith("same-for-all") for r in responses)
@@ -328,7 +331,8 @@ async def test_get_of_another_partners_document_is_404_like_a_missing_one(gw_env
     missing = await gw_env.client.get("/v1/documents/ID:nothing-1", headers=ACME)
     assert theirs.status_code == missing.status_code == 404
     assert problem(theirs)["detail"].replace(receipt["message_id"], "X") == problem(missing)["detail"].replace(
-        "ID:nothing-1", "X")
+        "ID:nothing-1", "X"
+    )
     assert (await gw_env.client.get(receipt["status_url"] + "/reply", headers=ACME)).status_code == 404
     assert (await gw_env.client.get(receipt["status_url"])).status_code == 401
 
@@ -356,8 +360,9 @@ async def test_status_follows_delivery_and_dead_letters(gw_env):
     assert status["status"] == "delivered"
     assert [h["status"] for h in status["history"]] == ["accepted", "delivered"]
     # and the background reconciler does it for the others
-    await wait_for(lambda: {r.message_id: r.status for r in gw_env.ledger_rows()}[dead["message_id"]]
-                   == "dead_lettered")
+    await wait_for(
+        lambda: {r.message_id: r.status for r in gw_env.ledger_rows()}[dead["message_id"]] == "dead_lettered"
+    )
     assert (await gw_env.client.get(dead["status_url"], headers=GLOBEX)).json()["status"] == "dead_lettered"
 
 
@@ -422,7 +427,7 @@ async def test_401_403_415_422(gw_env):
     text_xml = await post(gw_env, INVOICE, {**GLOBEX, "Content-Type": "text/xml; charset=utf-8"})
     assert text_xml.status_code == 202
 
-    quotation = (gw_env.assembly.settings.base_dir.parent / "q.xml")
+    quotation = gw_env.assembly.settings.base_dir.parent / "q.xml"
     document = b'<Quotation xmlns="urn:oasis:names:specification:ubl:schema:xsd:Quotation-2"/>'
     no_route = await post(gw_env, document, GLOBEX)
     assert no_route.status_code == 422
@@ -529,8 +534,15 @@ async def test_post_documents_bypasses_the_router_and_answers_like_it(gw_env):
             via_router = await routed.post("/v1/documents", content=document, headers={**headers, **extra})
             assert direct.status_code == via_router.status_code, name
             assert list(direct.headers) == list(via_router.headers), name
-            for header in ("content-type", "content-length", "location", "x-route-id", "cache-control",
-                           "idempotent-replayed", "connection"):
+            for header in (
+                "content-type",
+                "content-length",
+                "location",
+                "x-route-id",
+                "cache-control",
+                "idempotent-replayed",
+                "connection",
+            ):
                 assert direct.headers.get(header) == via_router.headers.get(header), (name, header)
             if direct.headers["content-type"] == PROBLEM:
                 a, b = direct.json(), via_router.json()
@@ -544,10 +556,9 @@ async def test_post_documents_bypasses_the_router_and_answers_like_it(gw_env):
 async def test_post_documents_direct_path_reads_a_streamed_body_and_refuses_a_large_one(gw_env):
     async def chunks(document: bytes):
         for i in range(0, len(document), 1000):
-            yield document[i:i + 1000]
+            yield document[i : i + 1000]
 
-    response = await gw_env.client.post("/v1/documents", content=chunks(with_id(INVOICE, "STREAM-1")),
-                                        headers=GLOBEX)
+    response = await gw_env.client.post("/v1/documents", content=chunks(with_id(INVOICE, "STREAM-1")), headers=GLOBEX)
     assert response.status_code == 202 and response.json()["document_id"] == "STREAM-1"
     limit = gw_env.assembly.settings.limits.max_bytes
     declared = await post(gw_env, b"<a/>", {**GLOBEX, "Content-Length": str(limit + 1)})
@@ -588,14 +599,30 @@ _HEADER_VALUE = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     auth=st.sampled_from([None, f"Bearer {ACME_KEY}", f"Bearer {GLOBEX_KEY}", "Bearer x.y", "Basic abc", ""]),
-    content_type=st.sampled_from([None, "application/xml", "text/xml; charset=iso-8859-1", "application/ubl+xml",
-                                  "text/plain", "application/xml; charset=nope"]),
+    content_type=st.sampled_from(
+        [
+            None,
+            "application/xml",
+            "text/xml; charset=iso-8859-1",
+            "application/ubl+xml",
+            "text/plain",
+            "application/xml; charset=nope",
+        ]
+    ),
     correlation=st.one_of(st.none(), _HEADER_VALUE),
     key=st.one_of(st.none(), _HEADER_VALUE),
     body=st.one_of(
         st.binary(max_size=300),
-        st.sampled_from([ORDER_CHANGE, INVOICE, DESPATCH_ADVICE, b"<a/>", b"<?xml version='1.0'?>",
-                         b"<!DOCTYPE a [<!ENTITY e SYSTEM 'file:///etc/passwd'>]><a>&e;</a>"]),
+        st.sampled_from(
+            [
+                ORDER_CHANGE,
+                INVOICE,
+                DESPATCH_ADVICE,
+                b"<a/>",
+                b"<?xml version='1.0'?>",
+                b"<!DOCTYPE a [<!ENTITY e SYSTEM 'file:///etc/passwd'>]><a>&e;</a>",
+            ]
+        ),
         st.text(max_size=200).map(lambda t: f"<Invoice>{t}</Invoice>".encode("utf-8", "surrogatepass")),
     ),
 )
@@ -642,8 +669,10 @@ async def test_serve_runs_the_sample_responder_and_the_nightly_load(make_assembl
             started.append("shutdown")
 
     monkeypatch.setattr(spark_etl.scheduler, "NightlyLoad", FakeLoad)
-    assembly = make_assembly(workers=[{"module": "gateway.samples.order_responder", "concurrency": 2}],
-                             etl={"enabled": True, "schedule": "0 3 * * *"})
+    assembly = make_assembly(
+        workers=[{"module": "gateway.samples.order_responder", "concurrency": 2}],
+        etl={"enabled": True, "schedule": "0 3 * * *"},
+    )
     runtime = Runtime(assembly)  # workers and ETL as configured, like the app's lifespan
     runtime.start()
     try:

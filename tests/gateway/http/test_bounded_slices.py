@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
+from gwtest import GLOBEX, INVOICE
 
 from broker_core import Queue, TextMessage
-from gwtest import GLOBEX, INVOICE
 
 pytestmark = pytest.mark.anyio
 
@@ -34,10 +34,12 @@ def hostile_bodies() -> list[bytes]:
     root = b"<Invoice "
     start = INVOICE.index(b"<cac:InvoiceLine>")
     end = INVOICE.rindex(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")
-    bad_line = (b"<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:InvoicedQuantity unitCode=\"C62\">abc</cbc:InvoicedQuantity>"
-                b"<cbc:LineExtensionAmount currencyID=\"EUR\">1</cbc:LineExtensionAmount><cac:Item><cbc:Name>n</cbc:Name>"
-                b"</cac:Item><cac:Price><cbc:PriceAmount currencyID=\"EUR\">1</cbc:PriceAmount></cac:Price></cac:InvoiceLine>")
-    good_line = INVOICE[start:INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
+    bad_line = (
+        b'<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:InvoicedQuantity unitCode="C62">abc</cbc:InvoicedQuantity>'
+        b'<cbc:LineExtensionAmount currencyID="EUR">1</cbc:LineExtensionAmount><cac:Item><cbc:Name>n</cbc:Name>'
+        b'</cac:Item><cac:Price><cbc:PriceAmount currencyID="EUR">1</cbc:PriceAmount></cac:Price></cac:InvoiceLine>'
+    )
+    good_line = INVOICE[start : INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
     return [
         INVOICE.replace(root, root + b" ".join(b'a%d="v"' % i for i in range(100_000)) + b" ", 1),
         INVOICE.replace(root, root + b" ".join(b'xmlns:p%d="u%d"' % (i, i) for i in range(50_000)) + b" ", 1),
@@ -57,8 +59,10 @@ class Probes:
         self.stop = threading.Event()
         self.commits: list[float] = []
         self.gaps: list[float] = []
-        self.threads = [threading.Thread(target=self._commit, daemon=True),
-                        threading.Thread(target=self._tick, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._commit, daemon=True),
+            threading.Thread(target=self._tick, daemon=True),
+        ]
 
     def _commit(self) -> None:
         conn = self.broker.connect()
@@ -99,15 +103,18 @@ async def test_hostile_documents_hold_up_the_writer_and_other_threads_only_brief
     with Probes(gw_env.broker) as probes:
         started = time.perf_counter()
         for _ in range(2):
-            answers = await asyncio.gather(*[gw_env.client.post("/v1/documents", content=body, headers=GLOBEX)
-                                             for body in bodies])
+            answers = await asyncio.gather(
+                *[gw_env.client.post("/v1/documents", content=body, headers=GLOBEX) for body in bodies]
+            )
             assert [a.status_code for a in answers] == [400] * 8 + [202]
         took = time.perf_counter() - started
         await asyncio.sleep(0.2)
     assert probes.commits and probes.gaps
     slowest_commit, slowest_gap = max(probes.commits), max(probes.gaps)
-    print(f"\n{len(bodies) * 2} hostile documents in {took:.1f} s; {len(probes.commits)} probe commits, median "
-          f"{statistics.median(probes.commits) * 1e3:.1f} ms, slowest {slowest_commit * 1e3:.0f} ms; "
-          f"slowest gap between 1 ms ticks {slowest_gap * 1e3:.0f} ms")
+    print(
+        f"\n{len(bodies) * 2} hostile documents in {took:.1f} s; {len(probes.commits)} probe commits, median "
+        f"{statistics.median(probes.commits) * 1e3:.1f} ms, slowest {slowest_commit * 1e3:.0f} ms; "
+        f"slowest gap between 1 ms ticks {slowest_gap * 1e3:.0f} ms"
+    )
     assert slowest_commit < MAX_COMMIT_SECONDS
     assert slowest_gap < MAX_TICK_GAP_SECONDS

@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from gwtest import ACME, GLOBEX, INVOICE, ORDER, REPO, with_id
 
 MARK = f"Hq{uuid.uuid4().hex[:10]}"
@@ -35,10 +34,12 @@ ROOT = b"<Invoice "
 def _lines(n: int, quantity: bytes) -> bytes:
     start = INVOICE.index(b"<cac:InvoiceLine>")
     end = INVOICE.rindex(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")
-    line = (b"<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:Note>" + MARK.encode() + b"</cbc:Note>"
-            b"<cbc:InvoicedQuantity unitCode=\"C62\">" + quantity + b"</cbc:InvoicedQuantity>"
-            b"<cbc:LineExtensionAmount currencyID=\"EUR\">1</cbc:LineExtensionAmount><cac:Item><cbc:Name>n</cbc:Name>"
-            b"</cac:Item><cac:Price><cbc:PriceAmount currencyID=\"EUR\">1</cbc:PriceAmount></cac:Price></cac:InvoiceLine>")
+    line = (
+        b"<cac:InvoiceLine><cbc:ID>1</cbc:ID><cbc:Note>" + MARK.encode() + b"</cbc:Note>"
+        b'<cbc:InvoicedQuantity unitCode="C62">' + quantity + b"</cbc:InvoicedQuantity>"
+        b'<cbc:LineExtensionAmount currencyID="EUR">1</cbc:LineExtensionAmount><cac:Item><cbc:Name>n</cbc:Name>'
+        b'</cac:Item><cac:Price><cbc:PriceAmount currencyID="EUR">1</cbc:PriceAmount></cac:Price></cac:InvoiceLine>'
+    )
     return INVOICE[:start] + line * n + INVOICE[end:]
 
 
@@ -50,18 +51,33 @@ def hostile() -> dict[str, tuple[bytes, str]]:
     return {
         "many attributes": (INVOICE.replace(ROOT, ROOT + attrs + b" ", 1), "too-many-attributes"),
         "many namespaces on one element": (INVOICE.replace(ROOT, ROOT + decls + b" ", 1), "too-many-namespaces"),
-        "many namespaces in all": (INVOICE.replace(b"<cbc:Note>", spread * 110_000 + b"<cbc:Note>", 1),
-                                   "too-many-document-namespaces"),
-        "a long name": (INVOICE.replace(b"<cbc:Note>", b"<cbc:" + mark * 200_000 + b"/><cbc:Note>", 1), "name-too-long"),
-        "a long namespace URI": (INVOICE.replace(ROOT, ROOT + b'xmlns:x="urn:' + mark * 1000 + b'" ', 1), "name-too-long"),
+        "many namespaces in all": (
+            INVOICE.replace(b"<cbc:Note>", spread * 110_000 + b"<cbc:Note>", 1),
+            "too-many-document-namespaces",
+        ),
+        "a long name": (
+            INVOICE.replace(b"<cbc:Note>", b"<cbc:" + mark * 200_000 + b"/><cbc:Note>", 1),
+            "name-too-long",
+        ),
+        "a long namespace URI": (
+            INVOICE.replace(ROOT, ROOT + b'xmlns:x="urn:' + mark * 1000 + b'" ', 1),
+            "name-too-long",
+        ),
         "a huge text node": (INVOICE.replace(b"<cbc:Note>", b"<cbc:Note>" + mark * 700_000, 1), "text-too-long"),
         "a huge attribute value": (INVOICE.replace(ROOT, ROOT + b'a="' + mark * 700_000 + b'" ', 1), "text-too-long"),
         "thousands of validation errors": (_lines(20_000, b"abc"), "schema-invalid"),
-        "errors on thousands of siblings": (INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 11_000 + b"<cbc:Note>", 1),
-                                            "schema-invalid"),
-        "many attributes and a huge text": (INVOICE.replace(ROOT, ROOT + attrs + b" ", 1)
-                                            .replace(b"<cbc:Note>", b"<cbc:Note>" + mark * 500_000, 1), "too-many-attributes"),
-        "billion laughs": ((Path(__file__).parents[1] / "fixtures" / "billion-laughs.xml").read_bytes(), "forbidden-xml"),
+        "errors on thousands of siblings": (
+            INVOICE.replace(b"<cbc:Note>", b'<cbc:Note x="1"/>' * 11_000 + b"<cbc:Note>", 1),
+            "schema-invalid",
+        ),
+        "many attributes and a huge text": (
+            INVOICE.replace(ROOT, ROOT + attrs + b" ", 1).replace(b"<cbc:Note>", b"<cbc:Note>" + mark * 500_000, 1),
+            "too-many-attributes",
+        ),
+        "billion laughs": (
+            (Path(__file__).parents[1] / "fixtures" / "billion-laughs.xml").read_bytes(),
+            "forbidden-xml",
+        ),
     }
 
 
@@ -93,9 +109,25 @@ def server(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("B2BGW_STORE_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "--log-level", "DEBUG", "serve", "--config", str(tmp / "b2bgw.yaml"),
-         "--port", str(port), "--no-etl", "--no-stomp"],
-        cwd=str(tmp), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "--log-level",
+            "DEBUG",
+            "serve",
+            "--config",
+            str(tmp / "b2bgw.yaml"),
+            "--port",
+            str(port),
+            "--no-etl",
+            "--no-stomp",
+        ],
+        cwd=str(tmp),
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -143,8 +175,9 @@ class Honest(threading.Thread):
                 n += 1
                 started = time.perf_counter()
                 try:
-                    response = client.post("/v1/documents", content=with_id(ORDER, f"HONEST-{uuid.uuid4().hex[:8]}-{n}"),
-                                           headers=ACME)
+                    response = client.post(
+                        "/v1/documents", content=with_id(ORDER, f"HONEST-{uuid.uuid4().hex[:8]}-{n}"), headers=ACME
+                    )
                     if response.status_code == 200:
                         self.latencies.append(time.perf_counter() - started)
                     else:
@@ -216,8 +249,13 @@ def test_each_hostile_class_alone_and_sixteen_at_once_while_an_honest_partner_go
         with context.Pool(16) as pool:
             answers = pool.starmap(_post_answer, [(base, name) for name in names])
         for name, took, status, headers, content in answers:
-            _check_answer(name, took, httpx.Response(status, headers=headers, content=content), documents[name][1],
-                          limited_ok=True)
+            _check_answer(
+                name,
+                took,
+                httpx.Response(status, headers=headers, content=content),
+                documents[name][1],
+                limited_ok=True,
+            )
         assert sum(status == 400 for _, _, status, _, _ in answers) >= 2  # two in progress at a time
         time.sleep(1)
     finally:
@@ -225,8 +263,10 @@ def test_each_hostile_class_alone_and_sixteen_at_once_while_an_honest_partner_go
         honest.join(60)
     assert honest.latencies and not honest.errors, honest.errors[:5]
     assert max(honest.health) < 1.0
-    print(f"\nhonest orders meanwhile: {len(honest.latencies)}, p50 {statistics.median(honest.latencies) * 1e3:.0f} ms, "
-          f"slowest {max(honest.latencies) * 1e3:.0f} ms; slowest /healthz {max(honest.health) * 1e3:.0f} ms")
+    print(
+        f"\nhonest orders meanwhile: {len(honest.latencies)}, p50 {statistics.median(honest.latencies) * 1e3:.0f} ms, "
+        f"slowest {max(honest.latencies) * 1e3:.0f} ms; slowest /healthz {max(honest.health) * 1e3:.0f} ms"
+    )
 
     # what the hostile documents carried is nowhere: not in the log, not in the store
     assert MARK not in log.read_text(errors="replace")
@@ -238,7 +278,7 @@ def test_a_large_valid_document_is_accepted_within_the_budget(server):
     base, _, _ = server
     start = INVOICE.index(b"<cac:InvoiceLine>")
     end = INVOICE.rindex(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")
-    line = INVOICE[start:INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
+    line = INVOICE[start : INVOICE.index(b"</cac:InvoiceLine>") + len(b"</cac:InvoiceLine>")]
     body = with_id(INVOICE[:start] + line * 3_500 + INVOICE[end:], f"BIG-{uuid.uuid4().hex[:8]}")
     assert 9_000_000 < len(body) <= 10 * 1024 * 1024
     took, response = _post(base, body)

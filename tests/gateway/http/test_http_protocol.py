@@ -29,8 +29,13 @@ async def app(scope, receive, send):
             if not message.get("more_body"):
                 break
         body = b"read %d" % size
-    await send({"type": "http.response.start", "status": 429 if scope["path"] == "/early" else 200,
-                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 429 if scope["path"] == "/early" else 200,
+            "headers": [(b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

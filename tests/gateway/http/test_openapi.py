@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 import schemathesis
+from gwtest import ACME_KEY, GLOBEX_KEY, SAMPLE_CONFIG, Responder, sample_data
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import CheckContext
 from schemathesis.config import SchemathesisConfig
 
-from gateway.http.app import create_app
-from gateway.exchange.assemble import assemble
 from gateway.config.loader import load_settings, settings_from_mapping
 from gateway.errors import GatewayError
+from gateway.exchange.assemble import assemble
+from gateway.http.app import create_app
 from gateway.http.openapi import openapi_document, problem_codes
 from gateway.runtime.serving import Runtime
-from gwtest import ACME_KEY, GLOBEX_KEY, SAMPLE_CONFIG, Responder, sample_data
 
 _XML_MEDIA_TYPES = ("application/xml", "text/xml", "application/ubl+xml")
 
@@ -83,6 +83,7 @@ def client(gateway_app) -> Iterator[Any]:
 #: media type) are caught by refusals_are_stated.
 _STATED_REFUSALS = ["2xx", "400", "401", "403", "404", "409", "413", "422", "429", "502", "503", "504"]
 
+
 class _Delegate:
     """The ASGI app the schema is bound to when the tests are collected: the module's gateway app, once its
     fixture has made it (the checks send requests of their own, without credentials..., through it too)."""
@@ -99,8 +100,9 @@ _APP = _Delegate()
 DOCUMENT = openapi_document(max_body_bytes=load_settings(SAMPLE_CONFIG).limits.max_bytes)
 schema = schemathesis.openapi.from_dict(
     copy.deepcopy(DOCUMENT),  # schemathesis adds to the dict it is given
-    config=SchemathesisConfig.from_dict({"checks": {"positive_data_acceptance": {
-        "expected-statuses": _STATED_REFUSALS}}}),
+    config=SchemathesisConfig.from_dict(
+        {"checks": {"positive_data_acceptance": {"expected-statuses": _STATED_REFUSALS}}}
+    ),
 )
 schema.app = _APP
 
@@ -120,8 +122,10 @@ def refusals_are_stated(ctx: CheckContext, response: Any, case: Any) -> bool | N
     if code == "not-found" and case.path_parameters:  # a message id nobody was given: the stated 404
         return None
     if code in _SHAPE_CODES:
-        raise AssertionError(f"a request the document calls valid was refused: {response.status_code} {code}: "
-                             f"{response.json().get('detail')}")
+        raise AssertionError(
+            f"a request the document calls valid was refused: {response.status_code} {code}: "
+            f"{response.json().get('detail')}"
+        )
     return None
 
 
@@ -133,9 +137,17 @@ def _credentials(case: Any) -> str:
 
 
 @schema.parametrize()
-@settings(max_examples=100, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 def test_the_server_does_what_the_document_says(case: Any, client: Any) -> None:
     headers = {"Authorization": f"Bearer {_credentials(case)}"}
     case.call_and_validate(session=client, headers=headers, additional_checks=[refusals_are_stated])
@@ -160,8 +172,15 @@ def test_accepted_documents_followed_through_the_documents_links(client: Any) ->
         def validate_response(self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any) -> None:
             super().validate_response(response, case, additional_checks=[refusals_are_stated], **kwargs)
 
-    Machine.run(settings=settings(max_examples=15, stateful_step_count=4, deadline=None, derandomize=True,
-                                  suppress_health_check=list(HealthCheck)))
+    Machine.run(
+        settings=settings(
+            max_examples=15,
+            stateful_step_count=4,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
     assert owners  # documents were accepted and followed
 
 
@@ -175,8 +194,9 @@ def test_the_served_document_is_the_configured_one(gateway_app) -> None:
     assert openapi_document(max_body_bytes=limit) == DOCUMENT
     # the partner API's part of it (the operators' side, when configured, adds its own paths: test_admin_api.py)
     assert {path: v for path, v in served["paths"].items() if not path.startswith("/admin/")} == DOCUMENT["paths"]
-    assert {k: v for k, v in served.items() if k not in ("paths", "components", "tags")} == \
-        {k: v for k, v in DOCUMENT.items() if k not in ("paths", "components", "tags")}
+    assert {k: v for k, v in served.items() if k not in ("paths", "components", "tags")} == {
+        k: v for k, v in DOCUMENT.items() if k not in ("paths", "components", "tags")
+    }
     for name, schema in DOCUMENT["components"]["schemas"].items():
         if name != "Problem":  # whose code list the operators' side extends
             assert served["components"]["schemas"][name] == schema
@@ -190,7 +210,8 @@ def test_every_problem_code_a_post_can_carry_is_listed_under_its_status() -> Non
 
     def listed(status: int) -> list[str]:
         return responses[str(status)]["content"]["application/problem+json"]["schema"]["allOf"][1]["properties"][
-            "code"]["enum"]
+            "code"
+        ]["enum"]
 
     assert {"not-well-formed", "forbidden-xml", "schema-invalid", "invalid-header"} <= set(listed(400))
     assert listed(409) == ["archived-replay", "idempotency-conflict"] and listed(415) == ["unsupported-media-type"]
@@ -206,8 +227,10 @@ def test_every_problem_code_a_post_can_carry_is_listed_under_its_status() -> Non
 
     try:
         later = openapi_document()["paths"]["/v1/documents"]["post"]["responses"]
-        assert "test-rate-limited" in later["429"]["content"]["application/problem+json"]["schema"]["allOf"][1][
-            "properties"]["code"]["enum"]
+        assert (
+            "test-rate-limited"
+            in later["429"]["content"]["application/problem+json"]["schema"]["allOf"][1]["properties"]["code"]["enum"]
+        )
     finally:
         del LimitError
         import gc
@@ -277,8 +300,9 @@ def test_every_problem_the_server_gives_is_the_one_the_document_states(gw_sync) 
         response = client.get(url, headers=headers)
         assert response.status_code == expected, (url, response.text)
         _documented(document, path, "get", response)
-    replied = client.get("/v1/documents/" + post(with_id(ORDER, "OA-6"), ACME, 504).json()["message_id"] + "/reply",
-                         headers=ACME)
+    replied = client.get(
+        "/v1/documents/" + post(with_id(ORDER, "OA-6"), ACME, 504).json()["message_id"] + "/reply", headers=ACME
+    )
     _documented(document, "/v1/documents/{message_id}/reply", "get", replied)
     for path in ("/healthz", "/readyz"):
         _documented(document, path, "get", client.get(path))

@@ -20,11 +20,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 import uvicorn
+from gwtest import GLOBEX, INVOICE, sample_data
 
 from broker_core import Broker
 from gateway.http.app import create_app
 from ledger_contract.tables import documents, events, unpack_xml
-from gwtest import GLOBEX, INVOICE, sample_data
 
 SECRET = f"TOP-SECRET-{uuid.uuid4().hex}"
 INVOICE_NS = "urn:oasis:names:specification:ubl:schema:xsd:Invoice-2"
@@ -36,12 +36,11 @@ class Server:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         sock.close()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="info", lifespan="on",
-                                access_log=True)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="info", lifespan="on", access_log=True)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:
@@ -101,7 +100,7 @@ class LogCapture(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.lines.append(self.format(record))
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.lines.append(str(record.msg))
 
 
@@ -124,9 +123,10 @@ def server(make_module_assembly) -> Iterator[tuple[Server, Path, LogCapture]]:
 
 @pytest.fixture(scope="module")
 def make_module_assembly(gw_registry, tmp_path_factory):
-    from gateway.exchange.assemble import assemble
-    from gateway.config.loader import settings_from_mapping
     from gwtest import SAMPLE_CONFIG
+
+    from gateway.config.loader import settings_from_mapping
+    from gateway.exchange.assemble import assemble
 
     tmp = tmp_path_factory.mktemp("gw-security")
     data = sample_data(tmp)
@@ -143,21 +143,46 @@ def attacks(secret_path: Path, port: int) -> list[tuple[str, bytes, int, str]]:
     inv_open = f'<Invoice xmlns="{INVOICE_NS}" xmlns:cbc="urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2">'
     xi_open = inv_open.replace(">", ' xmlns:xi="http://www.w3.org/2001/XInclude">', 1)
     return [
-        ("external general entity", f'<?xml version="1.0"?><!DOCTYPE Invoice [<!ENTITY x SYSTEM "{uri}">]>'
-                                    f'{inv_open}<cbc:ID>&x;</cbc:ID></Invoice>'.encode(), 400, "forbidden-xml"),
-        ("entity in a valid invoice", f'<?xml version="1.0"?><!DOCTYPE Invoice [<!ENTITY x SYSTEM "{uri}">]>'
-                                      f'{body.replace("<cbc:Note>", "<cbc:Note>&x;", 1)}'.encode(), 400,
-         "forbidden-xml"),
-        ("external DTD subset", f'<!DOCTYPE Invoice SYSTEM "{uri}">{inv_open}</Invoice>'.encode(), 400,
-         "forbidden-xml"),
-        ("external parameter entity", f'<!DOCTYPE Invoice [<!ENTITY % p SYSTEM "{uri}"> %p;]>{inv_open}</Invoice>'
-         .encode(), 400, "forbidden-xml"),
-        ("network entity", f'<!DOCTYPE Invoice [<!ENTITY x SYSTEM "http://127.0.0.1:{port}/x">]>'
-                           f'{inv_open}&x;</Invoice>'.encode(), 400, "forbidden-xml"),
+        (
+            "external general entity",
+            f'<?xml version="1.0"?><!DOCTYPE Invoice [<!ENTITY x SYSTEM "{uri}">]>'
+            f"{inv_open}<cbc:ID>&x;</cbc:ID></Invoice>".encode(),
+            400,
+            "forbidden-xml",
+        ),
+        (
+            "entity in a valid invoice",
+            f'<?xml version="1.0"?><!DOCTYPE Invoice [<!ENTITY x SYSTEM "{uri}">]>'
+            f"{body.replace('<cbc:Note>', '<cbc:Note>&x;', 1)}".encode(),
+            400,
+            "forbidden-xml",
+        ),
+        (
+            "external DTD subset",
+            f'<!DOCTYPE Invoice SYSTEM "{uri}">{inv_open}</Invoice>'.encode(),
+            400,
+            "forbidden-xml",
+        ),
+        (
+            "external parameter entity",
+            f'<!DOCTYPE Invoice [<!ENTITY % p SYSTEM "{uri}"> %p;]>{inv_open}</Invoice>'.encode(),
+            400,
+            "forbidden-xml",
+        ),
+        (
+            "network entity",
+            f'<!DOCTYPE Invoice [<!ENTITY x SYSTEM "http://127.0.0.1:{port}/x">]>{inv_open}&x;</Invoice>'.encode(),
+            400,
+            "forbidden-xml",
+        ),
         ("undeclared entity", f"{inv_open}<cbc:ID>&secret;</cbc:ID></Invoice>".encode(), 400, "forbidden-xml"),
         ("xinclude", f'{xi_open}<xi:include href="{uri}" parse="text"/></Invoice>'.encode(), 400, "schema-invalid"),
-        ("billion laughs", (Path(__file__).parents[1] / "fixtures" / "billion-laughs.xml").read_bytes(), 400,
-         "forbidden-xml"),
+        (
+            "billion laughs",
+            (Path(__file__).parents[1] / "fixtures" / "billion-laughs.xml").read_bytes(),
+            400,
+            "forbidden-xml",
+        ),
         ("deep nesting", b"<a>" * 5000 + b"</a>" * 5000, 400, "forbidden-xml"),
         ("nesting over the configured depth", b"<a>" * 70 + b"</a>" * 70, 400, "forbidden-xml"),
     ]
@@ -165,7 +190,7 @@ def attacks(secret_path: Path, port: int) -> list[tuple[str, bytes, int, str]]:
 
 def assert_clean(response: httpx.Response) -> None:
     assert SECRET not in response.text
-    for name, value in response.headers.items():
+    for _name, value in response.headers.items():
         assert SECRET not in value
 
 
@@ -229,8 +254,14 @@ def test_oversize_with_and_without_content_length(server):
 def test_wrong_media_types_are_415(server):
     srv, _, _ = server
     with httpx.Client(base_url=srv.url, timeout=30) as client:
-        for content_type in [None, "application/json", "text/plain", "multipart/form-data; boundary=x",
-                             "application/x-www-form-urlencoded", "application/xml; charset=klingon"]:
+        for content_type in [
+            None,
+            "application/json",
+            "text/plain",
+            "multipart/form-data; boundary=x",
+            "application/x-www-form-urlencoded",
+            "application/xml; charset=klingon",
+        ]:
             headers = {k: v for k, v in GLOBEX.items() if k != "Content-Type"}
             if content_type:
                 headers["Content-Type"] = content_type

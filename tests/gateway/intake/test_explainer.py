@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from gwtest import INVOICE
 
 from gateway.errors import SchemaValidationError
 from gateway.helpers.errors import report_from_data
 from gateway.intake.explainer import Explainer
 from gateway.intake.xmlsafe import DEFAULT_LIMITS
-from gwtest import INVOICE
 
 
 def _children(pid: int) -> list[int]:
@@ -46,7 +46,8 @@ def explainer(gw_registry):
 
 
 BAD = INVOICE.replace(b"<cbc:IssueDate>2009-12-15", b"<cbc:IssueDate>15.12.2009").replace(
-    b"<cbc:InvoiceTypeCode", b"<cbc:Bogus>1</cbc:Bogus><cbc:InvoiceTypeCode")
+    b"<cbc:InvoiceTypeCode", b"<cbc:Bogus>1</cbc:Bogus><cbc:InvoiceTypeCode"
+)
 
 
 def test_the_full_report_of_an_invalid_document_comes_in_time(explainer):
@@ -100,17 +101,30 @@ def test_documents_over_the_size_budget_are_left_to_the_caller(gw_registry):
     assert explainer.counts["fallback"] == 1 and explainer._process is None  # nothing started for it
 
 
-@pytest.mark.parametrize("data", [
-    None, {}, {"errors": "x", "detail": "d"}, {"errors": [[1, 2, 3]], "detail": "d"},
-    {"errors": [], "detail": "d"}, {"errors": [[1, 2, None, "m"]], "detail": 5},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        {},
+        {"errors": "x", "detail": "d"},
+        {"errors": [[1, 2, 3]], "detail": "d"},
+        {"errors": [], "detail": "d"},
+        {"errors": [[1, 2, None, "m"]], "detail": 5},
+    ],
+)
 def test_what_a_child_sends_is_checked(data):
     assert report_from_data(data) is None
 
 
 def test_what_a_child_sends_is_bounded():
-    report = report_from_data({"errors": [[-1, "x", 7, "m" * 10_000]] * 500, "detail": "d" * 10_000, "omitted": -5,
-                               "schema": ["not", "a", "string"]})
+    report = report_from_data(
+        {
+            "errors": [[-1, "x", 7, "m" * 10_000]] * 500,
+            "detail": "d" * 10_000,
+            "omitted": -5,
+            "schema": ["not", "a", "string"],
+        }
+    )
     assert report is not None and len(report.errors) == SchemaValidationError.max_errors
     first = report.errors[0]
     assert (first.line, first.column, first.path) == (None, None, None) and len(first.message) <= 300

@@ -75,7 +75,9 @@ class Element:
     prefix: str | None
     attributes: list[tuple[str, str, str]]  # name, value as written, quote
     declarations: list[tuple[str | None, str]]  # prefix (None: default), URI
-    content: list[object] = field(default_factory=list)  # Element, ("text", written, length), ("cdata", s), ("comment", s)
+    content: list[object] = field(
+        default_factory=list
+    )  # Element, ("text", written, length), ("cdata", s), ("comment", s)
 
 
 def name_of(length: int) -> str:
@@ -106,7 +108,9 @@ def elements(draw, depth: int, scale: int) -> Element:
     if draw(st.booleans()):
         declarations.append((None, "urn:" + "Zq" * draw(st.integers(0, scale))))
     for i in range(n_decl):
-        declarations.append((f"p{i}" + "q" * draw(st.integers(0, scale // 4)), "urn:Z" + "q" * draw(st.integers(0, scale))))
+        declarations.append(
+            (f"p{i}" + "q" * draw(st.integers(0, scale // 4)), "urn:Z" + "q" * draw(st.integers(0, scale)))
+        )
     prefixed = [p for p, _ in declarations if p is not None]
     prefix = draw(st.sampled_from(prefixed)) if prefixed and draw(st.booleans()) else None
     attributes = []
@@ -117,7 +121,9 @@ def elements(draw, depth: int, scale: int) -> Element:
         attributes.append((f"a{i}" + "Z" * draw(st.integers(0, scale // 4)), value, draw(st.sampled_from(['"', "'"]))))
     element = Element(local, prefix, attributes, declarations)
     for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(["text", "text", "cdata", "comment", "element"] if depth else ["text", "cdata", "comment"]))
+        kind = draw(
+            st.sampled_from(["text", "text", "cdata", "comment", "element"] if depth else ["text", "cdata", "comment"])
+        )
         if kind == "element":
             element.content.append(draw(elements(depth - 1, scale)))
         elif kind == "text":
@@ -254,8 +260,15 @@ def test_names_of_every_kind() -> None:
     limits = dataclasses.replace(DEFAULT_LIMITS, max_name_length=20)
     ok = "n" * 20
     parse_document(f'<{ok} {ok}="1" xmlns:{"p" * 14}="{"u" * 20}"/>'.encode(), limits)
-    for doc in (f'<{"e" * 21}/>', f'<r {"a" * 21}="1"/>', f'<p:{"e" * 19} xmlns:p="u"/>', f'<r xmlns:{"p" * 15}="u"/>',
-                f'<r xmlns="{"u" * 21}"/>', f'<r xmlns:p="{"u" * 21}"/>', f'<r xmlns:p="{"u" * 17}&amp;&amp;&amp;&amp;"/>'):
+    for doc in (
+        f"<{'e' * 21}/>",
+        f'<r {"a" * 21}="1"/>',
+        f'<p:{"e" * 19} xmlns:p="u"/>',
+        f'<r xmlns:{"p" * 15}="u"/>',
+        f'<r xmlns="{"u" * 21}"/>',
+        f'<r xmlns:p="{"u" * 21}"/>',
+        f'<r xmlns:p="{"u" * 17}&amp;&amp;&amp;&amp;"/>',
+    ):
         with pytest.raises(NameTooLongError):
             parse_document(doc.encode(), limits)
     parse_document(f'<r xmlns:p="{"u" * 16}&amp;&amp;&amp;&amp;"/>'.encode(), limits)  # 20 characters, 32 written
@@ -303,25 +316,31 @@ def test_namespaces_per_document_count_every_declaration() -> None:
 
 
 # pieces of a document body, each with the namespace declarations it makes (markup) or only seems to make
-_DECLARING = st.sampled_from([
-    ('<e xmlns="urn:a"/>', 1),
-    ('<e xmlns:p="urn:p" a="1"/>', 1),
-    ('<e\n  xmlns:p = "urn:p"\txmlns:q=\'urn:q\'>t</e>', 2),
-    ('<e a=" xmlns:x=&quot;u&quot; xmlns=\'v\'"/>', 0),  # the words in a value
-    ('<!-- <e xmlns:p="urn:p"> -->', 0),
-    ('<![CDATA[<e xmlns="urn:a" xmlns:b="urn:b">]]>', 0),
-    ('<?pi <e xmlns:p="urn:p"?>', 0),
-    (' xmlns="urn:a" xmlns:b="b" ', 0),  # in character data
-    ('<e xmlnsx="1" xmlns-y="2"/>', 0),  # other names that begin with the word
-    ("\n", 0),
-])
+_DECLARING = st.sampled_from(
+    [
+        ('<e xmlns="urn:a"/>', 1),
+        ('<e xmlns:p="urn:p" a="1"/>', 1),
+        ("<e\n  xmlns:p = \"urn:p\"\txmlns:q='urn:q'>t</e>", 2),
+        ("<e a=\" xmlns:x=&quot;u&quot; xmlns='v'\"/>", 0),  # the words in a value
+        ('<!-- <e xmlns:p="urn:p"> -->', 0),
+        ('<![CDATA[<e xmlns="urn:a" xmlns:b="urn:b">]]>', 0),
+        ('<?pi <e xmlns:p="urn:p"?>', 0),
+        (' xmlns="urn:a" xmlns:b="b" ', 0),  # in character data
+        ('<e xmlnsx="1" xmlns-y="2"/>', 0),  # other names that begin with the word
+        ("\n", 0),
+    ]
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(pieces=st.lists(_DECLARING, min_size=1, max_size=40), slice_size=st.sampled_from([8, 31, 64, 1 << 16]),
-       over=st.booleans())
+@given(
+    pieces=st.lists(_DECLARING, min_size=1, max_size=40),
+    slice_size=st.sampled_from([8, 31, 64, 1 << 16]),
+    over=st.booleans(),
+)
 def test_namespaces_per_document_counts_declarations_in_start_tags_only(
-        monkeypatch: pytest.MonkeyPatch, pieces: list[tuple[str, int]], slice_size: int, over: bool) -> None:
+    monkeypatch: pytest.MonkeyPatch, pieces: list[tuple[str, int]], slice_size: int, over: bool
+) -> None:
     """Only an attribute of a start tag named xmlns or xmlns:* declares a namespace (Namespaces in XML 1.0,
     section 3): the same words in comments, CDATA sections, processing instructions, character data or
     attribute values do not count, however the text is cut into pieces to be counted."""
@@ -364,14 +383,18 @@ def test_every_refusal_is_an_xml_security_error_with_a_position() -> None:
 
 HOSTILE = {
     "100,000 attributes on the root": b"<r " + b" ".join(b'a%d="v"' % i for i in range(100_000)) + b"/>",
-    "50,000 namespace declarations on the root": b"<r " + b" ".join(b'xmlns:p%d="u"' % i for i in range(50_000)) + b"/>",
+    "50,000 namespace declarations on the root": b"<r "
+    + b" ".join(b'xmlns:p%d="u"' % i for i in range(50_000))
+    + b"/>",
     "namespaces declared on 200,000 elements": b"<r>" + b'<e xmlns:p="u"/>' * 200_000 + b"</r>",
     "a 40,000-character name": b"<" + b"n" * 40_000 + b"/>",
     "a 9 MB text node": b"<r>" + b"x" * 9_000_000 + b"</r>",
     "a 9 MB attribute value": b"<r a='" + b"x" * 9_000_000 + b"'/>",
     "a 9 MB text with references": b"<r>" + b"xxxx&amp;" * 1_100_000 + b"</r>",
     "a 9 MB text in CDATA pieces": b"<r>" + b"<![CDATA[xxxxxxxxxxxxxxxxxxxxxx]]>" * 300_000 + b"</r>",
-    "201 attributes on each of 5,000 elements": b"<r>" + (b"<e " + b" ".join(b'a%d="v"' % i for i in range(201)) + b"/>") * 5_000 + b"</r>",
+    "201 attributes on each of 5,000 elements": b"<r>"
+    + (b"<e " + b" ".join(b'a%d="v"' % i for i in range(201)) + b"/>") * 5_000
+    + b"</r>",
 }
 
 
@@ -391,35 +414,43 @@ def test_a_document_under_every_limit_is_read_at_c_speed() -> None:
     assert time.perf_counter() - start < 3.0
 
 
-
 # --------------------------------------------------------------------------- configuration
 
 
 def test_every_limit_is_a_key_under_limits_checked_at_its_line() -> None:
+    from gwtest import SAMPLE_CONFIG
+
     from gateway.config.loader import LIMIT_KEYS, load_settings, load_yaml, settings_from_mapping
     from gateway.errors import ConfigError
-    from gwtest import SAMPLE_CONFIG
 
     assert load_settings(SAMPLE_CONFIG).limits == DEFAULT_LIMITS  # the sample states the defaults
     assert set(LIMIT_KEYS) == {"max_body_bytes", "max_depth", "max_elements", *CODES}
     text = "limits:\n  max_attributes: 20\n  max_name_length: 64\n  max_text_length: 1000\n"
     limits = settings_from_mapping(load_yaml(text=text, name="b.yaml")).limits
     assert (limits.max_attributes, limits.max_name_length, limits.max_text_length) == (20, 64, 1000)
-    for bad, line in (("limits:\n  max_attributes: 0\n", 2), ("limits:\n  max_depth: 5\n  max_name_length: many\n", 3),
-                      ("limits:\n  max_attribute: 5\n", 2), ("server:\n  explain_timeout: 20s\n", 2),
-                      ("server:\n  explain_workers: -1\n", 2), ("server:\n  port: 1\n  intake_workers: 17\n", 3)):
+    for bad, line in (
+        ("limits:\n  max_attributes: 0\n", 2),
+        ("limits:\n  max_depth: 5\n  max_name_length: many\n", 3),
+        ("limits:\n  max_attribute: 5\n", 2),
+        ("server:\n  explain_timeout: 20s\n", 2),
+        ("server:\n  explain_workers: -1\n", 2),
+        ("server:\n  port: 1\n  intake_workers: 17\n", 3),
+    ):
         with pytest.raises(ConfigError) as info:
             settings_from_mapping(load_yaml(text=bad, name="b.yaml"))
         assert (info.value.file, info.value.line) == ("b.yaml", line), bad
 
 
-@pytest.mark.parametrize("document", [
-    b"<n><!--x-->ZZZZ</n>",                 # text after a comment
-    b"<n><?pi x?>ZZZZ</n>",                 # after a processing instruction
-    b"<n><![CDATA[ab]]>ZZZZ</n>",           # after a CDATA section (it joins it)
-    b"<n><!--<fake a='1'>-->ZZZZ</n>",      # after a comment holding a '<'
-    b"<n xmlns:p='urn:p'><!--<f x='1' y='2' NNNNNNNN='x'>-->ZZ</n>",
-])
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"<n><!--x-->ZZZZ</n>",  # text after a comment
+        b"<n><?pi x?>ZZZZ</n>",  # after a processing instruction
+        b"<n><![CDATA[ab]]>ZZZZ</n>",  # after a CDATA section (it joins it)
+        b"<n><!--<fake a='1'>-->ZZZZ</n>",  # after a comment holding a '<'
+        b"<n xmlns:p='urn:p'><!--<f x='1' y='2' NNNNNNNN='x'>-->ZZ</n>",
+    ],
+)
 def test_text_after_a_comment_pi_or_cdata_counts_against_max_text_length(document: bytes) -> None:
     limits = dataclasses.replace(DEFAULT_LIMITS, max_text_length=1)
     with pytest.raises(IntakeLimitError) as info:

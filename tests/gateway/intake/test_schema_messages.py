@@ -43,12 +43,25 @@ FIELDS = {
 _CHARS = st.sampled_from(list("0123456789-:.+,TZEe abcxyz/_'\"&é٣\u00a0"))
 _NOISE = st.text(_CHARS, max_size=24)
 _NEAR = {
-    "date": st.builds("{:04d}-{:02d}-{:02d}{}".format, st.integers(0, 9999), st.integers(0, 99), st.integers(0, 99),
-                      st.sampled_from(["", "Z", "+25:00", "T10:00", " "])),
-    "time": st.builds("{:02d}:{:02d}:{:02d}{}".format, st.integers(0, 99), st.integers(0, 99), st.integers(0, 99),
-                      st.sampled_from(["", ".5", "Z", "+01:00", "am", ":00"])),
-    "decimal": st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
-                         st.decimals().map(lambda d: f"{d:,}"), st.integers().map(lambda i: f"{i}e3")),
+    "date": st.builds(
+        "{:04d}-{:02d}-{:02d}{}".format,
+        st.integers(0, 9999),
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.sampled_from(["", "Z", "+25:00", "T10:00", " "]),
+    ),
+    "time": st.builds(
+        "{:02d}:{:02d}:{:02d}{}".format,
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.sampled_from(["", ".5", "Z", "+01:00", "am", ":00"]),
+    ),
+    "decimal": st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+        st.decimals().map(lambda d: f"{d:,}"),
+        st.integers().map(lambda i: f"{i}e3"),
+    ),
     "boolean": st.sampled_from(["yes", "no", "TRUE", "False", "2", "-1", "", "t", "on", "1.0"]),
 }
 _VALUES = {name: st.one_of(_NEAR[xsd.removeprefix("xs:")], _NOISE) for name, (_, xsd) in FIELDS.items()}
@@ -75,11 +88,13 @@ def _plain(message: str) -> None:
     assert len(message) <= MAX_MESSAGE_CHARS and "\n" not in message, message
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.filter_too_much])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(data=st.data(), field=st.sampled_from(sorted(FIELDS)))
-def test_an_invalid_value_is_reported_in_plain_words(registry: SchemaRegistry, data: st.DataObject,
-                                                     field: str) -> None:
+def test_an_invalid_value_is_reported_in_plain_words(registry: SchemaRegistry, data: st.DataObject, field: str) -> None:
     path, xsd = FIELDS[field]
     value = data.draw(_VALUES[field], label="value")
     root = parse_document(ORDER)
@@ -115,16 +130,26 @@ def test_a_code_with_a_bad_language_is_reported_in_plain_words(registry: SchemaR
 def test_the_examples_a_partner_meets(registry: SchemaRegistry) -> None:
     cases = {
         ("cbc:IssueDate", "yesterday"): "cbc:IssueDate: 'yesterday' is not a valid date (xs:date, e.g. 2024-03-14).",
-        ("cbc:IssueDate", "2024-02-30"):
-            "cbc:IssueDate: '2024-02-30' is not a valid date (xs:date, e.g. 2024-03-14); that month has no such day.",
-        ("cbc:IssueTime", "25:00:00"):
-            "cbc:IssueTime: '25:00:00' is not a valid time (xs:time, e.g. 14:30:00); the hour must be from 0 to 23.",
-        ("cac:OrderLine/cac:LineItem/cbc:Quantity", "1,5"):
-            "cbc:Quantity: '1,5' is not a valid decimal number (xs:decimal, e.g. 1234.56).",
-        ("cac:OrderLine/cac:LineItem/cbc:Quantity", ""):
-            "cbc:Quantity is empty but must hold a valid decimal number (xs:decimal, e.g. 1234.56).",
-        ("cac:AllowanceCharge/cbc:ChargeIndicator", "yes"):
-            "cbc:ChargeIndicator: 'yes' is not a valid boolean (xs:boolean: true, false, 1 or 0).",
+        (
+            "cbc:IssueDate",
+            "2024-02-30",
+        ): "cbc:IssueDate: '2024-02-30' is not a valid date (xs:date, e.g. 2024-03-14); that month has no such day.",
+        (
+            "cbc:IssueTime",
+            "25:00:00",
+        ): "cbc:IssueTime: '25:00:00' is not a valid time (xs:time, e.g. 14:30:00); the hour must be from 0 to 23.",
+        (
+            "cac:OrderLine/cac:LineItem/cbc:Quantity",
+            "1,5",
+        ): "cbc:Quantity: '1,5' is not a valid decimal number (xs:decimal, e.g. 1234.56).",
+        (
+            "cac:OrderLine/cac:LineItem/cbc:Quantity",
+            "",
+        ): "cbc:Quantity is empty but must hold a valid decimal number (xs:decimal, e.g. 1234.56).",
+        (
+            "cac:AllowanceCharge/cbc:ChargeIndicator",
+            "yes",
+        ): "cbc:ChargeIndicator: 'yes' is not a valid boolean (xs:boolean: true, false, 1 or 0).",
     }
     for (path, value), expected in cases.items():
         root = parse_document(ORDER)

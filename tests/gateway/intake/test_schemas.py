@@ -61,8 +61,6 @@ def invalid(data: bytes, registry: SchemaRegistry, schema: str | None = None) ->
     return info.value
 
 
-
-
 # --------------------------------------------------------------------------- vendored files
 
 
@@ -186,7 +184,9 @@ def test_missing_mandatory_element(registry: SchemaRegistry) -> None:
 
 
 def test_text_in_a_numeric_field(registry: SchemaRegistry) -> None:
-    data = ORDER.replace(b'<cbc:Quantity unitCode="C62">15</cbc:Quantity>', b'<cbc:Quantity unitCode="C62">fifteen</cbc:Quantity>')
+    data = ORDER.replace(
+        b'<cbc:Quantity unitCode="C62">15</cbc:Quantity>', b'<cbc:Quantity unitCode="C62">fifteen</cbc:Quantity>'
+    )
     err = invalid(data, registry)
     [e] = err.errors
     assert e.path == "/Order/cac:OrderLine[2]/cac:LineItem/cbc:Quantity"

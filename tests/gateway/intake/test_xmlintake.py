@@ -23,8 +23,6 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from gateway import errors
-from gateway.intake import parse
-from gateway.intake import xmlsafe as xmlintake
 from gateway.errors import (
     MAX_MESSAGE_CHARS,
     DocumentTooLargeError,
@@ -34,6 +32,8 @@ from gateway.errors import (
     UnsupportedMediaTypeError,
     XMLSecurityError,
 )
+from gateway.intake import parse
+from gateway.intake import xmlsafe as xmlintake
 from gateway.intake.xmlsafe import (
     LIBXML2_MAX_DEPTH,
     SUPPORTED_ENCODINGS,
@@ -84,8 +84,6 @@ def secret_file(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "secret.txt"
     path.write_text(secret + "\n")
     return path, secret
-
-
 
 
 def nested(depth: int) -> bytes:
@@ -255,8 +253,19 @@ def test_accepted_media_types(header: str, charset: str | None) -> None:
 
 @pytest.mark.parametrize(
     "header",
-    [None, "", "  ", "text/plain", "application/json", "application/xml-dtd", "application/+xml",
-     "multipart/form-data; boundary=x", "text/html; charset=utf-8", "xml", "image/svg+xml"],
+    [
+        None,
+        "",
+        "  ",
+        "text/plain",
+        "application/json",
+        "application/xml-dtd",
+        "application/+xml",
+        "multipart/form-data; boundary=x",
+        "text/html; charset=utf-8",
+        "xml",
+        "image/svg+xml",
+    ],
 )
 def test_rejected_media_types(header: str | None) -> None:
     with pytest.raises(UnsupportedMediaTypeError) as info:
@@ -280,8 +289,11 @@ def test_unsupported_charset_is_415(charset: str) -> None:
     "data, charset, text",
     [
         ("<a>é</a>".encode(), None, "<a>é</a>"),
-        (codecs.BOM_UTF8 + "<?xml version='1.0' encoding='UTF-8'?><a>é</a>".encode(), None,
-         "<?xml version='1.0' encoding='UTF-8'?><a>é</a>"),
+        (
+            codecs.BOM_UTF8 + "<?xml version='1.0' encoding='UTF-8'?><a>é</a>".encode(),
+            None,
+            "<?xml version='1.0' encoding='UTF-8'?><a>é</a>",
+        ),
         ("<a>é</a>".encode(), "UTF-8", "<a>é</a>"),
         ("<?xml version='1.0' encoding='ISO-8859-1'?><a>é</a>".encode("latin-1"), None, None),
         ("<a>é</a>".encode("latin-1"), "ISO-8859-1", None),
@@ -365,7 +377,7 @@ TEXT = "<?xml version='1.0' encoding='{enc}'?>\n<Order>Grüße {enc}</Order>"
     ("label", "data"),
     [
         ("UTF-8 BOM", codecs.BOM_UTF8 + TEXT.format(enc="UTF-8").encode("utf-8")),
-        ("UTF-8 BOM, no declaration", codecs.BOM_UTF8 + "<Order>Grüße €</Order>".encode("utf-8")),
+        ("UTF-8 BOM, no declaration", codecs.BOM_UTF8 + "<Order>Grüße €</Order>".encode()),
         ("UTF-16 LE BOM", codecs.BOM_UTF16_LE + TEXT.format(enc="UTF-16").encode("utf-16-le")),
         ("UTF-16 BE BOM", codecs.BOM_UTF16_BE + TEXT.format(enc="UTF-16").encode("utf-16-be")),
         ("UTF-16 BOM, no declaration", "<Order>Grüße €</Order>".encode("utf-16")),
@@ -399,7 +411,9 @@ def test_utf16_with_matching_http_charset() -> None:
         (TEXT.format(enc="UTF-8").encode("utf-16-le"), None, ("UTF-16LE", "UTF-8")),
     ],
 )
-def test_conflicting_encodings_are_refused_naming_both(data: bytes, charset: str | None, names: tuple[str, ...]) -> None:
+def test_conflicting_encodings_are_refused_naming_both(
+    data: bytes, charset: str | None, names: tuple[str, ...]
+) -> None:
     with pytest.raises(NotWellFormedError) as info:
         parse_document(data, declared_charset=charset)
     for name in names:
@@ -639,8 +653,7 @@ def test_why_the_parser_does_not_set_collect_ids_false(secret_file: tuple[Path, 
 def test_xinclude_is_not_processed(secret_file: tuple[Path, str]) -> None:
     path, secret = secret_file
     data = (
-        '<Order xmlns:xi="http://www.w3.org/2001/XInclude">'
-        f'<xi:include href="{path.as_uri()}" parse="text"/></Order>'
+        f'<Order xmlns:xi="http://www.w3.org/2001/XInclude"><xi:include href="{path.as_uri()}" parse="text"/></Order>'
     ).encode()
     root = parse_document(data)
     assert root[0].tag == "{http://www.w3.org/2001/XInclude}include"
@@ -711,10 +724,38 @@ def test_a_huge_flood_of_elements_is_refused_quickly() -> None:
 # --------------------------------------------------------------------------- properties
 
 _TOKENS = [
-    "<a>", "</a>", "<b x='1'>", "</b>", "<c/>", "<?xml version='1.0'?>", "<?xml version='1.0' encoding='latin-1'?>",
-    "<?xml version='1.0' encoding='UTF-16'?>", "<!DOCTYPE a>", "<!DOCTYPE a [<!ENTITY e 'x'>]>", "&e;", "&amp;",
-    "&#0;", "&#x10FFFF;", "<!--", "-->", "<![CDATA[", "]]>", "<?pi", "?>", "\n", " ", "é", "\x00", "\ufeff",
-    "xmlns='urn:x'", "<ns:a xmlns:ns='urn:y'>", "</ns:a>", ">", "<", "=", '"',
+    "<a>",
+    "</a>",
+    "<b x='1'>",
+    "</b>",
+    "<c/>",
+    "<?xml version='1.0'?>",
+    "<?xml version='1.0' encoding='latin-1'?>",
+    "<?xml version='1.0' encoding='UTF-16'?>",
+    "<!DOCTYPE a>",
+    "<!DOCTYPE a [<!ENTITY e 'x'>]>",
+    "&e;",
+    "&amp;",
+    "&#0;",
+    "&#x10FFFF;",
+    "<!--",
+    "-->",
+    "<![CDATA[",
+    "]]>",
+    "<?pi",
+    "?>",
+    "\n",
+    " ",
+    "é",
+    "\x00",
+    "\ufeff",
+    "xmlns='urn:x'",
+    "<ns:a xmlns:ns='urn:y'>",
+    "</ns:a>",
+    ">",
+    "<",
+    "=",
+    '"',
 ]
 _BOMS = [b"", codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, b"\xff\xfe\x00\x00"]
 _CHARSETS = [None, "utf-8", "UTF-16", "utf-16le", "iso-8859-1", "windows-1252", "bogus", "", "latin1"]
@@ -751,7 +792,9 @@ def test_arbitrary_text_only_ever_raises_gateway_errors(text: str, codec: str, c
     st.sampled_from(["utf-8", "utf-16-le", "utf-16-be", "latin-1"]),
     st.sampled_from(_CHARSETS),
 )
-def test_xml_like_input_only_ever_raises_gateway_errors(bom: bytes, parts: list[str], codec: str, charset: str | None) -> None:
+def test_xml_like_input_only_ever_raises_gateway_errors(
+    bom: bytes, parts: list[str], codec: str, charset: str | None
+) -> None:
     data = bom + "".join(parts).encode(codec, errors="replace")
     _check_outcome(data, charset, _SMALL)
 

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from broker_core import AckMode, Broker, Queue, StoreError, XMLMessage
+from gateway.ledger.reconciler import Reconciler
 from gateway.ledger.records import (
     DuplicateDocumentError,
     Ledger,
@@ -20,7 +21,6 @@ from gateway.ledger.records import (
     now_ms,
     upgrade_ledger,
 )
-from gateway.ledger.reconciler import Reconciler
 from ledger_contract.tables import LZ4_MAGIC, documents, events, metadata
 
 
@@ -33,10 +33,20 @@ def broker(tmp_path):
 
 
 def record(message_id: str, key: str | None = None) -> NewDocument:
-    return NewDocument(message_id=message_id, partner="acme", doc_type="Order", doc_namespace="urn:x",
-                       doc_id="34", idempotency_key=key or f"acme|{message_id}", correlation_id="c",
-                       route="r", destination="queue://q", received_at=now_ms(), document=b"<Order/>",
-                       receipt='{"message_id": "%s"}' % message_id)
+    return NewDocument(
+        message_id=message_id,
+        partner="acme",
+        doc_type="Order",
+        doc_namespace="urn:x",
+        doc_id="34",
+        idempotency_key=key or f"acme|{message_id}",
+        correlation_id="c",
+        route="r",
+        destination="queue://q",
+        received_at=now_ms(),
+        document=b"<Order/>",
+        receipt=f'{{"message_id": "{message_id}"}}',
+    )
 
 
 def test_migration_makes_exactly_the_contract_tables(broker):
@@ -47,8 +57,9 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     assert current_revision(engine) == head_revision() == "g0008"
     assert upgrade_ledger(engine) == "g0008"  # idempotent
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"include_name": lambda name, type_, parent: (
-            type_ != "table" or name in metadata.tables)})
+        ctx = MigrationContext.configure(
+            conn, opts={"include_name": lambda name, type_, parent: type_ != "table" or name in metadata.tables}
+        )
         diff = compare_metadata(ctx, metadata)
     assert diff == []
     names = sa.inspect(engine).get_table_names()
@@ -64,8 +75,11 @@ def test_insert_get_and_history(broker):
     assert ledger.get("ID:nope") is None and ledger.find("nope") is None
 
 
-BIG = b"<?xml version='1.0' encoding='UTF-8'?><Order>" + b"".join(
-    b"<Line n='%d'><Item>Widget \xc3\xa9 %d</Item></Line>" % (n, n) for n in range(300)) + b"</Order>"
+BIG = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Order>"
+    + b"".join(b"<Line n='%d'><Item>Widget \xc3\xa9 %d</Item></Line>" % (n, n) for n in range(300))
+    + b"</Order>"
+)
 
 
 def test_large_documents_and_replies_are_stored_compressed_and_read_back_exactly(broker):
@@ -74,8 +88,11 @@ def test_large_documents_and_replies_are_stored_compressed_and_read_back_exactly
     doc = record("ID:big")
     doc.document = BIG
     broker.write(lambda conn: ledger.insert(conn, doc))
-    broker.write(lambda conn: ledger.transition(conn, "ID:big", "replied", from_statuses=["accepted"],
-                                                       reply=reply, reply_type="OrderResponse"))
+    broker.write(
+        lambda conn: ledger.transition(
+            conn, "ID:big", "replied", from_statuses=["accepted"], reply=reply, reply_type="OrderResponse"
+        )
+    )
     with broker.engine.connect() as c:
         stored_doc, stored_reply = c.execute(sa.select(documents.c.document, documents.c.reply)).one()
     assert stored_doc.startswith(LZ4_MAGIC) and len(stored_doc) < len(BIG) // 3
@@ -88,14 +105,28 @@ def test_rows_stored_uncompressed_read_as_they_are(broker):
     """Rows an earlier gateway wrote (raw XML) read back unchanged; small documents stay raw."""
     ledger = Ledger(broker.engine)
     broker.write(lambda conn: ledger.insert(conn, record("ID:small")))
-    old = {**{c.name: None for c in documents.c}, "message_id": "ID:old", "partner": "acme", "doc_type": "Order",
-           "doc_namespace": "urn:x", "idempotency_key": "old", "correlation_id": "c", "route": "r",
-           "destination": "queue://q", "status": "replied", "received_at": 1, "updated_at": 2,
-           "document": BIG, "reply": BIG}
+    old = {
+        **{c.name: None for c in documents.c},
+        "message_id": "ID:old",
+        "partner": "acme",
+        "doc_type": "Order",
+        "doc_namespace": "urn:x",
+        "idempotency_key": "old",
+        "correlation_id": "c",
+        "route": "r",
+        "destination": "queue://q",
+        "status": "replied",
+        "received_at": 1,
+        "updated_at": 2,
+        "document": BIG,
+        "reply": BIG,
+    }
     broker.write(lambda conn: conn.execute(documents.insert().values(**old)))
     with broker.engine.connect() as c:
-        assert c.execute(sa.select(documents.c.document).where(documents.c.message_id == "ID:small")).scalar() \
+        assert (
+            c.execute(sa.select(documents.c.document).where(documents.c.message_id == "ID:small")).scalar()
             == b"<Order/>"
+        )
     assert ledger.get("ID:small", document=True).document == b"<Order/>"
     got = ledger.get("ID:old", document=True)
     assert (got.document, got.reply) == (BIG, BIG)
@@ -137,8 +168,11 @@ def test_writes_through_the_driver_stay_in_the_store_transaction(broker):
 
     broker.write(lambda conn: ledger.insert(conn, record("ID:1", "k1")))
     # the same message id, another key: not a duplicate, SQLAlchemy's IntegrityError as before
-    with pytest.raises(StoreError, match=r"IntegrityError: \(sqlite3.IntegrityError\) UNIQUE constraint failed: "
-                                         r"b2b_ledger.message_id") as info:
+    with pytest.raises(
+        StoreError,
+        match=r"IntegrityError: \(sqlite3.IntegrityError\) UNIQUE constraint failed: "
+        r"b2b_ledger.message_id",
+    ) as info:
         broker.write(lambda conn: ledger.insert(conn, record("ID:1", "k2")))
     assert not isinstance(info.value, DuplicateDocumentError)
     with pytest.raises(DuplicateDocumentError):
@@ -180,8 +214,11 @@ def test_transitions_are_conditional_and_append_events(broker):
     ledger = Ledger(broker.engine)
     broker.write(lambda c: ledger.insert(c, record("ID:t")))
     moved = []
-    broker.write(lambda c: moved.append(ledger.transition(c, "ID:t", "replied", from_statuses=("accepted",),
-                                                                  reply=b"<R/>", reply_type="R")))
+    broker.write(
+        lambda c: moved.append(
+            ledger.transition(c, "ID:t", "replied", from_statuses=("accepted",), reply=b"<R/>", reply_type="R")
+        )
+    )
     broker.write(lambda c: moved.append(ledger.transition(c, "ID:t", "delivered", from_statuses=("accepted",))))
     assert moved == [True, False]
     got = ledger.get("ID:t", history=True)
@@ -193,14 +230,23 @@ def test_transition_from_several_statuses_with_an_error_touches_only_its_row(bro
     for mid in ("ID:a", "ID:b"):
         broker.write(lambda c, mid=mid: ledger.insert(c, record(mid)))
     moved = []
-    broker.write(lambda c: moved.append(ledger.transition(c, "ID:a", "delivered", from_statuses=["accepted"],
-                                                                  at=1000)))
-    broker.write(lambda c: moved.append(ledger.transition(
-        c, "ID:a", "failed", from_statuses=("accepted", "delivered", "dead_lettered"), reply=b"<E/>",
-        reply_type=None, error="x" * 3000, at=2000)))
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:a", "delivered", from_statuses=["accepted"], at=1000)))
+    broker.write(
+        lambda c: moved.append(
+            ledger.transition(
+                c,
+                "ID:a",
+                "failed",
+                from_statuses=("accepted", "delivered", "dead_lettered"),
+                reply=b"<E/>",
+                reply_type=None,
+                error="x" * 3000,
+                at=2000,
+            )
+        )
+    )
     broker.write(lambda c: moved.append(ledger.transition(c, "ID:a", "replied", from_statuses=())))
-    broker.write(lambda c: moved.append(ledger.transition(c, "ID:missing", "replied",
-                                                                  from_statuses=("accepted",))))
+    broker.write(lambda c: moved.append(ledger.transition(c, "ID:missing", "replied", from_statuses=("accepted",))))
     assert moved == [True, True, False, False]
     a = ledger.get("ID:a", history=True)
     assert (a.status, a.reply, a.reply_type, a.updated_at) == ("failed", b"<E/>", None, 2000)
@@ -312,8 +358,8 @@ def test_reconciler_runs_in_the_background_with_a_lease(broker):
 def test_ledger_on_postgresql(postgres_schema):
     """`b2bgw db upgrade` on PostgreSQL; the driver-SQL insert and duplicate detection work there too."""
     from gateway.cli import main as cli
-    from gateway.runtime.serving import open_broker
     from gateway.config.loader import settings_from_mapping
+    from gateway.runtime.serving import open_broker
 
     assert cli.main(["db", "upgrade", "--url", postgres_schema]) == 0
     settings = settings_from_mapping({"store": {"url": postgres_schema, "options": {"sweep_interval": 0}}})
@@ -334,10 +380,16 @@ def test_ledger_on_postgresql(postgres_schema):
         got = ledger.get(doc.message_id, history=True, document=True)
         assert got.document == b"<Order/>" and got.history[0][0] == "accepted"
         moved = []  # the driver-SQL transition, with PostgreSQL's parameter style
-        broker.write(lambda c: moved.append(ledger.transition(
-            c, doc.message_id, "failed", from_statuses=("accepted", "delivered"), reply=b"<E/>", error="no")))
-        broker.write(lambda c: moved.append(ledger.transition(c, doc.message_id, "replied",
-                                                                      from_statuses=("accepted",))))
+        broker.write(
+            lambda c: moved.append(
+                ledger.transition(
+                    c, doc.message_id, "failed", from_statuses=("accepted", "delivered"), reply=b"<E/>", error="no"
+                )
+            )
+        )
+        broker.write(
+            lambda c: moved.append(ledger.transition(c, doc.message_id, "replied", from_statuses=("accepted",)))
+        )
         assert moved == [True, False]
         got = ledger.get(doc.message_id, history=True)
         assert (got.status, got.reply, got.error) == ("failed", b"<E/>", "no")
@@ -370,7 +422,7 @@ def test_postgresql_store_without_the_ledger_migration_is_refused():
     dsn = url_base.replace("postgresql+psycopg://", "postgresql://")
     try:
         admin = psycopg.connect(dsn, autocommit=True, connect_timeout=3)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if os.environ.get("B2BGW_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"PostgreSQL required but not reachable: {exc}")
         pytest.skip(f"PostgreSQL not reachable: {exc}")
@@ -392,9 +444,13 @@ def test_iso_ms_formats_milliseconds_across_seconds():
     from gateway.exchange.submission import iso_ms
 
     assert iso_ms(None) is None
-    for epoch_ms, text in [(1710408600123, "2024-03-14T09:30:00.123Z"), (1710408600999, "2024-03-14T09:30:00.999Z"),
-                           (1710408601000, "2024-03-14T09:30:01.000Z"), (0, "1970-01-01T00:00:00.000Z"),
-                           (1710408600007, "2024-03-14T09:30:00.007Z")]:
+    for epoch_ms, text in [
+        (1710408600123, "2024-03-14T09:30:00.123Z"),
+        (1710408600999, "2024-03-14T09:30:00.999Z"),
+        (1710408601000, "2024-03-14T09:30:01.000Z"),
+        (0, "1970-01-01T00:00:00.000Z"),
+        (1710408600007, "2024-03-14T09:30:00.007Z"),
+    ]:
         assert iso_ms(epoch_ms) == text
         assert iso_ms(epoch_ms) == text  # the second formatted last is reused
 
@@ -424,7 +480,6 @@ def test_reconciler_marks_an_expired_document_failed_not_delivered(broker):
 
 def _migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
     from alembic import command
-
     from alembic.config import Config
 
     from gateway.ledger.records import MIGRATIONS
@@ -444,13 +499,26 @@ def test_rows_written_before_the_digest_migrate_and_read_without_one(tmp_path):
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'old.db'}")
     _migrate(engine, "g0003")
-    old = {"message_id": "ID:old", "partner": "acme", "doc_type": "Order", "doc_namespace": "urn:x", "doc_id": "34",
-           "idempotency_key": "acme|{urn:x}Order|34", "correlation_id": "c", "route": "r",
-           "destination": "queue://q", "status": "accepted", "received_at": now_ms(), "updated_at": now_ms(),
-           "document": b"<Order/>", "receipt": '{"message_id": "ID:old"}'}
+    old = {
+        "message_id": "ID:old",
+        "partner": "acme",
+        "doc_type": "Order",
+        "doc_namespace": "urn:x",
+        "doc_id": "34",
+        "idempotency_key": "acme|{urn:x}Order|34",
+        "correlation_id": "c",
+        "route": "r",
+        "destination": "queue://q",
+        "status": "accepted",
+        "received_at": now_ms(),
+        "updated_at": now_ms(),
+        "document": b"<Order/>",
+        "receipt": '{"message_id": "ID:old"}',
+    }
     with engine.begin() as conn:
-        conn.execute(sa.text(f"INSERT INTO b2b_ledger ({', '.join(old)}) VALUES ({', '.join(':' + k for k in old)})"),
-                     old)
+        conn.execute(
+            sa.text(f"INSERT INTO b2b_ledger ({', '.join(old)}) VALUES ({', '.join(':' + k for k in old)})"), old
+        )
     assert upgrade_ledger(engine) == head_revision()
     ledger = Ledger(engine)
     got = ledger.find("acme|{urn:x}Order|34", document=True)
@@ -463,8 +531,9 @@ def test_rows_written_before_the_digest_migrate_and_read_without_one(tmp_path):
     assert ledger.undigested_keys(0, 10) == [("acme|{urn:x}Order|34", old["received_at"])]
     assert ledger.undigested_keys(old["received_at"] + 1, 10) == []
     statements = []
-    sa.event.listen(engine, "before_cursor_execute", lambda c, cur, st, params, ctx, many: statements.append(
-        (st, params)))
+    sa.event.listen(
+        engine, "before_cursor_execute", lambda c, cur, st, params, ctx, many: statements.append((st, params))
+    )
     ledger.undigested_keys(0, 10)
     statement, parameters = statements[-1]
     with sqlite3.connect(tmp_path / "old.db") as conn:

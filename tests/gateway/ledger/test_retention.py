@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from gwtest import ACME, GLOBEX, INVOICE, ORDER, GatewayEnv, with_id
 
 from broker_core import Queue
 from ledger_contract.retention import RetentionPolicy, Rule
 from ledger_contract.tables import documents, tombstones
-from gwtest import ACME, GLOBEX, INVOICE, ORDER, GatewayEnv, with_id
 from spark_etl import archive
 
 pytestmark = pytest.mark.anyio
@@ -32,13 +32,20 @@ def policy(**changes: Any) -> RetentionPolicy:
     return RetentionPolicy(**values)
 
 
-def run_archive(env: GatewayEnv, tmp_path: Any, *, days: float = 91, pol: RetentionPolicy | None = None,
-                **kw: Any) -> archive.ArchiveResult:
+def run_archive(
+    env: GatewayEnv, tmp_path: Any, *, days: float = 91, pol: RetentionPolicy | None = None, **kw: Any
+) -> archive.ArchiveResult:
     """The archive job on the gateway's own store, as if *days* had passed."""
     store = env.broker
-    return archive.run(pol or policy(), engine=store.engine, write=archive.store_writer(store),
-                       root=str(tmp_path / "warehouse"), wait_for_warehouse=False,
-                       now=int(time.time() * 1000 + days * DAY_MS), **kw)
+    return archive.run(
+        pol or policy(),
+        engine=store.engine,
+        write=archive.store_writer(store),
+        root=str(tmp_path / "warehouse"),
+        wait_for_warehouse=False,
+        now=int(time.time() * 1000 + days * DAY_MS),
+        **kw,
+    )
 
 
 async def deliver_invoices(env: GatewayEnv) -> None:
@@ -167,8 +174,9 @@ async def test_rules_per_route_and_document_type(gw_env, tmp_path):
     order = await post(gw_env, with_id(ORDER, "RET-6"), ACME)
     invoice = await post(gw_env, with_id(INVOICE, "INV-6"), GLOBEX)
     await deliver_invoices(gw_env)
-    pol = policy(document_types={"Invoice": Rule(400 * 86400.0, "archive")},
-                 routes={"ubl-order": Rule(30 * 86400.0, "purge")})
+    pol = policy(
+        document_types={"Invoice": Rule(400 * 86400.0, "archive")}, routes={"ubl-order": Rule(30 * 86400.0, "purge")}
+    )
     result = run_archive(gw_env, tmp_path, days=31, pol=pol)
     assert (result.archived, result.purged) == (0, 1)  # the order, purged without an archive copy
     gone = await gw_env.client.get(order.headers["content-location"], headers=ACME)
@@ -183,14 +191,23 @@ async def test_rules_per_route_and_document_type(gw_env, tmp_path):
 async def test_warehouse_load_not_caught_up_keeps_documents_online(gw_env, tmp_path):
     await post(gw_env, with_id(ORDER, "RET-7"), ACME)
     store = gw_env.broker
-    common = dict(engine=store.engine, write=archive.store_writer(store), root=str(tmp_path / "wh"),
-                  now=int(time.time() * 1000 + 91 * DAY_MS))
+    common = dict(
+        engine=store.engine,
+        write=archive.store_writer(store),
+        root=str(tmp_path / "wh"),
+        now=int(time.time() * 1000 + 91 * DAY_MS),
+    )
     result = archive.run(policy(), wait_for_warehouse=True, **common)  # the load never ran in this store
     assert (result.purged, result.waiting) == (0, 1)
     with store.engine.begin() as conn:  # the load has read every event so far
         top = conn.execute(sa.text("SELECT max(seq) FROM b2b_ledger_events")).scalar()
-        conn.execute(sa.text("INSERT INTO etl_runs (mode, status, owner, started_at, seq_from, seq_to) "
-                             "VALUES ('incremental', 'succeeded', 't', 0, 0, :s)"), {"s": top})
+        conn.execute(
+            sa.text(
+                "INSERT INTO etl_runs (mode, status, owner, started_at, seq_from, seq_to) "
+                "VALUES ('incremental', 'succeeded', 't', 0, 0, :s)"
+            ),
+            {"s": top},
+        )
     result = archive.run(policy(), wait_for_warehouse=True, **common)
     assert (result.purged, result.waiting) == (1, 0)
 
@@ -219,9 +236,21 @@ def test_ledger_refuses_a_tombstoned_key_on_postgresql(postgres_schema):
         ledger = Ledger(broker.engine)
 
         def doc(mid: str, key: str) -> NewDocument:
-            return NewDocument(message_id=mid, partner="acme", doc_type="Order", doc_namespace="ns", doc_id="1",
-                               idempotency_key=key, correlation_id="c", route="r", destination="queue://q",
-                               received_at=1000, document=b"<a/>", receipt="{}", digest="sha256:x")
+            return NewDocument(
+                message_id=mid,
+                partner="acme",
+                doc_type="Order",
+                doc_namespace="ns",
+                doc_id="1",
+                idempotency_key=key,
+                correlation_id="c",
+                route="r",
+                destination="queue://q",
+                received_at=1000,
+                document=b"<a/>",
+                receipt="{}",
+                digest="sha256:x",
+            )
 
         broker.write(lambda conn: ledger.insert(conn, doc("ID:1", "k1")))
         with broker.engine.connect() as conn:

@@ -11,13 +11,13 @@ import math
 
 import httpx
 import pytest
+from gwtest import ACME, GLOBEX, INVOICE, ORDER, REPO, SAMPLE_CONFIG, sample_data, with_id
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config.loader import load_yaml, settings_from_mapping
 from gateway.errors import ConcurrencyLimitedError, ConfigError, RateLimitedError
 from gateway.routing.partners import DEFAULT_PARTNER_LIMITS, Partner, PartnerLimiter, PartnerLimits, PartnerRegistry
-from gwtest import ACME, GLOBEX, INVOICE, ORDER, REPO, SAMPLE_CONFIG, sample_data, with_id
 
 pytestmark = pytest.mark.anyio
 
@@ -114,7 +114,9 @@ def _registry(text: str) -> PartnerRegistry:
     return PartnerRegistry.from_mapping(data["partners"], data.get("defaults"))
 
 
-KEY = 'keys: [{id: k1, hash: "scrypt$ln=14,r=8,p=1$4jwbSNf0dQ9WLW1Qc7j9SQ$tN1Ynkh6q/JddHkQZZsKWYS0uvOusUnN9USHQWHzeqU"}]'
+KEY = (
+    'keys: [{id: k1, hash: "scrypt$ln=14,r=8,p=1$4jwbSNf0dQ9WLW1Qc7j9SQ$tN1Ynkh6q/JddHkQZZsKWYS0uvOusUnN9USHQWHzeqU"}]'
+)
 
 
 def test_limits_come_from_the_partner_then_the_defaults_then_the_built_in_values() -> None:
@@ -175,18 +177,21 @@ async def test_a_refusal_waiting_out_its_delay_holds_no_slot() -> None:
         await refused
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("partners:\n  a:\n    keys: []\n    limits: {concurrent_requests: 0}\n", 4, "concurrent_requests"),
-    ("partners:\n  a:\n    keys: []\n    limits:\n      requests_per_second: fast\n", 5, "requests_per_second"),
-    ("partners:\n  a:\n    keys: []\n    limits:\n      burst: -1\n", 5, "burst"),
-    ("partners:\n  a:\n    keys: []\n    limits:\n      per_minute: 5\n", 5, "unknown key 'per_minute'"),
-    ("defaults:\n  limits:\n    requests_per_second: 0\npartners: {}\n", 3, "requests_per_second"),
-    ("defaults:\n  rate: 1\npartners: {}\n", 2, "unknown key 'rate'"),
-    ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: -0.1\n", 5, "refusal_delay"),
-    ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: 1.5\n", 5, "from 0 to 1"),
-    ("defaults:\n  limits:\n    refusal_delay: soon\npartners: {}\n", 3, "refusal_delay"),
-    ("defaults:\n  limits:\n    refusal_delay: true\npartners: {}\n", 3, "refusal_delay"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("partners:\n  a:\n    keys: []\n    limits: {concurrent_requests: 0}\n", 4, "concurrent_requests"),
+        ("partners:\n  a:\n    keys: []\n    limits:\n      requests_per_second: fast\n", 5, "requests_per_second"),
+        ("partners:\n  a:\n    keys: []\n    limits:\n      burst: -1\n", 5, "burst"),
+        ("partners:\n  a:\n    keys: []\n    limits:\n      per_minute: 5\n", 5, "unknown key 'per_minute'"),
+        ("defaults:\n  limits:\n    requests_per_second: 0\npartners: {}\n", 3, "requests_per_second"),
+        ("defaults:\n  rate: 1\npartners: {}\n", 2, "unknown key 'rate'"),
+        ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: -0.1\n", 5, "refusal_delay"),
+        ("partners:\n  a:\n    keys: []\n    limits:\n      refusal_delay: 1.5\n", 5, "from 0 to 1"),
+        ("defaults:\n  limits:\n    refusal_delay: soon\npartners: {}\n", 3, "refusal_delay"),
+        ("defaults:\n  limits:\n    refusal_delay: true\npartners: {}\n", 3, "refusal_delay"),
+    ],
+)
 def test_bad_limits_are_reported_at_their_line(text: str, line: int, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         _registry(text)
@@ -196,7 +201,8 @@ def test_bad_limits_are_reported_at_their_line(text: str, line: int, words: str)
 
 def test_the_partners_file_may_hold_defaults_beside_its_partners(tmp_path) -> None:
     (tmp_path / "partners.yaml").write_text(
-        (REPO / "config" / "partners.yaml").read_text().replace("concurrent_requests: 32 ", "concurrent_requests: 7 "))
+        (REPO / "config" / "partners.yaml").read_text().replace("concurrent_requests: 32 ", "concurrent_requests: 7 ")
+    )
     main = tmp_path / "b2bgw.yaml"
     main.write_text("partners: partners.yaml\n")
     settings = settings_from_mapping(load_yaml(main), config_path=main)
@@ -229,8 +235,9 @@ def limited(make_assembly, tmp_path):
 async def test_over_the_rate_is_429_with_retry_after_and_other_partners_go_on(limited):
     transport = httpx.ASGITransport(app=limited)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
-        answers = [await client.post("/v1/documents", content=with_id(INVOICE, f"R{i}"), headers=GLOBEX)
-                   for i in range(3)]
+        answers = [
+            await client.post("/v1/documents", content=with_id(INVOICE, f"R{i}"), headers=GLOBEX) for i in range(3)
+        ]
         assert [a.status_code for a in answers] == [202, 202, 202]
         started = asyncio.get_running_loop().time()
         refused = await client.post("/v1/documents", content=with_id(INVOICE, "R3"), headers=GLOBEX)
@@ -257,8 +264,9 @@ async def test_over_the_requests_in_progress_is_429_before_the_body_is_read(limi
         yield INVOICE[100:]
 
     async with httpx.AsyncClient(transport=transport, base_url="http://gw.test", timeout=30) as client:
-        held = [asyncio.create_task(client.post("/v1/documents", content=slow_body(i), headers=GLOBEX))
-                for i in range(2)]
+        held = [
+            asyncio.create_task(client.post("/v1/documents", content=slow_body(i), headers=GLOBEX)) for i in range(2)
+        ]
         while len(pulled) < 2:
             await asyncio.sleep(0.01)
         third = await client.post("/v1/documents", content=slow_body(3), headers=GLOBEX)

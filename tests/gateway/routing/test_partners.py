@@ -6,13 +6,13 @@ import asyncio
 import time
 
 import pytest
+from gwtest import ACME_KEY, GLOBEX_KEY, REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config.loader import load_yaml
 from gateway.errors import AuthenticationError, ConfigError
 from gateway.routing.partners import PartnerRegistry, generate_key, hash_key, verify_key
-from gwtest import ACME_KEY, GLOBEX_KEY, REPO
 
 FAST = {"ln": 4}  # cheap scrypt for keys made in these tests
 
@@ -44,22 +44,39 @@ def test_demo_keys_authenticate_their_partner(registry):
     assert registry.authenticate(f"bearer {GLOBEX_KEY}").id == "globex"
 
 
-@pytest.mark.parametrize("header", [
-    None, "", "Bearer", "Bearer ", "Basic YWNtZTpzZWNyZXQ=", f"Token {ACME_KEY}", "Bearer unknown.aaaaaaaaaaaaaaaaaaaaaa",
-    "Bearer acme-demo.wrongwrongwrongwrongwrongwrong", "Bearer " + ACME_KEY + "x", "Bearer " + "a" * 1000,
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic YWNtZTpzZWNyZXQ=",
+        f"Token {ACME_KEY}",
+        "Bearer unknown.aaaaaaaaaaaaaaaaaaaaaa",
+        "Bearer acme-demo.wrongwrongwrongwrongwrongwrong",
+        "Bearer " + ACME_KEY + "x",
+        "Bearer " + "a" * 1000,
+    ],
+)
 def test_bad_credentials_are_all_the_same_401(registry, header):
     with pytest.raises(AuthenticationError) as info:
         registry.authenticate(header)
     assert info.value.status == 401
-    assert info.value.detail == AuthenticationError(
-        "Authenticate with the header 'Authorization: Bearer <API key>' and the API key agreed for your partner "
-        "account.").detail
+    assert (
+        info.value.detail
+        == AuthenticationError(
+            "Authenticate with the header 'Authorization: Bearer <API key>' and the API key agreed for your partner "
+            "account."
+        ).detail
+    )
 
 
 def test_verified_keys_are_cached_and_fast():
     key = generate_key("fast-1")
-    partners = PartnerRegistry.from_mapping(load_yaml(text=f"p1:\n  keys:\n    - id: fast-1\n      hash: \"{hash_key(key)}\"\n"))
+    partners = PartnerRegistry.from_mapping(
+        load_yaml(text=f'p1:\n  keys:\n    - id: fast-1\n      hash: "{hash_key(key)}"\n')
+    )
     started = time.perf_counter()
     assert partners.authenticate(f"Bearer {key}").id == "p1"
     first = time.perf_counter() - started
@@ -81,7 +98,8 @@ def test_verified_keys_are_cached_and_fast():
 def test_concurrent_first_use_verifies_once():
     key = generate_key("burst")
     partners = PartnerRegistry.from_mapping(
-        load_yaml(text=f"p1:\n  keys:\n    - id: burst\n      hash: \"{hash_key(key, ln=10)}\"\n"))
+        load_yaml(text=f'p1:\n  keys:\n    - id: burst\n      hash: "{hash_key(key, ln=10)}"\n')
+    )
 
     async def main():
         return await asyncio.gather(*[partners.authenticate_async(f"Bearer {key}") for _ in range(20)])
@@ -92,8 +110,9 @@ def test_concurrent_first_use_verifies_once():
 
 def test_disabled_partner_is_refused():
     key = generate_key("disabled-1")
-    partners = PartnerRegistry.from_mapping(load_yaml(
-        text=f"p1:\n  enabled: false\n  keys:\n    - id: disabled-1\n      hash: \"{hash_key(key, **FAST)}\"\n"))
+    partners = PartnerRegistry.from_mapping(
+        load_yaml(text=f'p1:\n  enabled: false\n  keys:\n    - id: disabled-1\n      hash: "{hash_key(key, **FAST)}"\n')
+    )
     for _ in range(2):
         with pytest.raises(AuthenticationError):
             partners.authenticate(f"Bearer {key}")
@@ -102,7 +121,7 @@ def test_disabled_partner_is_refused():
 def test_configuration_errors_have_lines():
     key = hash_key("x.yyyyyyyyyyyyyyyyyyyy", **FAST)
     cases = {
-        f"a:\n  keys:\n    - id: k\n      hash: \"{key}\"\nb:\n  keys:\n    - id: k\n      hash: \"{key}\"\n": 7,
+        f'a:\n  keys:\n    - id: k\n      hash: "{key}"\nb:\n  keys:\n    - id: k\n      hash: "{key}"\n': 7,
         "a:\n  keys:\n    - id: k\n      hash: plain-secret\n": 4,
         "a:\n  keys:\n    - {id: 'bad id', hash: x}\n": 3,
         "a:\n  colour: red\n": 2,

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import pytest
+from gwtest import DESPATCH_ADVICE, INVOICE, ORDER, ORDER_CANCELLATION, REPO, SAMPLE_CONFIG
 from lxml import etree
 
-from gateway.exchange.assemble import assemble
 from gateway.config.loader import load_yaml, settings_from_mapping
 from gateway.errors import ConfigError, ForbiddenRouteError, NoRouteError
-from gateway.routing.routes import RouteTable, TransformError
+from gateway.exchange.assemble import assemble
 from gateway.intake.xmlsafe import parse_document
-from gwtest import DESPATCH_ADVICE, INVOICE, ORDER, ORDER_CANCELLATION, REPO, SAMPLE_CONFIG
+from gateway.routing.routes import RouteTable, TransformError
 
 PARTNERS = REPO / "config" / "partners.yaml"
 ORDER_ROOT = "{urn:oasis:names:specification:ubl:schema:xsd:Order-2}Order"
@@ -68,8 +68,11 @@ def test_sample_routes_extract_typed_properties(sample):
     route = sample.get("ubl-order")
     assert route.request_reply and route.timeout == 10 and str(route.destination) == "queue://orders.inbound"
     assert route.extract(order) == {
-        "OrderID": "34", "BuyerName": "Johnssons byggvaror", "SellerName": "Moderna Produkter AB",
-        "Currency": "SEK", "TotalAmount": 6225.0,
+        "OrderID": "34",
+        "BuyerName": "Johnssons byggvaror",
+        "SellerName": "Moderna Produkter AB",
+        "Currency": "SEK",
+        "TotalAmount": 6225.0,
     }
     assert route.extract_document_id(order) == "34"
     despatch = sample.get("ubl-despatch-advice")
@@ -78,7 +81,10 @@ def test_sample_routes_extract_typed_properties(sample):
 
 
 def test_when_predicates_route_by_content(tmp_path, gw_registry):
-    routes = good(tmp_path, gw_registry, f"""routes:
+    routes = good(
+        tmp_path,
+        gw_registry,
+        f"""routes:
   - id: big-orders
     partners: [acme]
     root: "{ORDER_ROOT}"
@@ -89,31 +95,43 @@ def test_when_predicates_route_by_content(tmp_path, gw_registry):
     root: "{ORDER_ROOT}"
     when: "cbc:DocumentCurrencyCode = 'SEK'"
     destination: queue://orders.sek
-""")
+""",
+    )
     order = parse_document(ORDER)
     assert routes.select(order, "acme").id == "big-orders"
     assert routes.select(order, "globex").id == "sek-orders"  # big-orders is acme's only
     small = parse_document(ORDER.replace(b'currencyID="SEK">6225<', b'currencyID="SEK">10<'))
     assert routes.select(small, "acme").id == "sek-orders"
-    euro = parse_document(ORDER.replace(b">SEK</cbc:DocumentCurrencyCode>", b">EUR</cbc:DocumentCurrencyCode>")
-                          .replace(b'currencyID="SEK">6225<', b'currencyID="SEK">10<'))
+    euro = parse_document(
+        ORDER.replace(b">SEK</cbc:DocumentCurrencyCode>", b">EUR</cbc:DocumentCurrencyCode>").replace(
+            b'currencyID="SEK">6225<', b'currencyID="SEK">10<'
+        )
+    )
     with pytest.raises(NoRouteError) as info:
         routes.select(euro, "acme")
     assert "conditions" in info.value.detail
 
 
 def test_prefixed_root_and_default_schema(tmp_path, gw_registry):
-    routes = good(tmp_path, gw_registry, """routes:
+    routes = good(
+        tmp_path,
+        gw_registry,
+        """routes:
   - id: o
     partners: [acme]
     root: ord:Order
     destination: queue://o
-""", namespaces={"ord": "urn:oasis:names:specification:ubl:schema:xsd:Order-2"})
+""",
+        namespaces={"ord": "urn:oasis:names:specification:ubl:schema:xsd:Order-2"},
+    )
     assert routes.get("o").root == ORDER_ROOT and routes.get("o").schema == "ubl-2.1/Order"
 
 
 def test_shadowed_routes_are_errors_with_the_later_line(tmp_path, gw_registry):
-    errors = bad(tmp_path, gw_registry, f"""routes:
+    errors = bad(
+        tmp_path,
+        gw_registry,
+        f"""routes:
   - id: all-orders
     partners: [acme, globex]
     root: "{ORDER_ROOT}"
@@ -123,11 +141,15 @@ def test_shadowed_routes_are_errors_with_the_later_line(tmp_path, gw_registry):
     root: "{ORDER_ROOT}"
     when: "cbc:ID = '1'"
     destination: queue://b
-""")
+""",
+    )
     [error] = errors
     assert error.file == "routes.yaml" and error.line == 6
     assert "'acme-orders' is shadowed by route 'all-orders' (routes.yaml:2)" in error.detail
-    same_when = bad(tmp_path, gw_registry, f"""routes:
+    same_when = bad(
+        tmp_path,
+        gw_registry,
+        f"""routes:
   - id: one
     partners: "*"
     root: "{ORDER_ROOT}"
@@ -138,10 +160,14 @@ def test_shadowed_routes_are_errors_with_the_later_line(tmp_path, gw_registry):
     root: "{ORDER_ROOT}"
     when: "cbc:ID  =  '1'"
     destination: queue://b
-""")
+""",
+    )
     assert same_when[0].line == 7 and "same 'when'" in same_when[0].detail
     # disjoint partners, or a condition on the first: no shadow
-    good(tmp_path, gw_registry, f"""routes:
+    good(
+        tmp_path,
+        gw_registry,
+        f"""routes:
   - id: one
     partners: [acme]
     root: "{ORDER_ROOT}"
@@ -159,7 +185,8 @@ def test_shadowed_routes_are_errors_with_the_later_line(tmp_path, gw_registry):
     partners: [globex]
     root: "{{urn:oasis:names:specification:ubl:schema:xsd:Invoice-2}}Invoice"
     destination: queue://d
-""")
+""",
+    )
 
 
 BASE = f"""routes:
@@ -170,40 +197,46 @@ BASE = f"""routes:
 """
 
 
-@pytest.mark.parametrize("extra, line, words", [
-    ('    when: "cbc:ID = "\n', 6, "does not compile"),
-    ("    properties:\n      Total: {xpath: 'cac:Nope/cbc:Amount', type: double}\n", 7, "does not exist"),
-    ("    properties:\n      Total: {xpath: 'cbc:ID', type: decimal}\n", 7, "type must be one of"),
-    ("    properties:\n      JMSPriority: cbc:ID\n", 7, "reserved"),
-    ("    properties:\n      B2BRoute: cbc:ID\n", 7, "set by the gateway"),
-    ("    properties:\n      ID: 'cbc:ID['\n", 7, "does not compile"),
-    ("    document_id: cbc:NoSuchThing\n", 6, "does not exist"),
-    ("    schema: ubl-2.1/Quotation\n", 6, "not configured"),
-    ("    schema: ubl-2.1/Invoice\n", 4, "does not declare the root element"),
-    ("    exchange: sometimes\n", 6, "one-way or request-reply"),
-    ("    timeout: 5s\n", 6, "request-reply routes only"),
-    ("    priority: 12\n", 6, "from 0 to 9"),
-    ("    delivery_mode: maybe\n", 6, "persistent or non_persistent"),
-    ("    time_to_live: forever\n", 6, "duration"),
-    ("    colour: blue\n", 6, "unknown key"),
-])
+@pytest.mark.parametrize(
+    "extra, line, words",
+    [
+        ('    when: "cbc:ID = "\n', 6, "does not compile"),
+        ("    properties:\n      Total: {xpath: 'cac:Nope/cbc:Amount', type: double}\n", 7, "does not exist"),
+        ("    properties:\n      Total: {xpath: 'cbc:ID', type: decimal}\n", 7, "type must be one of"),
+        ("    properties:\n      JMSPriority: cbc:ID\n", 7, "reserved"),
+        ("    properties:\n      B2BRoute: cbc:ID\n", 7, "set by the gateway"),
+        ("    properties:\n      ID: 'cbc:ID['\n", 7, "does not compile"),
+        ("    document_id: cbc:NoSuchThing\n", 6, "does not exist"),
+        ("    schema: ubl-2.1/Quotation\n", 6, "not configured"),
+        ("    schema: ubl-2.1/Invoice\n", 4, "does not declare the root element"),
+        ("    exchange: sometimes\n", 6, "one-way or request-reply"),
+        ("    timeout: 5s\n", 6, "request-reply routes only"),
+        ("    priority: 12\n", 6, "from 0 to 9"),
+        ("    delivery_mode: maybe\n", 6, "persistent or non_persistent"),
+        ("    time_to_live: forever\n", 6, "duration"),
+        ("    colour: blue\n", 6, "unknown key"),
+    ],
+)
 def test_route_errors_point_at_their_line(tmp_path, gw_registry, extra, line, words):
     errors = bad(tmp_path, gw_registry, BASE + extra)
     assert errors[0].file == "routes.yaml" and errors[0].line == line, str(errors[0])
     assert words in errors[0].detail
 
 
-@pytest.mark.parametrize("yaml_text, line, words", [
-    (BASE.replace("queue://x", "temp-queue://x"), 5, "must be queue://NAME"),
-    (BASE.replace("queue://x", "http://x"), 5, "invalid destination"),
-    (BASE.replace("[acme]", "[initech]"), 3, "not configured"),
-    (BASE.replace("[acme]", "[]"), 3, "allows no partner"),
-    (BASE.replace(ORDER_ROOT, "{urn:x}Nothing"), 4, "no configured schema"),
-    (BASE.replace(ORDER_ROOT, "zz:Order"), 4, "prefix 'zz'"),
-    (BASE + "    exchange: request-reply\n".replace("queue", "topic"), None, None),
-    (BASE.replace("queue://x", "topic://x") + "    exchange: request-reply\n", 5, "not a topic"),
-    (BASE + BASE.split("routes:\n")[1], 6, "already used"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, line, words",
+    [
+        (BASE.replace("queue://x", "temp-queue://x"), 5, "must be queue://NAME"),
+        (BASE.replace("queue://x", "http://x"), 5, "invalid destination"),
+        (BASE.replace("[acme]", "[initech]"), 3, "not configured"),
+        (BASE.replace("[acme]", "[]"), 3, "allows no partner"),
+        (BASE.replace(ORDER_ROOT, "{urn:x}Nothing"), 4, "no configured schema"),
+        (BASE.replace(ORDER_ROOT, "zz:Order"), 4, "prefix 'zz'"),
+        (BASE + "    exchange: request-reply\n".replace("queue", "topic"), None, None),
+        (BASE.replace("queue://x", "topic://x") + "    exchange: request-reply\n", 5, "not a topic"),
+        (BASE + BASE.split("routes:\n")[1], 6, "already used"),
+    ],
+)
 def test_more_route_errors(tmp_path, gw_registry, yaml_text, line, words):
     routes, errors = table(tmp_path, gw_registry, yaml_text)
     if line is None:
@@ -213,13 +246,19 @@ def test_more_route_errors(tmp_path, gw_registry, yaml_text, line, words):
 
 
 def test_all_errors_are_collected(tmp_path, gw_registry):
-    errors = bad(tmp_path, gw_registry, BASE.replace("queue://x", "nope") + BASE.split("routes:\n")[1]
-                 .replace("id: r", "id: s").replace("[acme]", "[initech]"))
+    errors = bad(
+        tmp_path,
+        gw_registry,
+        BASE.replace("queue://x", "nope")
+        + BASE.split("routes:\n")[1].replace("id: r", "id: s").replace("[acme]", "[initech]"),
+    )
     assert [e.line for e in errors] == [5, 7]
 
 
 def test_xslt_transform_is_compiled_once_and_applied(tmp_path, gw_registry):
-    (tmp_path / "slim.xsl").write_text("""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform" exclude-result-prefixes="o cbc"
+    (
+        tmp_path / "slim.xsl"
+    ).write_text("""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform" exclude-result-prefixes="o cbc"
     xmlns:o="urn:oasis:names:specification:ubl:schema:xsd:Order-2"
     xmlns:cbc="urn:oasis:names:specification:ubl:schema:xsd:CommonBasicComponents-2">
   <xsl:output method="xml" omit-xml-declaration="yes"/>
@@ -233,15 +272,19 @@ def test_xslt_transform_is_compiled_once_and_applied(tmp_path, gw_registry):
 def test_xslt_may_not_read_files(tmp_path, gw_registry):
     secret = tmp_path / "secret.txt"
     secret.write_text("SECRET-IN-FILE")
-    (tmp_path / "reads.xsl").write_text(f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
+    (
+        tmp_path / "reads.xsl"
+    ).write_text(f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
   <xsl:template match="/"><out><xsl:copy-of select="document('{secret.as_uri()}')"/></out></xsl:template>
 </xsl:stylesheet>""")
     route = good(tmp_path, gw_registry, BASE + "    transform: reads.xsl\n").get("r")
     with pytest.raises(TransformError) as info:
         route.apply_transform(parse_document(ORDER))
     assert "SECRET" not in str(info.value) and info.value.status == 500
-    (tmp_path / "includes.xsl").write_text(f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
-  <xsl:include href="{(tmp_path / 'reads.xsl').as_uri()}"/>
+    (
+        tmp_path / "includes.xsl"
+    ).write_text(f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
+  <xsl:include href="{(tmp_path / "reads.xsl").as_uri()}"/>
 </xsl:stylesheet>""")
     errors = bad(tmp_path, gw_registry, BASE + "    transform: includes.xsl\n")
     assert errors[0].line == 6 and "transform" in errors[0].detail
@@ -266,7 +309,8 @@ def test_a_partners_own_xsd_is_added_by_configuration(tmp_path):
 </xs:schema>""")
     from gateway.intake.schemas import SchemaRegistry
 
-    data = load_yaml(text="""
+    data = load_yaml(
+        text="""
 schemas:
   files:
     - {name: acme/PriceList, path: schemas/acme/PriceList.xsd}
@@ -280,13 +324,17 @@ routes:
       Items: {xpath: "count(pl:Item)", type: long}
       FirstSku: pl:Item[1]/@sku
     destination: topic://prices
-""", name="main.yaml")
+""",
+        name="main.yaml",
+    )
     data["partners"] = load_yaml(PARTNERS)["partners"]
     settings = settings_from_mapping(data, base_dir=tmp_path)
     assembly = assemble(settings)  # its own registry: only this schema
     assert not assembly.errors, [str(e) for e in assembly.errors]
-    doc = parse_document(b'<PriceList xmlns="urn:acme:pricelist"><ID>P1</ID><Item sku="a" price="1.5"/>'
-                         b'<Item sku="b" price="2"/></PriceList>')
+    doc = parse_document(
+        b'<PriceList xmlns="urn:acme:pricelist"><ID>P1</ID><Item sku="a" price="1.5"/>'
+        b'<Item sku="b" price="2"/></PriceList>'
+    )
     route = assembly.routes.select(doc, "acme")
     assembly.registry.validate(doc, route.schema)
     assert route.extract(doc) == {"Items": 2, "FirstSku": "a"}

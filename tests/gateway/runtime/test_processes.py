@@ -18,11 +18,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gwtest import ACME, GLOBEX, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 from gateway.config.loader import settings_from_mapping
 from gateway.errors import ConfigError
 from gateway.runtime.processes import Supervisor, process_count, usable_cpus
-from gwtest import ACME, GLOBEX, REPO, SAMPLE_CONFIG, UBL_EXAMPLES
 
 INVOICE = (UBL_EXAMPLES / "UBL-Invoice-2.1-Example.xml").read_bytes()
 ORDER = (UBL_EXAMPLES / "UBL-Order-2.1-Example.xml").read_bytes()
@@ -64,9 +64,27 @@ def _serve(tmp_path: Path, *extra: str, config: Path = SAMPLE_CONFIG) -> tuple[s
     log = tmp_path / "serve.log"
     env = {**os.environ, "B2BGW_STORE_URL": f"sqlite:///{tmp_path / 'gw.db'}", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "--log-level", "INFO", "serve", "--config", str(config), "--port",
-         str(port), "--no-etl", "--no-stomp", "--no-access-log", *extra],
-        cwd=str(tmp_path), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "--log-level",
+            "INFO",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--no-etl",
+            "--no-stomp",
+            "--no-access-log",
+            *extra,
+        ],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     return proc, f"http://127.0.0.1:{port}", log
 
 
@@ -220,13 +238,18 @@ def test_a_process_failing_at_start_up_stops_the_supervisor(tmp_path):
     # a route naming a schema that is not configured: found when each serving process assembles its routes
     # (the supervisor itself checks the address, the worker modules and the store before it starts them)
     routes = tmp_path / "routes.yaml"
-    routes.write_text((REPO / "routes" / "ubl-2.1.yaml").read_text()
-                      .replace("schema: ubl-2.1/Order\n", "schema: ubl-2.1/no_such_schema_for_this_test\n", 1))
+    routes.write_text(
+        (REPO / "routes" / "ubl-2.1.yaml")
+        .read_text()
+        .replace("schema: ubl-2.1/Order\n", "schema: ubl-2.1/no_such_schema_for_this_test\n", 1)
+    )
     config = tmp_path / "b2bgw.yaml"
-    config.write_text(SAMPLE_CONFIG.read_text()
-                      .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
-                      .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {routes}")
-                      .replace("file: ../rules/", f"file: {REPO}/rules/"))
+    config.write_text(
+        SAMPLE_CONFIG.read_text()
+        .replace("partners: partners.yaml", f"partners: {REPO}/config/partners.yaml")
+        .replace("routes: ../routes/ubl-2.1.yaml", f"routes: {routes}")
+        .replace("file: ../rules/", f"file: {REPO}/rules/")
+    )
     proc, _, log = _serve(tmp_path, "--processes", "2", config=config)
     try:
         code = proc.wait(90)

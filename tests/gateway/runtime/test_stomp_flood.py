@@ -19,9 +19,9 @@ import uuid
 import httpx
 import pytest
 import yaml
+from gwtest import ACME, ORDER, REPO, with_id
 
 from broker_core.stomp import hash_passcode
-from gwtest import ACME, ORDER, REPO, with_id
 
 FLOODER = "flooder"
 FLOODER_PASSCODE = "flood-" + uuid.uuid4().hex
@@ -47,16 +47,35 @@ def gateway(tmp_path_factory):
     config["stomp"]["port"] = stomp_port
     config["stomp"]["users"]["backend"]["passcode_file"] = str(tmp / "backend.passcode")
     config["stomp"]["users"][FLOODER] = {"passcode_hash": hash_passcode(FLOODER_PASSCODE), "send": ["/queue/flood.>"]}
-    config["stomp"]["limits"] = {"memory_bytes": 8 * 1024 * 1024, "send_wait": 1, "connect_timeout": 2,
-                                 "connections": 200}
+    config["stomp"]["limits"] = {
+        "memory_bytes": 8 * 1024 * 1024,
+        "send_wait": 1,
+        "connect_timeout": 2,
+        "connections": 200,
+    }
     (tmp / "b2bgw.yaml").write_text(yaml.safe_dump(config))
     port = _free_port()
     log = tmp / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("B2BGW_STORE_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "--config", str(tmp / "b2bgw.yaml"), "--port", str(port),
-         "--no-etl", "--no-access-log"], cwd=str(tmp), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "serve",
+            "--config",
+            str(tmp / "b2bgw.yaml"),
+            "--port",
+            str(port),
+            "--no-etl",
+            "--no-access-log",
+        ],
+        cwd=str(tmp),
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -90,7 +109,7 @@ def _error_of(sock: socket.socket, timeout: float = 10) -> bytes:
             if not chunk:
                 break
             data += chunk
-    except (socket.timeout, ConnectionResetError):
+    except (TimeoutError, ConnectionResetError):
         pass
     return data
 
@@ -115,8 +134,10 @@ class Flood:
         self.stop = threading.Event()
         self.errors: dict[str, int] = {}
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=fn, daemon=True) for fn in
-                        (self._silent, self._oversized, self._guessing, self._sender, self._sender, self._transaction)]
+        self.threads = [
+            threading.Thread(target=fn, daemon=True)
+            for fn in (self._silent, self._oversized, self._guessing, self._sender, self._sender, self._transaction)
+        ]
 
     def _saw(self, data: bytes) -> None:
         for line in data.split(b"\n"):
@@ -149,8 +170,9 @@ class Flood:
     def _guessing(self) -> None:  # wrong passcodes
         while not self.stop.is_set():
             with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
-                sock.sendall(f"CONNECT\naccept-version:1.2\nlogin:backend\npasscode:{uuid.uuid4().hex}\n\n\x00"
-                             .encode())
+                sock.sendall(
+                    f"CONNECT\naccept-version:1.2\nlogin:backend\npasscode:{uuid.uuid4().hex}\n\n\x00".encode()
+                )
                 self._saw(_error_of(sock, 5))
 
     def _sender(self) -> None:  # non-persistent messages to a queue nobody reads, as fast as taken
@@ -178,7 +200,7 @@ class Flood:
             self._saw(_error_of(sock, 5))
             sock.close()
 
-    def __enter__(self) -> "Flood":
+    def __enter__(self) -> Flood:
         for thread in self.threads:
             thread.start()
         return self
@@ -200,8 +222,9 @@ def test_http_keeps_answering_while_stomp_is_flooded(gateway):
         for n in range(40):
             started = time.perf_counter()
             try:
-                response = client.post("/v1/documents", content=with_id(ORDER, f"FLOOD-{uuid.uuid4().hex[:8]}-{n}"),
-                                       headers=ACME)
+                response = client.post(
+                    "/v1/documents", content=with_id(ORDER, f"FLOOD-{uuid.uuid4().hex[:8]}-{n}"), headers=ACME
+                )
                 if response.status_code == 200:
                     answered.append(time.perf_counter() - started)
                 else:

@@ -40,8 +40,10 @@ def test_disabled_section_starts_nothing():
 
 
 def test_unknown_keys_are_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="known: enabled, heartbeat, host, limits, max_frame_size, port, prefetch, "
-                                          "selector_string_numbers, users"):
+    with pytest.raises(
+        ConfigError,
+        match="known: enabled, heartbeat, host, limits, max_frame_size, port, prefetch, selector_string_numbers, users",
+    ):
         stomp_options(_Settings({"prot": 61613, "users": _ERP}))
 
 
@@ -55,8 +57,11 @@ def test_a_wrong_selector_string_numbers_choice_is_reported_at_its_line(tmp_path
     from gateway.config.loader import settings_from_mapping
 
     with pytest.raises(ConfigError, match="stomp.selector_string_numbers must be one of convert, strict"):
-        settings_from_mapping({"store": {"url": "memory://"}, "stomp": {"selector_string_numbers": "loose"}},
-                              config_path=tmp_path / "b2bgw.yaml", base_dir=tmp_path)
+        settings_from_mapping(
+            {"store": {"url": "memory://"}, "stomp": {"selector_string_numbers": "loose"}},
+            config_path=tmp_path / "b2bgw.yaml",
+            base_dir=tmp_path,
+        )
 
 
 def test_a_listener_started_from_the_section_carries_messages_into_the_broker():
@@ -67,8 +72,7 @@ def test_a_listener_started_from_the_section_carries_messages_into_the_broker():
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        holder["server"] = loop.run_until_complete(
-            start_stomp(_Settings({"port": 0, "users": _ERP}), broker))
+        holder["server"] = loop.run_until_complete(start_stomp(_Settings({"port": 0, "users": _ERP}), broker))
         started.set()
         loop.run_forever()
 

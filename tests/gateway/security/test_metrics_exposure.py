@@ -22,8 +22,7 @@ def serving(make_assembly, **changes) -> Iterator[RealServer]:
     runtime.start()
     try:
         with RealServer(create_app(assembly, runtime=runtime)) as server:
-            r = httpx.post(server.base + "/v1/documents", content=with_id(INVOICE, "MET-1"), headers=GLOBEX,
-                           timeout=60)
+            r = httpx.post(server.base + "/v1/documents", content=with_id(INVOICE, "MET-1"), headers=GLOBEX, timeout=60)
             assert r.status_code == 202
             yield server
     finally:
@@ -43,8 +42,7 @@ def test_where_the_admin_side_shares_the_port_metrics_are_for_operators(make_ass
         refused = httpx.get(server.base + "/metrics", timeout=30)
         assert refused.status_code == 401 and "globex" not in refused.text
         assert refused.headers["www-authenticate"].lower().startswith("basic")
-        partner = httpx.get(server.base + "/metrics", headers={"Authorization": GLOBEX["Authorization"]},
-                            timeout=30)
+        partner = httpx.get(server.base + "/metrics", headers={"Authorization": GLOBEX["Authorization"]}, timeout=30)
         assert partner.status_code == 401  # a partner key never opens it
         ok = httpx.get(server.base + "/metrics", auth=("vera", "vera-secret-1"), timeout=30)
         assert ok.status_code == 200 and 'partner="globex"' in ok.text

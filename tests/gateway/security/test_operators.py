@@ -33,8 +33,7 @@ class Admin:
 
     def client(self, address: str) -> httpx.Client:
         """A client whose requests come from *address* (any 127.x.y.z is this machine)."""
-        return httpx.Client(base_url=self.server.base, timeout=60,
-                            transport=httpx.HTTPTransport(local_address=address))
+        return httpx.Client(base_url=self.server.base, timeout=60, transport=httpx.HTTPTransport(local_address=address))
 
     def audit(self, **query: str) -> list[dict]:
         with self.client("127.0.0.1") as c:
@@ -82,13 +81,15 @@ def test_the_lock_doubles_with_each_further_failure_up_to_the_window(admin):
 
 def test_failures_counted_by_another_process_lock_this_one(admin):
     url = admin.runtime.broker.engine.url.render_as_string(hide_password=False)
-    code = ("import sys\n"
-            "from broker_core import Broker\n"
-            "from gateway.security.lockout import Lockout\n"
-            "b = Broker.open(sys.argv[1])\n"
-            "lockout = Lockout(b.engine, b.write, attempts=3, window=60)\n"
-            "print([lockout.fail('alice', '127.0.0.4') for _ in range(3)])\n"
-            "b.close()\n")
+    code = (
+        "import sys\n"
+        "from broker_core import Broker\n"
+        "from gateway.security.lockout import Lockout\n"
+        "b = Broker.open(sys.argv[1])\n"
+        "lockout = Lockout(b.engine, b.write, attempts=3, window=60)\n"
+        "print([lockout.fail('alice', '127.0.0.4') for _ in range(3)])\n"
+        "b.close()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, "-c", code, url], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -123,8 +124,11 @@ def test_reads_of_documents_and_messages_are_audited(admin):
         mid = r.headers["x-message-id"]
         assert c.get(f"{API}/documents/{mid}", auth=("bob", "bob-secret-22")).status_code == 200
         assert c.get(f"{API}/documents/{mid}/request", auth=("bob", "bob-secret-22")).status_code == 200
-        r = c.get(f"{API}/message", params={"destination": "queue://invoices.inbound", "id": mid},
-                  auth=("bob", "bob-secret-22"))
+        r = c.get(
+            f"{API}/message",
+            params={"destination": "queue://invoices.inbound", "id": mid},
+            auth=("bob", "bob-secret-22"),
+        )
         assert r.status_code == 200
     reads = admin.audit(operator="bob")
     documents = [e for e in reads if e["action"] == "read-document"]

@@ -35,7 +35,7 @@ def broker(tmp_path) -> Iterator[Broker]:
 
 
 def _registry(key_id: str, encoded: str) -> PartnerRegistry:
-    return PartnerRegistry.from_mapping(load_yaml(text=f"p1:\n  keys:\n    - id: {key_id}\n      hash: \"{encoded}\"\n"))
+    return PartnerRegistry.from_mapping(load_yaml(text=f'p1:\n  keys:\n    - id: {key_id}\n      hash: "{encoded}"\n'))
 
 
 def _random_token(key_id: str) -> str:
@@ -158,7 +158,8 @@ def test_failures_from_one_address_are_throttled_before_any_hashing():
 def test_the_queue_of_first_checks_is_bounded():
     key = generate_key("q1")
     registry = PartnerRegistry.from_mapping(
-        load_yaml(text=f"p1:\n  keys:\n    - id: q1\n      hash: \"{hash_key(key, ln=12)}\"\n"))
+        load_yaml(text=f'p1:\n  keys:\n    - id: q1\n      hash: "{hash_key(key, ln=12)}"\n')
+    )
     registry._max_pending = 4
 
     async def one(token: str) -> object:
@@ -197,8 +198,9 @@ def test_http_bad_keys_from_one_address_get_429_and_honest_partners_carry_on(rea
     assert httpx.post(url, content=with_id(INVOICE, "THR-0"), headers=GLOBEX, timeout=60).status_code == 202
     statuses = []
     for _ in range(30):
-        r = httpx.post(url, content=INVOICE, headers={**GLOBEX, "Authorization": _random_token("globex-demo")},
-                       timeout=60)
+        r = httpx.post(
+            url, content=INVOICE, headers={**GLOBEX, "Authorization": _random_token("globex-demo")}, timeout=60
+        )
         statuses.append(r.status_code)
     assert statuses[:20] == [401] * 20
     assert set(statuses[20:]) == {429}
@@ -211,8 +213,9 @@ def test_http_a_flood_of_first_checks_gets_503_with_retry_after(real):
     async def one(i: int) -> httpx.Response:
         transport = httpx.AsyncHTTPTransport(local_address=f"127.0.{i // 200}.{2 + i % 200}")  # one address each
         async with httpx.AsyncClient(transport=transport, base_url=real.base, timeout=120) as client:
-            return await client.post("/v1/documents", content=INVOICE,
-                                     headers={**GLOBEX, "Authorization": _random_token("globex-demo")})
+            return await client.post(
+                "/v1/documents", content=INVOICE, headers={**GLOBEX, "Authorization": _random_token("globex-demo")}
+            )
 
     async def main() -> list[httpx.Response]:
         return await asyncio.gather(*[one(i) for i in range(80)])
@@ -223,6 +226,9 @@ def test_http_a_flood_of_first_checks_gets_503_with_retry_after(real):
     busy = next(r for r in answers if r.status_code == 503)
     assert busy.json()["code"] == "authentication-busy" and int(busy.headers["retry-after"]) >= 1
     with httpx.Client(base_url=real.base, timeout=60) as client:  # the real key still gets in afterwards
-        r = client.post("/v1/documents", content=with_id(INVOICE, "AFTER-FLOOD"),
-                        headers={**GLOBEX, "Authorization": f"Bearer {GLOBEX_KEY}"})
+        r = client.post(
+            "/v1/documents",
+            content=with_id(INVOICE, "AFTER-FLOOD"),
+            headers={**GLOBEX, "Authorization": f"Bearer {GLOBEX_KEY}"},
+        )
         assert r.status_code == 202

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from admin.test_console_browser import browser, log_in, served  # noqa: F401 - fixtures
 from gwtest import GLOBEX
 from sectest import BEACON, planted_invoice
-from admin.test_console_browser import browser, log_in, served  # noqa: F401 - fixtures
 
 
 @pytest.fixture()
 def planted(served):  # noqa: F811
-    r = httpx.post(served.base + "/v1/documents", content=planted_invoice("INV-PLANTED"), headers=GLOBEX,
-                   timeout=30)
+    r = httpx.post(served.base + "/v1/documents", content=planted_invoice("INV-PLANTED"), headers=GLOBEX, timeout=30)
     assert r.status_code == 202, r.text  # the schema lets any content into ext:ExtensionContent
     return r.headers["x-message-id"]
 
@@ -31,7 +30,7 @@ def test_opening_a_planted_document_runs_no_script(browser, served, planted):  #
     page.on("download", lambda download: downloads.append(download))
     try:
         page.goto(url)
-    except Exception as exc:  # noqa: BLE001 - Playwright's goto raises "Download is starting" for a download
+    except Exception as exc:  # Playwright's goto raises "Download is starting" for a download
         assert "Download is starting" in str(exc), exc
     page.wait_for_timeout(1_500)  # time for a script, had one run, to call out
     assert dialogs == []

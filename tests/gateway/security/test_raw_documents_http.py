@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from admin.test_console_browser import served  # noqa: F401 - fixture
 from gwtest import ACME, GLOBEX, ORDER
 from sectest import planted_invoice
-from admin.test_console_browser import served  # noqa: F401 - fixture
 
 
 def _assert_never_run(response: httpx.Response) -> None:
@@ -17,12 +17,10 @@ def _assert_never_run(response: httpx.Response) -> None:
 
 
 def test_admin_api_download_of_a_planted_document(served):  # noqa: F811
-    r = httpx.post(served.base + "/v1/documents", content=planted_invoice("INV-PLANT-HTTP"), headers=GLOBEX,
-                   timeout=30)
+    r = httpx.post(served.base + "/v1/documents", content=planted_invoice("INV-PLANT-HTTP"), headers=GLOBEX, timeout=30)
     assert r.status_code == 202, r.text
     mid = r.headers["x-message-id"]
-    got = httpx.get(f"{served.base}/admin/api/v1/documents/{mid}/request", auth=("alice", "alice-secret-1"),
-                    timeout=30)
+    got = httpx.get(f"{served.base}/admin/api/v1/documents/{mid}/request", auth=("alice", "alice-secret-1"), timeout=30)
     assert got.status_code == 200
     assert b"<h:script>" in got.content  # kept as received...
     _assert_never_run(got)  # ...and never run

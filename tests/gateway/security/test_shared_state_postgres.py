@@ -47,8 +47,13 @@ def test_processes_on_one_database_share_the_secret_the_digests_and_the_lockout(
     key = generate_key("pg-old")
     encoded = hash_key(key, ln=10)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", OTHER_PROCESS, postgres_schema, key, encoded], env=env,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_PROCESS, postgres_schema, key, encoded],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     other = json.loads(done.stdout.strip().splitlines()[-1])
     assert other["partner"] == "p1" and other["scrypt"] == 1 and other["locks"][-1] > 0
@@ -58,13 +63,17 @@ def test_processes_on_one_database_share_the_secret_the_digests_and_the_lockout(
         digests = KeyDigests.for_broker(broker)
         assert digests.secret.hex() == other["secret"]  # one secret for every process
         registry = PartnerRegistry.from_mapping(
-            load_yaml(text=f"p1:\n  keys:\n    - id: pg-old\n      hash: \"{encoded}\"\n"))
+            load_yaml(text=f'p1:\n  keys:\n    - id: pg-old\n      hash: "{encoded}"\n')
+        )
         registry.attach(digests)
         assert registry.authenticate(f"Bearer {key}").id == "p1"
         assert registry.verifications == 0  # migrated by the other process: no scrypt here
         fresh = generate_key("pg-new")  # a key made for this store verifies in any of its processes
-        registry = PartnerRegistry.from_mapping(load_yaml(
-            text=f"p2:\n  keys:\n    - id: pg-new\n      hash: \"{hmac_hash(bytes.fromhex(other['secret']), fresh)}\"\n"))
+        registry = PartnerRegistry.from_mapping(
+            load_yaml(
+                text=f'p2:\n  keys:\n    - id: pg-new\n      hash: "{hmac_hash(bytes.fromhex(other["secret"]), fresh)}"\n'
+            )
+        )
         registry.attach(digests)
         assert registry.authenticate(f"Bearer {fresh}").id == "p2"
         lockout = Lockout(broker.engine, broker.write, attempts=2, window=60)

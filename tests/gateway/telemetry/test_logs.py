@@ -15,9 +15,9 @@ import httpx
 import pytest
 from gwtest import GLOBEX, INVOICE, with_id
 
-from gateway.telemetry import logs
-from gateway.http.app import create_app
 from gateway.config.loader import settings_from_mapping
+from gateway.http.app import create_app
+from gateway.telemetry import logs
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -60,9 +60,17 @@ def test_json_lines_carry_time_level_logger_message_and_the_context(captured):
     lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
     first, second, third = lines
     assert TS.match(first["ts"])
-    assert {k: first[k] for k in ("level", "logger", "message", "partner", "message_id", "correlation_id", "route")} \
-        == {"level": "WARNING", "logger": "gateway.test", "message": "stored it", "partner": "acme",
-            "message_id": "ID:1", "correlation_id": "PO-1", "route": "ubl-order"}
+    assert {
+        k: first[k] for k in ("level", "logger", "message", "partner", "message_id", "correlation_id", "route")
+    } == {
+        "level": "WARNING",
+        "logger": "gateway.test",
+        "message": "stored it",
+        "partner": "acme",
+        "message_id": "ID:1",
+        "correlation_id": "PO-1",
+        "route": "ubl-order",
+    }
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
     assert "partner" not in third and third["message"] == "outside"
 
@@ -77,8 +85,11 @@ def test_text_lines_have_a_timestamp_and_the_context(captured):
 
     contextvars.copy_context().run(request)
     line = buffer.getvalue().strip()
-    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO gateway\.test: refused "
-                    r"\[partner=globex problem=schema-invalid\]$", line), line
+    assert re.match(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO gateway\.test: refused "
+        r"\[partner=globex problem=schema-invalid\]$",
+        line,
+    ), line
 
 
 def test_an_unknown_format_is_refused_at_configuration_load(make_assembly, tmp_path):
@@ -106,8 +117,11 @@ def test_uvicorn_access_lines_go_through_the_json_formatter_with_the_request_con
     assembly = make_assembly()
     app = create_app(assembly, workers=False, etl=False, reconcile=False)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=logs.uvicorn_log_config(),
-                                           access_log=True, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=logs.uvicorn_log_config(), access_log=True, lifespan="on"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -128,7 +142,11 @@ def test_uvicorn_access_lines_go_through_the_json_formatter_with_the_request_con
     accepted = next(line for line in access if line.get("status") == 202)
     assert TS.match(accepted["ts"]) and accepted["method"] == "POST" and accepted["path"] == "/v1/documents"
     assert (accepted["partner"], accepted["message_id"], accepted["correlation_id"], accepted["route"]) == (
-        "globex", ok.headers["x-message-id"], ok.headers["x-correlation-id"], "ubl-invoice")
+        "globex",
+        ok.headers["x-message-id"],
+        ok.headers["x-correlation-id"],
+        "ubl-invoice",
+    )
     bad = next(line for line in access if line.get("status") == 400)
     assert bad["partner"] == "globex" and bad["problem"] == "not-well-formed" and "message_id" not in bad
     assert any(line["logger"].startswith("uvicorn") and line["logger"] != "uvicorn.access" for line in lines)

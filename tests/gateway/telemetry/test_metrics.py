@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core import Queue
 from gateway.http.app import create_app
-from gateway.telemetry.metrics import scrape
 from gateway.runtime.serving import Runtime
+from gateway.telemetry.metrics import scrape
 
 pytestmark = pytest.mark.anyio
 
@@ -24,8 +24,7 @@ def parse(text: str) -> dict[str, dict[str, object]]:
     """{family name: {"type": ..., "samples": [(sample name, labels, value)]}}."""
     out = {}
     for family in text_string_to_metric_families(text):
-        out[family.name] = {"type": family.type,
-                            "samples": [(s.name, dict(s.labels), s.value) for s in family.samples]}
+        out[family.name] = {"type": family.type, "samples": [(s.name, dict(s.labels), s.value) for s in family.samples]}
     return out
 
 
@@ -36,7 +35,7 @@ def value(metrics: dict, family: str, sample: str | None = None, **labels: str) 
     if found is None:
         return 0.0
     name = sample or family
-    return sum(v for n, l, v in found["samples"] if n == name and all(l.get(k) == x for k, x in labels.items()))
+    return sum(v for n, ln, v in found["samples"] if n == name and all(ln.get(k) == x for k, x in labels.items()))
 
 
 @pytest.fixture
@@ -72,8 +71,12 @@ async def test_requests_refusals_and_latencies_are_counted_by_route_status_and_p
     assert r.status_code == 202
     r = await c.post("/v1/documents", content=with_id(ORDER, "PO-M1"), headers=ACME)
     assert r.status_code == 200
-    assert (await c.post("/v1/documents", content=INVOICE, headers={"Content-Type": "application/xml"})).status_code == 401
-    assert (await c.post("/v1/documents", content=INVOICE, headers={**GLOBEX, "Content-Type": "text/csv"})).status_code == 415
+    assert (
+        await c.post("/v1/documents", content=INVOICE, headers={"Content-Type": "application/xml"})
+    ).status_code == 401
+    assert (
+        await c.post("/v1/documents", content=INVOICE, headers={**GLOBEX, "Content-Type": "text/csv"})
+    ).status_code == 415
     assert (await c.get(f"/v1/documents/{r.headers['x-message-id']}", headers=ACME)).status_code == 200
     assert (await c.get("/no/such/path/" + "x" * 50)).status_code == 404
     after = await scraped(env)
@@ -82,14 +85,35 @@ async def test_requests_refusals_and_latencies_are_counted_by_route_status_and_p
         return value(after, family, sample, **labels) - value(before, family, sample, **labels)
 
     assert after["b2bgw_http_requests"]["type"] == "counter"
-    assert delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents", method="POST",
-                 status="202", partner="globex") == 1
-    assert delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents", status="200",
-                 partner="acme") == 1
-    assert delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents", status="401",
-                 partner="-") == 1
-    assert delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents/{message_id}",
-                 method="GET", status="200", partner="acme") == 1
+    assert (
+        delta(
+            "b2bgw_http_requests",
+            "b2bgw_http_requests_total",
+            route="/v1/documents",
+            method="POST",
+            status="202",
+            partner="globex",
+        )
+        == 1
+    )
+    assert (
+        delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents", status="200", partner="acme")
+        == 1
+    )
+    assert (
+        delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="/v1/documents", status="401", partner="-") == 1
+    )
+    assert (
+        delta(
+            "b2bgw_http_requests",
+            "b2bgw_http_requests_total",
+            route="/v1/documents/{message_id}",
+            method="GET",
+            status="200",
+            partner="acme",
+        )
+        == 1
+    )
     assert delta("b2bgw_http_requests", "b2bgw_http_requests_total", route="other", status="404") == 1
     routes = {labels["route"] for _, labels, _ in after["b2bgw_http_requests"]["samples"]}
     assert not any(r.startswith("/no/") for r in routes)  # unknown paths never become label values
@@ -98,12 +122,18 @@ async def test_requests_refusals_and_latencies_are_counted_by_route_status_and_p
     assert after["b2bgw_intake_duration_seconds"]["type"] == "histogram"
     assert delta("b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_count", route="ubl-invoice") == 1
     assert delta("b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_count", route="-") == 2
-    assert delta("b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_bucket", route="ubl-invoice",
-                 le="+Inf") == 1
-    assert delta("b2bgw_request_reply_duration_seconds", "b2bgw_request_reply_duration_seconds_count",
-                 route="ubl-order") == 1
-    assert delta("b2bgw_request_reply_duration_seconds", "b2bgw_request_reply_duration_seconds_count",
-                 route="ubl-invoice") == 0
+    assert (
+        delta("b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_bucket", route="ubl-invoice", le="+Inf")
+        == 1
+    )
+    assert (
+        delta("b2bgw_request_reply_duration_seconds", "b2bgw_request_reply_duration_seconds_count", route="ubl-order")
+        == 1
+    )
+    assert (
+        delta("b2bgw_request_reply_duration_seconds", "b2bgw_request_reply_duration_seconds_count", route="ubl-invoice")
+        == 0
+    )
     assert delta("b2bgw_store_commit_duration_seconds", "b2bgw_store_commit_duration_seconds_count") >= 2
     assert delta("b2bgw_store_commit_batch_size", "b2bgw_store_commit_batch_size_sum") >= 2
 
@@ -125,19 +155,27 @@ async def test_destinations_dead_letters_and_outcomes_come_from_the_store(env):
     inv = {"destination": "queue://invoices.inbound", "kind": "queue"}
     assert metrics["b2bgw_destination_depth"]["type"] == "gauge"
     assert value(metrics, "b2bgw_destination_depth", **inv) == 2
-    assert value(metrics, "b2bgw_destination_depth", destination="queue://DLQ.invoices.inbound",
-                 kind="dead-letter") == 1
+    assert (
+        value(metrics, "b2bgw_destination_depth", destination="queue://DLQ.invoices.inbound", kind="dead-letter") == 1
+    )
     assert value(metrics, "b2bgw_dead_letter_depth", destination="queue://invoices.inbound") == 1
     assert value(metrics, "b2bgw_destination_enqueued", "b2bgw_destination_enqueued_total", **inv) == 3
     assert value(metrics, "b2bgw_handler_outcomes", "b2bgw_handler_outcomes_total", outcome="redelivered", **inv) == 1
-    assert value(metrics, "b2bgw_handler_outcomes", "b2bgw_handler_outcomes_total", outcome="dead_lettered",
-                 **inv) == 1
-    assert value(metrics, "b2bgw_handler_outcomes", "b2bgw_handler_outcomes_total", outcome="acknowledged",
-                 destination="queue://orders.inbound") == 1
+    assert value(metrics, "b2bgw_handler_outcomes", "b2bgw_handler_outcomes_total", outcome="dead_lettered", **inv) == 1
+    assert (
+        value(
+            metrics,
+            "b2bgw_handler_outcomes",
+            "b2bgw_handler_outcomes_total",
+            outcome="acknowledged",
+            destination="queue://orders.inbound",
+        )
+        == 1
+    )
     assert value(metrics, "b2bgw_destination_consumers", destination="queue://orders.inbound") == 1  # the responder
     assert 0 <= value(metrics, "b2bgw_destination_oldest_age_seconds", **inv) < 60
     assert 0 <= value(metrics, "b2bgw_stats_age_seconds") < 60
-    assert not any(l["destination"].startswith("temp-") for _, l, _ in metrics["b2bgw_destination_depth"]["samples"])
+    assert not any(ln["destination"].startswith("temp-") for _, ln, _ in metrics["b2bgw_destination_depth"]["samples"])
 
 
 async def test_the_last_warehouse_load_is_reported(env):
@@ -147,8 +185,9 @@ async def test_the_last_warehouse_load_is_reported(env):
     state.upgrade(engine)
     run_id = state.start_run(engine, mode="incremental", owner="test", seq_from=0, seq_to=10)
     started = int(time.time() * 1000) - 4000
-    state.update_run(engine, run_id, status="succeeded", started_at=started, finished_at=started + 2500,
-                     rows_written=42, loaded=7)
+    state.update_run(
+        engine, run_id, status="succeeded", started_at=started, finished_at=started + 2500, rows_written=42, loaded=7
+    )
     metrics = await scraped(env)
     assert value(metrics, "b2bgw_etl_last_run_success") == 1.0
     assert value(metrics, "b2bgw_etl_last_run_duration_seconds") == pytest.approx(2.5)
@@ -166,8 +205,19 @@ async def test_the_retention_metrics_come_from_the_store(env):
     assert value(metrics, "b2bgw_ledger_tombstones") == 0
     now = int(time.time() * 1000)
     with env.broker.engine.begin() as conn:  # what an archive run leaves: a batch archived and purged
-        conn.execute(archive_batches.insert(), {"run_id": 1, "kind": "archive", "status": "purged", "created_at": now,
-                                                "updated_at": now, "documents": 3, "purged": 3, "bytes": 4096})
+        conn.execute(
+            archive_batches.insert(),
+            {
+                "run_id": 1,
+                "kind": "archive",
+                "status": "purged",
+                "created_at": now,
+                "updated_at": now,
+                "documents": 3,
+                "purged": 3,
+                "bytes": 4096,
+            },
+        )
     metrics = await scraped(env)
     assert value(metrics, "b2bgw_ledger_tombstones") == 3
     assert value(metrics, "b2bgw_archive_documents", "b2bgw_archive_documents_total", kind="archive") == 3
@@ -175,9 +225,11 @@ async def test_the_retention_metrics_come_from_the_store(env):
 
 
 def test_multiprocess_mode_sums_what_every_serving_process_counted(tmp_path, monkeypatch):
-    code = ("from gateway.telemetry.metrics import HTTP_REQUESTS, INTAKE\n"
-            "HTTP_REQUESTS.labels('/v1/documents', 'POST', '202', 'acme').inc(3)\n"
-            "INTAKE.labels('ubl-order').observe(0.004)\n")
+    code = (
+        "from gateway.telemetry.metrics import HTTP_REQUESTS, INTAKE\n"
+        "HTTP_REQUESTS.labels('/v1/documents', 'POST', '202', 'acme').inc(3)\n"
+        "INTAKE.labels('ubl-order').observe(0.004)\n"
+    )
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for _ in range(2):  # two serving processes, one after the other (the files outlive them)
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
@@ -185,10 +237,19 @@ def test_multiprocess_mode_sums_what_every_serving_process_counted(tmp_path, mon
     body, media = scrape()
     metrics = parse(body.decode())
     assert value(metrics, "b2bgw_http_requests", "b2bgw_http_requests_total", partner="acme", status="202") == 6
-    assert value(metrics, "b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_count",
-                 route="ubl-order") == 2
-    assert value(metrics, "b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_bucket",
-                 route="ubl-order", le="0.005") == 2
+    assert (
+        value(metrics, "b2bgw_intake_duration_seconds", "b2bgw_intake_duration_seconds_count", route="ubl-order") == 2
+    )
+    assert (
+        value(
+            metrics,
+            "b2bgw_intake_duration_seconds",
+            "b2bgw_intake_duration_seconds_bucket",
+            route="ubl-order",
+            le="0.005",
+        )
+        == 2
+    )
 
 
 async def test_the_sample_dashboard_uses_only_metrics_a_scrape_has(env):

@@ -8,18 +8,20 @@ import time
 
 import httpx
 import yaml
-
-from gateway.routing.partners import hash_key
 from gwtest import sample_data
 from trust_helpers import Served, free_port, make_pki, plain
+
+from gateway.routing.partners import hash_key
 
 
 def test_admin_listener_over_https_has_secure_cookies_and_hsts(tmp_path):
     pki = make_pki(tmp_path / "pki")
     admin_port = free_port()
     data = plain(sample_data(tmp_path))
-    data["server"] = {**data.get("server", {}), "tls": {"certificate": str(pki.dir / "server-chain.pem"),
-                                                         "key": str(pki.dir / "server-key.pem")}}
+    data["server"] = {
+        **data.get("server", {}),
+        "tls": {"certificate": str(pki.dir / "server-chain.pem"), "key": str(pki.dir / "server-key.pem")},
+    }
     data["operators"] = {"alice": {"role": "operator", "hash": hash_key("alice-secret-1", ln=4)}}
     data["admin"] = {"port": admin_port}
     config = tmp_path / "b2bgw.yaml"

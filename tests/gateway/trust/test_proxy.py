@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from gateway.trust.peer import forwarded_certificate, forwarded_client
 from gwtest import ACME_KEY, ORDER_CHANGE, with_id
 from trust_helpers import Served, free_port, make_pki, trust_config
+
+from gateway.trust.peer import forwarded_certificate, forwarded_client
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 PROXIES = (ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("10.0.0.0/8"))
@@ -72,8 +72,9 @@ def behind_nginx(tmp_path_factory):
     nginx = None
     try:
         gateway.wait_ready()
-        nginx = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(conf)], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE)
+        nginx = subprocess.Popen(
+            [NGINX, "-p", str(tmp), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -118,8 +119,11 @@ def test_a_partner_is_identified_by_the_certificate_nginx_forwards(behind_nginx)
 def test_a_certificate_pinned_to_another_partner_through_nginx_is_401(behind_nginx):
     gateway, pki, _, proxy = behind_nginx
     with _client(pki, pki.client("globex")) as c:
-        r = c.post(f"{proxy}/v1/documents", content=_order(),
-                   headers={"Content-Type": "application/xml", "Authorization": f"Bearer {ACME_KEY}"})
+        r = c.post(
+            f"{proxy}/v1/documents",
+            content=_order(),
+            headers={"Content-Type": "application/xml", "Authorization": f"Bearer {ACME_KEY}"},
+        )
     assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
 
 
@@ -141,9 +145,11 @@ def test_the_certificate_header_sent_directly_is_ignored(behind_nginx):
     escaped = urllib.parse.quote(pki.client("initech").read_text().split("-----END PRIVATE KEY-----")[-1].strip())
     assert "BEGIN%20CERTIFICATE" in escaped
     with httpx.Client(timeout=30, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        r = c.post(f"{gateway.base}/v1/documents", content=_order(),
-                   headers={"Content-Type": "application/xml", "X-SSL-Client-Cert": escaped,
-                            "X-Forwarded-For": "127.0.0.1"})
+        r = c.post(
+            f"{gateway.base}/v1/documents",
+            content=_order(),
+            headers={"Content-Type": "application/xml", "X-SSL-Client-Cert": escaped, "X-Forwarded-For": "127.0.0.1"},
+        )
     assert r.status_code == 401
 
 
@@ -172,12 +178,16 @@ def test_envoy_xfcc_gives_the_nearest_clients_certificate(tmp_path):
     pki = make_pki(tmp_path / "pki")
     pem = pki.client("initech").read_text().split("-----END PRIVATE KEY-----")[-1].strip() + "\n"
     quoted = urllib.parse.quote(pem, safe="")
-    value = (f'By=spiffe://outer;Hash={"0" * 64},'
-             f'By=spiffe://b2bgw;Hash={"a" * 64};Cert="{quoted}";Subject="CN=initech.example"').encode()
+    value = (
+        f"By=spiffe://outer;Hash={'0' * 64},"
+        f'By=spiffe://b2bgw;Hash={"a" * 64};Cert="{quoted}";Subject="CN=initech.example"'
+    ).encode()
     cert = forwarded_certificate({b"x-forwarded-client-cert": value}, "envoy")
     assert cert is not None and cert.subject is not None
-    assert cert.subject.rfc4514_string().startswith("CN=initech.example") or "initech.example" in \
-        cert.subject.rfc4514_string()
+    assert (
+        cert.subject.rfc4514_string().startswith("CN=initech.example")
+        or "initech.example" in cert.subject.rfc4514_string()
+    )
     only_hash = forwarded_certificate({b"x-forwarded-client-cert": f"Hash={'b' * 64}".encode()}, "envoy")
     assert only_hash is not None and only_hash.sha256 == "b" * 64
     assert forwarded_certificate({b"x-forwarded-client-cert": b"x" * 70_000}, "envoy") is None

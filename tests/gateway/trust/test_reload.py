@@ -14,16 +14,20 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-from trust_helpers import Served, make_pki, plain
 from gwtest import sample_data
+from trust_helpers import Served, make_pki, plain
 
 
 def _config(tmp: Path, pki, interval: str) -> Path:
     data = plain(sample_data(tmp))
-    data["server"] = {**data.get("server", {}), "tls": {
-        "certificate": str(pki.dir / "server-chain.pem"), "key": str(pki.dir / "server-key.pem"),
-        "reload_interval": interval}}
+    data["server"] = {
+        **data.get("server", {}),
+        "tls": {
+            "certificate": str(pki.dir / "server-chain.pem"),
+            "key": str(pki.dir / "server-key.pem"),
+            "reload_interval": interval,
+        },
+    }
     path = tmp / "b2bgw.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -84,8 +88,9 @@ def test_a_new_certificate_file_is_served_without_a_failed_request(tmp_path):
             time.sleep(1.0)
             renewed = pki.ca.issue_cert("127.0.0.1", "localhost")
             _replace(pki, renewed)
-            assert _wait_for(lambda: _served_cert(server.port, pki.dir / "ca.pem") != first), \
+            assert _wait_for(lambda: _served_cert(server.port, pki.dir / "ca.pem") != first), (
                 "the new certificate was not served within 30 s"
+            )
             time.sleep(1.0)
         finally:
             stop.set()
@@ -94,7 +99,8 @@ def test_a_new_certificate_file_is_served_without_a_failed_request(tmp_path):
         assert outcomes and all(o == 200 for o in outcomes), [o for o in outcomes if o != 200][:5]
         assert len(outcomes) > 10
         assert _served_cert(server.port, pki.dir / "ca.pem") == ssl.PEM_cert_to_DER_cert(
-            renewed.cert_chain_pems[0].bytes().decode())
+            renewed.cert_chain_pems[0].bytes().decode()
+        )
     finally:
         server.stop()
 

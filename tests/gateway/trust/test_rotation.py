@@ -12,18 +12,20 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-from gateway.cli import main as cli
-from gateway.routing.partners import generate_key, hash_key
 from gwtest import sample_data
 from trust_helpers import Served, plain
 
+from gateway.cli import main as cli
+from gateway.routing.partners import generate_key, hash_key
+
 
 def _write_partners(path: Path, entries: list[dict]) -> None:
-    data = {"partners": {
-        "acme": {"name": "Acme", "keys": entries},
-        "globex": {"name": "Globex", "keys": [{"id": "globex-1", "hash": hash_key(generate_key("globex-1"))}]},
-    }}
+    data = {
+        "partners": {
+            "acme": {"name": "Acme", "keys": entries},
+            "globex": {"name": "Globex", "keys": [{"id": "globex-1", "hash": hash_key(generate_key("globex-1"))}]},
+        }
+    }
     tmp = path.with_suffix(".new")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     os.replace(tmp, path)  # as an editor or a deployment tool writes it: the whole file at once
@@ -64,8 +66,9 @@ def test_revoked_key_refused_by_every_process_within_5_s(tmp_path, postgres_sche
         assert _status(server.base, second) == 401
 
         _write_partners(partners, [entry1, entry2])
-        assert _until(lambda: all(_status(server.base, second) == 404 for _ in range(10)), 30), \
+        assert _until(lambda: all(_status(server.base, second) == 404 for _ in range(10)), 30), (
             "the added key was not accepted by every process"
+        )
         assert all(_status(server.base, first) == 404 for _ in range(10))
 
         _write_partners(partners, [entry2])
@@ -108,16 +111,30 @@ def test_a_broken_partners_file_keeps_the_previous_partners(tmp_path):
 
 
 def test_partners_command_lists_expiries(tmp_path, capsys):
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     partners = tmp_path / "partners.yaml"
-    _write_partners(partners, [
-        {"id": "acme-old", "hash": hash_key(generate_key("acme-old")), "label": "old",
-         "not_after": (now - dt.timedelta(days=2)).isoformat()},
-        {"id": "acme-soon", "hash": hash_key(generate_key("acme-soon")), "label": "soon",
-         "not_after": (now + dt.timedelta(days=10)).isoformat()},
-        {"id": "acme-later", "hash": hash_key(generate_key("acme-later")),
-         "not_after": (now + dt.timedelta(days=200)).isoformat()},
-    ])
+    _write_partners(
+        partners,
+        [
+            {
+                "id": "acme-old",
+                "hash": hash_key(generate_key("acme-old")),
+                "label": "old",
+                "not_after": (now - dt.timedelta(days=2)).isoformat(),
+            },
+            {
+                "id": "acme-soon",
+                "hash": hash_key(generate_key("acme-soon")),
+                "label": "soon",
+                "not_after": (now + dt.timedelta(days=10)).isoformat(),
+            },
+            {
+                "id": "acme-later",
+                "hash": hash_key(generate_key("acme-later")),
+                "not_after": (now + dt.timedelta(days=200)).isoformat(),
+            },
+        ],
+    )
     data = plain(sample_data(tmp_path))
     data["partners"] = "partners.yaml"
     config = tmp_path / "b2bgw.yaml"
@@ -132,22 +149,33 @@ def test_partners_command_lists_expiries(tmp_path, capsys):
 
 
 def test_expiry_metric_and_warning(tmp_path, caplog):
-    from gateway.routing.partners import PartnerRegistry
     from gateway.config.loader import settings_from_mapping
+    from gateway.routing.partners import PartnerRegistry
     from gateway.telemetry.metrics import REGISTRY
     from gateway.trust.expiry import ExpiryWatch
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     data = plain(sample_data(tmp_path))
-    data["partners"]["acme"]["keys"].append({"id": "acme-soon", "hash": hash_key(generate_key("acme-soon")),
-                                             "not_after": (now + dt.timedelta(days=5)).isoformat()})
-    data["partners"]["acme"]["keys"].append({"id": "acme-far", "hash": hash_key(generate_key("acme-far")),
-                                             "not_after": (now + dt.timedelta(days=300)).isoformat()})
+    data["partners"]["acme"]["keys"].append(
+        {
+            "id": "acme-soon",
+            "hash": hash_key(generate_key("acme-soon")),
+            "not_after": (now + dt.timedelta(days=5)).isoformat(),
+        }
+    )
+    data["partners"]["acme"]["keys"].append(
+        {
+            "id": "acme-far",
+            "hash": hash_key(generate_key("acme-far")),
+            "not_after": (now + dt.timedelta(days=300)).isoformat(),
+        }
+    )
     registry = PartnerRegistry.from_settings(settings_from_mapping(data, base_dir=tmp_path))
     with caplog.at_level("WARNING", logger="gateway.trust.expiry"):
         soon = ExpiryWatch(registry, 30).check(now)
     assert [c.name for c in soon] == ["acme-soon"]
     assert "acme-soon expires on" in caplog.text and "acme-far" not in caplog.text
-    value = REGISTRY.get_sample_value("b2bgw_credential_expiry_seconds",
-                                      {"partner": "acme", "kind": "key", "name": "acme-soon"})
+    value = REGISTRY.get_sample_value(
+        "b2bgw_credential_expiry_seconds", {"partner": "acme", "kind": "key", "name": "acme-soon"}
+    )
     assert value is not None and 4 * 86400 < value <= 5 * 86400

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-
 from gwtest import ACME_KEY, GLOBEX_KEY, ORDER_CHANGE, with_id
 from trust_helpers import Served, make_pki, trust_config
 
@@ -81,8 +80,17 @@ def socket_tls(server, pki, **kw):
 @pytest.mark.parametrize("flag, accepted", [("-tls1_1", False), ("-tls1_2", True), ("-tls1_3", True)])
 def test_protocol_versions_from_openssl_s_client(served, flag, accepted):
     server, pki, _ = served
-    args = ["openssl", "s_client", "-connect", f"127.0.0.1:{server.port}", flag, "-CAfile", str(pki.dir / "ca.pem"),
-            "-verify_return_error", "-brief"]
+    args = [
+        "openssl",
+        "s_client",
+        "-connect",
+        f"127.0.0.1:{server.port}",
+        flag,
+        "-CAfile",
+        str(pki.dir / "ca.pem"),
+        "-verify_return_error",
+        "-brief",
+    ]
     if flag == "-tls1_1":
         args += ["-cipher", "DEFAULT:@SECLEVEL=0"]  # the client's own floor must not be what refuses
     done = subprocess.run(args, input=b"", capture_output=True, timeout=30)
@@ -109,7 +117,6 @@ def test_tls_1_2_offers_only_forward_secret_aead_suites(served):
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
         with pytest.raises(ssl.SSLError):
             weak.wrap_socket(raw, server_hostname="127.0.0.1")
-
 
 
 def test_a_certificate_only_partner_needs_no_key(served):
@@ -163,11 +170,27 @@ def test_an_expired_or_foreign_client_certificate_fails_the_handshake(served, na
 def test_a_client_certificate_through_openssl_s_client(served):
     server, pki, _ = served
     body = _order()
-    request = (b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/xml\r\n"
-               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
-    done = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{server.port}", "-quiet",
-                           "-CAfile", str(pki.dir / "ca.pem"), "-cert", str(pki.client("initech")),
-                           "-verify_return_error"], input=request, capture_output=True, timeout=30)
+    request = (
+        b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/xml\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    done = subprocess.run(
+        [
+            "openssl",
+            "s_client",
+            "-connect",
+            f"127.0.0.1:{server.port}",
+            "-quiet",
+            "-CAfile",
+            str(pki.dir / "ca.pem"),
+            "-cert",
+            str(pki.client("initech")),
+            "-verify_return_error",
+        ],
+        input=request,
+        capture_output=True,
+        timeout=30,
+    )
     assert done.stdout.startswith(b"HTTP/1.1 202"), done.stdout[:300] + done.stderr[-300:]
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import trustme
 import yaml
+from gwtest import ACME_KEY, GLOBEX_KEY, REPO, sample_data
 
 from gateway.routing.partners import generate_key, hash_key
-from gwtest import ACME_KEY, GLOBEX_KEY, REPO, sample_data
 
 
 def plain(value: Any) -> Any:
@@ -70,14 +70,22 @@ def make_pki(tmp: Path) -> Pki:
     server.private_key_pem.write_to_path(str(tmp / "server-key.pem"))
     ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
     ca.cert_pem.write_to_path(str(tmp / "client-ca.pem"))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     write("acme", ca.issue_cert("acme.example", common_name="acme.example", organization_name="Acme"))
     write("globex", ca.issue_cert("globex.example", common_name="globex.example", organization_name="Globex"))
     write("initech", ca.issue_cert("initech.example", common_name="initech.example", organization_name="Initech"))
     write("umbrella", ca.issue_cert("umbrella.example", common_name="umbrella.example", organization_name="Umbrella"))
     write("stranger", ca.issue_cert("stranger.example", common_name="stranger.example", organization_name="Nobody"))
-    write("expired", ca.issue_cert("initech.example", common_name="initech.example", organization_name="Initech",
-                                   not_before=now - dt.timedelta(days=30), not_after=now - dt.timedelta(days=1)))
+    write(
+        "expired",
+        ca.issue_cert(
+            "initech.example",
+            common_name="initech.example",
+            organization_name="Initech",
+            not_before=now - dt.timedelta(days=30),
+            not_after=now - dt.timedelta(days=1),
+        ),
+    )
     write("foreign", other.issue_cert("initech.example", common_name="initech.example", organization_name="Initech"))
     return Pki(tmp, ca, other, server, files)
 
@@ -110,32 +118,60 @@ class Keys:
 
 def trust_config(tmp: Path, pki: Pki, *, server: dict[str, Any] | None = None) -> tuple[Path, Keys]:
     """A configuration file serving HTTPS with *pki*, its partners pinning the test certificates."""
-    keys = Keys(generate_key("initech-1"), generate_key("umbrella-1"), generate_key("acme-old"),
-                generate_key("acme-next"), generate_key("acme-now"))
+    keys = Keys(
+        generate_key("initech-1"),
+        generate_key("umbrella-1"),
+        generate_key("acme-old"),
+        generate_key("acme-next"),
+        generate_key("acme-now"),
+    )
     data = plain(sample_data(tmp))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     partners = data["partners"]
     partners["acme"]["certificates"] = [{"sha256": fingerprint(pki.client("acme")), "label": "acme client"}]
     partners["acme"]["keys"] += [
         {"id": "acme-old", "hash": hash_key(keys.expired), "label": "2025", "not_after": now - dt.timedelta(days=1)},
         {"id": "acme-next", "hash": hash_key(keys.future), "label": "next", "not_before": now + dt.timedelta(days=1)},
-        {"id": "acme-now", "hash": hash_key(keys.current), "label": "now",
-         "not_before": (now - dt.timedelta(days=1)).isoformat(), "not_after": (now + dt.timedelta(days=90)).isoformat()},
+        {
+            "id": "acme-now",
+            "hash": hash_key(keys.current),
+            "label": "now",
+            "not_before": (now - dt.timedelta(days=1)).isoformat(),
+            "not_after": (now + dt.timedelta(days=90)).isoformat(),
+        },
     ]
     partners["globex"]["certificates"] = [{"sha256": fingerprint(pki.client("globex"))}]
     subject, issuer = subject_of(pki.client("initech"))
-    partners["initech"] = {"name": "Initech", "auth": "certificate",
-                           "keys": [{"id": "initech-1", "hash": hash_key(keys.initech)}],
-                           "certificates": [{"subject": subject, "issuer": issuer, "label": "initech client"}]}
-    partners["umbrella"] = {"name": "Umbrella", "auth": "both",
-                            "keys": [{"id": "umbrella-1", "hash": hash_key(keys.umbrella)}],
-                            "certificates": [{"sha256": fingerprint(pki.client("umbrella"))}]}
+    partners["initech"] = {
+        "name": "Initech",
+        "auth": "certificate",
+        "keys": [{"id": "initech-1", "hash": hash_key(keys.initech)}],
+        "certificates": [{"subject": subject, "issuer": issuer, "label": "initech client"}],
+    }
+    partners["umbrella"] = {
+        "name": "Umbrella",
+        "auth": "both",
+        "keys": [{"id": "umbrella-1", "hash": hash_key(keys.umbrella)}],
+        "certificates": [{"sha256": fingerprint(pki.client("umbrella"))}],
+    }
     for route in data["routes"]:
         if route.get("partners"):
             route["partners"] = sorted(set(route["partners"]) | {"initech", "umbrella"})
-    data["server"] = {**data.get("server", {}), **(server if server is not None else {
-        "tls": {"certificate": str(pki.dir / "server-chain.pem"), "key": str(pki.dir / "server-key.pem"),
-                "client_ca": str(pki.dir / "client-ca.pem"), "reload_interval": "200ms"}})}
+    data["server"] = {
+        **data.get("server", {}),
+        **(
+            server
+            if server is not None
+            else {
+                "tls": {
+                    "certificate": str(pki.dir / "server-chain.pem"),
+                    "key": str(pki.dir / "server-key.pem"),
+                    "client_ca": str(pki.dir / "client-ca.pem"),
+                    "reload_interval": "200ms",
+                }
+            }
+        ),
+    }
     path = tmp / "b2bgw.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, keys
@@ -144,17 +180,41 @@ def trust_config(tmp: Path, pki: Pki, *, server: dict[str, Any] | None = None) -
 class Served:
     """``b2bgw serve`` in a subprocess on a free port."""
 
-    def __init__(self, tmp: Path, config: Path, *extra: str, scheme: str = "https", ca: Path | None = None,
-                 store_url: str | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        config: Path,
+        *extra: str,
+        scheme: str = "https",
+        ca: Path | None = None,
+        store_url: str | None = None,
+    ) -> None:
         self.port = free_port()
         self.base = f"{scheme}://127.0.0.1:{self.port}"
         self.ca = ca
         self.log = tmp / f"serve-{self.port}.log"
         env = {**os.environ, "B2BGW_STORE_URL": store_url or f"sqlite:///{tmp / 'gw.db'}", "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.main", "--log-level", "INFO", "serve", "--config", str(config),
-             "--port", str(self.port), "--no-etl", "--no-stomp", *extra],
-            cwd=str(tmp), env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli.main",
+                "--log-level",
+                "INFO",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(self.port),
+                "--no-etl",
+                "--no-stomp",
+                *extra,
+            ],
+            cwd=str(tmp),
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
 
     def client(self, cert: Path | None = None, **kw: Any) -> httpx.Client:
         import ssl
@@ -188,5 +248,16 @@ class Served:
                 self.proc.wait()
 
 
-__all__ = ["ACME_KEY", "GLOBEX_KEY", "Keys", "Pki", "Served", "fingerprint", "free_port", "make_pki", "plain",
-           "subject_of", "trust_config"]
+__all__ = [
+    "ACME_KEY",
+    "GLOBEX_KEY",
+    "Keys",
+    "Pki",
+    "Served",
+    "fingerprint",
+    "free_port",
+    "make_pki",
+    "plain",
+    "subject_of",
+    "trust_config",
+]
