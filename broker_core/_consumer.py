@@ -123,7 +123,7 @@ class MessageConsumer:
         delivery = self._reader.claim(now_ms(), self._auto_ack)
         if delivery is None:
             return None
-        return self._session._deliver(self, delivery, False)
+        return self._session._deliver(self, delivery)
 
     def _wait_time(self, deadline: float | None) -> float | None:
         """Seconds to wait next: until the deadline or a delayed redelivery."""
@@ -173,7 +173,7 @@ class MessageConsumer:
         delivery = await reader.claim_async(now, self._auto_ack)
         if delivery is None:
             return None
-        return self._session._deliver(self, delivery, False)
+        return self._session._deliver(self, delivery)
 
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         """Like :meth:`receive`, for asyncio: waits without blocking the loop

@@ -271,7 +271,7 @@ class Session:
 
     # ------------------------------------------------------------ delivery and acknowledgement
 
-    def _deliver(self, consumer: MessageConsumer, delivery: Delivery, for_listener: bool) -> Message:
+    def _deliver(self, consumer: MessageConsumer, delivery: Delivery) -> Message:
         """Wrap a claimed delivery and track it as the session's mode says."""
         mode = self.ack_mode
         ack = None
@@ -479,7 +479,7 @@ class Session:
             return False
         if delivery is None:
             return False
-        message = self._deliver(consumer, delivery, True)
+        message = self._deliver(consumer, delivery)
         try:
             listener(message)
         except Exception as exc:

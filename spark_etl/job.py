@@ -626,7 +626,6 @@ class _Job:
         other rows; the control totals computed on the Arrow side."""
         staged = stage.stage_window(self.db_url, ranges, stage.local_path(self.staging), reparse=self.reparse,
                                     batch_size=READ_BATCH_DOCS)  # fmt: skip
-        self.new_staged = staged
         self.stats["stage_seconds"] = staged.seconds
         self.steps("read")
         self.repeated_keys = list(staged.repeated_keys)

@@ -184,11 +184,6 @@ def update_run(engine: sa.Engine, run_id: int, **values: Any) -> None:
         conn.commit()
 
 
-def get_run(conn: sa.Connection, run_id: int) -> RunRecord | None:
-    row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
-    return _record(row) if row else None
-
-
 def list_runs(conn: sa.Connection, limit: int = 20) -> list[RunRecord]:
     rows = conn.execute(sa.select(runs).order_by(runs.c.run_id.desc()).limit(limit)).all()
     return [_record(r) for r in rows]

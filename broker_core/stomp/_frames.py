@@ -13,7 +13,6 @@ and the parser is unusable afterwards (the connection must close).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 __all__ = [
     "Frame",
@@ -164,11 +163,6 @@ class FrameParser:
         #: heart-beat EOLs seen (the server counts any byte as a sign of life anyway)
         self.heartbeats = 0
 
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet part of a complete frame."""
-        return len(self._buf) - self._pos
-
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add received bytes; return the frames now complete (maybe none)."""
         if self._failed is not None:
@@ -298,16 +292,3 @@ class FrameParser:
                     f"content-length {length} exceeds the maximum frame size of {self.max_frame_size} bytes"
                 )
         return Frame(command, headers), length
-
-
-def parse_all(data: bytes, version: str = "1.2") -> list[Frame]:
-    """Every frame in ``data`` (convenience for tests and tools)."""
-    return FrameParser(version).feed(data)
-
-
-def heartbeat_bytes(count: int) -> bytes:
-    return HEARTBEAT * count
-
-
-def encode_many(frames: Iterable[Frame], version: str = "1.2") -> bytes:
-    return b"".join(encode(f, version) for f in frames)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._constants import DeliveryMode
-from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
+from .._destinations import Destination, TemporaryQueue, TemporaryTopic
 from .._errors import InvalidArgumentError, InvalidDestinationError, InvalidPropertyError, MessageFormatError
 from .._message import BytesMessage, Message, TextMessage
 from .._selector import STRING_NUMBERS_PROPERTY
@@ -92,10 +92,6 @@ def split_destination(text: str) -> tuple[str, str]:
     raise InvalidDestinationError(
         f"invalid destination {text!r}: use /queue/NAME, /topic/NAME, /temp-queue/NAME or /temp-topic/NAME"
     )
-
-
-def plain_destination(kind: str, name: str) -> Destination:
-    return Queue(name) if kind == "queue" else Topic(name)
 
 
 def _bool(value: str) -> bool:

@@ -317,9 +317,7 @@ class AdminService:
 
     # ----------------------------------------------------------------- actions
 
-    def _checked(
-        self, spec: dict[str, Any], *, need_target: bool = False
-    ) -> tuple[list[str] | None, str | None, int | None]:
+    def _checked(self, spec: dict[str, Any]) -> tuple[list[str] | None, str | None, int | None]:
         ids = spec.get("message_ids")
         selector = spec.get("selector")
         limit = spec.get("limit")

@@ -81,9 +81,6 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _ReplyT = TypeVar("_ReplyT", bound=Reply)
 
-#: What a handler function looks like: ``fn(message, context) -> reply`` (or a coroutine function).
-HandlerFunction = Callable[..., Reply | Awaitable[Reply]]
-
 
 class SendOptions(TypedDict, total=False):
     """The options of ``context.send(...)``, as a producer's ``send`` takes them."""

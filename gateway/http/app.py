@@ -466,5 +466,4 @@ def create_app(
     app.observer = ops.http
     app.state.ops = ops
     app.state.assembly = assembly
-    app.state.runtime_holder = state
     return app

@@ -33,12 +33,9 @@ class EdgeHttpProtocol(GatewayHttpProtocol):
     header_timeout: float = HEADER_TIMEOUT
     max_connections: int = MAX_CONNECTIONS
     _header_timer: asyncio.TimerHandle | None = None
-    refused_connections = 0
-    timed_out_headers = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.max_connections:
-            EdgeHttpProtocol.refused_connections += 1
             transport.abort()  # never registered: nothing else to undo
             return
         super().connection_made(transport)
@@ -56,7 +53,6 @@ class EdgeHttpProtocol(GatewayHttpProtocol):
     def _headers_too_slow(self) -> None:
         self._header_timer = None
         if self.transport is not None and not self.transport.is_closing():
-            EdgeHttpProtocol.timed_out_headers += 1
             self.transport.close()
 
     def on_message_begin(self) -> None:

@@ -175,12 +175,10 @@ class Ledger:
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
-        self._insert_event = events.insert()
         self._is_duplicate = _duplicate_detector(engine.dialect.name)
         # the hot-path inserts as driver SQL: a third of the cost of Core statements, in the writer thread
         style = (lambda name: f"%({name})s") if engine.dialect.paramstyle == "pyformat" else (lambda name: f":{name}")
         cols = [c.name for c in documents.c]
-        self._doc_columns = cols
         self._insert_doc_sql = (
             f"INSERT INTO {documents.name} ({', '.join(cols)}) VALUES ({', '.join(style(c) for c in cols)})"
         )

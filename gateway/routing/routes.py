@@ -214,7 +214,6 @@ class Route:
     timeout: float = _DEFAULT_TIMEOUT
     when_text: str | None = None
     when: etree.XPath | None = field(default=None, repr=False)
-    document_id_xpath: str = "cbc:ID"
     document_id: etree.XPath | None = field(default=None, repr=False)
     properties: list[PropertySpec] = field(default_factory=list)
     transform_path: Path | None = None
@@ -725,7 +724,6 @@ def _compile_route(
         timeout=timeout,
         when_text=when_text,
         when=when,
-        document_id_xpath=doc_id_text,
         document_id=doc_id,
         properties=properties,
         transform_path=transform_path,

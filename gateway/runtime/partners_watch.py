@@ -59,8 +59,6 @@ class PartnersWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: reloads applied (for tests and logs)
-        self.reloads = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.path is None or self.settings.config_path is None or self._thread is not None or self.interval <= 0:
@@ -108,7 +106,6 @@ class PartnersWatcher:
         for name, value in vars(fresh).items():
             if name not in _KEPT:
                 setattr(self.registry, name, value)
-        self.reloads += 1
         new_keys, new_partners = set(self.registry.keys), set(self.registry.partners)
         log.warning(
             "partners reloaded from %s: %d partners, %d keys (partners added %s, removed %s; keys added "

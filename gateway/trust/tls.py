@@ -90,8 +90,7 @@ class CertificateReloader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: Any = None
-        #: certificate reloads done, and failed (for tests and logs)
-        self.reloads = 0
+        #: certificate reloads that failed (the file did not load)
         self.failures = 0
 
     def reload(self, *, force: bool = False) -> bool:
@@ -110,7 +109,6 @@ class CertificateReloader:
                 self._stamp = stamp
                 return False
             self._stamp = stamp
-            self.reloads += 1
             log.info("TLS certificate reloaded from %s", self.tls.certificate)
             return True
 
