@@ -240,7 +240,7 @@ class ServerProcess:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return False
-        return b"-m\0gateway." in command and b"-m\0gateway.cli\0" not in command
+        return b"-m\0gateway." in command and b"-m\0gateway.cli." not in command  # serving: gateway.cli.main
 
     @staticmethod
     def _cpu(stat: Path) -> float:

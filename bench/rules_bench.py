@@ -81,7 +81,7 @@ def compile_times(path: Path, cache: Path, rounds: int = 3) -> dict[str, float]:
         started = time.perf_counter()
         runner.start()
         starts.append(time.perf_counter() - started)
-        runner.close()
+        runner.stop()
     return {
         "cold": statistics.median(cold),
         "cached": statistics.median(cached),
@@ -171,7 +171,7 @@ def worker_rate(path: Path, seconds: float) -> tuple[float, float, float]:
     try:
         return asyncio.run(run())
     finally:
-        runner.close()
+        runner.stop()
 
 
 # --------------------------------------------------------------------------- 4. the gateway

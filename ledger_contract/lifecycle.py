@@ -246,7 +246,10 @@ class Pacer:
         most: int = 2000,
         least: int = 20,
         activity: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.clock, self.sleep = clock, sleep  # injected by the tests, which keep time themselves
         self.target, self.rest, self.busy_rest = target, rest, busy_rest
         self.size, self.most, self.least = first, most, least
         self.activity = activity
@@ -265,6 +268,7 @@ class Pacer:
         activity = self.activity
         mark = activity() if activity is not None else None
         waited_before = False
+        clock = self.clock
         while i < len(items):
             if stop():
                 break
@@ -272,15 +276,15 @@ class Pacer:
             ran = [0.0]
 
             def timed(conn: sa.Connection, chunk: Sequence[Any] = chunk, ran: list[float] = ran) -> Any:
-                t = time.perf_counter()
+                t = clock()
                 try:
                     return fn(conn, chunk)
                 finally:
-                    ran[0] = time.perf_counter() - t
+                    ran[0] = clock() - t
 
-            t = time.perf_counter()
+            t = clock()
             results.append(write(timed))
-            took = time.perf_counter() - t
+            took = clock() - t
             i += len(chunk)
             own = max(ran[0], 1e-6)
             self.size = max(self.least, min(self.most, int(self.target / (own / len(chunk)))))
@@ -294,7 +298,7 @@ class Pacer:
                     busy, mark = True, now_mark
             self.busy += busy
             if i < len(items):
-                time.sleep(took * self.busy_rest if busy else own * self.rest)
+                self.sleep(took * self.busy_rest if busy else own * self.rest)
         return results
 
 

@@ -34,7 +34,7 @@ JOB_ID = "b2bgw-etl-nightly"
 
 
 class NightlyLoad:
-    """``NightlyLoad(settings, db_url).start()`` ... ``.shutdown()``.
+    """``NightlyLoad(settings, db_url).start()`` ... ``.stop()``.
 
     *settings* is the ``etl:`` section (missing keys take their defaults).
     *runner* (for tests) replaces :func:`spark_etl.job.run`; it is called as
@@ -74,7 +74,7 @@ class NightlyLoad:
         log.info("nightly warehouse load scheduled (%s %s), next at %s", self.settings["schedule"],
                  self.settings["timezone"], self.next_run_time())  # fmt: skip
 
-    def shutdown(self, wait: bool = True) -> None:
+    def stop(self, wait: bool = True) -> None:
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=wait)
             self.scheduler = None

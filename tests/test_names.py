@@ -65,3 +65,18 @@ def test_loggers_are_named_after_their_modules() -> None:
             ):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert wrong == [], f"loggers not named after their module (logging.getLogger(__name__)): {wrong}"
+
+
+def test_what_is_started_is_stopped() -> None:
+    """One pair of lifecycle verbs: what has ``start()`` ends with ``stop()``; ``close()`` releases what was
+    opened (connections, sessions, stores, files), as in JMS, and is never the pair of ``start()``."""
+    wrong = []
+    for path in _sources():
+        if path.parts[len(ROOT.parts)] == "broker_core":
+            continue  # JMS's own verbs: Connection.start/stop pause delivery, close releases
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                methods = {m.name for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
+                if "start" in methods and ("stop" not in methods or methods & {"close", "shutdown", "aclose"}):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert wrong == [], f"classes whose start() is not paired with stop() alone: {wrong}"

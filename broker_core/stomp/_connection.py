@@ -40,13 +40,14 @@ from .._destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, 
 from .._envelope import NON_PERSISTENT
 from .._errors import InvalidDestinationError, JMSError
 from .._memory import MemoryStore
-from .._store import Delivery, now_ms
-from .._waiters import AsyncWaiter
+from .._store import Delivery
 from ._auth import AuthenticationError
 from ._frames import Frame, FrameError, FrameParser, encode
 from ._limits import MESSAGE_OVERHEAD
 from ._mapping import encode_message, message_from_send, split_destination
+from ._protocol import ProtocolError, error_title
 from ._settings import ListenerSettings
+from ._subscription import BATCH, StompSubscription
 
 __all__ = ["StompConnection", "ProtocolError"]
 
@@ -55,24 +56,9 @@ log = logging.getLogger(__name__)
 VERSIONS = ("1.2", "1.1", "1.0")
 MAX_INFLIGHT = 512  # pipelined store writes per connection before reading pauses
 WRITE_HIGH_WATER = 256 * 1024
-BATCH = 64  # messages claimed and written per socket write
 BUSY_SLICE = 0.005  # seconds a connection with data waiting handles frames before it lets others run
 MAX_CLIENT_IDS = 100000  # client ids remembered with their owner
 _VERBS = {"send": "send to", "consume": "consume from", "browse": "browse", "reply-to": "name in reply-to"}
-
-
-class ProtocolError(Exception):
-    """A client mistake: becomes an ERROR frame (``message`` header, ``detail``
-    body) and the connection closes."""
-
-    def __init__(self, message: str, detail: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or message
-
-
-def _error_title(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".split("\n", 1)[0][:200]
 
 
 class _Transaction:
@@ -85,146 +71,6 @@ class _Transaction:
         self.nacks: list[Delivery] = []
         self.count = 0  # SENDs, ACKs and NACKs held
         self.held = 0  # bytes counted in the memory budget
-
-
-class Subscription:
-    """A SUBSCRIBE: a consumer and the task that delivers its messages."""
-
-    def __init__(
-        self,
-        conn: StompConnection,
-        sub_id: str,
-        destination: Destination,
-        ack: str,
-        prefetch: int,
-        session: Any,
-        consumer: Any,
-        durable_name: str | None,
-    ) -> None:
-        self.conn = conn
-        self.id = sub_id
-        self.destination = destination
-        self.ack = ack
-        self.auto = ack == "auto"
-        self.prefetch = prefetch
-        self.session = session
-        self.consumer = consumer
-        self.durable_name = durable_name
-        self.pending: dict[str, Delivery] = {}  # ack token -> delivery, in delivery order
-        self.by_message_id: dict[str, str] = {}
-        self.window = asyncio.Event()
-        self.closed = False
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._pump())
-
-    async def _pump(self) -> None:
-        conn = self.conn
-        consumer = self.consumer
-        reader = consumer._reader
-        session = self.session
-        auto = self.auto
-        waiter = AsyncWaiter()
-        consumer._waiter = waiter  # the broker wakes it when the box gets messages
-        version = conn.version
-        ack_header = version == "1.2"
-        pending = self.pending
-        grant = conn.settings.grants.grant
-        login = conn.login
-        try:
-            while not self.closed and not conn.closed:
-                room = BATCH if auto else min(BATCH, self.prefetch - len(pending))
-                if room <= 0:
-                    self.window.clear()
-                    await self.window.wait()
-                    continue
-                chunks = []
-                now = now_ms()
-                while room > 0:
-                    delivery = reader.claim(now, auto)
-                    if delivery is None:
-                        break
-                    room -= 1
-                    env = delivery.envelope
-                    if env.reply_to is not None and env.reply_to.is_temporary:
-                        grant(login, env.reply_to, env.correlation_id or env.message_id)
-                    token = None
-                    if not auto:
-                        token = conn.new_token()
-                        pending[token] = delivery
-                        self.by_message_id[delivery.envelope.message_id] = token
-                        conn.acks[token] = self
-                        with session._lock:  # so that closing the session redelivers it
-                            session._unacked[id(delivery)] = delivery
-                    chunks.append(
-                        encode_message(
-                            delivery.envelope,
-                            self.id,
-                            token if ack_header else None,
-                            delivery.count > 1,
-                            version,
-                            conn.destination_text,
-                        )
-                    )
-                if chunks:
-                    conn.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
-                    await conn.drain_if_needed()
-                    continue
-                ready = reader.next_ready()
-                timeout = None if ready is None else max(0.0, (ready - now_ms()) / 1000) + 0.001
-                await waiter.wait(timeout)
-        except asyncio.CancelledError:
-            raise
-        except (ConnectionError, OSError):
-            conn.closed = True
-        except Exception as error:  # a store failure: tell the client, close
-            log.exception("delivery to subscription %s failed", self.id)
-            conn.fail(error)
-
-    def take(self, token: str, cumulative: bool) -> list[Delivery]:
-        """Remove and return the deliveries an ACK/NACK of ``token`` covers."""
-        pending = self.pending
-        if token not in pending:
-            raise ProtocolError(
-                "unknown ack id",
-                f"no unacknowledged message with ack id {token!r} on "
-                f"subscription {self.id!r}; it was acknowledged already or never delivered",
-            )
-        taken: list[tuple[str, Delivery]] = []
-        if cumulative:
-            for key in list(pending):
-                taken.append((key, pending.pop(key)))
-                if key == token:
-                    break
-        else:
-            taken.append((token, pending.pop(token)))
-        acks = self.conn.acks
-        unacked = self.session._unacked
-        with self.session._lock:
-            for _, delivery in taken:
-                unacked.pop(id(delivery), None)
-        for key, delivery in taken:
-            acks.pop(key, None)
-            self.by_message_id.pop(delivery.envelope.message_id, None)
-        self.window.set()
-        return [d for _, d in taken]
-
-    async def close(self) -> None:
-        """Stop delivering; unacknowledged messages are redelivered."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.task is not None:
-            self.task.cancel()
-            try:
-                await self.task
-            except BaseException:
-                pass
-        for token in self.pending:
-            self.conn.acks.pop(token, None)
-        self.pending.clear()
-        await self.conn.blocking(self.session.close)
 
 
 class StompConnection:
@@ -260,8 +106,8 @@ class StompConnection:
         self.jms: Any = None  # the broker Connection once CONNECTed
         self.session: Any = None  # for non-transacted sends and unsubscribes
         self.producer: Any = None
-        self.subs: dict[str, Subscription] = {}
-        self.acks: dict[str, Subscription] = {}
+        self.subs: dict[str, StompSubscription] = {}
+        self.acks: dict[str, StompSubscription] = {}
         self.txs: dict[str, _Transaction] = {}
         self.temps: dict[tuple[str, str], Destination] = {}
         self.aliases: dict[Destination, str] = {}
@@ -354,13 +200,13 @@ class StompConnection:
                 except ProtocolError as error:
                     self.error(error.message, error.detail, frame)
                 except JMSError as error:
-                    self.error(_error_title(error), str(error), frame)
+                    self.error(error_title(error), str(error), frame)
                 except (ConnectionError, OSError):
                     raise
                 except Exception as error:
                     log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
                     self.error(
-                        f"internal error: {_error_title(error)}",
+                        f"internal error: {error_title(error)}",
                         "the server failed processing this frame; see its log",
                         frame,
                     )
@@ -388,7 +234,7 @@ class StompConnection:
         """An asynchronous failure (a pipelined store write): ERROR and close."""
         if self.closed:
             return
-        self.error(_error_title(error), str(error))
+        self.error(error_title(error), str(error))
         self.transport.close()
 
     async def finish(self) -> None:
@@ -634,7 +480,7 @@ class StompConnection:
         try:
             self.jms = self.broker.connect(client_id=client_id, user=user.login)
         except JMSError as error:
-            raise ProtocolError(_error_title(error), str(error)) from None
+            raise ProtocolError(error_title(error), str(error)) from None
         self._connect_timer.cancel()
         self.last_read = self.last_write = time.monotonic()  # the passcode check took its time
         self.user = user
@@ -803,7 +649,7 @@ class StompConnection:
         except BaseException:
             session.close()
             raise
-        sub = Subscription(self, sub_id, destination, ack, prefetch, session, consumer, durable_name)
+        sub = StompSubscription(self, sub_id, destination, ack, prefetch, session, consumer, durable_name)
         self.subs[sub_id] = sub
         sub.start()
 
@@ -850,7 +696,7 @@ class StompConnection:
         if durable_name:  # also delete the durable subscription and its messages
             self.session.unsubscribe(durable_name)
 
-    def _ack_target(self, frame: Frame) -> tuple[Subscription, str]:
+    def _ack_target(self, frame: Frame) -> tuple[StompSubscription, str]:
         headers = frame.headers
         if self.version == "1.2":
             token = self._required(frame, "id")

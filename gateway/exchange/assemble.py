@@ -17,6 +17,7 @@ from gateway.config.loader import Settings
 from gateway.errors import ConfigError
 from gateway.intake.schemas import SchemaRegistry
 from gateway.routing.partners import PartnerRegistry
+from gateway.routing.route_compiler import compile_routes
 from gateway.routing.routes import RouteTable
 from gateway.rules.rulesets import RuleBook, build_rule_book
 from xml_schemas import SCHEMAS_DIR
@@ -77,7 +78,7 @@ def assemble(settings: Settings, *, registry: SchemaRegistry | None = None) -> A
     except ConfigError as exc:
         errors.append(exc)
         partners = PartnerRegistry({}, {})
-    routes, route_errors = RouteTable.compile(settings, registry, partners)
+    routes, route_errors = compile_routes(settings, registry, partners)
     errors.extend(route_errors)
     rules = build_rule_book(settings, errors)
     return Assembly(settings, registry, partners, routes, errors, rules)

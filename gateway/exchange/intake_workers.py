@@ -159,7 +159,7 @@ class IntakeWorkers:
 
     @classmethod
     def shared(cls, assembly: Any, limits: Any, *, workers: int) -> IntakeWorkers | None:
-        """The workers for *assembly* (one set per configuration in this process, closed when it exits); None
+        """The workers for *assembly* (one set per configuration in this process, stopped when it exits); None
         when its settings cannot be rebuilt in another process or *workers* is 0."""
         settings = assembly.settings
         if workers <= 0 or settings.source is None or not hasattr(os, "fork"):
@@ -209,7 +209,7 @@ class IntakeWorkers:
         self._alive = 0  # ready, busy or starting
         self._all: set[_Worker] = set()
         self._failed_at = float("-inf")
-        self._closed = False
+        self._stopped = False
         self._key = ""
         #: documents taken in by a worker; refused for its bounds; taken in on a thread (no worker ready);
         #: answered 503 since their worker got too little of the processor
@@ -220,7 +220,7 @@ class IntakeWorkers:
     def start(self) -> None:
         """Start workers in the background until there are :attr:`workers` (unless one failed lately)."""
         with self._lock:
-            if self._closed or time.monotonic() - self._failed_at < RESTART_INTERVAL:
+            if self._stopped or time.monotonic() - self._failed_at < RESTART_INTERVAL:
                 return
             missing = self.workers - self._alive
             self._alive += max(0, missing)
@@ -246,7 +246,7 @@ class IntakeWorkers:
                 self._failed_at = time.monotonic()
             return
         with self._lock:
-            if self._closed:
+            if self._stopped:
                 worker.kill()
                 return
             self._all.add(worker)
@@ -266,12 +266,12 @@ class IntakeWorkers:
         return self._idle.qsize()
 
     @property
-    def closed(self) -> bool:
-        return self._closed
+    def stopped(self) -> bool:
+        return self._stopped
 
-    def close(self) -> None:
+    def stop(self) -> None:
         with self._lock:
-            self._closed = True
+            self._stopped = True
             workers, self._all = list(self._all), set()
         for worker in workers:
             worker.kill()
@@ -343,14 +343,14 @@ def _build(init: dict[str, Any]) -> Any:
     from gateway.intake.schemas import SchemaRegistry
     from gateway.intake.xmlsafe import IntakeLimits
     from gateway.routing.partners import PartnerRegistry
-    from gateway.routing.routes import RouteTable
+    from gateway.routing.route_compiler import compile_routes
 
     config_path = Path(init["config_path"]) if init["config_path"] else None
     settings = settings_from_mapping(init["source"], config_path=config_path, base_dir=Path(init["base_dir"]))
     registry = SchemaRegistry.from_registrations(init["registry"])  # each schema compiled when first used
     partners = PartnerRegistry.from_settings(settings)
     # the serving process checked the routes' paths against the schemas (xmlschema: seconds): not again
-    routes, errors = RouteTable.compile(settings, registry, partners, check_paths=False)
+    routes, errors = compile_routes(settings, registry, partners, check_paths=False)
     if errors:
         raise ValueError(f"the routes did not compile: {errors[0]}")
     return IntakeStages(registry, routes, IntakeLimits(**init["limits"]))

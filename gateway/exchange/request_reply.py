@@ -81,7 +81,7 @@ class RequestReply:
                 requestor = Requestor(session, route.destination, on_late_reply=late)
                 self._exchanges[route.id] = Exchange(route, requestor)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         for exchange in self._exchanges.values():
             exchange.requestor.close()
 

@@ -252,7 +252,7 @@ class IntakeStages:
         finally:
             # an error's traceback keeps this frame: without its futures (each holding its error) and documents,
             # or each refused document would wait in a reference cycle for the garbage collector
-            batch = going_on = work = future = None  # type: ignore[assignment]
+            batch = going_on = work = future = _ = None  # type: ignore[assignment]
 
     def run_by_worker(
         self,

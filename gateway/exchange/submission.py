@@ -165,7 +165,7 @@ class Gateway:
             idempotency=self.idempotency,
         )
         self._started = False
-        self._closed = False
+        self._stopped = False
 
     @property
     def intake_facts(self) -> str:
@@ -198,11 +198,11 @@ class Gateway:
         self.request_reply.start(self._connection, self.routes)
         self._started = True
 
-    def close(self) -> None:
-        if self._closed:
+    def stop(self) -> None:
+        if self._stopped:
             return
-        self._closed = True
-        self.request_reply.close()
+        self._stopped = True
+        self.request_reply.stop()
         if self._connection is not None:
             self._connection.close()
         if self._intake_pool is not None:
@@ -212,11 +212,11 @@ class Gateway:
         if self.intake.intake_workers is not None:
             self.intake.intake_workers.release()
         if self.rules is not None:
-            self.rules.close()
+            self.rules.stop()
 
     @property
     def ready(self) -> bool:
-        return self._started and not self._closed and not self.broker.closed
+        return self._started and not self._stopped and not self.broker.closed
 
     def _session(self) -> tuple[Any, Any]:
         if self._sessions:

@@ -336,7 +336,7 @@ class _Runner:
         if self.tasks:
             concurrent.futures.wait(self.tasks, 1.0)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         if self.connection is not None:
             try:
                 self.connection.close()
@@ -524,7 +524,7 @@ class Worker:
                     runner.open()
             except BaseException:
                 for runner in runners:
-                    runner.close()
+                    runner.stop()
                 raise
             if any(item.is_async for item in self.handlers):
                 self._loop = _Loop()
@@ -555,7 +555,7 @@ class Worker:
                 for runner in runners:
                     runner.cancel()
             for runner in runners:
-                runner.close()
+                runner.stop()
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None

@@ -159,19 +159,19 @@ class HelperProcess:
             pass
 
 
-class _Closable(Protocol):
+class _Stoppable(Protocol):
     @property
-    def closed(self) -> bool: ...
+    def stopped(self) -> bool: ...
 
-    def close(self) -> None: ...
+    def stop(self) -> None: ...
 
 
-C = TypeVar("C", bound=_Closable)
+C = TypeVar("C", bound=_Stoppable)
 
 
 class SharedHelpers(Generic[C]):
     """The objects that own helper processes, one per configuration (a key) in this process: shared by every
-    gateway with that configuration, counted, and closed when the process exits."""
+    gateway with that configuration, counted, and stopped when the process exits."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -180,30 +180,30 @@ class SharedHelpers(Generic[C]):
         self._at_exit = False
 
     def acquire(self, key: str, make: Callable[[], C]) -> C:
-        """The object for *key*, made by *make* unless one is open; one user more."""
+        """The object for *key*, made by *make* unless one is running; one user more."""
         with self.lock:
             found = self._found.get(key)
-            if found is None or found.closed:
+            if found is None or found.stopped:
                 found = self._found[key] = make()
                 self._users[key] = 0
                 if not self._at_exit:
-                    atexit.register(self.close_all)
+                    atexit.register(self.stop_all)
                     self._at_exit = True
             self._users[key] += 1
             return found
 
     def release(self, key: str, found: C) -> None:
-        """One user is done with *found* (from :meth:`acquire`): the last one closes it."""
+        """One user is done with *found* (from :meth:`acquire`): the last one stops it."""
         with self.lock:
             if self._found.get(key) is found:
                 self._users[key] -= 1
                 if self._users[key] > 0:
                     return
                 del self._found[key], self._users[key]
-        found.close()
+        found.stop()
 
-    def close_all(self) -> None:
+    def stop_all(self) -> None:
         with self.lock:
             found, self._found, self._users = list(self._found.values()), {}, {}
         for item in found:
-            item.close()
+            item.stop()

@@ -87,7 +87,7 @@ class Explainer:
         cls, registry: Any, limits: Any, *, timeout: float = DEFAULT_TIMEOUT, workers: int = DEFAULT_WORKERS
     ) -> Explainer:
         """One explainer (one helper process) for every gateway of this process with the same schemas,
-        limits and settings; closed when the process exits."""
+        limits and settings; stopped when the process exits."""
         key = json.dumps([registry.registrations(), repr(limits), timeout, workers], sort_keys=True)
         return cls._shared.acquire(key, lambda: cls(registry, limits, timeout=timeout, workers=workers))
 
@@ -112,7 +112,7 @@ class Explainer:
         self._next_id = 0
         self._helper: HelperProcess | None = None
         self._ready = False
-        self._closed = False
+        self._stopped = False
         self._started_at = float("-inf")
         #: reports by where they came from: "xmlschema", "libxml2" (the child's), "fallback" (the caller's)
         self.counts = {"xmlschema": 0, "libxml2": 0, "fallback": 0}
@@ -127,7 +127,7 @@ class Explainer:
     def start(self) -> None:
         """Start the helper in the background, unless it runs or was started lately."""
         with self._lock:
-            if self._closed or self._helper is not None and self._helper.poll() is None:
+            if self._stopped or self._helper is not None and self._helper.poll() is None:
                 return
             if time.monotonic() - self._started_at < self.restart_interval:
                 return
@@ -154,7 +154,7 @@ class Explainer:
                 helper.kill()
             return
         with self._lock:
-            if self._closed:
+            if self._stopped:
                 helper.signal()
                 return
             self._helper = helper
@@ -182,7 +182,7 @@ class Explainer:
                 pending = list(self._jobs.values())
             for job in pending:  # their reports will not come: the callers fall back now
                 job.done.set()
-            if not self._closed:
+            if not self._stopped:
                 log.warning("the error-report helper exited (code %s)", helper.poll())
             helper.signal()  # its pipes stay open: a writer may hold their descriptors
             helper.process.wait()
@@ -200,12 +200,12 @@ class Explainer:
             job.done.set()
 
     @property
-    def closed(self) -> bool:
-        return self._closed
+    def stopped(self) -> bool:
+        return self._stopped
 
-    def close(self) -> None:
+    def stop(self) -> None:
         with self._lock:  # not while a job is being written to the helper
-            self._closed = True
+            self._stopped = True
             helper, self._helper = self._helper, None
             try:
                 if helper is not None:

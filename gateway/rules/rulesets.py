@@ -314,7 +314,7 @@ class _Worker:
             helper.signal()
         self.buffer.clear()
         self.pending = b""
-        if self.runner.closed:
+        if self.runner.stopped:
             if helper is not None:
                 threading.Thread(target=helper.kill, args=(5,), daemon=True).start()
             return
@@ -334,7 +334,7 @@ class _Worker:
             if error is not None:
                 log.error("%s", error)
             self.starting = False
-            if self.runner.closed and self.helper is not None:
+            if self.runner.stopped and self.helper is not None:
                 self.helper.kill(timeout=5)
                 self.helper = None
             self.runner._wake()
@@ -521,7 +521,7 @@ class RulesRunner:
         self.overloads = 0
         self.extended = 0
         self._started = False
-        self.closed = False
+        self.stopped = False
 
     def start(self) -> None:
         """Start the worker processes (each compiles every rule set: under a second from the cache)."""
@@ -534,10 +534,10 @@ class RulesRunner:
             pool.shutdown()
         self._started = True
 
-    def close(self) -> None:
-        if self.closed:
+    def stop(self) -> None:
+        if self.stopped:
             return
-        self.closed = True
+        self.stopped = True
         for worker in self._workers:
             if worker.timer is not None:
                 worker.timer.cancel()
@@ -552,7 +552,7 @@ class RulesRunner:
         """Run the rule sets *names* on a document's text (:func:`~gateway.rules.schematron.document_text`, or its
         UTF-8 encoding); call it on the event loop. The future's result is every finding, or
         RulesTimeoutError / RulesEvaluationError."""
-        if not self._started or self.closed:
+        if not self._started or self.stopped:
             raise RuntimeError("the rules runner is not running")
         names = tuple(names)
         data = text if isinstance(text, bytes) else text.encode("utf-8")

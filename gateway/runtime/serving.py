@@ -227,13 +227,13 @@ class Runtime:
         """Stop everything that started, in reverse order."""
         if self.archive is not None:
             try:
-                self.archive.shutdown()
+                self.archive.stop()
             except Exception:  # keep stopping the rest
                 log.exception("stopping the ledger archive failed")
             self.archive = None
         if self.etl is not None:
             try:
-                self.etl.shutdown()
+                self.etl.stop()
             except Exception:  # keep stopping the rest
                 log.exception("stopping the warehouse load failed")
             self.etl = None
@@ -250,7 +250,7 @@ class Runtime:
             self.reconciler.stop()
             self.reconciler = None
         if self.gateway is not None:
-            self.gateway.close()
+            self.gateway.stop()
         if self.broker is not None and self._own_broker:
             self.broker.close()
         self.started = False

@@ -116,6 +116,9 @@ class ExpiryWatch:
     def start(self) -> None:
         threading.Thread(target=self._run, name="b2bgw-expiry", daemon=True).start()
 
+    def stop(self) -> None:
+        self._stop.set()
+
     def _run(self) -> None:
         while True:
             try:

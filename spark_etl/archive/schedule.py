@@ -73,7 +73,7 @@ class ArchiveSchedule:
             job.next_run_time if job else None,
         )
 
-    def shutdown(self, wait: bool = True) -> None:
+    def stop(self, wait: bool = True) -> None:
         self._stopping.set()  # a run in progress ends at its next step
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=wait)

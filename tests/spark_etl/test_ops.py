@@ -98,7 +98,7 @@ def test_scheduler_uses_a_cron_trigger_with_misfire_handling(ledger):
         nxt = load.next_run_time()
         assert (nxt.hour, nxt.minute, str(nxt.tzinfo)) == (3, 30, "Europe/Stockholm")
     finally:
-        load.shutdown()
+        load.stop()
     disabled = NightlyLoad({"enabled": False}, ledger.url)
     disabled.start()
     assert disabled.scheduler is None

@@ -61,48 +61,91 @@ def _waited(fd: int, budget: Budget) -> tuple[type[BaseException] | None, float]
     return None, time.monotonic() - started
 
 
-def test_a_process_that_works_spends_its_budget_in_about_that_much_processor_time(child, silent_pipe):
+class FakeCpu:
+    """A helper process's processor seconds, moved by the test."""
+
+    def __init__(self) -> None:
+        self.used: float | None = 0.0
+
+    def __call__(self) -> float | None:
+        return self.used
+
+
+def test_a_job_ends_when_its_process_has_spent_its_processor_time():
+    cpu = FakeCpu()
+    budget = Budget(cpu, 0.3, 30.0, now=100.0)
+    assert budget.check(100.1) == pytest.approx(0.3)  # nothing spent yet: look again when it could be
+    cpu.used = 0.2
+    assert budget.check(100.2) == pytest.approx(0.1)
+    cpu.used = 0.3
+    with pytest.raises(TimeoutError):
+        budget.check(100.3)
+    assert not budget.extended
+
+
+def test_a_starved_process_is_given_the_longest_wait_then_the_gateway_is_overloaded():
+    """A loaded machine gives the helper no processor: its job is not refused as too costly at once (one
+    partner's burst would have another's honest document refused), but the wait on the clock is bounded."""
+    cpu = FakeCpu()
+    budget = Budget(cpu, 0.2, 1.0, now=0.0)
+    cpu.used = 0.05
+    assert budget.check(0.5) == pytest.approx(0.15)  # past its budget on the clock, within it on the processor
+    assert budget.extended
+    with pytest.raises(OverloadedError) as raised:
+        budget.check(1.0)
+    assert raised.value.used == pytest.approx(0.05) and raised.value.elapsed == pytest.approx(1.0)
+
+
+def test_the_longest_wait_is_never_shorter_than_the_budget():
+    budget = Budget(FakeCpu(), 0.5, 0.1, now=0.0)
+    assert budget.longest == 0.5
+    assert budget.check(0.3) == pytest.approx(0.2)
+    with pytest.raises(OverloadedError):
+        budget.check(0.5)
+
+
+def test_without_a_clock_the_budget_is_time_on_the_clock():
+    budget = Budget(None, 0.2, 30.0, now=10.0)
+    assert budget.check(10.05) == pytest.approx(0.15)
+    with pytest.raises(TimeoutError):
+        budget.check(10.25)
+    assert not budget.extended
+
+
+def test_a_process_that_has_gone_leaves_time_on_the_clock():
+    cpu = FakeCpu()
+    budget = Budget(cpu, 0.2, 30.0, now=0.0)
+    cpu.used = None  # its clock can no longer be read
+    with pytest.raises(TimeoutError):
+        budget.check(0.2)
+
+
+def test_on_a_real_busy_child_the_wait_ends_in_a_timeout(child, silent_pipe):
+    """The processor clock of a real process (cpu_clock) drives the budget: a child that keeps a processor
+    busy spends its budget and the wait ends with TimeoutError, never OverloadedError."""
     process = child(BUSY)
     clock = cpu_clock(process.pid)
     assert clock is not None, "this system has no process CPU clock"
-    budget = Budget(clock, 0.3, 30.0, time.monotonic())
-    raised, took = _waited(silent_pipe, budget)
-    assert raised is TimeoutError
-    assert 0.3 <= took < 3.0  # the child had most of a processor: its budget, not the longest wait
+    budget = Budget(clock, 0.3, 60.0, time.monotonic())
+    with pytest.raises(TimeoutError):
+        wait_readable(silent_pipe, budget)
     assert time.clock_gettime(clock) - budget.cpu_started >= 0.3
 
 
-def test_a_process_that_gets_no_processor_time_is_given_the_longest_wait_then_overloaded(child, silent_pipe):
+def test_on_a_real_idle_child_the_wait_ends_overloaded(child, silent_pipe):
     process = child(IDLE)  # asleep: like a process the machine gives no processor time
-    budget = Budget(cpu_clock(process.pid), 0.2, 1.0, time.monotonic())
-    started = time.monotonic()
+    budget = Budget(cpu_clock(process.pid), 0.2, 0.5, time.monotonic())
     with pytest.raises(OverloadedError) as raised:
         wait_readable(silent_pipe, budget)
-    assert 1.0 <= time.monotonic() - started < 2.0
-    assert raised.value.used < 0.2 and raised.value.elapsed >= 1.0
-    assert budget.extended  # it was given more time than its budget on the clock
+    assert raised.value.used < 0.2 and budget.extended
 
 
-def test_the_longest_wait_is_never_shorter_than_the_budget(child, silent_pipe):
-    process = child(IDLE)
-    budget = Budget(cpu_clock(process.pid), 0.5, 0.1, time.monotonic())
-    raised, took = _waited(silent_pipe, budget)
-    assert raised is OverloadedError and took >= 0.5
-
-
-def test_without_a_clock_the_budget_is_time_on_the_clock(silent_pipe):
-    budget = Budget(None, 0.2, 30.0, time.monotonic())
-    raised, took = _waited(silent_pipe, budget)
-    assert raised is TimeoutError and 0.2 <= took < 1.0 and not budget.extended
-
-
-def test_an_answer_within_the_budget_ends_the_wait_at_once(child):
+def test_an_answer_ends_the_wait_at_once(child):
     process = child(IDLE)
     read, write = os.pipe()
     try:
         os.write(write, b"x")
-        raised, took = _waited(read, Budget(cpu_clock(process.pid), 5.0, 30.0, time.monotonic()))
-        assert raised is None and took < 0.5
+        assert _waited(read, Budget(cpu_clock(process.pid), 60.0, 600.0, time.monotonic()))[0] is None
     finally:
         os.close(read)
         os.close(write)
@@ -168,18 +211,18 @@ def test_messages_are_taken_from_a_buffer_only_whole_and_within_their_caps():
     assert take_record(record[:-1]) is None and take_record(record + b"more") == b"answer"
 
 
-def test_a_shared_helper_is_closed_by_its_last_user():
+def test_a_shared_helper_is_stopped_by_its_last_user():
     class Owner:
-        closed = False
+        stopped = False
 
-        def close(self):
-            self.closed = True
+        def stop(self):
+            self.stopped = True
 
     shared: SharedHelpers[Owner] = SharedHelpers()
     first = shared.acquire("k", Owner)
     assert shared.acquire("k", Owner) is first
     shared.release("k", first)
-    assert not first.closed
+    assert not first.stopped
     shared.release("k", first)
-    assert first.closed and shared.acquire("k", Owner) is not first
-    shared.close_all()
+    assert first.stopped and shared.acquire("k", Owner) is not first
+    shared.stop_all()

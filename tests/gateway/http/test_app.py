@@ -474,7 +474,7 @@ async def test_health_readiness_and_openapi(gw_env):
     assert spec["openapi"].startswith("3.1")
     post_doc = spec["paths"]["/v1/documents"]["post"]
     assert {"200", "202", "400", "401", "403", "413", "415", "422", "504"} <= set(post_doc["responses"])
-    gw_env.gateway.close()
+    gw_env.gateway.stop()
     not_ready = await gw_env.client.get("/readyz")
     assert not_ready.status_code == 503 and problem(not_ready)["code"] == "store-unavailable"
 
@@ -665,8 +665,8 @@ async def test_serve_runs_the_sample_responder_and_the_nightly_load(make_assembl
         def start(self):
             started.append("start")
 
-        def shutdown(self):
-            started.append("shutdown")
+        def stop(self):
+            started.append("stop")
 
     monkeypatch.setattr(spark_etl.scheduler, "NightlyLoad", FakeLoad)
     assembly = make_assembly(
@@ -686,4 +686,4 @@ async def test_serve_runs_the_sample_responder_and_the_nightly_load(make_assembl
         assert b"<cbc:ID>OR-34</cbc:ID>" in response.content
     finally:
         runtime.stop()
-    assert started[-1] == "shutdown"
+    assert started[-1] == "stop"

@@ -306,7 +306,7 @@ def test_every_problem_the_server_gives_is_the_one_the_document_states(gw_sync) 
     _documented(document, "/v1/documents/{message_id}/reply", "get", replied)
     for path in ("/healthz", "/readyz"):
         _documented(document, path, "get", client.get(path))
-    runtime.gateway.close()  # stopping: nothing is accepted
+    runtime.gateway.stop()  # stopping: nothing is accepted
     post(INVOICE, GLOBEX, 503, "store-unavailable")
     _documented(document, "/readyz", "get", client.get("/readyz"))
     _documented(document, "/v1/documents/{message_id}", "get", client.get(status_url, headers=GLOBEX))

@@ -42,7 +42,7 @@ def explainer(gw_registry):
         assert time.monotonic() < deadline, "the helper did not start"
         time.sleep(0.05)
     yield explainer
-    explainer.close()
+    explainer.stop()
 
 
 BAD = INVOICE.replace(b"<cbc:IssueDate>2009-12-15", b"<cbc:IssueDate>15.12.2009").replace(
@@ -139,5 +139,5 @@ def test_the_helper_goes_away_with_its_explainer(gw_registry):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     process = explainer._process
-    explainer.close()
+    explainer.stop()
     assert process.wait(10) is not None

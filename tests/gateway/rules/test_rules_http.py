@@ -367,7 +367,7 @@ def test_a_document_that_needs_too_much_memory_stops_its_worker_only(tmp_path):
             runner.check(["memory"], '<a n="50000000"/>')
         assert runner.check(["memory"], '<a n="10"/>') == []  # a new worker took its place
     finally:
-        runner.close()
+        runner.stop()
 
 
 # --------------------------------------------------------------------------- configuration errors
