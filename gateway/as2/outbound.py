@@ -67,6 +67,7 @@ _ENDPOINT_KEYS = {
     "encrypt",
     "compress",
     "encryption",
+    "key_transport",
     "digest",
     "mdn",
     "signed_mdn",
@@ -88,6 +89,7 @@ class As2Endpoint:
     encrypt: bool = True
     compress: bool = False
     encryption: str = "aes256_cbc"
+    key_transport: str = "rsa_pkcs1v15"
     digest: str = "sha256"
     mdn: str = "sync"  # sync | async | none
     signed_mdn: bool = True
@@ -120,7 +122,13 @@ def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
         mapping.get("encryption", "aes256_cbc"),
         mapping.at("encryption"),
         f"{what} encryption",
-        ("aes128_cbc", "aes256_cbc"),
+        tuple(cms.ENCRYPTIONS),
+    )
+    key_transport = expect_choice(
+        mapping.get("key_transport", "rsa_pkcs1v15"),
+        mapping.at("key_transport"),
+        f"{what} key_transport",
+        cms.KEY_TRANSPORTS,
     )
     digest = expect_choice(
         mapping.get("digest", "sha256"), mapping.at("digest"), f"{what} digest", ("sha256", "sha384", "sha512")
@@ -130,7 +138,16 @@ def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
     if mdn == "async":
         mdn_url = expect_str(mapping.get("mdn_url"), mapping.at("mdn_url"), f"{what} mdn_url")
     return As2Endpoint(
-        url, as2_to, tuple(certs), encryption, encryption=algorithm, digest=digest, mdn=mdn, mdn_url=mdn_url, **flags
+        url,
+        as2_to,
+        tuple(certs),
+        encryption,
+        encryption=algorithm,
+        key_transport=key_transport,
+        digest=digest,
+        mdn=mdn,
+        mdn_url=mdn_url,
+        **flags,
     )
 
 
@@ -187,8 +204,14 @@ def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content
     if endpoint.encrypt:
         if not endpoint.sign and not endpoint.compress:
             mic_source = entity
-        top_type = "application/pkcs7-mime; smime-type=enveloped-data; name=smime.p7m"
-        top_body = cms.encrypt(entity, endpoint.encryption_certificate, algorithm=endpoint.encryption)
+        smime_type = "authEnveloped-data" if endpoint.encryption.endswith("_gcm") else "enveloped-data"
+        top_type = f"application/pkcs7-mime; smime-type={smime_type}; name=smime.p7m"
+        top_body = cms.encrypt(
+            entity,
+            endpoint.encryption_certificate,
+            algorithm=endpoint.encryption,
+            key_transport=endpoint.key_transport,
+        )
         encoding = "binary"
     else:
         head, _, top_body = entity.partition(b"\r\n\r\n")
