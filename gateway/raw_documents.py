@@ -14,7 +14,7 @@ import re
 
 from starlette.responses import Response
 
-__all__ = ["RAW_DOCUMENT_HEADERS", "raw_document_response"]
+__all__ = ["RAW_DOCUMENT_HEADERS", "raw_document_response", "raw_mdn_response"]
 
 #: The headers every raw document answer carries (besides its Content-Disposition).
 RAW_DOCUMENT_HEADERS = {
@@ -25,10 +25,10 @@ RAW_DOCUMENT_HEADERS = {
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def attachment(name: str) -> str:
+def attachment(name: str, extension: str = ".xml") -> str:
     """A ``Content-Disposition: attachment`` value with a file name made only of safe characters."""
     safe = _UNSAFE.sub("_", name).strip("._")[:120] or "document"
-    return f'attachment; filename="{safe}.xml"'
+    return f'attachment; filename="{safe}{extension}"'
 
 
 def raw_document_response(data: bytes, filename: str, headers: dict[str, str] | None = None) -> Response:
@@ -37,4 +37,13 @@ def raw_document_response(data: bytes, filename: str, headers: dict[str, str] | 
         data,
         media_type="application/xml; charset=utf-8",
         headers={**RAW_DOCUMENT_HEADERS, "Content-Disposition": attachment(filename), **(headers or {})},
+    )
+
+
+def raw_mdn_response(data: bytes, filename: str) -> Response:
+    """An AS2 MDN (a MIME entity, byte for byte as sent or received) as an attachment that no browser runs."""
+    return Response(
+        data,
+        media_type="message/rfc822",
+        headers={**RAW_DOCUMENT_HEADERS, "Content-Disposition": attachment(filename, ".eml")},
     )

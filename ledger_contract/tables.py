@@ -201,6 +201,8 @@ as2_messages = sa.Table(
     sa.Column("mic", sa.String(200)),  # "<base64>, <micalg>"
     sa.Column("disposition", sa.String(200)),  # the MDN's, NULL while an outbound MDN is awaited
     sa.Column("mdn", sa.LargeBinary),  # the MDN as sent (in) or received (out): the whole MIME entity
+    # in: how the MDN went to the partner (in the HTTP answer, posted to its URL) or why it was not sent
+    sa.Column("mdn_delivery", sa.String(300)),
     sa.Column("created_at", sa.BigInteger, nullable=False),  # epoch ms
     sa.Column("updated_at", sa.BigInteger, nullable=False),
     sa.Index("ix_b2b_as2_messages_message", "message_id"),

@@ -25,7 +25,7 @@ from gateway.admin.read_audit import audit_read
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
 from gateway.errors import GatewayError, NotFoundError
 from gateway.problems import problem_response
-from gateway.raw_documents import raw_document_response
+from gateway.raw_documents import raw_document_response, raw_mdn_response
 
 __all__ = ["PREFIX", "api_routes"]
 
@@ -224,6 +224,23 @@ def api_routes(service: AdminService) -> list[Route]:
         )
         return raw_document_response(data, f"{doc['message_id']}-{part}")
 
+    async def document_mdn(request: Request, principal: Principal) -> Response:
+        q = request.query_params
+        direction, as2_message_id = q.get("direction") or "", q.get("as2_message_id") or ""
+        if direction not in ("in", "out") or not as2_message_id:
+            raise InvalidRequestError("Name the MDN by direction (in or out) and as2_message_id.")
+        message_id = request.path_params["message_id"]
+        record = await thread(service.as2_mdn, message_id, direction, as2_message_id)
+        await audit_read(
+            service,
+            principal,
+            "read-document",
+            message_id,
+            client_address(request.scope),
+            detail=f"AS2 MDN ({direction}) {as2_message_id[:200]} downloaded",
+        )
+        return raw_mdn_response(record.mdn, f"{message_id}-mdn-{direction}")
+
     async def partners(request: Request, principal: Principal) -> Response:
         return _json(await thread(service.partners))
 
@@ -264,6 +281,7 @@ def api_routes(service: AdminService) -> list[Route]:
         Route(f"{p}/actions/{{action}}", guarded(action, change=True), methods=["POST"]),
         Route(f"{p}/documents", guarded(documents), methods=["GET"]),
         Route(f"{p}/documents/{{message_id}}", guarded(document), methods=["GET"]),
+        Route(f"{p}/documents/{{message_id}}/mdn", guarded(document_mdn), methods=["GET"]),
         Route(f"{p}/documents/{{message_id}}/{{part}}", guarded(document_xml), methods=["GET"]),
         Route(f"{p}/partners", guarded(partners), methods=["GET"]),
         Route(f"{p}/routes", guarded(routes), methods=["GET"]),

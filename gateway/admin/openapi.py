@@ -285,12 +285,31 @@ def admin_paths() -> dict[str, Any]:
                             lineage={"type": "object"},
                             document={"type": ["object", "null"]},
                             reply={"type": ["object", "null"]},
+                            as2={"type": "array", "items": {"type": "object"}},
                         ),
                     ]
                 },
                 errors={**_READ_ERRORS, "404": _problem("No such document.")},
             )["get"]
             | {"parameters": [{"name": "message_id", "in": "path", "required": True, "schema": _S}]}
+        },
+        f"{p}/documents/{{message_id}}/mdn": {
+            "get": {
+                "summary": "An AS2 MDN of the document, byte for byte as sent to or received from the partner",
+                "tags": ["admin"],
+                "security": _SECURITY,
+                "parameters": [
+                    {"name": "message_id", "in": "path", "required": True, "schema": _S},
+                    _query("direction", "in (a message received) or out (a message sent)"),
+                    _query("as2_message_id", "the AS2 Message-ID, as the document's as2 list shows it"),
+                ],
+                "responses": {
+                    "200": {"description": "The MDN (a MIME entity)", "content": {"message/rfc822": {"schema": _S}}},
+                    **_READ_ERRORS,
+                    "400": _problem("direction or as2_message_id missing."),
+                    "404": _problem("No such document, or no such MDN."),
+                },
+            }
         },
         f"{p}/documents/{{message_id}}/{{part}}": {
             "get": {

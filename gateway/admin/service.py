@@ -34,6 +34,7 @@ from gateway.admin.access import Access, Principal
 from gateway.admin.audit import Audit
 from gateway.admin.errors import InvalidRequestError
 from gateway.admin.snapshot import StatsSampler
+from gateway.as2.store import As2Record, As2Store
 from gateway.config.operations import AdminSettings
 from gateway.errors import NotFoundError, StoreUnavailableError
 from gateway.ledger.records import Ledger
@@ -459,7 +460,20 @@ class AdminService:
             warehouse = None
         doc["lineage"] = queries.lineage(self.engine, doc, warehouse)
         doc["timeline"] = timeline(doc)
+        doc["as2"] = [as2_view(record) for record in self.as2_records(doc["message_id"])]
         return doc
+
+    def as2_records(self, message_id: str) -> list[As2Record]:
+        """The document's AS2 messages, oldest first: what a partner's dispute about a receipt comes down to."""
+        records = As2Store(self.engine, self.broker).for_document(message_id)
+        return sorted(records, key=lambda r: (r.created_at, r.direction, r.as2_message_id))
+
+    def as2_mdn(self, message_id: str, direction: str, as2_message_id: str) -> As2Record:
+        """One AS2 record of the document with its MDN (NotFoundError when it has none)."""
+        for record in self.as2_records(message_id):
+            if record.direction == direction and record.as2_message_id == as2_message_id and record.mdn is not None:
+                return record
+        raise NotFoundError(f"Document {message_id[:128]!r} has no AS2 MDN for that Message-ID and direction.")
 
     def partners(self) -> dict[str, Any]:
         counts = self.parts()[4].get()
@@ -498,6 +512,23 @@ class AdminService:
 
     def etl_runs(self, limit: int = 20) -> dict[str, Any]:
         return {"runs": queries.etl_runs(self.engine, limit)}
+
+
+def as2_view(record: As2Record) -> dict[str, Any]:
+    """An AS2 record as the console and the admin API show it: the MDN's size, not its bytes."""
+    mic, _, algorithm = (record.mic or "").partition(",")
+    return {
+        "direction": record.direction,
+        "partner": record.partner,
+        "as2_message_id": record.as2_message_id,
+        "mic": mic.strip() or None,
+        "mic_algorithm": algorithm.strip() or None,
+        "disposition": record.disposition,
+        "mdn_bytes": len(record.mdn) if record.mdn is not None else None,
+        "mdn_delivery": record.mdn_delivery,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
 
 
 def timeline(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """CMS (RFC 5652) for AS2: decrypt EnvelopedData and AuthEnvelopedData, verify SignedData, inflate CompressedData,
 and the signing and encryption of what the gateway sends.
 
-``asn1crypto`` parses the structures and ``cryptography`` does every cryptographic operation (RSA, AES, 3DES,
-digests); nothing here implements a cipher. ``cryptography`` builds signatures and envelopes but does not verify
-signatures nor open AES-GCM envelopes, hence the few functions below (see docs/as2.md, "Why these libraries").
+``asn1crypto`` parses and builds the structures and ``cryptography`` does every cryptographic operation (RSA,
+AES, 3DES, digests); nothing here implements a cipher. ``cryptography`` builds signatures, but its envelopes are
+AES-CBC with PKCS #1 v1.5 only, and it neither verifies signatures nor opens AES-GCM envelopes, hence the few
+functions below (see docs/as2.md, "Why these libraries").
 Every function refuses what the partner's agreement does not allow (3DES, SHA-1) with the error whose
 disposition RFC 4130 names.
 """
@@ -13,10 +14,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import os
 import zlib
 from dataclasses import dataclass
 
 from asn1crypto import cms
+from asn1crypto import core as asn1_core
+from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, padding, serialization
@@ -36,7 +40,9 @@ from gateway.as2.errors import (
 
 __all__ = [
     "DIGESTS",
+    "ENCRYPTIONS",
     "Identity",
+    "KEY_TRANSPORTS",
     "Verified",
     "compress",
     "decompress",
@@ -203,12 +209,102 @@ def decrypt(der: bytes, identity: Identity, *, allow_3des: bool = False) -> tupl
         raise As2DecryptionError("The message could not be decrypted (wrong key or damaged content).") from None
 
 
-def encrypt(content: bytes, recipient: x509.Certificate, *, algorithm: str = "aes256_cbc") -> bytes:
-    """EnvelopedData DER of *content* for *recipient* (RSA PKCS #1 v1.5 key transport, AES-CBC)."""
-    cipher = {"aes128_cbc": algorithms.AES128, "aes256_cbc": algorithms.AES256}[algorithm]
-    builder = pkcs7.PKCS7EnvelopeBuilder().set_data(content).add_recipient(recipient)
-    builder = builder.set_content_encryption_algorithm(cipher)
-    return builder.encrypt(serialization.Encoding.DER, [pkcs7.PKCS7Options.Binary])
+#: the content encryption algorithms we send, and their key sizes
+ENCRYPTIONS = {"aes128_cbc": 16, "aes256_cbc": 32, "aes128_gcm": 16, "aes256_gcm": 32}
+#: the key transports we send: RSA PKCS #1 v1.5, or RSA-OAEP with SHA-256 and MGF1-SHA-256 (RFC 4055, RFC 8551)
+KEY_TRANSPORTS = ("rsa_pkcs1v15", "rsa_oaep")
+
+
+class _GcmParameters(asn1_core.Sequence):
+    """GCMParameters (RFC 5084): the nonce and the tag length."""
+
+    _fields = [("aes_nonce", asn1_core.OctetString), ("aes_icvlen", asn1_core.Integer, {"default": 12})]
+
+
+def _recipient_info(key: bytes, recipient: x509.Certificate, key_transport: str) -> cms.RecipientInfo:
+    public = recipient.public_key()
+    if not isinstance(public, rsa.RSAPublicKey):
+        raise ValueError("the recipient's certificate must have an RSA key")
+    if key_transport == "rsa_oaep":
+        encrypted = public.encrypt(
+            key, asym_padding.OAEP(mgf=asym_padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+        )
+        algorithm = {
+            "algorithm": "rsaes_oaep",
+            "parameters": {
+                "hash_algorithm": {"algorithm": "sha256"},
+                "mask_gen_algorithm": {"algorithm": "mgf1", "parameters": {"algorithm": "sha256"}},
+            },
+        }
+    elif key_transport == "rsa_pkcs1v15":
+        encrypted = public.encrypt(key, asym_padding.PKCS1v15())
+        algorithm = {"algorithm": "rsaes_pkcs1v15"}
+    else:
+        raise ValueError(f"unknown key transport {key_transport!r}")
+    certificate = asn1_x509.Certificate.load(recipient.public_bytes(serialization.Encoding.DER))
+    return cms.RecipientInfo(
+        name="ktri",
+        value={
+            "version": "v0",
+            "rid": cms.RecipientIdentifier(
+                name="issuer_and_serial_number",
+                value={"issuer": certificate.issuer, "serial_number": certificate.serial_number},
+            ),
+            "key_encryption_algorithm": algorithm,
+            "encrypted_key": encrypted,
+        },
+    )
+
+
+def encrypt(
+    content: bytes,
+    recipient: x509.Certificate,
+    *,
+    algorithm: str = "aes256_cbc",
+    key_transport: str = "rsa_pkcs1v15",
+) -> bytes:
+    """The CMS DER of *content* encrypted for *recipient*: EnvelopedData for AES-CBC, AuthEnvelopedData
+    (RFC 5083, RFC 5084) for AES-GCM; the content key sent with RSA PKCS #1 v1.5 or RSA-OAEP."""
+    size = ENCRYPTIONS.get(algorithm)
+    if size is None:
+        raise ValueError(f"unknown content encryption {algorithm!r}")
+    key = os.urandom(size)
+    recipients = [_recipient_info(key, recipient, key_transport)]
+    if algorithm in _GCM:
+        nonce = os.urandom(12)
+        sealed = AESGCM(key).encrypt(nonce, content, None)
+        data = cms.AuthEnvelopedData(
+            {
+                "version": "v0",
+                "recipient_infos": recipients,
+                "auth_encrypted_content_info": {
+                    "content_type": "data",
+                    "content_encryption_algorithm": {
+                        "algorithm": algorithm,
+                        "parameters": _GcmParameters({"aes_nonce": nonce, "aes_icvlen": 16}),
+                    },
+                    "encrypted_content": sealed[:-16],
+                },
+                "mac": sealed[-16:],
+            }
+        )
+        return cms.ContentInfo({"content_type": "authenticated_enveloped_data", "content": data}).dump()
+    iv = os.urandom(16)
+    padder = padding.PKCS7(128).padder()
+    padded = padder.update(content) + padder.finalize()
+    encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+    data = cms.EnvelopedData(
+        {
+            "version": "v0",
+            "recipient_infos": recipients,
+            "encrypted_content_info": {
+                "content_type": "data",
+                "content_encryption_algorithm": {"algorithm": algorithm, "parameters": iv},
+                "encrypted_content": encryptor.update(padded) + encryptor.finalize(),
+            },
+        }
+    )
+    return cms.ContentInfo({"content_type": "enveloped_data", "content": data}).dump()
 
 
 # --------------------------------------------------------------------------- signatures

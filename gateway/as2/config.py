@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -19,7 +20,18 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.as2.cms import Identity
 from gateway.as2.errors import As2Error
-from gateway.marked import MarkedDict, Where, check_keys, expect_bool, expect_int, expect_mapping, expect_str
+from gateway.delivery.addresses import AddressPolicy, parse_networks
+from gateway.errors import clip
+from gateway.marked import (
+    MarkedDict,
+    Where,
+    check_keys,
+    expect_bool,
+    expect_int,
+    expect_list,
+    expect_mapping,
+    expect_str,
+)
 
 __all__ = ["AS2_ID", "As2Settings", "PartnerAgreement", "parse_as2_section", "parse_partner_as2", "read_certificates"]
 
@@ -34,6 +46,8 @@ _PARTNER_KEYS = {
     "require_encryption",
     "allow_3des",
     "allow_sha1",
+    "async_mdn_urls",
+    "async_mdn_allow_addresses",
 }
 
 
@@ -62,6 +76,45 @@ class PartnerAgreement:
     require_encryption: bool = True
     allow_3des: bool = False
     allow_sha1: bool = False
+    #: the URLs (prefixes) the partner's Receipt-Delivery-Option may name; none: no asynchronous MDN is sent
+    async_mdn_urls: tuple[str, ...] = ()
+    #: where asynchronous MDNs may connect: public addresses, and private ones only when listed here
+    async_mdn_addresses: AddressPolicy = field(default_factory=AddressPolicy)
+
+    def async_mdn_refusal(self, url: str) -> str | None:
+        """Why an asynchronous MDN may not go to *url* (a ``Receipt-Delivery-Option``), or None when it may."""
+        target = _url_key(url)
+        if target is None:
+            return f"Receipt-Delivery-Option {clip(url, 200)!r} is not an http(s) URL with a host and no credentials"
+        for allowed in self.async_mdn_urls:
+            key = _url_key(allowed)
+            if key is not None and key[:3] == target[:3] and _under(target[3], key[3]):
+                return None
+        return f"Receipt-Delivery-Option {clip(url, 200)!r} is not among the partner's as2.async_mdn_urls" + (
+            "" if self.async_mdn_urls else " (none are configured)"
+        )
+
+
+def _under(path: str, prefix: str) -> bool:
+    """Whether *path* is *prefix* or below it (``/mdn`` covers ``/mdn/1`` and ``/mdn?id=1``, not ``/mdnx``)."""
+    if path == prefix or prefix.endswith("/") and path.startswith(prefix):
+        return True
+    return path.startswith(prefix) and path[len(prefix)] in "/?"
+
+
+def _url_key(url: str) -> tuple[str, str, int, str] | None:
+    """scheme, host, port and path of an http(s) URL without credentials, or None."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80), path
 
 
 def _path(value: Any, where: Where, what: str) -> Path:
@@ -160,7 +213,31 @@ def parse_partner_as2(partner_id: str, value: Any, where: Where) -> PartnerAgree
             ("allow_sha1", False),
         )
     }
-    return PartnerAgreement(partner_id, as2_id, tuple(certs), encryption, **flags)
+    urls = expect_list(entry.get("async_mdn_urls"), entry.at("async_mdn_urls"), f"{what}.async_mdn_urls")
+    for i, url in enumerate(urls):
+        if not isinstance(url, str) or _url_key(url) is None:
+            raise urls.at(i).error(
+                f"{what}.async_mdn_urls: {clip(repr(url), 120)} is not an http:// or https:// URL with a host "
+                "and no credentials"
+            )
+    allow = parse_networks(
+        expect_list(
+            entry.get("async_mdn_allow_addresses"),
+            entry.at("async_mdn_allow_addresses"),
+            f"{what}.async_mdn_allow_addresses",
+        ),
+        entry.at("async_mdn_allow_addresses"),
+        f"{what}.async_mdn_allow_addresses",
+    )
+    return PartnerAgreement(
+        partner_id,
+        as2_id,
+        tuple(certs),
+        encryption,
+        **flags,
+        async_mdn_urls=tuple(str(u).strip() for u in urls),
+        async_mdn_addresses=AddressPolicy(allow),
+    )
 
 
 _OURS: list[As2Settings] = []

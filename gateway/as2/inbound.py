@@ -210,7 +210,7 @@ class As2Inbound:
         previous = await asyncio.to_thread(store().get, "in", partner.id, request.message_id)
         if previous is not None and previous.disposition == PROCESSED and previous.mdn is not None:
             if previous.mic == unwrapped.mic:  # a resend: the same MDN again
-                return await self._send(request, previous.mdn)
+                return await self._send(request, previous.mdn, store, note=True)
             return await self._answer(
                 request,
                 store,
@@ -299,31 +299,73 @@ class As2Inbound:
         if keep:
             try:
                 record = await store().record_received(
-                    partner.id, request.message_id, message_id, mic, disposition, raw
+                    partner.id, request.message_id, message_id, mic, disposition, raw, self._route(request)
                 )
                 raw = record.mdn or raw  # a concurrent twin's accepted MDN stands
             except Exception:  # the document is committed; its MDN is made again on a resend
                 log.exception("the MDN of AS2 message %s could not be kept in the ledger", request.message_id[:200])
                 if disposition == PROCESSED:
                     raise StoreUnavailableError() from None
-        return await self._send(request, raw)
+        return await self._send(request, raw, store, note=False)
 
-    async def _send(self, request: _Request, mdn_mime: bytes) -> RawAnswer:
-        """The MDN in the HTTP answer, or (``Receipt-Delivery-Option``) sent on its own and 200 now."""
+    def _route(self, request: _Request) -> str:
+        """How the MDN goes to the partner, or why it does not (the ledger's ``mdn_delivery``)."""
+        if request.receipt_to is None:
+            return "none asked for (no Disposition-Notification-To)"
+        if not request.async_url:
+            return "in the HTTP answer"
+        refusal = request.partner.as2.async_mdn_refusal(request.async_url)
+        if refusal is not None:
+            return f"not sent: {refusal}"
+        return f"posting to {request.async_url[:200]}"
+
+    async def _send(
+        self, request: _Request, mdn_mime: bytes, store: Callable[[], As2Store], *, note: bool
+    ) -> RawAnswer:
+        """The MDN in the HTTP answer, or (``Receipt-Delivery-Option``) sent on its own and 200 now.
+
+        An asynchronous MDN goes only to a URL the partner's agreement lists and an address its policy allows:
+        the URL is the partner's input. Otherwise the message stays processed, no MDN is sent (RFC 3798 2.1:
+        sending one is never required; the partner's software resends or alerts when none comes) and the
+        ledger says why. *note* records how it went for a resend (a first answer's row already says)."""
         if request.receipt_to is None:
             return 200, [(b"content-length", b"0")], b""  # no MDN asked for
         head, _, body = mdn_mime.partition(b"\r\n\r\n")
         headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")]
         if request.async_url:
-            from gateway.as2.outbound import send_async_mdn
-
-            task = asyncio.create_task(send_async_mdn(request.async_url, headers, body, self.settings.mdn_timeout))
+            partner = request.partner
+            refusal = partner.as2.async_mdn_refusal(request.async_url)
+            if refusal is not None:
+                log.warning(
+                    "asynchronous MDN of AS2 %s from %s not sent: %s", request.message_id[:200], partner.id, refusal
+                )
+                if note:
+                    await self._note(store, request, f"not sent: {refusal}")
+                return 200, [(b"content-length", b"0")], b""
+            task = asyncio.create_task(self._post_mdn(request, headers, body, store))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return 200, [(b"content-length", b"0")], b""
         raw_headers = [(name.lower(), value) for name, value in headers]
         raw_headers.append((b"content-length", str(len(body)).encode("latin-1")))
         return 200, raw_headers, body  # type: ignore[return-value]
+
+    async def _post_mdn(
+        self, request: _Request, headers: list[Any], body: bytes, store: Callable[[], As2Store]
+    ) -> None:
+        from gateway.as2.outbound import send_async_mdn
+
+        assert request.async_url is not None
+        outcome = await send_async_mdn(
+            request.async_url, headers, body, self.settings.mdn_timeout, request.partner.as2.async_mdn_addresses
+        )
+        await self._note(store, request, outcome)
+
+    async def _note(self, store: Callable[[], As2Store], request: _Request, how: str) -> None:
+        try:
+            await store().mdn_delivered(request.partner.id, request.message_id, how)
+        except Exception:  # a note for the operators; the message and its MDN are kept already
+            log.exception("how the MDN of AS2 message %s went could not be noted", request.message_id[:200])
 
 
 def _idempotency_key(message_id: str) -> str:

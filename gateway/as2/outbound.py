@@ -25,6 +25,7 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from cryptography import x509
@@ -36,7 +37,10 @@ from gateway.as2.errors import As2Error, As2MdnError
 from gateway.as2.mime import MimeLimits
 from gateway.as2.store import As2Store
 from gateway.as2.unwrap import mic_value
+from gateway.delivery.addresses import AddressPolicy
+from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.transport import AttemptResult, OutboundRequest
+from gateway.errors import clip
 from gateway.marked import MarkedDict, Where, expect_bool, expect_choice, expect_str
 
 __all__ = [
@@ -63,12 +67,14 @@ _ENDPOINT_KEYS = {
     "encrypt",
     "compress",
     "encryption",
+    "key_transport",
     "digest",
     "mdn",
     "signed_mdn",
     "mdn_url",
 }
 _MAX_MDN_BYTES = 256 * 1024
+_MAX_ANSWER_BYTES = 64 * 1024  # of the answer to an asynchronous MDN we post (its body means nothing to us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,7 @@ class As2Endpoint:
     encrypt: bool = True
     compress: bool = False
     encryption: str = "aes256_cbc"
+    key_transport: str = "rsa_pkcs1v15"
     digest: str = "sha256"
     mdn: str = "sync"  # sync | async | none
     signed_mdn: bool = True
@@ -115,7 +122,13 @@ def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
         mapping.get("encryption", "aes256_cbc"),
         mapping.at("encryption"),
         f"{what} encryption",
-        ("aes128_cbc", "aes256_cbc"),
+        tuple(cms.ENCRYPTIONS),
+    )
+    key_transport = expect_choice(
+        mapping.get("key_transport", "rsa_pkcs1v15"),
+        mapping.at("key_transport"),
+        f"{what} key_transport",
+        cms.KEY_TRANSPORTS,
     )
     digest = expect_choice(
         mapping.get("digest", "sha256"), mapping.at("digest"), f"{what} digest", ("sha256", "sha384", "sha512")
@@ -125,7 +138,16 @@ def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
     if mdn == "async":
         mdn_url = expect_str(mapping.get("mdn_url"), mapping.at("mdn_url"), f"{what} mdn_url")
     return As2Endpoint(
-        url, as2_to, tuple(certs), encryption, encryption=algorithm, digest=digest, mdn=mdn, mdn_url=mdn_url, **flags
+        url,
+        as2_to,
+        tuple(certs),
+        encryption,
+        encryption=algorithm,
+        key_transport=key_transport,
+        digest=digest,
+        mdn=mdn,
+        mdn_url=mdn_url,
+        **flags,
     )
 
 
@@ -182,8 +204,14 @@ def build_message(endpoint: As2Endpoint, ours: As2Settings, body: bytes, content
     if endpoint.encrypt:
         if not endpoint.sign and not endpoint.compress:
             mic_source = entity
-        top_type = "application/pkcs7-mime; smime-type=enveloped-data; name=smime.p7m"
-        top_body = cms.encrypt(entity, endpoint.encryption_certificate, algorithm=endpoint.encryption)
+        smime_type = "authEnveloped-data" if endpoint.encryption.endswith("_gcm") else "enveloped-data"
+        top_type = f"application/pkcs7-mime; smime-type={smime_type}; name=smime.p7m"
+        top_body = cms.encrypt(
+            entity,
+            endpoint.encryption_certificate,
+            algorithm=endpoint.encryption,
+            key_transport=endpoint.key_transport,
+        )
         encoding = "binary"
     else:
         head, _, top_body = entity.partition(b"\r\n\r\n")
@@ -339,28 +367,56 @@ def _split(mime: bytes) -> tuple[str, bytes]:
     return head.decode("latin-1").partition(":")[2].strip(), body
 
 
-async def send_async_mdn(url: str, headers: list[tuple[bytes, bytes]], body: bytes, timeout: float) -> bool:
-    """Post an MDN to the partner's ``Receipt-Delivery-Option`` URL: one bounded attempt, no redirects."""
-    if not url.startswith(("http://", "https://")):
-        log.warning("asynchronous MDN not sent: %r is not an http(s) URL", url[:200])
-        return False
+async def send_async_mdn(
+    url: str, headers: list[tuple[bytes, bytes]], body: bytes, timeout: float, addresses: AddressPolicy
+) -> str:
+    """Post an MDN to the partner's ``Receipt-Delivery-Option`` URL; returns what happened, for the ledger.
+
+    The URL is the partner's input, so the attempt is bounded like a delivery's: the host is resolved once and
+    every address it has must pass *addresses* (private, loopback and link-local ranges are denied unless the
+    partner's agreement lists them), the connection goes to that checked address, the whole attempt takes at
+    most *timeout*, no redirect is followed and at most 64 KiB of the answer is read."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not sent: {clip(url, 200)!r} is not an http(s) URL"
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        async with httpx.AsyncClient(follow_redirects=False, timeout=timeout) as client:
-            response = await asyncio.wait_for(
-                client.post(
-                    url,
+        async with asyncio.timeout(timeout):
+            address = await addresses.resolve(host, port)
+            shown = f"[{address}]" if ":" in address else address
+            target = parts._replace(netloc=f"{shown}:{port}").geturl()
+            host_header = host if parts.port is None else f"{host}:{port}"
+            async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+                request = client.build_request(
+                    "POST",
+                    target,
                     content=body,
-                    headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers],
-                ),
-                timeout,
-            )
-        if response.status_code >= 300:
-            log.warning("asynchronous MDN to %s answered HTTP %d", url[:200], response.status_code)
-            return False
-        return True
+                    headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+                    + [("Host", host_header)],
+                    extensions={"sni_hostname": host},
+                )
+                response = await client.send(request, stream=True)
+                try:
+                    read = 0
+                    async for chunk in response.aiter_raw():
+                        read += len(chunk)
+                        if read >= _MAX_ANSWER_BYTES:
+                            break
+                finally:
+                    await response.aclose()
+    except BlockedAddressError as exc:
+        log.warning("asynchronous MDN to %s not sent: %s", clip(url, 200), exc.detail)
+        return f"not sent to {clip(url, 120)}: {exc.detail}"
     except (TimeoutError, httpx.HTTPError, OSError) as exc:
-        log.warning("asynchronous MDN to %s not sent: %s", url[:200], type(exc).__name__)
-        return False
+        log.warning("asynchronous MDN to %s not sent: %s", clip(url, 200), type(exc).__name__)
+        return f"not sent to {clip(url, 120)}: {type(exc).__name__}"
+    status = response.status_code
+    if status >= 300:
+        log.warning("asynchronous MDN to %s answered HTTP %d", clip(url, 200), status)
+        redirect = " (redirects are not followed)" if status < 400 else ""
+        return f"posted to {clip(url, 120)}: refused, HTTP {status}{redirect}"
+    return f"posted to {clip(url, 120)}: HTTP {status}"
 
 
 class As2Transport:

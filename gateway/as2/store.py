@@ -39,6 +39,8 @@ class As2Record:
     mdn: bytes | None
     created_at: int
     updated_at: int
+    #: how the MDN went to the partner, or why it was not sent (received messages)
+    mdn_delivery: str | None = None
 
 
 class As2Store:
@@ -67,11 +69,25 @@ class As2Store:
         return [As2Record(**row._mapping) for row in rows]
 
     async def record_received(
-        self, partner: str, as2_message_id: str, message_id: str | None, mic: str | None, disposition: str, mdn: bytes
+        self,
+        partner: str,
+        as2_message_id: str,
+        message_id: str | None,
+        mic: str | None,
+        disposition: str,
+        mdn: bytes,
+        delivery: str | None = None,
     ) -> As2Record:
         """Keep the MDN sent for a received message; returns the row that holds (an accepted one stays)."""
         t, key, now = as2_messages, stored_id(as2_message_id), now_ms()
-        values = {"message_id": message_id, "mic": mic, "disposition": disposition, "mdn": mdn, "updated_at": now}
+        values = {
+            "message_id": message_id,
+            "mic": mic,
+            "disposition": disposition,
+            "mdn": mdn,
+            "mdn_delivery": delivery[:300] if delivery else None,
+            "updated_at": now,
+        }
 
         def write(conn: sa.Connection) -> As2Record:
             where = (t.c.direction == "in", t.c.partner == partner, t.c.as2_message_id == key)
@@ -80,16 +96,28 @@ class As2Store:
                 conn.execute(
                     t.insert().values(direction="in", partner=partner, as2_message_id=key, created_at=now, **values)
                 )
-                return As2Record("in", partner, key, message_id, mic, disposition, mdn, now, now)
+                return As2Record("in", partner, key, message_id, mic, disposition, mdn, now, now, delivery)
             if row.disposition == PROCESSED:
                 return As2Record(**row._mapping)
             conn.execute(t.update().where(*where).values(**values))
-            return As2Record("in", partner, key, message_id, mic, disposition, mdn, row.created_at, now)
+            return As2Record("in", partner, key, message_id, mic, disposition, mdn, row.created_at, now, delivery)
 
         # not durable: a power cut may lose the row, never the document (committed before); the resend then
         # finds the document by its idempotency key and the MDN is made again, with the same disposition and MIC
         (record,) = await self.broker.write_async(write, durable=False)
         return record
+
+    async def mdn_delivered(self, partner: str, as2_message_id: str, how: str) -> None:
+        """Note how a received message's MDN went to the partner, or why it was not sent."""
+        t = as2_messages
+        await self.broker.write_async(
+            lambda conn: conn.execute(
+                t.update()
+                .where(t.c.direction == "in", t.c.partner == partner, t.c.as2_message_id == stored_id(as2_message_id))
+                .values(mdn_delivery=how[:300], updated_at=now_ms())
+            ),
+            durable=False,
+        )
 
     async def record_sent(self, partner: str, as2_message_id: str, message_id: str | None, mic: str) -> None:
         """A message we sent, its MDN awaited."""

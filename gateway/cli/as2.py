@@ -129,7 +129,11 @@ def cmd_cert(args: argparse.Namespace) -> int:
         f"(AES-128/256, CBC or GCM{'; 3DES allowed' if agreement.allow_3des else ''})"
     )
     print("Compression:                    accepted (zlib, RFC 5402)")
-    print("MDN:                            synchronous or asynchronous, signed on request (SHA-256)")
+    print("MDN:                            synchronous, signed on request (SHA-256)")
+    if agreement.async_mdn_urls:
+        print(f"Asynchronous MDN URLs:          {', '.join(agreement.async_mdn_urls)} (and below)")
+    else:
+        print("Asynchronous MDN URLs:          none agreed (ask for synchronous MDNs)")
     print(
         f"Certificate valid:              {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}"
     )

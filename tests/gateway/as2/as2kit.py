@@ -207,7 +207,14 @@ class As2Pki:
     folder: Path
 
 
-def as2_data(tmp_path: Path, pki: As2Pki, *, globex_cert: Path | None = None) -> Any:
+def as2_data(
+    tmp_path: Path,
+    pki: As2Pki,
+    *,
+    globex_cert: Path | None = None,
+    async_mdn_urls: list[str] | None = None,
+    async_mdn_allow_addresses: list[str] | None = None,
+) -> Any:
     data = sample_data(tmp_path)
     extra = load_yaml(
         text=f"""
@@ -227,6 +234,10 @@ acme:
         name="as2-test.yaml",
     )
     data["as2"] = extra["as2"]
+    if async_mdn_urls is not None:
+        extra["globex"]["async_mdn_urls"] = async_mdn_urls
+    if async_mdn_allow_addresses is not None:
+        extra["globex"]["async_mdn_allow_addresses"] = async_mdn_allow_addresses
     data["partners"]["globex"]["as2"] = extra["globex"]
     data["partners"]["acme"]["as2"] = extra["acme"]
     return data

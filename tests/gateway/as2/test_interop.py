@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from as2kit import OUR_ID, run
+from as2kit import OUR_ID, as2_data, run
 from gwtest import INVOICE, ORDER
 
 pytestmark = pytest.mark.anyio
@@ -149,8 +149,15 @@ async def _wait_for(items: list, seconds: float = 30.0) -> None:
     raise AssertionError("nothing arrived")
 
 
-async def test_libas2_asks_for_an_async_mdn_and_verifies_it(as2_env, as2_pki, capture):
+async def test_libas2_asks_for_an_async_mdn_and_verifies_it(as2_env_factory, tmp_path, as2_pki, capture):
+    """The asynchronous MDN goes to libas2's URL, which globex's agreement lists (its address is allowed)."""
     url, received = capture
+    data = as2_data(tmp_path, as2_pki, async_mdn_urls=[url], async_mdn_allow_addresses=["127.0.0.1/32"])
+    async for env in as2_env_factory(data):
+        await _libas2_async_mdn(env, as2_pki, url, received)
+
+
+async def _libas2_async_mdn(as2_env, as2_pki, url, received) -> None:
     message = node(
         "compose", libas2_options(as2_pki, payload=base64.b64encode(INVOICE).decode(), **{"async": True}, asyncUrl=url)
     )
