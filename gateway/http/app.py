@@ -265,6 +265,198 @@ class _GatewayApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+class _PartnerApi:
+    """The partner API's endpoints over one assembled configuration and the runtime serving it (made by the
+    app's lifespan, or given by the caller)."""
+
+    def __init__(self, assembly: Assembly, runtime: Runtime | None, noop_endpoint: bool) -> None:
+        self.assembly = assembly
+        self.partners = assembly.partners
+        self.limits = assembly.settings.limits
+        self.runtime = runtime
+        self.noop_endpoint = noop_endpoint
+        self.limiter = PartnerLimiter()  # each partner's requests in progress and rate (429 over them)
+        self.document: dict[str, Any] = {}  # the OpenAPI document, once the admin side has added its paths
+
+    def gateway(self) -> Gateway:
+        rt = self.runtime
+        if rt is None or rt.gateway is None or not rt.gateway.ready:
+            raise StoreUnavailableError("The gateway is starting or stopping; retry in a moment.")
+        return rt.gateway
+
+    async def accept(self, scope: Any, headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
+        """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
+        partner = await authenticated(self.partners, scope, headers.get("authorization"))
+        await self.limiter.admit(partner)
+        try:
+            charset = check_media_type(headers.get("content-type"))
+            correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
+            key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
+            declared = _length(headers.get("content-length"))
+            body = await read_body(chunks, self.limits.max_bytes, declared_length=declared)
+            return await self.gateway().submit(
+                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key
+            )
+        finally:
+            self.limiter.release(partner)
+
+    async def post_document(self, request: Request) -> Response:
+        return _outcome_response(await self.accept(request.scope, request.headers, request.stream()))
+
+    async def fast_post_document(self, scope: Any, receive: Any) -> RawAnswer:
+        return _outcome_raw(await self.accept(scope, _RawHeaders(scope["headers"]), _stream(receive)))
+
+    async def _own_record(self, request: Request, refresh: bool) -> LedgerRecord:
+        partner = await authenticated(self.partners, request.scope, request.headers.get("authorization"))
+        await self.limiter.admit(partner)
+        try:
+            gw = self.gateway()
+            reconciler = self.runtime.reconciler if refresh and self.runtime is not None else None
+            if reconciler is None:
+                return await gw.document(partner, request.path_params["message_id"])
+            return await gw.document(partner, request.path_params["message_id"], reconciler.refresh)
+        finally:
+            self.limiter.release(partner)
+
+    async def get_document(self, request: Request) -> Response:
+        record = await self._own_record(request, refresh=True)
+        body = json.dumps(_status_body(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return Response(
+            body, media_type=_JSON, headers={"Cache-Control": "no-store", "X-Correlation-ID": record.correlation_id}
+        )
+
+    async def get_reply(self, request: Request) -> Response:
+        record = await self._own_record(request, refresh=False)
+        if record.reply is None:
+            raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
+        return raw_document_response(
+            record.reply,
+            f"{record.message_id}-reply",
+            {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id},
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        gw = self.gateway()
+        try:
+            await asyncio.to_thread(gw.ledger.ping)
+        except Exception as exc:  # any failure means not ready
+            log.warning("readiness check failed: %s", str(exc).splitlines()[0][:200] if str(exc) else type(exc))
+            raise StoreUnavailableError("The store does not answer.") from None
+        return JSONResponse({"status": "ready"})
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.document)
+
+    async def _noop_body(self, headers: Any, chunks: AsyncIterator[bytes]) -> bytes:
+        body = await read_body(chunks, self.limits.max_bytes, declared_length=_length(headers.get("content-length")))
+        return b'{"status":"noop","bytes":%d}' % len(body)
+
+    async def noop(self, request: Request) -> Response:
+        return Response(await self._noop_body(request.headers, request.stream()), status_code=202, media_type=_JSON)
+
+    async def fast_noop(self, scope: Any, receive: Any) -> RawAnswer:
+        body = await self._noop_body(_RawHeaders(scope["headers"]), _stream(receive))
+        return 202, [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", _JSON_RAW)], body
+
+    def routes(self) -> list[Route]:
+        routes = [
+            Route("/v1/documents", _problems(self.post_document), methods=["POST"]),
+            Route("/v1/documents/{message_id}", _problems(self.get_document), methods=["GET"]),
+            Route("/v1/documents/{message_id}/reply", _problems(self.get_reply), methods=["GET"]),
+            Route("/healthz", _problems(self.healthz), methods=["GET"]),
+            Route("/readyz", _problems(self.readyz), methods=["GET"]),
+            Route("/openapi.json", _problems(self.openapi), methods=["GET"]),
+        ]
+        if self.noop_endpoint:
+            routes.append(Route("/v1/noop", _problems(self.noop), methods=["POST"]))
+        if self.assembly.settings.as2 is not None:  # AS2 (RFC 4130): gateway.as2
+            from gateway.as2.endpoint import as2_endpoint
+
+            endpoint = as2_endpoint(self.assembly, self.gateway, self.limiter)
+            routes.append(Route("/as2", _problems(endpoint), methods=["POST"]))
+        return routes
+
+    def fast_posts(self) -> dict[str, Callable[[Any, Any, Any], Awaitable[None]]]:
+        """The POST endpoints served without Starlette's router (see :class:`_GatewayApp`)."""
+        fast = {"/v1/documents": _fast_endpoint(self.fast_post_document)}
+        if self.noop_endpoint:
+            fast["/v1/noop"] = _fast_endpoint(self.fast_noop)
+        return fast
+
+
+def _openapi(api: _PartnerApi, ops: Any) -> dict[str, Any]:
+    """The OpenAPI document: the partner API's, the admin side's paths, and ``POST /as2`` when configured."""
+    document = ops.openapi(openapi_document(max_body_bytes=api.limits.max_bytes, noop_endpoint=api.noop_endpoint))
+    if api.assembly.settings.as2 is not None:
+        from gateway.as2.endpoint import as2_openapi_path
+
+        document["paths"]["/as2"] = as2_openapi_path()
+    return document
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (and any other HTTPException) as problem documents."""
+    status = getattr(exc, "status_code", 500)
+    if status == 404:
+        error: GatewayError = NotFoundError()
+    elif status == 405:
+        allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        error = MethodNotAllowedError(
+            f"{request.method} is not allowed here; use {allowed or 'another method'}.",
+            allowed=[m.strip() for m in allowed.split(",") if m.strip()],
+        )
+    else:
+        error = GatewayError()
+    return problem_response(error, request.url.path)
+
+
+def _lifespan(
+    api: _PartnerApi,
+    ops: Any,
+    *,
+    workers: bool,
+    etl: bool,
+    reconcile: bool,
+    stomp: bool,
+    freeze_gc: bool,
+    on_started: Callable[[], None] | None,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Start what serves the app (unless the caller gave its runtime), and stop it, in that order back."""
+    assembly = api.assembly
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own = api.runtime is None
+        listener = None
+        if own:
+            rt = Runtime(assembly, workers=workers, etl=etl, reconcile=reconcile)
+            await asyncio.to_thread(rt.start)
+            api.runtime = rt
+            if stomp:
+                listener = await start_stomp(assembly.settings, rt.broker)
+        await asyncio.to_thread(attach_key_digests, api.partners, api.runtime)
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
+        await ops.started(api.runtime)
+        if on_started is not None:
+            on_started()
+        try:
+            yield
+        finally:
+            await ops.stopping()
+            if listener is not None:
+                await listener.stop()
+            if own:
+                rt, api.runtime = api.runtime, None
+                await asyncio.to_thread(rt.stop)
+
+    return lifespan
+
+
 def create_app(
     settings: Settings | Assembly,
     *,
@@ -300,169 +492,19 @@ def create_app(
     *admin_listener* (process 0's) the admin side's own listener starts when
     ``admin.port`` is set.
     """
-    assembly = settings if isinstance(settings, Assembly) else assemble_or_raise(settings)
-    limits = assembly.settings.limits
-    partners = assembly.partners
-    state: dict[str, Any] = {"runtime": runtime}
-
-    def gateway() -> Gateway:
-        rt: Runtime | None = state["runtime"]
-        if rt is None or rt.gateway is None or not rt.gateway.ready:
-            raise StoreUnavailableError("The gateway is starting or stopping; retry in a moment.")
-        return rt.gateway
-
-    limiter = PartnerLimiter()  # each partner's requests in progress and rate (429 over them)
-
-    async def accept(scope: Any, headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
-        """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
-        partner = await authenticated(partners, scope, headers.get("authorization"))
-        await limiter.admit(partner)
-        try:
-            charset = check_media_type(headers.get("content-type"))
-            correlation = _checked(headers.get("x-correlation-id"), "X-Correlation-ID", _CORRELATION, _CORRELATION_RULE)
-            key = _checked(headers.get("idempotency-key"), "Idempotency-Key", _IDEMPOTENCY, _IDEMPOTENCY_RULE)
-            declared = _length(headers.get("content-length"))
-            body = await read_body(chunks, limits.max_bytes, declared_length=declared)
-            return await gateway().submit(
-                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key
-            )
-        finally:
-            limiter.release(partner)
-
-    async def post_document(request: Request) -> Response:
-        return _outcome_response(await accept(request.scope, request.headers, request.stream()))
-
-    async def get_document(request: Request) -> Response:
-        partner = await authenticated(partners, request.scope, request.headers.get("authorization"))
-        await limiter.admit(partner)
-        try:
-            gw = gateway()
-            rt: Runtime = state["runtime"]
-            refresh = rt.reconciler.refresh if rt.reconciler is not None else None
-            record = await gw.document(partner, request.path_params["message_id"], refresh)
-        finally:
-            limiter.release(partner)
-        body = json.dumps(_status_body(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return Response(
-            body, media_type=_JSON, headers={"Cache-Control": "no-store", "X-Correlation-ID": record.correlation_id}
-        )
-
-    async def get_reply(request: Request) -> Response:
-        partner = await authenticated(partners, request.scope, request.headers.get("authorization"))
-        await limiter.admit(partner)
-        try:
-            record = await gateway().document(partner, request.path_params["message_id"])
-        finally:
-            limiter.release(partner)
-        if record.reply is None:
-            raise NotFoundError(f"Document {record.message_id} has no reply yet (status: {record.status}).")
-        return raw_document_response(
-            record.reply,
-            f"{record.message_id}-reply",
-            {"X-Message-ID": record.message_id, "X-Correlation-ID": record.correlation_id},
-        )
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(request: Request) -> Response:
-        gw = gateway()
-        try:
-            await asyncio.to_thread(gw.ledger.ping)
-        except Exception as exc:  # any failure means not ready
-            log.warning("readiness check failed: %s", str(exc).splitlines()[0][:200] if str(exc) else type(exc))
-            raise StoreUnavailableError("The store does not answer.") from None
-        return JSONResponse({"status": "ready"})
-
     from gateway.admin import Operations
 
-    ops = Operations(assembly, lambda: state["runtime"], listener=admin_listener)
-    document = ops.openapi(openapi_document(max_body_bytes=limits.max_bytes, noop_endpoint=noop_endpoint))
-    if assembly.settings.as2 is not None:  # POST /as2 (gateway.as2)
-        from gateway.as2.endpoint import as2_openapi_path
-
-        document["paths"]["/as2"] = as2_openapi_path()
-
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(document)
-
-    async def noop_body(headers: Any, chunks: AsyncIterator[bytes]) -> bytes:
-        body = await read_body(chunks, limits.max_bytes, declared_length=_length(headers.get("content-length")))
-        return b'{"status":"noop","bytes":%d}' % len(body)
-
-    async def noop(request: Request) -> Response:
-        return Response(await noop_body(request.headers, request.stream()), status_code=202, media_type=_JSON)
-
-    async def fast_post_document(scope: Any, receive: Any) -> RawAnswer:
-        return _outcome_raw(await accept(scope, _RawHeaders(scope["headers"]), _stream(receive)))
-
-    async def fast_noop(scope: Any, receive: Any) -> RawAnswer:
-        body = await noop_body(_RawHeaders(scope["headers"]), _stream(receive))
-        return 202, [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", _JSON_RAW)], body
-
-    routes = [
-        Route("/v1/documents", _problems(post_document), methods=["POST"]),
-        Route("/v1/documents/{message_id}", _problems(get_document), methods=["GET"]),
-        Route("/v1/documents/{message_id}/reply", _problems(get_reply), methods=["GET"]),
-        Route("/healthz", _problems(healthz), methods=["GET"]),
-        Route("/readyz", _problems(readyz), methods=["GET"]),
-        Route("/openapi.json", _problems(openapi), methods=["GET"]),
-    ]
-    if noop_endpoint:
-        routes.append(Route("/v1/noop", _problems(noop), methods=["POST"]))
-    if assembly.settings.as2 is not None:  # AS2 (RFC 4130): gateway.as2
-        from gateway.as2.endpoint import as2_endpoint
-
-        routes.append(Route("/as2", _problems(as2_endpoint(assembly, gateway, limiter)), methods=["POST"]))
-    routes += ops.routes()
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
-        if status == 404:
-            error: GatewayError = NotFoundError()
-        elif status == 405:
-            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
-            error = MethodNotAllowedError(
-                f"{request.method} is not allowed here; use {allowed or 'another method'}.",
-                allowed=[m.strip() for m in allowed.split(",") if m.strip()],
-            )
-        else:
-            error = GatewayError()
-        return problem_response(error, request.url.path)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        own = state["runtime"] is None
-        listener = None
-        if own:
-            rt = Runtime(assembly, workers=workers, etl=etl, reconcile=reconcile)
-            await asyncio.to_thread(rt.start)
-            state["runtime"] = rt
-            if stomp:
-                listener = await start_stomp(assembly.settings, rt.broker)
-        await asyncio.to_thread(attach_key_digests, partners, state["runtime"])
-        if freeze_gc:
-            gc.collect()
-            gc.freeze()
-        await ops.started(state["runtime"])
-        if on_started is not None:
-            on_started()
-        try:
-            yield
-        finally:
-            await ops.stopping()
-            if listener is not None:
-                await listener.stop()
-            if own:
-                rt = state["runtime"]
-                state["runtime"] = None
-                await asyncio.to_thread(rt.stop)
-
-    fast = {"/v1/documents": _fast_endpoint(fast_post_document)}
-    if noop_endpoint:
-        fast["/v1/noop"] = _fast_endpoint(fast_noop)
-    app = _GatewayApp(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
-    app.fast_posts = fast
+    assembly = settings if isinstance(settings, Assembly) else assemble_or_raise(settings)
+    api = _PartnerApi(assembly, runtime, noop_endpoint)
+    ops = Operations(assembly, lambda: api.runtime, listener=admin_listener)
+    api.document = _openapi(api, ops)
+    lifespan = _lifespan(
+        api, ops, workers=workers, etl=etl, reconcile=reconcile, stomp=stomp, freeze_gc=freeze_gc, on_started=on_started
+    )
+    app = _GatewayApp(
+        routes=api.routes() + ops.routes(), exception_handlers={HTTPException: _http_error}, lifespan=lifespan
+    )
+    app.fast_posts = api.fast_posts()
     app.observer = ops.http
     app.state.ops = ops
     app.state.assembly = assembly
