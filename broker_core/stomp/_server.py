@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_module
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,6 +60,7 @@ class StompServer:
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         selector_string_numbers: str | None = None,
         limits: StompLimits | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         if isinstance(users, Mapping):
             users = list(users.values())
@@ -92,6 +94,8 @@ class StompServer:
         self.max_header_bytes = max_header_bytes
         self.prefetch = prefetch
         self.limits = limits if limits is not None else StompLimits()
+        #: STOMP over TLS: the server context (its certificate may be reloaded in place by its owner)
+        self.ssl = ssl
         self.settings = ListenerSettings(
             broker=broker,
             heartbeat=self.heartbeat,
@@ -113,11 +117,19 @@ class StompServer:
         return len(self._connections)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=256 * 1024)
+        self._server = await asyncio.start_server(
+            self._accept,
+            self.host,
+            self.port,
+            limit=256 * 1024,
+            ssl=self.ssl,
+            # a handshake that does not finish is refused like a CONNECT that does not come
+            ssl_handshake_timeout=self.limits.connect_timeout if self.ssl is not None else None,
+        )
         sockets = self._server.sockets or ()
         if sockets:
             self.port = sockets[0].getsockname()[1]
-        log.info("STOMP listener on %s:%d", self.host, self.port)
+        log.info("STOMP listener on %s:%d%s", self.host, self.port, " (TLS)" if self.ssl is not None else "")
 
     @property
     def memory_held(self) -> int:

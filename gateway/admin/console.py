@@ -105,29 +105,32 @@ def svg_series(points: list[float | None], width: int, height: int, css: str, la
     )
 
 
-def console_routes(service: AdminService) -> list[Route]:
-    """The console's routes."""
-    env = Environment(
-        loader=FileSystemLoader(str(HERE / "templates")),
-        autoescape=select_autoescape(["html"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    statics = _static_files()
-    env.globals.update(
-        static=lambda name: f"/console/static/{name}?v={statics[name][2]}",
-        when=when,
-        age=age,
-        ago=ago,
-        size=size,
-        dest_url=dest_url,
-        statuses=STATUSES,
-        show_bytes=SHOW_BYTES,
-    )
-    env.filters["n"] = lambda value: f"{value:,}" if isinstance(value, int) else value
+class Console:
+    """The console's pages over the admin service: each page a method, :meth:`routes` their table."""
+
+    def __init__(self, service: AdminService) -> None:
+        self.service = service
+        self.env = env = Environment(
+            loader=FileSystemLoader(str(HERE / "templates")),
+            autoescape=select_autoescape(["html"]),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.statics = statics = _static_files()
+        env.globals.update(
+            static=lambda name: f"/console/static/{name}?v={statics[name][2]}",
+            when=when,
+            age=age,
+            ago=ago,
+            size=size,
+            dest_url=dest_url,
+            statuses=STATUSES,
+            show_bytes=SHOW_BYTES,
+        )
+        env.filters["n"] = lambda value: f"{value:,}" if isinstance(value, int) else value
 
     def render(
-        template: str, request: Request, principal: Principal | None, status: int = 200, **values: Any
+        self, template: str, request: Request, principal: Principal | None, status: int = 200, **values: Any
     ) -> HTMLResponse:
         context = {
             "principal": principal,
@@ -135,7 +138,7 @@ def console_routes(service: AdminService) -> list[Route]:
             "flash_error": "error" in request.query_params,
         }
         context.update(values)
-        body = env.get_template(template).render(**context)
+        body = self.env.get_template(template).render(**context)
         return HTMLResponse(
             body,
             status_code=status,
@@ -148,32 +151,32 @@ def console_routes(service: AdminService) -> list[Route]:
             },
         )
 
-    def error_page(request: Request, principal: Principal | None, exc: GatewayError) -> HTMLResponse:
-        return render(
+    def error_page(self, request: Request, principal: Principal | None, exc: GatewayError) -> HTMLResponse:
+        return self.render(
             "base.html", request, principal, status=exc.status, flash=exc.detail, flash_error=True, title="Error"
         )
 
-    def page(handler: Callable[..., Any], nav: str | None = None) -> Callable[[Request], Any]:
+    def page(self, handler: Callable[..., Any], nav: str | None = None) -> Callable[[Request], Any]:
         async def run(request: Request) -> Response:
             try:
-                principal = await asyncio.to_thread(service.access.session, request.cookies.get(SESSION_COOKIE))
+                principal = await asyncio.to_thread(self.service.access.session, request.cookies.get(SESSION_COOKIE))
             except GatewayError as exc:
-                return error_page(request, None, exc)
+                return self.error_page(request, None, exc)
             if principal is None:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse("/console/login?next=" + urllib.parse.quote(target, safe=""), 303)
             try:
                 return await handler(request, principal)
             except GatewayError as exc:
-                return error_page(request, principal, exc)
+                return self.error_page(request, principal, exc)
 
         run.__name__ = handler.__name__
         return run
 
-    def thread(fn: Callable[..., Any], *args: Any) -> Any:
+    def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return asyncio.to_thread(fn, *args)
 
-    async def read_form(request: Request) -> dict[str, list[str]]:
+    async def read_form(self, request: Request) -> dict[str, list[str]]:
         media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
         if media != "application/x-www-form-urlencoded":
             raise InvalidRequestError("The console posts forms (application/x-www-form-urlencoded).")
@@ -194,11 +197,11 @@ def console_routes(service: AdminService) -> list[Route]:
             form.setdefault(key, []).append(value)
         return form
 
-    def one(form: dict[str, list[str]], key: str) -> str | None:
+    def one(self, form: dict[str, list[str]], key: str) -> str | None:
         values = form.get(key)
         return values[0] if values else None
 
-    def back(target: str | None, **message: str) -> RedirectResponse:
+    def back(self, target: str | None, **message: str) -> RedirectResponse:
         if not target or not target.startswith("/console") or target.startswith("//"):
             target = "/console"
         if message:
@@ -207,9 +210,9 @@ def console_routes(service: AdminService) -> list[Route]:
 
     # --------------------------------------------------------------- login
 
-    async def login_form(request: Request) -> Response:
+    async def login_form(self, request: Request) -> Response:
         token = secrets.token_urlsafe(24)
-        response = render(
+        response = self.render(
             "login.html",
             request,
             None,
@@ -218,59 +221,61 @@ def console_routes(service: AdminService) -> list[Route]:
             next=request.query_params.get("next", "/console"),
         )
         response.headers.append(
-            "Set-Cookie", f"{LOGIN_COOKIE}={token}; Max-Age=900{service.access.cookie_flags(request.scope)}"
+            "Set-Cookie", f"{LOGIN_COOKIE}={token}; Max-Age=900{self.service.access.cookie_flags(request.scope)}"
         )
         return response
 
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         try:
-            form = await read_form(request)
-            token = one(form, "csrf")
+            form = await self.read_form(request)
+            token = self.one(form, "csrf")
             cookie = request.cookies.get(LOGIN_COOKIE)
             if not token or not cookie or not secrets.compare_digest(token, cookie):
-                return back("/console/login", error="The login form expired; try again.")
-            name, secret = one(form, "name") or "", one(form, "secret") or ""
+                return self.back("/console/login", error="The login form expired; try again.")
+            name, secret = self.one(form, "name") or "", self.one(form, "secret") or ""
             client = client_address(request.scope)
             try:
-                operator = await service.access.verify(name[:64], secret[:512], client, "form")  # audits a failure
+                operator = await self.service.access.verify(name[:64], secret[:512], client, "form")  # audits a failure
             except OperatorAuthError:
-                return back("/console/login", error="Unknown operator or wrong secret.")
+                return self.back("/console/login", error="Unknown operator or wrong secret.")
             except TooManyAttemptsError as exc:
-                return back("/console/login", error=exc.detail)
-            cookie_value, _, _ = await thread(service.access.open_session, operator)
-            await thread(
-                lambda: service.audit.record(operator=operator.name, role=operator.role, action="login", client=client)
+                return self.back("/console/login", error=exc.detail)
+            cookie_value, _, _ = await self.thread(self.service.access.open_session, operator)
+            await self.thread(
+                lambda: self.service.audit.record(
+                    operator=operator.name, role=operator.role, action="login", client=client
+                )
             )
-            response = back(one(form, "next") or "/console")
-            flags = service.access.cookie_flags(request.scope)
+            response = self.back(self.one(form, "next") or "/console")
+            flags = self.service.access.cookie_flags(request.scope)
             response.headers.append("Set-Cookie", f"{SESSION_COOKIE}={cookie_value}{flags}")
             response.headers.append("Set-Cookie", f"{LOGIN_COOKIE}=; Max-Age=0{flags}")
             return response
         except GatewayError as exc:
-            return back("/console/login", error=exc.detail)
+            return self.back("/console/login", error=exc.detail)
 
-    async def logout(request: Request, principal: Principal) -> Response:
-        form = await read_form(request)
-        service.access.check_change(principal, "POST", request.headers, one(form, "csrf"))
-        await thread(service.access.close_session, principal.session_id)
-        await thread(
-            lambda: service.audit.record(
+    async def logout(self, request: Request, principal: Principal) -> Response:
+        form = await self.read_form(request)
+        self.service.access.check_change(principal, "POST", request.headers, self.one(form, "csrf"))
+        await self.thread(self.service.access.close_session, principal.session_id)
+        await self.thread(
+            lambda: self.service.audit.record(
                 operator=principal.name, role=principal.role, action="logout", client=client_address(request.scope)
             )
         )
         response = RedirectResponse("/console/login", 303)
         response.headers.append(
-            "Set-Cookie", f"{SESSION_COOKIE}=; Max-Age=0{service.access.cookie_flags(request.scope)}"
+            "Set-Cookie", f"{SESSION_COOKIE}=; Max-Age=0{self.service.access.cookie_flags(request.scope)}"
         )
         return response
 
     # --------------------------------------------------------------- pages
 
     def destinations_view(
-        limit: int = OVERVIEW_ROWS, offset: int = 0, name_filter: str | None = None, by_name: bool = False
+        self, limit: int = OVERVIEW_ROWS, offset: int = 0, name_filter: str | None = None, by_name: bool = False
     ) -> dict[str, Any]:
-        data = service.destinations()
-        history = service.sampler.history()
+        data = self.service.destinations()
+        history = self.service.sampler.history()
         items = data["destinations"]
         totals = {
             "depth": sum(d["depth"] for d in items if d["kind"] != "dead-letter"),
@@ -295,33 +300,33 @@ def console_routes(service: AdminService) -> list[Route]:
             "totals": totals,
             "taken_at": data["taken_at"],
             "spark": spark,
-            "interval": service.admin.stats_interval,
+            "interval": self.service.admin.stats_interval,
             "name_filter": name_filter or "",
         }
 
-    async def overview(request: Request, principal: Principal) -> Response:
-        view = await thread(destinations_view)
-        failed = await thread(service.search, {"status": "failed", "limit": "10"})
-        dead = await thread(service.search, {"status": "dead_lettered", "limit": "10"})
+    async def overview(self, request: Request, principal: Principal) -> Response:
+        view = await self.thread(self.destinations_view)
+        failed = await self.thread(self.service.search, {"status": "failed", "limit": "10"})
+        dead = await self.thread(self.service.search, {"status": "dead_lettered", "limit": "10"})
         errors = sorted(failed["documents"] + dead["documents"], key=lambda d: -d["updated_at"])[:10]
-        return render("overview.html", request, principal, title="Overview", nav="overview", errors=errors, **view)
+        return self.render("overview.html", request, principal, title="Overview", nav="overview", errors=errors, **view)
 
-    async def fragment(request: Request, principal: Principal) -> Response:
-        view = await thread(destinations_view)
+    async def fragment(self, request: Request, principal: Principal) -> Response:
+        view = await self.thread(self.destinations_view)
         return HTMLResponse(
-            env.get_template("_destinations.html").render(**view), headers={"Cache-Control": "no-store"}
+            self.env.get_template("_destinations.html").render(**view), headers={"Cache-Control": "no-store"}
         )
 
-    async def destination(request: Request, principal: Principal) -> Response:
+    async def destination(self, request: Request, principal: Principal) -> Response:
         q = request.query_params
         name = q.get("name")
-        d = await thread(service.destination, name)
-        d["history"] = await thread(service.history, d["name"])
+        d = await self.thread(self.service.destination, name)
+        d["history"] = await self.thread(self.service.history, d["name"])
         selector, cursor = q.get("selector") or None, q.get("cursor") or None
         limit = parse_limit(q.get("limit"), 50, 500)
         browse_error = None
         try:
-            page_data = await thread(service.browse, d["name"], selector, cursor, limit)
+            page_data = await self.thread(self.service.browse, d["name"], selector, cursor, limit)
         except InvalidRequestError as exc:
             page_data, browse_error = {"messages": [], "next_cursor": None}, exc.detail
 
@@ -343,7 +348,7 @@ def console_routes(service: AdminService) -> list[Route]:
             + "</p>"
         )
         here = page_url(cursor)
-        return render(
+        return self.render(
             "destination.html",
             request,
             principal,
@@ -360,11 +365,11 @@ def console_routes(service: AdminService) -> list[Route]:
             browse_error=browse_error,
         )
 
-    async def message(request: Request, principal: Principal) -> Response:
+    async def message(self, request: Request, principal: Principal) -> Response:
         q = request.query_params
-        m = await thread(service.message, q.get("destination"), q.get("id") or "")
+        m = await self.thread(self.service.message, q.get("destination"), q.get("id") or "")
         await audit_read(
-            service,
+            self.service,
             principal,
             "read-message",
             m["box"],
@@ -372,15 +377,17 @@ def console_routes(service: AdminService) -> list[Route]:
             message_ids=[m["message_id"]],
             detail="console",
         )
-        is_dlq = m["box"].startswith(f"queue://{service.broker.policy.dead_letter_prefix}")
-        return render("message.html", request, principal, title=m["message_id"], nav="overview", m=m, is_dlq=is_dlq)
+        is_dlq = m["box"].startswith(f"queue://{self.service.broker.policy.dead_letter_prefix}")
+        return self.render(
+            "message.html", request, principal, title=m["message_id"], nav="overview", m=m, is_dlq=is_dlq
+        )
 
-    async def all_destinations(request: Request, principal: Principal) -> Response:
+    async def all_destinations(self, request: Request, principal: Principal) -> Response:
         q = request.query_params
         page_no = max(0, int(q.get("page") or 0)) if (q.get("page") or "0").isdigit() else 0
         name_filter = (q.get("q") or "").strip()[:200] or None
-        view = await thread(lambda: destinations_view(PAGE_ROWS, page_no * PAGE_ROWS, name_filter, True))
-        return render(
+        view = await self.thread(lambda: self.destinations_view(PAGE_ROWS, page_no * PAGE_ROWS, name_filter, True))
+        return self.render(
             "destinations.html",
             request,
             principal,
@@ -391,53 +398,55 @@ def console_routes(service: AdminService) -> list[Route]:
             **view,
         )
 
-    async def dead_letters(request: Request, principal: Principal) -> Response:
-        data = await thread(service.destinations)
+    async def dead_letters(self, request: Request, principal: Principal) -> Response:
+        data = await self.thread(self.service.destinations)
         dlqs = [d for d in data["destinations"] if d["kind"] == "dead-letter"]
-        return render("dead_letters.html", request, principal, title="Dead letters", nav="dlq", dlqs=dlqs)
+        return self.render("dead_letters.html", request, principal, title="Dead letters", nav="dlq", dlqs=dlqs)
 
-    async def actions(request: Request, principal: Principal) -> Response:
-        form = await read_form(request)
-        service.access.check_change(principal, "POST", request.headers, one(form, "csrf"))
-        return_to = one(form, "return_to")
-        action = one(form, "action") or ""
-        spec: dict[str, Any] = {"destination": one(form, "destination")}
+    async def actions(self, request: Request, principal: Principal) -> Response:
+        form = await self.read_form(request)
+        self.service.access.check_change(principal, "POST", request.headers, self.one(form, "csrf"))
+        return_to = self.one(form, "return_to")
+        action = self.one(form, "action") or ""
+        spec: dict[str, Any] = {"destination": self.one(form, "destination")}
         ids = [i for i in form.get("message_id", []) if i]
-        selector = (one(form, "selector") or "").strip()
+        selector = (self.one(form, "selector") or "").strip()
         if ids:
             spec["message_ids"] = ids
         if selector:
             spec["selector"] = selector
-        limit = (one(form, "limit") or "").strip()
+        limit = (self.one(form, "limit") or "").strip()
         if limit:
             if not limit.isdigit():
-                return back(return_to, error="The limit must be a whole number.")
+                return self.back(return_to, error="The limit must be a whole number.")
             spec["limit"] = int(limit)
         for key in ("target", "confirm"):
-            value = (one(form, key) or "").strip()
+            value = (self.one(form, key) or "").strip()
             if value:
                 spec[key] = value
         try:
-            result = await thread(service.act, principal, action, spec, client_address(request.scope))
+            result = await self.thread(self.service.act, principal, action, spec, client_address(request.scope))
         except GatewayError as exc:
-            return back(return_to, error=exc.detail)
+            return self.back(return_to, error=exc.detail)
         verb = {"replay": "Replayed", "delete": "Deleted", "move": "Moved", "purge": "Purged"}.get(action, action)
         extra = f" ({result.ledger_documents} ledger documents back to accepted)" if result.ledger_documents else ""
         where = f" to {result.destination}" if action == "move" else ""
-        return back(return_to, done=f"{verb} {result.count} message{'s' if result.count != 1 else ''}{where}{extra}.")
+        return self.back(
+            return_to, done=f"{verb} {result.count} message{'s' if result.count != 1 else ''}{where}{extra}."
+        )
 
-    async def ledger(request: Request, principal: Principal) -> Response:
+    async def ledger(self, request: Request, principal: Principal) -> Response:
         params = {k: v for k, v in request.query_params.items() if v}
         error = None
         result: dict[str, Any] = {"documents": [], "next_cursor": None}
         try:
-            result = await thread(service.search, params)
+            result = await self.thread(self.service.search, params)
         except InvalidRequestError as exc:
             error = exc.detail
         next_url = ""
         if result.get("next_cursor"):
             next_url = "/console/ledger?" + urllib.parse.urlencode({**params, "cursor": result["next_cursor"]})
-        return render(
+        return self.render(
             "ledger.html",
             request,
             principal,
@@ -447,17 +456,17 @@ def console_routes(service: AdminService) -> list[Route]:
             result=result,
             error=error,
             next_url=next_url,
-            partners=sorted(service.assembly.partners.partners),
+            partners=sorted(self.service.assembly.partners.partners),
         )
 
-    async def document(request: Request, principal: Principal) -> Response:
-        doc = await thread(service.document, request.path_params["message_id"])
+    async def document(self, request: Request, principal: Principal) -> Response:
+        doc = await self.thread(self.service.document, request.path_params["message_id"])
         await audit_read(
-            service, principal, "read-document", doc["message_id"], client_address(request.scope), detail="console"
+            self.service, principal, "read-document", doc["message_id"], client_address(request.scope), detail="console"
         )
         request_xml, _ = pretty_xml(doc.get("document"))
         reply_xml, _ = pretty_xml(doc.get("reply"))
-        return render(
+        return self.render(
             "document.html",
             request,
             principal,
@@ -468,10 +477,10 @@ def console_routes(service: AdminService) -> list[Route]:
             reply_xml=reply_xml,
         )
 
-    async def partners(request: Request, principal: Principal) -> Response:
-        p = await thread(service.partners)
-        r = await thread(service.routes)
-        return render(
+    async def partners(self, request: Request, principal: Principal) -> Response:
+        p = await self.thread(self.service.partners)
+        r = await self.thread(self.service.routes)
+        return self.render(
             "partners.html",
             request,
             principal,
@@ -482,16 +491,16 @@ def console_routes(service: AdminService) -> list[Route]:
             counted_at=p["counted_at"],
         )
 
-    async def etl(request: Request, principal: Principal) -> Response:
-        runs = (await thread(service.etl_runs, 50))["runs"]
-        return render("etl.html", request, principal, title="ETL runs", nav="etl", runs=runs)
+    async def etl(self, request: Request, principal: Principal) -> Response:
+        runs = (await self.thread(self.service.etl_runs, 50))["runs"]
+        return self.render("etl.html", request, principal, title="ETL runs", nav="etl", runs=runs)
 
-    async def audit(request: Request, principal: Principal) -> Response:
+    async def audit(self, request: Request, principal: Principal) -> Response:
         before = request.query_params.get("before")
-        entries = await thread(
-            lambda: service.audit.recent(limit=100, before=int(before) if before and before.isdigit() else None)
+        entries = await self.thread(
+            lambda: self.service.audit.recent(limit=100, before=int(before) if before and before.isdigit() else None)
         )
-        return render(
+        return self.render(
             "audit.html",
             request,
             principal,
@@ -501,39 +510,45 @@ def console_routes(service: AdminService) -> list[Route]:
             next_before=entries[-1].id if len(entries) == 100 else None,
         )
 
-    async def static(request: Request) -> Response:
-        found = statics.get(request.path_params["name"])
+    async def static(self, request: Request) -> Response:
+        found = self.statics.get(request.path_params["name"])
         if found is None:
             return Response(status_code=404)
         data, media, _ = found
         return Response(data, media_type=media, headers={"Cache-Control": "public, max-age=86400"})
 
-    return [
-        Route("/console", page(overview), methods=["GET"]),
-        Route("/console/", page(overview), methods=["GET"]),
-        Route("/console/login", login_form, methods=["GET"]),
-        Route("/console/login", login, methods=["POST"]),
-        Route("/console/logout", page(logout), methods=["POST"]),
-        Route("/console/fragments/destinations", page(fragment), methods=["GET"]),
-        Route("/console/destination", page(destination), methods=["GET"]),
-        Route("/console/destinations", page(all_destinations), methods=["GET"]),
-        Route("/console/message", page(message), methods=["GET"]),
-        Route("/console/dead-letters", page(dead_letters), methods=["GET"]),
-        Route("/console/actions", page(actions), methods=["POST"]),
-        *delivery_console_routes(
-            service,
-            render=render,
-            page=page,
-            read_form=read_form,
-            one=one,
-            back=back,
-            thread=thread,
-            client=client_address,
-        ),
-        Route("/console/ledger", page(ledger), methods=["GET"]),
-        Route("/console/ledger/{message_id}", page(document), methods=["GET"]),
-        Route("/console/partners", page(partners), methods=["GET"]),
-        Route("/console/etl", page(etl), methods=["GET"]),
-        Route("/console/audit", page(audit), methods=["GET"]),
-        Route("/console/static/{name}", static, methods=["GET"]),
-    ]
+    def routes(self) -> list[Route]:
+        return [
+            Route("/console", self.page(self.overview), methods=["GET"]),
+            Route("/console/", self.page(self.overview), methods=["GET"]),
+            Route("/console/login", self.login_form, methods=["GET"]),
+            Route("/console/login", self.login, methods=["POST"]),
+            Route("/console/logout", self.page(self.logout), methods=["POST"]),
+            Route("/console/fragments/destinations", self.page(self.fragment), methods=["GET"]),
+            Route("/console/destination", self.page(self.destination), methods=["GET"]),
+            Route("/console/destinations", self.page(self.all_destinations), methods=["GET"]),
+            Route("/console/message", self.page(self.message), methods=["GET"]),
+            Route("/console/dead-letters", self.page(self.dead_letters), methods=["GET"]),
+            Route("/console/actions", self.page(self.actions), methods=["POST"]),
+            *delivery_console_routes(
+                self.service,
+                render=self.render,
+                page=self.page,
+                read_form=self.read_form,
+                one=self.one,
+                back=self.back,
+                thread=self.thread,
+                client=client_address,
+            ),
+            Route("/console/ledger", self.page(self.ledger), methods=["GET"]),
+            Route("/console/ledger/{message_id}", self.page(self.document), methods=["GET"]),
+            Route("/console/partners", self.page(self.partners), methods=["GET"]),
+            Route("/console/etl", self.page(self.etl), methods=["GET"]),
+            Route("/console/audit", self.page(self.audit), methods=["GET"]),
+            Route("/console/static/{name}", self.static, methods=["GET"]),
+        ]
+
+
+def console_routes(service: AdminService) -> list[Route]:
+    """The console's routes."""
+    return Console(service).routes()

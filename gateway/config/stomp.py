@@ -30,6 +30,7 @@ from gateway.marked import (
     expect_mapping,
     expect_str,
 )
+from gateway.trust.settings import parse_tls
 
 __all__ = ["STOMP_KEYS", "USER_KEYS", "LIMIT_KEYS", "stomp_section"]
 
@@ -43,6 +44,7 @@ STOMP_KEYS = {
     "max_frame_size",
     "selector_string_numbers",
     "limits",
+    "tls",
 }
 USER_KEYS = {"passcode_hash", "passcode_file", "consume", "browse", "send", "client_ids"}
 LIMIT_KEYS = {f.name for f in dataclasses.fields(StompLimits)}
@@ -86,6 +88,8 @@ def stomp_section(stomp: MarkedDict, base_dir: Path) -> dict[str, Any]:
         )
     if "limits" in stomp:
         out["limits"] = _limits(expect_mapping(stomp["limits"], stomp.at("limits"), "stomp.limits"))
+    if stomp.get("tls") is not None:  # the same keys as server.tls: STOMP over TLS on stomp.port
+        out["tls"] = parse_tls(expect_mapping(stomp["tls"], stomp.at("tls"), "stomp.tls"), base_dir, "stomp.tls")
     return out
 
 

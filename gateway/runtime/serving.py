@@ -107,11 +107,24 @@ async def start_stomp(settings: Settings, broker: Broker) -> Any:
     options = stomp_options(settings)
     if options is None:
         return None
-    from broker_core.stomp import StompServer
+    import asyncio
 
-    server = StompServer(broker, **options)
+    from gateway.runtime.stomp_listener import StompListener
+
+    reloader = None
+    tls = (settings.stomp or {}).get("tls")
+    if tls is not None:  # stomp.tls: the certificate reloaded on file change and SIGHUP, as server.tls's
+        from gateway.trust.tls import CertificateReloader
+
+        reloader = CertificateReloader(tls, alpn=())
+        options["ssl"] = reloader.context
+    server = StompListener(broker, **options)
+    server.reloader = reloader
     try:
         await server.start()
+        if reloader is not None:
+            reloader.install_sighup()
+            reloader.start(asyncio.get_running_loop())
     except OSError as exc:
         log.error(
             "STOMP listener not started on %s:%s: %s (set stomp.port, or stomp.enabled: false)",

@@ -17,12 +17,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from broker_core.stomp import StompLimits, StompUser, generate_passcode, hash_passcode, is_passcode_hash
+from broker_core.stomp import StompLimits, StompServer, StompUser, generate_passcode, hash_passcode, is_passcode_hash
 from gateway.config.loader import STOMP_KEYS, Settings
 from gateway.config.stomp import no_users_hint
 from gateway.errors import ConfigError
 
-__all__ = ["stomp_options", "listener_users", "passcode_hash_from_file", "print_passcode_hash", "NO_USERS"]
+__all__ = [
+    "StompListener",
+    "stomp_options",
+    "listener_users",
+    "passcode_hash_from_file",
+    "print_passcode_hash",
+    "NO_USERS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +101,18 @@ def listener_users(section: dict[str, Any]) -> list[StompUser]:
     return users
 
 
+class StompListener(StompServer):
+    """The gateway's STOMP listener: a :class:`~broker_core.stomp.StompServer` that, over TLS
+    (``stomp.tls``), stops reloading its certificate when it stops."""
+
+    reloader: Any = None
+
+    async def stop(self) -> None:
+        if self.reloader is not None:
+            self.reloader.stop()
+        await super().stop()
+
+
 def stomp_options(settings: Settings) -> dict[str, Any] | None:
     """``StompServer`` keyword arguments, or ``None`` when the listener is
     disabled (``enabled: false``). ConfigError without users."""
@@ -114,6 +133,7 @@ def stomp_options(settings: Settings) -> dict[str, Any] | None:
     if "selector_string_numbers" in section:
         options["selector_string_numbers"] = str(section.pop("selector_string_numbers"))
     options["limits"] = StompLimits(**dict(section.pop("limits", None) or {}))
+    section.pop("tls", None)  # the context is made where the listener starts (start_stomp): it is reloaded there
     if section:
         raise ConfigError(
             f"unknown keys in the stomp section: {sorted(section)} (known: {', '.join(sorted(STOMP_KEYS))})",

@@ -21,7 +21,7 @@ from gateway.marked import (
     parse_duration,
 )
 
-__all__ = ["TRUST_SERVER_KEYS", "TlsSettings", "TrustSettings", "parse_server_trust"]
+__all__ = ["TRUST_SERVER_KEYS", "TlsSettings", "TrustSettings", "parse_server_trust", "parse_tls"]
 
 #: The keys this package adds to the ``server:`` section.
 TRUST_SERVER_KEYS = {"tls", "trusted_proxies", "client_cert_header", "expiry_warning", "partners_reload"}
@@ -69,32 +69,33 @@ def _file(mapping: MarkedDict, key: str, base_dir: Path, what: str) -> Path:
     return path
 
 
-def _tls(tls: MarkedDict, base_dir: Path) -> TlsSettings:
-    check_keys(tls, _TLS_KEYS, "server.tls")
+def parse_tls(tls: MarkedDict, base_dir: Path, what: str = "server.tls") -> TlsSettings:
+    """A checked TLS section (``server.tls``, ``stomp.tls``): its files load together, now."""
+    check_keys(tls, _TLS_KEYS, what)
     if "certificate" not in tls or "key" not in tls:
         raise tls.where.error(
-            "server.tls needs certificate (the PEM chain, server certificate first) and key (its private key, PEM)"
+            f"{what} needs certificate (the PEM chain, server certificate first) and key (its private key, PEM)"
         )
-    certificate = _file(tls, "certificate", base_dir, "server.tls.certificate")
-    key = _file(tls, "key", base_dir, "server.tls.key")
+    certificate = _file(tls, "certificate", base_dir, f"{what}.certificate")
+    key = _file(tls, "key", base_dir, f"{what}.key")
     password = None
     if tls.get("key_password") is not None:
-        password = expect_str(tls["key_password"], tls.at("key_password"), "server.tls.key_password")
-    client_ca = _file(tls, "client_ca", base_dir, "server.tls.client_ca") if tls.get("client_ca") else None
+        password = expect_str(tls["key_password"], tls.at("key_password"), f"{what}.key_password")
+    client_ca = _file(tls, "client_ca", base_dir, f"{what}.client_ca") if tls.get("client_ca") else None
     min_version = "1.2"
     if "min_version" in tls:
         min_version = expect_choice(
-            str(tls["min_version"]), tls.at("min_version"), "server.tls.min_version", ("1.2", "1.3")
+            str(tls["min_version"]), tls.at("min_version"), f"{what}.min_version", ("1.2", "1.3")
         )
     ciphers = MODERN_CIPHERS
     if "ciphers" in tls:
-        ciphers = expect_str(tls["ciphers"], tls.at("ciphers"), "server.tls.ciphers")
+        ciphers = expect_str(tls["ciphers"], tls.at("ciphers"), f"{what}.ciphers")
     interval = 5.0
     if "reload_interval" in tls:
-        interval = parse_duration(tls["reload_interval"], tls.at("reload_interval"), "server.tls.reload_interval")
+        interval = parse_duration(tls["reload_interval"], tls.at("reload_interval"), f"{what}.reload_interval")
         if not 0 <= interval <= 3600:
             raise tls.at("reload_interval").error(
-                "server.tls.reload_interval must be from 0 (no polling; SIGHUP only) to 3600 s"
+                f"{what}.reload_interval must be from 0 (no polling; SIGHUP only) to 3600 s"
             )
     settings = TlsSettings(certificate, key, password, client_ca, min_version, ciphers, interval, tls.where)
     from gateway.trust.tls import TlsConfigError, build_context  # a chain or key that does not load: now
@@ -102,7 +103,7 @@ def _tls(tls: MarkedDict, base_dir: Path) -> TlsSettings:
     try:
         build_context(settings)
     except TlsConfigError as exc:
-        raise tls.where.error(f"server.tls: {exc}") from None
+        raise tls.where.error(f"{what}: {exc}") from None
     return settings
 
 
@@ -124,7 +125,7 @@ def parse_server_trust(server: MarkedDict, base_dir: Path) -> TrustSettings:
     """The trust settings of the ``server:`` section *server* (ConfigError at the line of a wrong value)."""
     tls = None
     if server.get("tls") is not None:
-        tls = _tls(expect_mapping(server["tls"], server.at("tls"), "server.tls"), base_dir)
+        tls = parse_tls(expect_mapping(server["tls"], server.at("tls"), "server.tls"), base_dir)
     proxies: tuple[Any, ...] = ()
     if server.get("trusted_proxies") is not None:
         proxies = _networks(server["trusted_proxies"], server.at("trusted_proxies"))

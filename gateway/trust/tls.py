@@ -45,16 +45,17 @@ def _load_chain(ctx: ssl.SSLContext, tls: Any) -> None:
         raise TlsConfigError(f"cannot read {exc.filename or tls.certificate}: {exc.strerror or exc}") from None
 
 
-def build_context(tls: Any) -> ssl.SSLContext:
-    """A server context for *tls*; TlsConfigError if its files do not load."""
+def build_context(tls: Any, alpn: tuple[str, ...] = ("http/1.1",)) -> ssl.SSLContext:
+    """A server context for *tls* offering the *alpn* protocols; TlsConfigError if its files do not load."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.min_version == "1.3" else ssl.TLSVersion.TLSv1_2
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
     try:
         ctx.set_ciphers(tls.ciphers)
     except ssl.SSLError:
-        raise TlsConfigError(f"server.tls.ciphers {tls.ciphers!r} names no cipher suite OpenSSL offers") from None
-    ctx.set_alpn_protocols(["http/1.1"])
+        raise TlsConfigError(f"the ciphers {tls.ciphers!r} name no cipher suite OpenSSL offers") from None
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
     _load_chain(ctx, tls)
     if tls.client_ca is not None:
         try:
@@ -82,9 +83,9 @@ class CertificateReloader:
     """Keeps one context's certificate in step with its files: polled every ``reload_interval`` seconds,
     and at once on ``SIGHUP`` (:meth:`install_sighup`)."""
 
-    def __init__(self, tls: Any, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: Any, context: ssl.SSLContext | None = None, alpn: tuple[str, ...] = ("http/1.1",)) -> None:
         self.tls = tls
-        self.context = context or build_context(tls)
+        self.context = context or build_context(tls, alpn)
         self._stamp = _stamp(tls)
         self._lock = threading.Lock()
         self._stop = threading.Event()

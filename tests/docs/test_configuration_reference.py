@@ -37,6 +37,7 @@ WHAT_PATHS = {
     "gateway/config/retention.py:what": ["ledger.retention.routes.ROUTE", "ledger.retention.document_types.TYPE"],
     "gateway/config/stomp.py:what": ["stomp.users.LOGIN"],
     "gateway/trust/pins.py:what": ["partners.ID.certificates[]"],
+    "gateway/trust/settings.py:what": ["server.tls", "stomp.tls"],
     "gateway/as2/config.py:what": ["partners.ID.as2"],
     "f'{what} notify'": ["partners.ID.notify"],
     "f'{what} backoff'": ["partners.ID.endpoints.NAME.backoff"],

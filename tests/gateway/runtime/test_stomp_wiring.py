@@ -42,7 +42,7 @@ def test_disabled_section_starts_nothing():
 def test_unknown_keys_are_a_config_error_naming_the_known_ones():
     with pytest.raises(
         ConfigError,
-        match="known: enabled, heartbeat, host, limits, max_frame_size, port, prefetch, selector_string_numbers, users",
+        match="known: enabled, heartbeat, host, limits, max_frame_size, port, prefetch, selector_string_numbers, tls, users",
     ):
         stomp_options(_Settings({"prot": 61613, "users": _ERP}))
 
