@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import threading
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from as2kit import OUR_ID, as2_data, disposition_of, openssl_verify_mdn
 from test_async_mdn import delivery_of, post_with_async_url, settled
 
-from gateway.admin.deliveries_ops import replay
 from gateway.as2.config import PartnerAgreement
 from gateway.as2.mdn_delivery import MDN_ENDPOINT, with_mdn_endpoint
+from gateway.cli import main as cli
 from gateway.delivery.config import parse_partner_delivery
 from gateway.delivery.errors import UnknownEndpointError
 from gateway.delivery.hooks import endpoint_of
@@ -87,6 +89,8 @@ async def test_an_mdn_refused_twice_is_delivered_on_the_third_attempt(
 ):
     receiver = receiver_factory(failures=2)
     async for env in as2_env_factory(mdn_data(tmp_path, as2_pki, receiver.url)):
+        # the partners have no endpoints of their own: the engine runs for the MDNs alone
+        assert list(env.runtime.delivery.lanes) == [("globex", MDN_ENDPOINT)]
         sent = await post_with_async_url(env, as2_pki, receiver.url)
         record = await settled(env, sent["Message-ID"])
         row = await delivery_of(env, record, "delivered")
@@ -114,20 +118,26 @@ async def test_an_mdn_refused_twice_is_delivered_on_the_third_attempt(
 
 
 async def test_an_mdn_to_a_receiver_down_for_good_is_dead_and_can_be_replayed(
-    as2_env_factory, tmp_path, as2_pki, receiver_factory
+    as2_env_factory, tmp_path, as2_pki, receiver_factory, capsys
 ):
     receiver = receiver_factory(failures=None)
-    async for env in as2_env_factory(mdn_data(tmp_path, as2_pki, receiver.url, max_attempts=2)):
+    data = mdn_data(tmp_path, as2_pki, receiver.url, max_attempts=2)
+    config = tmp_path / "b2bgw-cli.yaml"
+    config.write_text(yaml.safe_dump(json.loads(json.dumps(data))))
+    async for env in as2_env_factory(data):
         sent = await post_with_async_url(env, as2_pki, receiver.url)
         record = await settled(env, sent["Message-ID"])
         row = await delivery_of(env, record, "dead")
         assert [(a.outcome, a.status) for a in row.timeline] == [("retry", 500), ("retry", 500)]
         endpoint = env.assembly.partners.partners["globex"].delivery.endpoints[MDN_ENDPOINT]
         assert [m.jms_message_id for m in env.messages(endpoint.dead_queue)] == [row.message_id]
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli.main, ["deliveries", "--config", str(config)]) == 0
+        assert ["globex/as2-mdn", "0", "0", "-", "1"] in [line.split() for line in capsys.readouterr().out.splitlines()]
 
         receiver.failures = 2  # the partner is back
-        moved = await asyncio.to_thread(replay, env.broker, endpoint, [row.message_id], operator="alice")
-        assert moved == [row.message_id]
+        replay = ["deliveries", "replay", "--config", str(config), "--partner", "globex", "--endpoint", MDN_ENDPOINT]
+        assert await asyncio.to_thread(cli.main, [*replay, row.message_id]) == 0
         row = await delivery_of(env, record, "delivered")
         assert [(a.attempt, a.outcome, a.status) for a in row.timeline] == [
             (1, "retry", 500),
