@@ -248,6 +248,11 @@ def set_our_settings(settings: As2Settings) -> None:
     _OURS[:] = [settings]
 
 
+def our_mdn_timeout() -> float:
+    """``as2.mdn_timeout``: how long one attempt at an asynchronous MDN may take (30 s without an ``as2:``)."""
+    return _OURS[0].mdn_timeout if _OURS else 30.0
+
+
 def _ours() -> As2Settings:
     if not _OURS:
         raise As2Error("No `as2:` section is configured: our AS2 id, key and certificate are needed to send AS2.")

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.as2 import mdn as mdns
 from gateway.as2.config import As2Settings
@@ -33,6 +34,7 @@ from gateway.as2.errors import (
 from gateway.as2.mime import MimeLimits, Part, split_multipart
 from gateway.as2.store import PROCESSED, As2Store
 from gateway.as2.unwrap import Unwrapped, unwrap
+from gateway.delivery.errors import BlockedAddressError
 from gateway.errors import (
     BackendError,
     GatewayError,
@@ -86,7 +88,6 @@ class As2Inbound:
         self.max_document_bytes = max_document_bytes
         self.max_message_bytes = settings.max_message_bytes or (max_document_bytes * 2 + 64 * 1024)
         self.limits = limits or MimeLimits()
-        self._background: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- request
 
@@ -317,12 +318,12 @@ class As2Inbound:
         refusal = request.partner.as2.async_mdn_refusal(request.async_url)
         if refusal is not None:
             return f"not sent: {refusal}"
-        return f"posting to {request.async_url[:200]}"
+        return f"queueing for {request.async_url[:200]}"
 
     async def _send(
         self, request: _Request, mdn_mime: bytes, store: Callable[[], As2Store], *, note: bool
     ) -> RawAnswer:
-        """The MDN in the HTTP answer, or (``Receipt-Delivery-Option``) sent on its own and 200 now.
+        """The MDN in the HTTP answer, or (``Receipt-Delivery-Option``) queued as a delivery and 200 now.
 
         An asynchronous MDN goes only to a URL the partner's agreement lists and an address its policy allows:
         the URL is the partner's input. Otherwise the message stays processed, no MDN is sent (RFC 3798 2.1:
@@ -330,8 +331,6 @@ class As2Inbound:
         ledger says why. *note* records how it went for a resend (a first answer's row already says)."""
         if request.receipt_to is None:
             return 200, [(b"content-length", b"0")], b""  # no MDN asked for
-        head, _, body = mdn_mime.partition(b"\r\n\r\n")
-        headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")]
         if request.async_url:
             partner = request.partner
             refusal = partner.as2.async_mdn_refusal(request.async_url)
@@ -342,24 +341,53 @@ class As2Inbound:
                 if note:
                     await self._note(store, request, f"not sent: {refusal}")
                 return 200, [(b"content-length", b"0")], b""
-            task = asyncio.create_task(self._post_mdn(request, headers, body, store))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            await self._queue_mdn(request, mdn_mime, store)
             return 200, [(b"content-length", b"0")], b""
-        raw_headers = [(name.lower(), value) for name, value in headers]
+        head, _, body = mdn_mime.partition(b"\r\n\r\n")
+        raw_headers = [
+            (name.lower(), value) for name, _, value in (line.partition(b": ") for line in head.split(b"\r\n"))
+        ]
         raw_headers.append((b"content-length", str(len(body)).encode("latin-1")))
-        return 200, raw_headers, body  # type: ignore[return-value]
+        return 200, raw_headers, body
 
-    async def _post_mdn(
-        self, request: _Request, headers: list[Any], body: bytes, store: Callable[[], As2Store]
-    ) -> None:
-        from gateway.as2.outbound import send_async_mdn
+    async def _queue_mdn(self, request: _Request, mdn_mime: bytes, store: Callable[[], As2Store]) -> None:
+        """Queue the MDN on the partner's ``as2-mdn`` endpoint, unless its URL's host is at a refused address
+        now (each attempt checks again). A store that fails here answers 503: the partner resends, and the
+        resend queues the MDN kept with the document."""
+        from gateway.as2.mdn_delivery import MDN_ENDPOINT, queue_mdn
 
-        assert request.async_url is not None
-        outcome = await send_async_mdn(
-            request.async_url, headers, body, self.settings.mdn_timeout, request.partner.as2.async_mdn_addresses
-        )
-        await self._note(store, request, outcome)
+        url = request.async_url
+        assert url is not None
+        partner = request.partner
+        blocked = await self._blocked(url, partner.as2.async_mdn_addresses)
+        if blocked is not None:
+            log.warning("asynchronous MDN to %s not sent: %s", url[:200], blocked)
+            await self._note(store, request, f"not sent to {url[:120]}: {blocked}")
+            return
+        endpoint = partner.delivery.endpoints.get(MDN_ENDPOINT)
+        if endpoint is None:  # never: an agreement that lists URLs has the endpoint
+            await self._note(store, request, f"not sent: partner {partner.id!r} has no {MDN_ENDPOINT} endpoint")
+            return
+        try:
+            delivery_id = await queue_mdn(store().broker, endpoint, mdn_mime, url, request.message_id)
+        except Exception:
+            log.exception("the asynchronous MDN of AS2 message %s could not be queued", request.message_id[:200])
+            raise StoreUnavailableError() from None
+        await self._note(store, request, f"queued as delivery {delivery_id} for {url[:200]}")
+
+    async def _blocked(self, url: str, addresses: Any) -> str | None:
+        """Why *url*'s host may not be connected to, or None (also when it does not resolve now: the delivery's
+        attempts resolve it again)."""
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            async with asyncio.timeout(self.settings.mdn_timeout):
+                await addresses.resolve(parts.hostname or "", port)
+        except BlockedAddressError as exc:
+            return exc.detail
+        except (TimeoutError, OSError):
+            return None
+        return None
 
     async def _note(self, store: Callable[[], As2Store], request: _Request, how: str) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Sending AS2: the ``as2`` delivery endpoint kind, and the asynchronous MDNs we send and receive.
+"""Sending AS2: the ``as2`` delivery endpoint kind, and the asynchronous MDNs we receive.
 
 :func:`send_message` makes one attempt: it builds the message (compressed, signed, encrypted as the endpoint
 says), records its MIC, posts it and reads the MDN. Success only on a positive MDN whose signature verifies
@@ -25,7 +25,6 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import httpx
 from cryptography import x509
@@ -37,10 +36,7 @@ from gateway.as2.errors import As2Error, As2MdnError
 from gateway.as2.mime import MimeLimits
 from gateway.as2.store import As2Store
 from gateway.as2.unwrap import mic_value
-from gateway.delivery.addresses import AddressPolicy
-from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.transport import AttemptResult, OutboundRequest
-from gateway.errors import clip
 from gateway.marked import MarkedDict, Where, expect_bool, expect_choice, expect_str
 
 __all__ = [
@@ -51,7 +47,6 @@ __all__ = [
     "build_message",
     "parse_endpoint",
     "record_mdn",
-    "send_async_mdn",
     "send_message",
     "set_our_settings",
 ]
@@ -74,7 +69,6 @@ _ENDPOINT_KEYS = {
     "mdn_url",
 }
 _MAX_MDN_BYTES = 256 * 1024
-_MAX_ANSWER_BYTES = 64 * 1024  # of the answer to an asynchronous MDN we post (its body means nothing to us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,58 +359,6 @@ async def send_message(
 def _split(mime: bytes) -> tuple[str, bytes]:
     head, _, body = mime.partition(b"\r\n\r\n")
     return head.decode("latin-1").partition(":")[2].strip(), body
-
-
-async def send_async_mdn(
-    url: str, headers: list[tuple[bytes, bytes]], body: bytes, timeout: float, addresses: AddressPolicy
-) -> str:
-    """Post an MDN to the partner's ``Receipt-Delivery-Option`` URL; returns what happened, for the ledger.
-
-    The URL is the partner's input, so the attempt is bounded like a delivery's: the host is resolved once and
-    every address it has must pass *addresses* (private, loopback and link-local ranges are denied unless the
-    partner's agreement lists them), the connection goes to that checked address, the whole attempt takes at
-    most *timeout*, no redirect is followed and at most 64 KiB of the answer is read."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"not sent: {clip(url, 200)!r} is not an http(s) URL"
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        async with asyncio.timeout(timeout):
-            address = await addresses.resolve(host, port)
-            shown = f"[{address}]" if ":" in address else address
-            target = parts._replace(netloc=f"{shown}:{port}").geturl()
-            host_header = host if parts.port is None else f"{host}:{port}"
-            async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
-                request = client.build_request(
-                    "POST",
-                    target,
-                    content=body,
-                    headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
-                    + [("Host", host_header)],
-                    extensions={"sni_hostname": host},
-                )
-                response = await client.send(request, stream=True)
-                try:
-                    read = 0
-                    async for chunk in response.aiter_raw():
-                        read += len(chunk)
-                        if read >= _MAX_ANSWER_BYTES:
-                            break
-                finally:
-                    await response.aclose()
-    except BlockedAddressError as exc:
-        log.warning("asynchronous MDN to %s not sent: %s", clip(url, 200), exc.detail)
-        return f"not sent to {clip(url, 120)}: {exc.detail}"
-    except (TimeoutError, httpx.HTTPError, OSError) as exc:
-        log.warning("asynchronous MDN to %s not sent: %s", clip(url, 200), type(exc).__name__)
-        return f"not sent to {clip(url, 120)}: {type(exc).__name__}"
-    status = response.status_code
-    if status >= 300:
-        log.warning("asynchronous MDN to %s answered HTTP %d", clip(url, 200), status)
-        redirect = " (redirects are not followed)" if status < 400 else ""
-        return f"posted to {clip(url, 120)}: refused, HTTP {status}{redirect}"
-    return f"posted to {clip(url, 120)}: HTTP {status}"
 
 
 class As2Transport:

@@ -48,11 +48,11 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return settings, partners, open_broker(settings, sweep_interval=0)
 
 
-def _endpoint(partners: Any, partner: str, endpoint: str | None) -> Any:
+def _endpoint(partners: Any, partner: str, endpoint: str | None, *, documents: bool = False) -> Any:
     found = partners.get(partner)
     if found is None:
         raise CommandError(f"no partner {partner!r} in partners.yaml")
-    endpoints = found.delivery.endpoints
+    endpoints = {n: e for n, e in found.delivery.endpoints.items() if not (documents and e.implicit)}
     if endpoint is None:
         if len(endpoints) != 1:
             raise CommandError(
@@ -156,7 +156,7 @@ def cmd_deliver(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}") from None
     _settings, partners, broker = _open(args)
     try:
-        endpoint = _endpoint(partners, args.partner, args.endpoint)
+        endpoint = _endpoint(partners, args.partner, args.endpoint, documents=True)
         message_id = queue_delivery(
             broker, endpoint, body, content_type=args.content_type, source=f"cli:{getpass.getuser()}:{args.file.name}"
         )

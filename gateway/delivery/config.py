@@ -61,6 +61,9 @@ class EndpointConfig:
     max_age: float = 86400.0
     backoff: Backoff = field(default_factory=Backoff)
     breaker: Breaker = field(default_factory=Breaker)
+    #: made by the gateway for deliveries of its own (asynchronous AS2 MDNs), whose address comes with each
+    #: delivery: documents are never sent to it, and it is never a partner's one endpoint by default
+    implicit: bool = False
 
     @property
     def queue(self) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from broker_core import Broker, Queue
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.metrics import DeliveryMetrics
-from gateway.delivery.outbox import PROPERTY_CONTENT_TYPE
+from gateway.delivery.outbox import PROPERTY_CONTENT_TYPE, PROPERTY_TARGET
 from gateway.delivery.policy import CircuitBreaker, RateLimiter, backoff_delay
 from gateway.delivery.records import Attempt, DeliveryLedger, now_ms
 from gateway.delivery.transport import AttemptResult, OutboundRequest, Transport, transport_kind
@@ -183,6 +183,7 @@ class DeliveryEngine:
         delivery_id: str = message.jms_message_id  # type: ignore[attr-defined]
         body: bytes = message.get_body()  # type: ignore[attr-defined]
         content_type = message.get_string_property(PROPERTY_CONTENT_TYPE) or "application/xml"  # type: ignore[attr-defined]
+        target = message.get_string_property(PROPERTY_TARGET)  # type: ignore[attr-defined]
         made, queued_at = 0, int(message.jms_timestamp)  # type: ignore[attr-defined]
         if message.jms_redelivered:  # type: ignore[attr-defined]
             # attempts were made before (by a process that died, or one that stopped): count on from them
@@ -213,7 +214,7 @@ class DeliveryEngine:
                 continue
             made += 1
             request = OutboundRequest(
-                delivery_id, config.partner, config.name, body, content_type, made, _attempt_timeout(config)
+                delivery_id, config.partner, config.name, body, content_type, made, _attempt_timeout(config), target
             )
             started = time.monotonic()
             try:

@@ -33,18 +33,22 @@ class RouteDelivery:
     transform: Any = field(default=None, repr=False)
 
 
-def endpoint_of(partners: Any, partner: str, endpoint: str | None = None) -> EndpointConfig:
-    """The endpoint *endpoint* (or the only one) of *partner* in a PartnerRegistry; UnknownEndpointError."""
+def endpoint_of(partners: Any, partner: str, endpoint: str | None = None, *, documents: bool = False) -> EndpointConfig:
+    """The endpoint *endpoint* (or the only one) of *partner* in a PartnerRegistry; UnknownEndpointError.
+
+    With *documents* (a route's or a handler's delivery), the gateway's implicit endpoints are not among them:
+    what they deliver is the gateway's own, addressed with each delivery."""
     found = partners.get(partner) if partners is not None else None
     if found is None:
         raise UnknownEndpointError(f"no partner {partner!r} is configured for deliveries")
-    endpoints = found.delivery.endpoints
+    endpoints = {name: e for name, e in found.delivery.endpoints.items() if not (documents and e.implicit)}
     if endpoint is None:
-        if len(endpoints) == 1:
-            return next(iter(endpoints.values()))
+        choices = {name: e for name, e in endpoints.items() if not e.implicit}
+        if len(choices) == 1:
+            return next(iter(choices.values()))
         raise UnknownEndpointError(
-            f"partner {partner!r} has {len(endpoints)} endpoints; name one "
-            f"({', '.join(sorted(endpoints)) or 'none configured'})"
+            f"partner {partner!r} has {len(choices)} endpoints; name one "
+            f"({', '.join(sorted(choices)) or 'none configured'})"
         )
     if endpoint not in endpoints:
         raise UnknownEndpointError(
@@ -64,7 +68,7 @@ def parse_route_delivery(
         expect_str(spec["endpoint"], spec.at("endpoint"), f"{what} deliver.endpoint") if "endpoint" in spec else None
     )
     try:
-        endpoint = endpoint_of(partners, partner, endpoint_name)
+        endpoint = endpoint_of(partners, partner, endpoint_name, documents=True)
     except UnknownEndpointError as exc:
         raise spec.where.error(
             f"{what} deliver: {exc.detail}; add it under the partner's endpoints in partners.yaml"

@@ -37,7 +37,15 @@ from gateway.marked import (
     parse_duration,
 )
 
-__all__ = ["HttpsEndpoint", "HttpsTransport", "classify", "parse_https_endpoint", "retry_after_seconds"]
+__all__ = [
+    "HttpsEndpoint",
+    "HttpsTransport",
+    "attempt_failure",
+    "classify",
+    "parse_https_endpoint",
+    "post_checked",
+    "retry_after_seconds",
+]
 
 KEYS = {
     "url",
@@ -239,16 +247,8 @@ class HttpsTransport:
         try:
             async with asyncio.timeout(request.timeout):
                 return await self._send(request)
-        except TimeoutError:
-            return AttemptResult("retry", None, f"no answer within {request.timeout:g} s")
-        except BlockedAddressError as exc:
-            return AttemptResult("failed", None, exc.detail)
-        except httpx.HTTPError as exc:
-            return AttemptResult(
-                "retry", None, clip(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, 300)
-            )
-        except OSError as exc:
-            return AttemptResult("retry", None, clip(f"network error: {exc}", 300))
+        except (TimeoutError, BlockedAddressError, httpx.HTTPError, OSError) as exc:
+            return attempt_failure(exc, request.timeout)
 
     async def _send(self, request: OutboundRequest) -> AttemptResult:
         url = self.endpoint.url
@@ -277,40 +277,74 @@ class HttpsTransport:
         return AttemptResult("failed", None, f"more than {MAX_REDIRECTS} redirects")
 
     async def _post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, str | None, float | None, str]:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or 443
-        address = await self.endpoint.addresses.resolve(host, port)
-        shown = f"[{address}]" if ":" in address else address
-        target = parts._replace(netloc=f"{shown}:{port}").geturl()
-        host_header = host if parts.port in (None, 443) else f"{host}:{port}"
-        request = self._client.build_request(
-            "POST", target, content=body, headers={**headers, "host": host_header}, extensions={"sni_hostname": host}
-        )
-        response = await self._client.send(request, stream=True)
-        try:
-            text = await self._read_bounded(response)
-        finally:
-            await response.aclose()
-        return (
-            response.status_code,
-            response.headers.get("location"),
-            retry_after_seconds(response.headers.get("retry-after")),
-            text,
+        return await post_checked(
+            self._client, url, headers, body, self.endpoint.addresses, self.endpoint.max_response_bytes
         )
 
-    async def _read_bounded(self, response: httpx.Response) -> str:
-        """Up to ``max_response_bytes`` of the answer's body (as one line of text); the rest is not read."""
-        limit = self.endpoint.max_response_bytes
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_raw():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-        data = b"".join(chunks)[:limit]
-        return " ".join(data[:200].decode("utf-8", "replace").split())
+
+async def post_checked(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: bytes,
+    addresses: AddressPolicy,
+    max_response_bytes: int,
+) -> tuple[int, str | None, float | None, str]:
+    """POST *body* to the address *url*'s host resolves to now, once *addresses* allowed it (the name kept for
+    TLS and ``Host``); returns the status, ``Location``, ``Retry-After`` and the start of the answer's body.
+
+    Raises :class:`BlockedAddressError` before connecting to an address the policy refuses."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    default = 443 if parts.scheme == "https" else 80
+    port = parts.port or default
+    address = await addresses.resolve(host, port)
+    shown = f"[{address}]" if ":" in address else address
+    target = parts._replace(netloc=f"{shown}:{port}").geturl()
+    host_header = host if parts.port in (None, default) else f"{host}:{port}"
+    request = client.build_request(
+        "POST", target, content=body, headers={**headers, "host": host_header}, extensions={"sni_hostname": host}
+    )
+    response = await client.send(request, stream=True)
+    try:
+        text = await _read_bounded(response, max_response_bytes)
+    finally:
+        await response.aclose()
+    return (
+        response.status_code,
+        response.headers.get("location"),
+        retry_after_seconds(response.headers.get("retry-after")),
+        text,
+    )
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> str:
+    """Up to *limit* bytes of the answer's body (as one line of text); the rest is not read."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    data = b"".join(chunks)[:limit]
+    return " ".join(data[:200].decode("utf-8", "replace").split())
+
+
+def attempt_failure(
+    exc: TimeoutError | BlockedAddressError | httpx.HTTPError | OSError, timeout: float
+) -> AttemptResult:
+    """The attempt an exception of one POST means: a blocked address is permanent, a timeout or a network error
+    is retried."""
+    if isinstance(exc, TimeoutError):
+        return AttemptResult("retry", None, f"no answer within {timeout:g} s")
+    if isinstance(exc, BlockedAddressError):
+        return AttemptResult("failed", None, exc.detail)
+    if isinstance(exc, httpx.HTTPError):
+        return AttemptResult(
+            "retry", None, clip(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, 300)
+        )
+    return AttemptResult("retry", None, clip(f"network error: {exc}", 300))
 
 
 def _origin(url: str) -> tuple[str, str | None, int]:

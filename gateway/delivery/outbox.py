@@ -11,14 +11,18 @@ from broker_core import Broker, BytesMessage, DeliveryMode, Queue
 from gateway.delivery.config import EndpointConfig
 from gateway.delivery.records import DeliveryLedger
 
-__all__ = ["PROPERTY_CONTENT_TYPE", "delivery_message", "queue_delivery", "queue_delivery_async"]
+__all__ = ["PROPERTY_CONTENT_TYPE", "PROPERTY_TARGET", "delivery_message", "queue_delivery", "queue_delivery_async"]
 
 PROPERTY_CONTENT_TYPE = "B2BContentType"
+#: the delivery's own destination, for kinds whose address comes with each delivery (``as2-mdn``)
+PROPERTY_TARGET = "B2BTarget"
 PROPERTY_SOURCE = "B2BSource"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 
-def delivery_message(endpoint: EndpointConfig, body: bytes, content_type: str, source: str) -> BytesMessage:
+def delivery_message(
+    endpoint: EndpointConfig, body: bytes, content_type: str, source: str, target: str | None = None
+) -> BytesMessage:
     if len(body) > MAX_DOCUMENT_BYTES:
         raise ValueError(f"a delivered document may have at most {MAX_DOCUMENT_BYTES} bytes; this has {len(body)}")
     message = BytesMessage(bytes(body))
@@ -26,6 +30,8 @@ def delivery_message(endpoint: EndpointConfig, body: bytes, content_type: str, s
     message.set_string_property("B2BPartner", endpoint.partner)
     message.set_string_property("B2BEndpoint", endpoint.name)
     message.set_string_property(PROPERTY_SOURCE, source[:300])
+    if target is not None:
+        message.set_string_property(PROPERTY_TARGET, target)
     return message
 
 
@@ -37,9 +43,10 @@ def queue_delivery(
     content_type: str = "application/xml",
     source: str,
     doc_type: str | None = None,
+    target: str | None = None,
 ) -> str:
     """Queue *body* for *endpoint* durably; returns the delivery's id (blocking: not on an event loop)."""
-    message = delivery_message(endpoint, body, content_type, source)
+    message = delivery_message(endpoint, body, content_type, source, target)
     with broker.connect() as connection:
         session = connection.create_session(transacted=True)
         producer = session.create_producer(Queue(endpoint.queue))
@@ -69,9 +76,10 @@ async def queue_delivery_async(
     content_type: str = "application/xml",
     source: str,
     doc_type: str | None = None,
+    target: str | None = None,
 ) -> str:
     """:func:`queue_delivery` for asyncio: waits for the durable commit without blocking the loop."""
-    message = delivery_message(endpoint, body, content_type, source)
+    message = delivery_message(endpoint, body, content_type, source, target)
     connection = broker.connect()
     try:
         session = connection.create_session(transacted=True)

@@ -37,6 +37,9 @@ class OutboundRequest:
     content_type: str  # e.g. "application/xml"
     attempt: int  # 1-based
     timeout: float  # seconds this attempt may take in all
+    #: where this delivery goes when the delivery itself says (an AS2 MDN's Receipt-Delivery-Option URL);
+    #: None for the endpoint's own address. The kind checks it on every attempt: it may be a partner's input.
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -293,7 +293,7 @@ class _Context:
     ) -> str:
         from gateway.delivery.hooks import endpoint_of, stage_delivery
 
-        target = endpoint_of(self.partners, partner, endpoint)
+        target = endpoint_of(self.partners, partner, endpoint, documents=True)
         if isinstance(document, etree._Element):
             document = etree.tostring(document, xml_declaration=True, encoding="UTF-8")
         elif isinstance(document, str):

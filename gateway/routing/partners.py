@@ -43,6 +43,7 @@ from typing import Any
 from broker_core.hashes import DEFAULT_LN as SCRYPT_LN
 from broker_core.hashes import hash_secret, is_secret_hash, verify_secret
 from gateway.as2.config import parse_partner_as2
+from gateway.as2.mdn_delivery import with_mdn_endpoint
 from gateway.config.loader import (
     MarkedDict,
     Settings,
@@ -274,9 +275,8 @@ class PartnerRegistry:
                 else base
             )
             as2 = parse_partner_as2(partner_id, entry["as2"], entry.at("as2")) if "as2" in entry else None
-            partners[partner_id] = Partner(
-                partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id), as2
-            )
+            delivery = with_mdn_endpoint(partner_id, parse_partner_delivery(entry, partner_id), as2, entry)
+            partners[partner_id] = Partner(partner_id, name, enabled, limits, delivery, as2)
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
                 kw = key_list.at(i)

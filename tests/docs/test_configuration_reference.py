@@ -44,6 +44,7 @@ WHAT_PATHS = {
     "f'{what} breaker'": ["partners.ID.endpoints.NAME.breaker"],
     "f'{what} deliver'": ["routes[].deliver"],
     "gateway/delivery/https.py:what": ["partners.ID.endpoints.NAME"],
+    "gateway/as2/mdn_delivery.py:what": ["partners.ID.endpoints.NAME"],
     "f'{what} limits'": ["partners.ID.limits", "defaults.limits"],
     "'defaults'": ["defaults"],
     "f'partner {partner_id!r}'": ["partners.ID"],

@@ -19,6 +19,7 @@ from gwtest import INVOICE
 from test_inbound import post_as2, signed_encrypted
 
 from gateway.as2.store import As2Store
+from gateway.delivery.records import DeliveryLedger, DeliveryRow
 
 pytestmark = pytest.mark.anyio
 
@@ -73,14 +74,28 @@ def capture():
 
 
 async def settled(env, message_id: str):
-    """The AS2 record once its MDN's delivery is decided (an allowed URL is posted to in the background)."""
+    """The AS2 record once its MDN's way is decided (queued as a delivery, or not sent and why)."""
     store = As2Store(env.broker.engine, env.broker)
     for _ in range(400):
         record = await asyncio.to_thread(store.get, "in", "globex", message_id)
-        if record is not None and record.mdn_delivery and not record.mdn_delivery.startswith("posting"):
+        if record is not None and record.mdn_delivery and not record.mdn_delivery.startswith("queueing"):
             return record
         await asyncio.sleep(0.05)
     raise AssertionError(f"the MDN delivery of {message_id} was never noted")
+
+
+async def delivery_of(env, record, status: str, timeout: float = 60.0) -> DeliveryRow:
+    """The delivery the AS2 record says its MDN was queued as, once it has *status*."""
+    assert record.mdn_delivery.startswith("queued as delivery "), record.mdn_delivery
+    delivery_id = record.mdn_delivery.split()[3]
+    ledger = DeliveryLedger(env.broker.engine)
+    row = None
+    for _ in range(int(timeout / 0.05)):
+        row = await asyncio.to_thread(ledger.get, delivery_id, document=True)
+        if row is not None and row.status == status:
+            return row
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"delivery {delivery_id} is not {status}: {row}")
 
 
 async def post_with_async_url(env, pki, url: str):
@@ -96,6 +111,7 @@ async def test_a_url_not_in_the_agreement_is_never_connected_to(as2_env_factory,
         record = await settled(env, sent["Message-ID"])
         assert record.disposition == "processed" and record.mdn  # processed, its MDN kept
         assert record.mdn_delivery.startswith("not sent:") and "as2.async_mdn_urls" in record.mdn_delivery
+        assert DeliveryLedger(env.broker.engine).list(partner="globex") == []  # nothing queued
         rows = env.ledger_rows()
         assert len(rows) == 1 and rows[0].message_id == record.message_id
         # a resend is answered the same way, and the document stays enqueued once
@@ -131,6 +147,7 @@ async def test_a_listed_url_on_a_private_address_is_never_connected_to(
         record = await settled(env, sent["Message-ID"])
         assert record.disposition == "processed" and len(env.ledger_rows()) == 1
         assert record.mdn_delivery.startswith(f"not sent to {target}") and "private" in record.mdn_delivery
+        assert DeliveryLedger(env.broker.engine).list(partner="globex") == []  # nothing queued
     assert not connected()
 
 
@@ -140,7 +157,9 @@ async def test_an_allowed_url_gets_the_signed_mdn(as2_env_factory, tmp_path, as2
     async for env in as2_env_factory(data):
         sent = await post_with_async_url(env, as2_pki, url + "?id=1")
         record = await settled(env, sent["Message-ID"])
-        assert record.mdn_delivery == f"posted to {url}?id=1: HTTP 200"
+        assert record.mdn_delivery.startswith("queued as delivery ") and record.mdn_delivery.endswith(f"{url}?id=1")
+        row = await delivery_of(env, record, "delivered")
+        assert (row.partner, row.endpoint, row.kind) == ("globex", "as2-mdn", "as2-mdn")
         [(headers, body)] = received
         assert headers["AS2-From"] == OUR_ID and headers["AS2-To"] == "GLOBEX-AS2"
         report = openssl_verify_mdn(headers["Content-Type"], body, as2_pki.ours.cert)
@@ -170,7 +189,9 @@ async def test_a_redirect_from_the_mdn_url_is_not_followed(as2_env_factory, tmp_
         async for env in as2_env_factory(data):
             sent = await post_with_async_url(env, as2_pki, url)
             record = await settled(env, sent["Message-ID"])
-            assert record.mdn_delivery == f"posted to {url}: refused, HTTP 307 (redirects are not followed)"
+            row = await delivery_of(env, record, "dead")  # a redirect is a permanent refusal
+            [attempt] = row.timeline
+            assert attempt.status == 307 and "not followed" in attempt.detail
     finally:
         server.shutdown()
         server.server_close()
