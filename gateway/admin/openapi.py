@@ -280,6 +280,11 @@ def admin_paths() -> dict[str, Any]:
                     "allOf": [
                         ref("AdminDocument"),
                         _obj(
+                            auth={
+                                "type": ["string", "null"],
+                                "description": "how the partner authenticated: key:<key id>, "
+                                "certificate:sha256:<fingerprint>, or both joined with +",
+                            },
                             history={"type": "array"},
                             timeline={"type": "array"},
                             lineage={"type": "object"},

@@ -286,7 +286,8 @@ class _PartnerApi:
 
     async def accept(self, scope: Any, headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
-        partner = await authenticated(self.partners, scope, headers.get("authorization"))
+        identity = await authenticated(self.partners, scope, headers.get("authorization"))
+        partner = identity.partner
         await self.limiter.admit(partner)
         try:
             charset = check_media_type(headers.get("content-type"))
@@ -295,7 +296,7 @@ class _PartnerApi:
             declared = _length(headers.get("content-length"))
             body = await read_body(chunks, self.limits.max_bytes, declared_length=declared)
             return await self.gateway().submit(
-                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key
+                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key, auth=identity.method
             )
         finally:
             self.limiter.release(partner)
@@ -307,7 +308,7 @@ class _PartnerApi:
         return _outcome_raw(await self.accept(scope, _RawHeaders(scope["headers"]), _stream(receive)))
 
     async def _own_record(self, request: Request, refresh: bool) -> LedgerRecord:
-        partner = await authenticated(self.partners, request.scope, request.headers.get("authorization"))
+        partner = (await authenticated(self.partners, request.scope, request.headers.get("authorization"))).partner
         await self.limiter.admit(partner)
         try:
             gw = self.gateway()
