@@ -59,6 +59,7 @@ from gateway.intake.xmlsafe import check_media_type, read_body
 from gateway.ledger.records import LedgerRecord
 from gateway.problems import problem_response
 from gateway.raw_documents import raw_document_response
+from gateway.routing.overlay import attach_overlay
 from gateway.routing.partners import PartnerLimiter
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.security.attach import attach_key_digests
@@ -439,6 +440,9 @@ def _lifespan(
             if stomp:
                 listener = await start_stomp(assembly.settings, rt.broker)
         await asyncio.to_thread(attach_key_digests, api.partners, api.runtime)
+        served = await asyncio.to_thread(attach_overlay, api.partners, getattr(api.runtime, "broker", None))
+        if served is not None:  # the partner changes made from the admin side, over the partners file
+            api.partners.adopt(served)
         if freeze_gc:
             gc.collect()
             gc.freeze()
