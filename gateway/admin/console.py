@@ -28,6 +28,7 @@ from starlette.routing import Route
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from gateway.admin.deliveries_console import delivery_console_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.partners_console import partner_console_routes
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
 from gateway.errors import GatewayError
@@ -521,6 +522,16 @@ def console_routes(service: AdminService) -> list[Route]:
         Route("/console/dead-letters", page(dead_letters), methods=["GET"]),
         Route("/console/actions", page(actions), methods=["POST"]),
         *delivery_console_routes(
+            service,
+            render=render,
+            page=page,
+            read_form=read_form,
+            one=one,
+            back=back,
+            thread=thread,
+            client=client_address,
+        ),
+        *partner_console_routes(
             service,
             render=render,
             page=page,

@@ -197,3 +197,48 @@ async def test_another_process_follows_the_store_at_its_next_poll(env):
     assert watcher.check() is True
     with pytest.raises(AuthenticationError):
         other.authenticate(f"Bearer {key}")
+
+
+async def _console_login(env: GatewayEnv, name: str, secret: str) -> str:
+    """Log in to the console; the session's CSRF token."""
+    c = env.client
+    form = await c.get("/console/login")
+    token = form.cookies.get("b2bgw_login") or c.cookies.get("b2bgw_login")
+    r = await c.post("/console/login", data={"csrf": token, "name": name, "secret": secret, "next": "/console"})
+    assert r.status_code == 303
+    return (await c.get(f"{API}/session")).json()["csrf_token"]
+
+
+async def test_the_console_issues_a_key_shown_once_and_revokes_it(env):
+    c = env.client
+    csrf = await _console_login(env, "carol", "carol-secret-3")
+    page = await c.get("/console/partners/credentials")
+    assert page.status_code == 200 and 'id="partner-globex"' in page.text and "Issue key" in page.text
+    form = {"csrf": csrf, "action": "issue-key", "partner": "globex", "id": "globex-web", "label": "console"}
+    issued = await c.post("/console/partners/actions", data=form)
+    assert issued.status_code == 200 and "shown this once" in issued.text
+    key = issued.text.split('<code id="issued-key">', 1)[1].split("</code>", 1)[0]
+    assert key.startswith("globex-web.")
+    assert (await _send(env, key, "INV-WEB")).status_code == 202
+    assert key not in (await c.get("/console/partners/credentials")).text  # never shown again
+
+    form = {"csrf": csrf, "action": "revoke-key", "partner": "globex", "id": "globex-web"}
+    revoked = await c.post("/console/partners/actions", data=form)
+    assert revoked.status_code == 303 and "revoked" in revoked.headers["location"]
+    assert (await _send(env, key, "INV-WEB-2")).status_code == 401
+    page = await c.get("/console/partners/credentials")
+    assert "globex-web" in page.text and "revoked" in page.text
+    forged = await c.post("/console/partners/actions", data={**form, "csrf": "forged", "id": "globex-demo"})
+    assert forged.status_code == 403 and (await _send(env, GLOBEX_KEY, "INV-WEB-3")).status_code == 202
+    assert {"key-issue", "key-revoke"} <= {e["action"] for e in await _audit(env)}
+
+
+async def test_the_console_refuses_partner_changes_to_an_operator(env):
+    c = env.client
+    csrf = await _console_login(env, "alice", "alice-secret-1")
+    page = await c.get("/console/partners/credentials")
+    assert page.status_code == 200 and "Issue key" not in page.text and "globex-demo" in page.text
+    form = {"csrf": csrf, "action": "revoke-key", "partner": "globex", "id": "globex-demo"}
+    r = await c.post("/console/partners/actions", data=form)
+    assert r.status_code == 303 and "only+admins" in r.headers["location"]
+    assert (await _send(env, GLOBEX_KEY, "INV-OP")).status_code == 202
