@@ -13,7 +13,7 @@ from typing import Any
 from gateway.admin.access import Principal
 from gateway.admin.errors import InvalidRequestError, PartnerConflictError
 from gateway.errors import NotFoundError, StoreUnavailableError
-from gateway.routing.overlay import attach_overlay
+from gateway.routing.overlay import ChangeConflictError, attach_overlay
 from gateway.routing.partners import KEY_ID, PARTNER_ID, PartnerRegistry, generate_key, hash_key
 from gateway.trust.peer import PeerCertificate
 
@@ -89,7 +89,10 @@ def add_partner(
     name = _text(spec, "name") or partner_id
     if partner_id in _registry(service):
         raise PartnerConflictError(f"Partner {partner_id!r} exists already.")
-    _overlay(service).record(principal.name, "partner-add", partner_id, data={"name": name})
+    try:
+        _overlay(service).record(principal.name, "partner-add", partner_id, data={"name": name})
+    except ChangeConflictError:
+        raise PartnerConflictError(f"Partner {partner_id!r} was added already.") from None
     fresh = _done(service, principal, "partner-add", partner_id, f"partner {partner_id} ({name}) added", client)
     return {"id": partner_id, "name": name}, fresh
 
@@ -114,7 +117,10 @@ def issue_key(
         raise InvalidRequestError("not_after must come after not_before.")
     key = generate_key(key_id)
     data = {"hash": hash_key(key), "label": label, "not_before": not_before, "not_after": not_after}
-    _overlay(service).record(principal.name, "key-issue", partner_id, key_id=key_id, data=data)
+    try:
+        _overlay(service).record(principal.name, "key-issue", partner_id, key_id=key_id, data=data)
+    except ChangeConflictError:
+        raise PartnerConflictError(f"Key id {key_id!r} was issued already.") from None
     fresh = _done(service, principal, "key-issue", f"{partner_id} key {key_id}", f"key {key_id} issued", client)
     answer = {"partner": partner_id, "id": key_id, "label": label, "key": key}
     answer["not_before"] = spec.get("not_before") if not_before is not None else None

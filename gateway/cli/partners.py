@@ -35,12 +35,8 @@ def _served(declared: Any, settings: Any) -> tuple[Any, list[Any]]:
         to_stderr(f"b2bgw partners: the partners file only ({exc})")
         return declared, []
 
-    def read(fn: Any, durable: bool = False) -> list[Any]:
-        with engine.connect() as conn:
-            return [fn(conn)]
-
     try:
-        overlay = PartnerOverlay(read, declared)
+        overlay = PartnerOverlay(engine, None, declared)
         changes = overlay.changes()
         return overlay.rebuild(), changes
     except sa.exc.SQLAlchemyError as exc:

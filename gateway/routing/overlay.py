@@ -24,16 +24,22 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from broker_core import StoreError
 from broker_core.clock import now_ms
 from gateway.routing.partners import ApiKey, Partner, PartnerRegistry
 from gateway.security.tables import partner_changes
 from gateway.trust.pins import CertificatePin, PartnerTrust, TrustRegistry, Window
 
-__all__ = ["ACTIONS", "Change", "PartnerOverlay", "attach_overlay", "merged"]
+__all__ = ["ACTIONS", "Change", "ChangeConflictError", "PartnerOverlay", "attach_overlay", "merged"]
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("partner-add", "key-issue", "key-revoke", "pin-add", "pin-remove")
+
+
+class ChangeConflictError(StoreError):
+    """The key id was issued, or the partner added, by another process first. A
+    :class:`broker_core.StoreError`, so the store's writer hands it back as it is and fails only this write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ def merged(declared: PartnerRegistry, changes: Iterable[Change]) -> PartnerRegis
     base_trust = declared.trust
     trust: dict[str, PartnerTrust] = dict(base_trust.partners) if base_trust is not None else {}
     revoked: set[str] = set()
+    pinned = {pin.sha256: pid for pid, entry in trust.items() for pin in entry.pins if pin.sha256 is not None}
     for change in changes:
         data = change.data or {}
         pid = change.partner
@@ -78,18 +85,24 @@ def merged(declared: PartnerRegistry, changes: Iterable[Change]) -> PartnerRegis
         elif change.action == "key-revoke" and change.key_id:
             revoked.add(change.key_id)
         elif change.action == "pin-add" and change.sha256:
-            if not any(p.sha256 == change.sha256 for p in current.pins):
+            owner = pinned.get(change.sha256)
+            if owner is None:
                 pin = CertificatePin(change.sha256, None, None, Window(data.get("label")))
                 trust[pid] = replace(current, pins=(*current.pins, pin))
+                pinned[change.sha256] = pid
+            elif owner != pid:  # pinned to another partner meanwhile (the file, or another process): skipped
+                log.error("certificate sha256:%s stays pinned to %r, not to %r", change.sha256, owner, pid)
         elif change.action == "pin-remove" and change.sha256:
             trust[pid] = replace(current, pins=tuple(p for p in current.pins if p.sha256 != change.sha256))
+            if pinned.get(change.sha256) == pid:
+                del pinned[change.sha256]
     for key_id in revoked:
         keys.pop(key_id, None)
     registry = PartnerRegistry(partners, keys)
     try:
         registry.trust = TrustRegistry(trust)
-    except ValueError as exc:  # refused when pinned; a pin the file added since: the file's registry stands
-        log.error("partner changes not applied, the partners file's pins conflict with them: %s", exc)
+    except ValueError as exc:  # not expected (conflicting pins are skipped above): the file's, revocations kept
+        log.error("partner changes not applied but for revocations: %s", exc)
         registry = PartnerRegistry(declared.partners, {k: v for k, v in declared.keys.items() if k not in revoked})
         registry.trust = base_trust
     registry.revoked = frozenset(revoked)
@@ -110,10 +123,11 @@ def _change(row: Any) -> Change:
 
 
 class PartnerOverlay:
-    """The partner changes of one store: read, version polled, written (through ``write``: the store writer's
-    turn, as ``broker.write`` gives it; its reads too, so that SQLite sees one writer)."""
+    """The partner changes of one store: read and version polled on *engine* (a read never waits for the
+    store writer's turn), written through *write* (``broker.write``: the writer's own transaction)."""
 
-    def __init__(self, write: Callable[..., list[Any]], declared: PartnerRegistry) -> None:
+    def __init__(self, engine: sa.Engine, write: Callable[..., list[Any]] | None, declared: PartnerRegistry) -> None:
+        self._engine = engine
         self._write = write
         #: the partners file's registry the changes are folded over (replaced when the file is re-read)
         self.declared = declared
@@ -122,21 +136,18 @@ class PartnerOverlay:
 
     @classmethod
     def for_broker(cls, broker: Any, declared: PartnerRegistry) -> PartnerOverlay:
-        return cls(broker.write, declared)
+        return cls(broker.engine, broker.write, declared)
 
     def current_version(self) -> int:
         """The greatest ``seq`` in the store (0: no change yet): one index look-up."""
 
-        def read(conn: sa.Connection) -> int:
+        with self._engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(partner_changes.c.seq), 0))).scalar_one())
 
-        return self._write(read, durable=False)[0]
-
     def changes(self) -> list[Change]:
-        def read(conn: sa.Connection) -> list[Any]:
-            return list(conn.execute(sa.select(partner_changes).order_by(partner_changes.c.seq)).all())
-
-        return [_change(row) for row in self._write(read, durable=False)[0]]
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(partner_changes).order_by(partner_changes.c.seq)).all()
+        return [_change(row) for row in rows]
 
     def rebuild(self) -> PartnerRegistry:
         """The registry to serve now: the declared one with every stored change; remembers the version."""
@@ -154,8 +165,9 @@ class PartnerOverlay:
         sha256: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> int:
-        """Store one change; its ``seq``."""
-        if action not in ACTIONS:
+        """Store one change; its ``seq``. :class:`ChangeConflictError` when another process issued the same key
+        id or added the same partner first (unique partial indexes)."""
+        if action not in ACTIONS or self._write is None:
             raise ValueError(f"unknown partner change {action!r}")
         row = {
             "at": now_ms(),
@@ -168,7 +180,10 @@ class PartnerOverlay:
         }
 
         def insert(conn: sa.Connection) -> int:
-            return int(conn.execute(partner_changes.insert().returning(partner_changes.c.seq), row).scalar_one())
+            try:
+                return int(conn.execute(partner_changes.insert().returning(partner_changes.c.seq), row).scalar_one())
+            except sa.exc.IntegrityError:
+                raise ChangeConflictError(f"{action} {key_id or partner}: made by another process first") from None
 
         return self._write(insert)[0]
 

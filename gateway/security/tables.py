@@ -54,5 +54,20 @@ partner_changes = sa.Table(
     sa.Column("key_id", sa.String(64)),
     sa.Column("sha256", sa.String(64)),
     sa.Column("data", sa.Text),  # JSON: name; hash, label, not_before, not_after (epoch ms); pin label
+    # a key id issued once, a partner added once, whichever process is first
+    sa.Index(
+        "ux_b2b_partner_changes_key",
+        "key_id",
+        unique=True,
+        sqlite_where=sa.text("action = 'key-issue'"),
+        postgresql_where=sa.text("action = 'key-issue'"),
+    ),
+    sa.Index(
+        "ux_b2b_partner_changes_partner",
+        "partner",
+        unique=True,
+        sqlite_where=sa.text("action = 'partner-add'"),
+        postgresql_where=sa.text("action = 'partner-add'"),
+    ),
     sqlite_autoincrement=True,
 )

@@ -242,3 +242,37 @@ async def test_the_console_refuses_partner_changes_to_an_operator(env):
     r = await c.post("/console/partners/actions", data=form)
     assert r.status_code == 303 and "only+admins" in r.headers["location"]
     assert (await _send(env, GLOBEX_KEY, "INV-OP")).status_code == 202
+
+
+async def test_a_key_id_another_process_issued_first_is_a_conflict(env):
+    ca = trustme.CA()
+    pem = ca.issue_cert("globex.example").cert_chain_pems[0].bytes().decode()
+    r = await env.client.post(f"{API}/partners/globex/certificates", json={"pem": pem}, headers=CAROL)
+    assert r.status_code == 201  # this process now serves the store's changes
+    elsewhere = PartnerOverlay.for_broker(env.broker, PartnerRegistry.from_settings(env.assembly.settings))
+    elsewhere.record("dave", "key-issue", "globex", key_id="globex-race", data={"hash": hash_key("x", ln=4)})
+    assert "globex-race" not in env.assembly.partners.keys  # not polled yet
+    r = await env.client.post(f"{API}/partners/globex/keys", json={"id": "globex-race"}, headers=CAROL)
+    assert r.status_code == 409 and r.json()["code"] == "partner-conflict"
+    r = await env.client.post(f"{API}/partners/globex/keys", json={"id": "globex-after"}, headers=CAROL)
+    assert r.status_code == 201  # the store's writer goes on after the refused write
+
+
+def test_a_pin_to_another_partner_is_skipped_and_revocations_always_hold(make_assembly):
+    from gateway.routing.overlay import Change, merged
+
+    declared = PartnerRegistry.from_settings(make_assembly().settings)
+    sha = "ab" * 32
+    changes = [
+        Change(1, 0, "carol", "pin-add", "acme", sha256=sha),
+        Change(2, 0, "dave", "pin-add", "globex", sha256=sha),  # raced the first: skipped
+        Change(3, 0, "carol", "key-revoke", "globex", key_id="globex-demo"),
+        Change(4, 0, "carol", "pin-remove", "acme", sha256=sha),
+        Change(5, 0, "carol", "partner-add", "acme", data={"name": "not the file's"}),
+    ]
+    served = merged(declared, changes[:3])
+    assert served.trust.by_fingerprint[sha][0] == "acme"
+    assert "globex-demo" not in served.keys and served.revoked == {"globex-demo"}
+    served = merged(declared, changes)
+    assert sha not in served.trust.by_fingerprint
+    assert served.partners["acme"].name == declared.partners["acme"].name  # the file's partner wins

@@ -4,6 +4,7 @@ One row per change (a partner added, a key issued or revoked, a pin added or rem
 serving process polls the greatest ``seq`` and folds the rows over the partners file when it grows. Keys
 are stored as their scrypt hash only.
 
+A key id is issued once and a partner added once, whichever process is first (unique partial indexes).
 One new table; nothing existing is rewritten.
 
 Revision ID: g0011
@@ -32,7 +33,21 @@ def upgrade() -> None:
         sa.Column("data", sa.Text),
         sqlite_autoincrement=True,
     )
+    for name, column, action in (
+        ("ux_b2b_partner_changes_key", "key_id", "key-issue"),
+        ("ux_b2b_partner_changes_partner", "partner", "partner-add"),
+    ):
+        op.create_index(
+            name,
+            "b2b_partner_changes",
+            [column],
+            unique=True,
+            sqlite_where=sa.text(f"action = '{action}'"),
+            postgresql_where=sa.text(f"action = '{action}'"),
+        )
 
 
 def downgrade() -> None:
+    op.drop_index("ux_b2b_partner_changes_partner", table_name="b2b_partner_changes")
+    op.drop_index("ux_b2b_partner_changes_key", table_name="b2b_partner_changes")
     op.drop_table("b2b_partner_changes")
