@@ -58,6 +58,7 @@ class PartnersWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._store_down = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._thread is not None or self.interval <= 0:
@@ -102,9 +103,18 @@ class PartnersWatcher:
         if overlay is not None:
             if declared is not None:
                 overlay.declared = declared
-            elif overlay.current_version() == overlay.version:
+            try:
+                if declared is None and overlay.current_version() == overlay.version:
+                    self._store_down = False
+                    return False
+                fresh = overlay.rebuild()
+            except Exception as exc:  # the store is away: the partners served stay, said once per outage
+                if not self._store_down:
+                    log.warning("the store's partner changes could not be read, the current partners stay: %s", exc)
+                self._store_down = True
+                self._stamp = None if declared is not None else self._stamp  # the file is read again next time
                 return False
-            fresh = overlay.rebuild()
+            self._store_down = False
         elif declared is None:
             return False
         else:

@@ -276,3 +276,18 @@ def test_a_pin_to_another_partner_is_skipped_and_revocations_always_hold(make_as
     served = merged(declared, changes)
     assert sha not in served.trust.by_fingerprint
     assert served.partners["acme"].name == declared.partners["acme"].name  # the file's partner wins
+
+
+def test_the_watcher_keeps_the_partners_served_while_the_store_is_away(make_assembly, tmp_path, caplog):
+    import sqlalchemy as sa
+
+    settings = make_assembly().settings
+    registry = PartnerRegistry.from_settings(settings)
+    empty = sa.create_engine(f"sqlite:///{tmp_path / 'no-tables.db'}")  # no b2b_partner_changes: like a lost store
+    registry.overlay = PartnerOverlay(empty, None, PartnerRegistry.from_settings(settings))
+    watcher = PartnersWatcher(settings, registry)
+    with caplog.at_level("WARNING", logger="gateway.runtime.partners_watch"):
+        assert watcher.check() is False and watcher.check() is False
+    assert caplog.text.count("partner changes could not be read") == 1
+    assert registry.authenticate(f"Bearer {GLOBEX_KEY}").id == "globex"
+    empty.dispose()
