@@ -18,6 +18,10 @@ took a page of its own.
 ``digest`` is ``sha256:`` and the hex SHA-256 of the body as received: a document posted again under the same
 ``idempotency_key`` is the same document only if its digest is. Rows written before the column have none; the
 partial index ``ix_b2b_ledger_undigested`` finds them without reading the table.
+
+``auth`` is how the partner authenticated the request: ``key:<key id>``, ``certificate:sha256:<fingerprint>``
+or both joined with ``+`` (the key itself is never stored); NULL in rows written before the column, and for
+documents that came otherwise (AS2 messages are signed, not authenticated by key or pin).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ documents = sa.Table(
     sa.Column("facts", sa.Text),  # JSON of ledger_contract.facts (the warehouse's extraction), or NULL
     sa.Column("facts_version", sa.SmallInteger),  # ledger_contract.facts.VERSION that wrote facts
     sa.Column("digest", sa.String(80)),  # "sha256:<hex>" of the body as received; NULL in rows written before
+    sa.Column("auth", sa.String(200)),  # how the partner authenticated (key:<id>, certificate:sha256:<hex>, both)
     # the reconciler's cursor: documents of one status in (updated_at, message_id) order (Ledger.in_status)
     sa.Index("ix_b2b_ledger_status", "status", "updated_at", "message_id"),
     sa.Index("ix_b2b_ledger_partner_doc", "partner", "doc_type", "doc_id"),

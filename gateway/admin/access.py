@@ -75,12 +75,23 @@ class Principal:
 
     @property
     def can_act(self) -> bool:
-        return self.operator.role == "operator"
+        return self.operator.role in ("operator", "admin")
+
+    @property
+    def is_admin(self) -> bool:
+        return self.operator.role == "admin"
 
     def require_operator(self) -> None:
         """Raise :class:`ForbiddenError` unless this principal may act."""
         if not self.can_act:
             raise ForbiddenError(f"{self.name} is a {self.role}: only operators may change anything.")
+
+    def require_admin(self) -> None:
+        """Raise :class:`ForbiddenError` unless this principal may change partners and their credentials."""
+        if not self.is_admin:
+            raise ForbiddenError(
+                f"{self.name} is a{'n' if self.role == 'operator' else ''} {self.role}: only admins may change partners, keys and certificates."
+            )
 
 
 class _Limiter:

@@ -2,7 +2,7 @@
 
 Authentication: the console's session cookie, or HTTP Basic with an operator's
 name and secret (see :mod:`.access`). A viewer may call every ``GET``; the
-actions need the ``operator`` role. Errors are RFC 9457 problems, as on the
+actions need the ``operator`` role, partner changes the ``admin`` role. Errors are RFC 9457 problems, as on the
 partner API.
 """
 
@@ -21,6 +21,7 @@ from starlette.routing import Route
 from gateway.admin.access import SESSION_COOKIE, Access, Principal, client_address
 from gateway.admin.deliveries_api import delivery_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.partners_api import partner_routes
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import AdminService, parse_limit, pretty_xml
 from gateway.errors import GatewayError, NotFoundError
@@ -288,4 +289,5 @@ def api_routes(service: AdminService) -> list[Route]:
         Route(f"{p}/etl/runs", guarded(etl_runs), methods=["GET"]),
         Route(f"{p}/audit", guarded(audit), methods=["GET"]),
         *delivery_routes(service, guarded, thread, p, client_address),
+        *partner_routes(service, guarded, thread, read_json, _json, p, client_address),
     ]

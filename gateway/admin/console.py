@@ -28,6 +28,7 @@ from starlette.routing import Route
 from gateway.admin.access import LOGIN_COOKIE, SESSION_COOKIE, Principal, client_address
 from gateway.admin.deliveries_console import delivery_console_routes
 from gateway.admin.errors import InvalidRequestError, OperatorAuthError, TooManyAttemptsError
+from gateway.admin.partners_console import partner_console_routes
 from gateway.admin.read_audit import audit_read
 from gateway.admin.service import SHOW_BYTES, AdminService, parse_limit, pretty_xml
 from gateway.errors import GatewayError
@@ -531,6 +532,16 @@ class Console:
             Route("/console/dead-letters", self.page(self.dead_letters), methods=["GET"]),
             Route("/console/actions", self.page(self.actions), methods=["POST"]),
             *delivery_console_routes(
+                self.service,
+                render=self.render,
+                page=self.page,
+                read_form=self.read_form,
+                one=self.one,
+                back=self.back,
+                thread=self.thread,
+                client=client_address,
+            ),
+            *partner_console_routes(
                 self.service,
                 render=self.render,
                 page=self.page,

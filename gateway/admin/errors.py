@@ -10,6 +10,7 @@ __all__ = [
     "ForbiddenError",
     "InvalidRequestError",
     "OperatorAuthError",
+    "PartnerConflictError",
     "TooManyAttemptsError",
 ]
 
@@ -69,3 +70,12 @@ class InvalidRequestError(AdminError):
     status = 400
     code = "invalid-request"
     default_detail = "The request's parameters are not valid."
+
+
+class PartnerConflictError(AdminError):
+    """Raised when a partner change clashes with what is served: a partner or key id that exists, a key
+    revoked already, a certificate pinned already."""
+
+    status = 409
+    code = "partner-conflict"
+    default_detail = "The change clashes with the partners served now."

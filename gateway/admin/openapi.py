@@ -7,12 +7,13 @@ from typing import Any
 
 from gateway.admin.api import PREFIX
 from gateway.admin.deliveries_api import delivery_paths
+from gateway.admin.partners_api import partner_paths
 
 __all__ = ["admin_paths", "merge_admin"]
 
 _PROBLEM = {"$ref": "#/components/schemas/Problem"}
 #: The problem codes only the admin side answers with.
-ADMIN_CODES = ("forbidden", "csrf-failed", "too-many-login-attempts", "invalid-request")
+ADMIN_CODES = ("forbidden", "csrf-failed", "too-many-login-attempts", "invalid-request", "partner-conflict")
 _SECURITY = [{"operatorSession": []}, {"operatorBasic": []}]
 
 
@@ -280,6 +281,11 @@ def admin_paths() -> dict[str, Any]:
                     "allOf": [
                         ref("AdminDocument"),
                         _obj(
+                            auth={
+                                "type": ["string", "null"],
+                                "description": "how the partner authenticated: key:<key id>, "
+                                "certificate:sha256:<fingerprint>, or both joined with +",
+                            },
                             history={"type": "array"},
                             timeline={"type": "array"},
                             lineage={"type": "object"},
@@ -362,6 +368,7 @@ def merge_admin(document: dict[str, Any]) -> dict[str, Any]:
     """Add the admin API to an OpenAPI document (in place; returned)."""
     document.setdefault("paths", {}).update(admin_paths())
     document["paths"].update(delivery_paths(PREFIX, _SECURITY, _problem))
+    document["paths"].update(partner_paths(PREFIX, _SECURITY, _problem))
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(admin_schemas())

@@ -179,6 +179,7 @@ def document(engine: sa.Engine, message_id: str) -> dict[str, Any] | None:
         {
             "doc_namespace": row.doc_namespace,
             "idempotency_key": row.idempotency_key,
+            "auth": row.auth,
             "receipt": json.loads(row.receipt) if row.receipt else None,
             "document": unpack_xml(row.document),
             "reply": unpack_xml(row.reply),

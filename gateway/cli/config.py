@@ -50,9 +50,10 @@ def register(
     p.add_argument("--name", required=True, help="the operator's login name")
     p.add_argument(
         "--role",
-        choices=["viewer", "operator"],
+        choices=["viewer", "operator", "admin"],
         default="viewer",
-        help="viewer reads; operator also replays, deletes, moves and purges (default: viewer)",
+        help="viewer reads; operator also replays, deletes, moves and purges; admin also manages partners, "
+        "keys and certificates (default: viewer)",
     )
     p.set_defaults(func=cmd_operator_new)
 

@@ -43,15 +43,16 @@ from gateway.marked import (
 
 __all__ = ["AdminSettings", "Operator", "apply_sections", "ROLES"]
 
-#: ``viewer`` reads; ``operator`` also acts (replay, delete, move, purge).
-ROLES = ("viewer", "operator")
+#: ``viewer`` reads; ``operator`` also acts (replay, delete, move, purge); ``admin`` also manages partners,
+#: their keys and pinned certificates.
+ROLES = ("viewer", "operator", "admin")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 SECTIONS = {"operators", "admin", "logging"}
 
 
 @dataclass(frozen=True)
 class Operator:
-    """One configured operator: ``name``, ``role`` (viewer or operator) and the scrypt ``hash`` of its secret."""
+    """One configured operator: ``name``, ``role`` (viewer, operator or admin) and the scrypt ``hash`` of its secret."""
 
     name: str
     role: str

@@ -79,6 +79,7 @@ def new_document(
     receipt: dict[str, Any],
     digest: str,
     facts: str | None = None,
+    auth: str | None = None,
 ) -> NewDocument:
     """The ledger row of an accepted document, with its receipt."""
     return NewDocument(
@@ -97,4 +98,5 @@ def new_document(
         facts=facts,
         facts_version=warehouse_facts.VERSION if facts is not None else None,
         digest=digest,
+        auth=auth,
     )

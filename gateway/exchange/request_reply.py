@@ -98,6 +98,7 @@ class RequestReply:
         digest: str,
         facts: str | None = None,
         warnings: list[dict[str, Any]] | None = None,
+        auth: str | None = None,
     ) -> Outcome:
         exchange = self._exchanges[route.id]
         with exchange.lock:
@@ -116,7 +117,18 @@ class RequestReply:
             ledger.insert(
                 conn,
                 new_document(
-                    route, partner, message_id, correlation, key, doc_id, document, received_at, receipt, digest, facts
+                    route,
+                    partner,
+                    message_id,
+                    correlation,
+                    key,
+                    doc_id,
+                    document,
+                    received_at,
+                    receipt,
+                    digest,
+                    facts,
+                    auth,
                 ),
             )
 

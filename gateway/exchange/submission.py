@@ -255,8 +255,10 @@ class Gateway:
         charset: str | None = None,
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
+        auth: str | None = None,
     ) -> Outcome:
-        """Accept one document (see the module docstring); raises a GatewayError subclass when refused."""
+        """Accept one document (see the module docstring); raises a GatewayError subclass when refused.
+        *auth* is how the partner authenticated (the ledger row keeps it)."""
         received_at = now_ms()
         if self._intake_pool is not None and len(body) <= self.inline_max_bytes:
             self._in_pool += 1
@@ -328,10 +330,21 @@ class Gateway:
         try:
             if route.request_reply:
                 return await self.request_reply.send(
-                    route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings
+                    route,
+                    partner,
+                    message,
+                    correlation,
+                    key,
+                    doc_id,
+                    document,
+                    received_at,
+                    digest,
+                    facts,
+                    warnings,
+                    auth,
                 )
             return await self._one_way(
-                route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings
+                route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings, auth
             )
         except DuplicateDocumentError:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
@@ -358,6 +371,7 @@ class Gateway:
         digest: str,
         facts: str | None = None,
         warnings: list[dict[str, Any]] | None = None,
+        auth: str | None = None,
     ) -> Outcome:
         message.jms_correlation_id = correlation
         session, producer = self._session()
@@ -372,7 +386,18 @@ class Gateway:
             message_id = message.jms_message_id
             receipt = make_receipt(route, message_id, correlation, doc_id, received_at, warnings)
             record = new_document(
-                route, partner, message_id, correlation, key, doc_id, document, received_at, receipt, digest, facts
+                route,
+                partner,
+                message_id,
+                correlation,
+                key,
+                doc_id,
+                document,
+                received_at,
+                receipt,
+                digest,
+                facts,
+                auth,
             )
             ledger = self.ledger
             extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, document)]

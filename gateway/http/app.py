@@ -59,6 +59,7 @@ from gateway.intake.xmlsafe import check_media_type, read_body
 from gateway.ledger.records import LedgerRecord
 from gateway.problems import problem_response
 from gateway.raw_documents import raw_document_response
+from gateway.routing.overlay import attach_overlay
 from gateway.routing.partners import PartnerLimiter
 from gateway.runtime.serving import Runtime, start_stomp
 from gateway.security.attach import attach_key_digests
@@ -286,7 +287,8 @@ class _PartnerApi:
 
     async def accept(self, scope: Any, headers: Any, chunks: AsyncIterator[bytes]) -> Outcome:
         """``POST /v1/documents``: the checks in order (see the module docstring), then the gateway."""
-        partner = await authenticated(self.partners, scope, headers.get("authorization"))
+        identity = await authenticated(self.partners, scope, headers.get("authorization"))
+        partner = identity.partner
         await self.limiter.admit(partner)
         try:
             charset = check_media_type(headers.get("content-type"))
@@ -295,7 +297,7 @@ class _PartnerApi:
             declared = _length(headers.get("content-length"))
             body = await read_body(chunks, self.limits.max_bytes, declared_length=declared)
             return await self.gateway().submit(
-                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key
+                partner, body, charset=charset, correlation_id=correlation, idempotency_key=key, auth=identity.method
             )
         finally:
             self.limiter.release(partner)
@@ -307,7 +309,7 @@ class _PartnerApi:
         return _outcome_raw(await self.accept(scope, _RawHeaders(scope["headers"]), _stream(receive)))
 
     async def _own_record(self, request: Request, refresh: bool) -> LedgerRecord:
-        partner = await authenticated(self.partners, request.scope, request.headers.get("authorization"))
+        partner = (await authenticated(self.partners, request.scope, request.headers.get("authorization"))).partner
         await self.limiter.admit(partner)
         try:
             gw = self.gateway()
@@ -438,6 +440,9 @@ def _lifespan(
             if stomp:
                 listener = await start_stomp(assembly.settings, rt.broker)
         await asyncio.to_thread(attach_key_digests, api.partners, api.runtime)
+        served = await asyncio.to_thread(attach_overlay, api.partners, getattr(api.runtime, "broker", None))
+        if served is not None:  # the partner changes made from the admin side, over the partners file
+            api.partners.adopt(served)
         if freeze_gc:
             gc.collect()
             gc.freeze()

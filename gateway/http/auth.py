@@ -82,8 +82,8 @@ async def authenticate(registry: Any, scope: Any, authorization: str | None) -> 
     return Identity(partner, method)
 
 
-async def authenticated(registry: Any, scope: Any, authorization: str | None) -> Any:
+async def authenticated(registry: Any, scope: Any, authorization: str | None) -> Identity:
     """:func:`authenticate`, the partner and how it was authenticated set in the request's log context."""
     identity = await authenticate(registry, scope, authorization)
     bind(partner=identity.partner.id, auth=identity.method)
-    return identity.partner
+    return identity

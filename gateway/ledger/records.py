@@ -87,6 +87,7 @@ class NewDocument:
     facts: str | None = None  # ledger_contract.facts JSON, extracted at intake (None: the warehouse parses the XML)
     facts_version: int | None = None  # the ledger_contract.facts.VERSION that wrote facts
     digest: str | None = None  # of the body as received (gateway.exchange.submission.document_digest)
+    auth: str | None = None  # how the partner authenticated (gateway.http.auth.Identity.method)
 
 
 @dataclass(slots=True)
@@ -112,6 +113,7 @@ class LedgerRecord:
     document: bytes | None = None
     history: list[tuple[str, int]] | None = None
     digest: str | None = None  # None in rows written before the ledger kept one
+    auth: str | None = None  # how the partner authenticated; None in rows written before the ledger kept it
 
 
 @dataclass(slots=True)
@@ -135,6 +137,7 @@ def _tombstone(row: Any) -> Tombstone:
         partner=m["partner"],
         idempotency_key=m["idempotency_key"],
         digest=m["digest"],
+        auth=m.get("auth"),
         received_at=m["received_at"],
         purged_at=m["purged_at"],
         batch_id=m["batch_id"],
@@ -167,6 +170,7 @@ def _record(row: Any, history: list[tuple[str, int]] | None = None) -> LedgerRec
         document=unpack_xml(m.get("document")),
         history=history,
         digest=m["digest"],
+        auth=m.get("auth"),
     )
 
 
@@ -239,6 +243,7 @@ class Ledger:
                     "facts": doc.facts,
                     "facts_version": doc.facts_version if doc.facts is not None else None,
                     "digest": doc.digest,
+                    "auth": doc.auth,
                 },
             )
         except sa.exc.IntegrityError as exc:

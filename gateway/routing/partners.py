@@ -71,6 +71,8 @@ from gateway.trust.pins import KEY_WINDOW_KEYS, PARTNER_TRUST_KEYS, parse_partne
 __all__ = [
     "ApiKey",
     "DEFAULT_PARTNER_LIMITS",
+    "KEY_ID",
+    "PARTNER_ID",
     "Partner",
     "PartnerLimiter",
     "PartnerLimits",
@@ -87,6 +89,9 @@ DEFAULT_P = 1
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _PARTNER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+#: What a key id and a partner id may be (the admin side checks the ids it is given against them too).
+KEY_ID = _KEY_ID
+PARTNER_ID = _PARTNER_ID
 _TOKEN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.([A-Za-z0-9_-]{16,256})$")
 
 _AUTH_DETAIL = (
@@ -233,10 +238,27 @@ class PartnerRegistry:
         #: the server secret and migrated digests (:meth:`attach`); None: hmac keys cannot verify yet
         self.digests: KeyDigests | None = None
         self.throttle = FailureThrottle()
+        #: key ids revoked from the admin side (gateway.routing.overlay), kept out of ``keys``
+        self.revoked: frozenset[str] = frozenset()
+        #: the store's partner changes this registry serves (gateway.routing.overlay.PartnerOverlay), or None
+        self.overlay: Any = None
 
     def attach(self, digests: KeyDigests) -> None:
         """Check keys with *digests* (the store's server secret and migrated scrypt keys) from now on."""
         self.digests = digests
+
+    #: What :meth:`adopt` keeps of the live registry: its lock, the store's digests and server secret (attached
+    #: once at start), the per-address throttle, the waiting checks per event loop, the count of scrypt checks
+    #: and the store's partner changes. The verified and refused caches are the fresh registry's (empty): a
+    #: revoked key must not stay verified.
+    KEPT = ("_lock", "digests", "throttle", "_loop_state", "verifications", "overlay")
+
+    def adopt(self, fresh: PartnerRegistry) -> None:
+        """Serve *fresh*'s partners, keys and trust from now on (on the event loop: between two requests'
+        checks, so that each is checked against the old content or the new, never a mixture)."""
+        for name, value in vars(fresh).items():
+            if name not in self.KEPT:
+                setattr(self, name, value)
 
     # ----------------------------------------------------------------- configuration
 

@@ -7,8 +7,13 @@ partner registry replaces the old one in one step on the event loop: a request i
 the old registry or the new one, never against a mixture. Remembered key checks go with the old registry,
 so a revoked key fails on its next request. A file that does not parse is logged and the old registry
 kept until a good one is written. Every process does this on its own, so a change reaches all of them
-within the polling interval (plus the time to parse); the file is the one source of truth, kept in
-version control or written by the deployment's own tooling.
+within the polling interval (plus the time to parse); the file is the declaration, kept in version control
+or written by the deployment's own tooling.
+
+Changes made from the admin side (partners added, keys issued and revoked, pins added and removed:
+:mod:`gateway.routing.overlay`) are rows in the store; at the same interval the watcher reads their version
+(the greatest row number, one index look-up) and, when it grew or the file changed, serves the file's
+registry with the rows folded over it, swapped in the same way.
 """
 
 from __future__ import annotations
@@ -23,12 +28,6 @@ from typing import Any
 __all__ = ["PartnersWatcher", "partners_file"]
 
 log = logging.getLogger(__name__)
-
-#: The attributes of a registry that a reload keeps: the lock that guards its caches.
-#: What a reload keeps of the live registry: its lock, the store's digests and server secret (attached once at
-#: start), the per-address throttle, the waiting checks per event loop and the count of scrypt checks. The
-#: verified and refused caches are the fresh registry's (empty): a revoked key must not stay verified.
-_KEPT = ("_lock", "digests", "throttle", "_loop_state", "verifications")
 
 
 def partners_file(settings: Any) -> Path | None:
@@ -59,9 +58,10 @@ class PartnersWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._store_down = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.path is None or self.settings.config_path is None or self._thread is not None or self.interval <= 0:
+        if self._thread is not None or self.interval <= 0:
             return
         self._loop = loop
         self._thread = threading.Thread(target=self._poll, name="b2bgw-partners-watch", daemon=True)
@@ -77,22 +77,48 @@ class PartnersWatcher:
             except Exception:  # the watcher must outlive any one failure
                 log.exception("checking the partners file failed")
 
-    def check(self) -> bool:
-        """Re-read the file if it changed; whether a new registry was scheduled."""
-        assert self.path is not None
+    def _declared(self) -> Any:
+        """The file's registry when the file changed since the last look (None: unchanged, or not readable)."""
+        if self.path is None or self.settings.config_path is None:
+            return None
         stamp = _stamp(self.path)
         if stamp is None or stamp == self._stamp:
-            return False
+            return None
         self._stamp = stamp
         from gateway.config.loader import load_settings
         from gateway.errors import ConfigError
         from gateway.routing.partners import PartnerRegistry
 
         try:
-            fresh = PartnerRegistry.from_settings(load_settings(self.settings.config_path))
+            return PartnerRegistry.from_settings(load_settings(self.settings.config_path))
         except ConfigError as exc:
             log.error("partners not reloaded, the previous ones still apply: %s", exc)
+            return None
+
+    def check(self) -> bool:
+        """Re-read the file if it changed, the store's partner changes if they did; whether a new registry was
+        scheduled."""
+        declared = self._declared()
+        overlay = getattr(self.registry, "overlay", None)
+        if overlay is not None:
+            if declared is not None:
+                overlay.declared = declared
+            try:
+                if declared is None and overlay.current_version() == overlay.version:
+                    self._store_down = False
+                    return False
+                fresh = overlay.rebuild()
+            except Exception as exc:  # the store is away: the partners served stay, said once per outage
+                if not self._store_down:
+                    log.warning("the store's partner changes could not be read, the current partners stay: %s", exc)
+                self._store_down = True
+                self._stamp = None if declared is not None else self._stamp  # the file is read again next time
+                return False
+            self._store_down = False
+        elif declared is None:
             return False
+        else:
+            fresh = declared
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self.apply, fresh)
@@ -103,12 +129,10 @@ class PartnersWatcher:
     def apply(self, fresh: Any) -> None:
         """Make the live registry *fresh*'s content (on the event loop: between two requests' checks)."""
         old_keys, old_partners = set(self.registry.keys), set(self.registry.partners)
-        for name, value in vars(fresh).items():
-            if name not in _KEPT:
-                setattr(self.registry, name, value)
+        self.registry.adopt(fresh)
         new_keys, new_partners = set(self.registry.keys), set(self.registry.partners)
         log.warning(
-            "partners reloaded from %s: %d partners, %d keys (partners added %s, removed %s; keys added "
+            "partners reloaded from %s and the store's partner changes: %d partners, %d keys (partners added %s, removed %s; keys added "
             "%s, removed %s)",
             self.path,
             len(new_partners),

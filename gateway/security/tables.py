@@ -1,10 +1,11 @@
-"""The security tables (ledger migration g0007): the server secret, migrated key digests, login failures."""
+"""The security tables: the server secret, migrated key digests, login failures (ledger migration g0007), and
+the partner changes made from the admin side (g0011)."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["key_digests", "login_failures", "metadata", "server_secrets"]
+__all__ = ["key_digests", "login_failures", "metadata", "partner_changes", "server_secrets"]
 
 metadata = sa.MetaData()
 
@@ -37,4 +38,36 @@ login_failures = sa.Table(
     sa.Column("locked_until", sa.BigInteger, nullable=False),  # epoch ms
     sa.Column("updated_at", sa.BigInteger, nullable=False),
     sa.Index("ix_b2b_login_failures_updated", "updated_at"),
+)
+
+#: Partners, keys and pins changed from the admin side, over partners.yaml: one row per change, in order
+#: (gateway.routing.overlay folds them). ``action``: partner-add, key-issue, key-revoke, pin-add, pin-remove.
+#: The greatest ``seq`` is the version every serving process polls. A key is stored as its scrypt hash only.
+partner_changes = sa.Table(
+    "b2b_partner_changes",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.BigInteger, nullable=False),  # epoch ms
+    sa.Column("operator", sa.String(64), nullable=False),
+    sa.Column("action", sa.String(20), nullable=False),
+    sa.Column("partner", sa.String(100), nullable=False),
+    sa.Column("key_id", sa.String(64)),
+    sa.Column("sha256", sa.String(64)),
+    sa.Column("data", sa.Text),  # JSON: name; hash, label, not_before, not_after (epoch ms); pin label
+    # a key id issued once, a partner added once, whichever process is first
+    sa.Index(
+        "ux_b2b_partner_changes_key",
+        "key_id",
+        unique=True,
+        sqlite_where=sa.text("action = 'key-issue'"),
+        postgresql_where=sa.text("action = 'key-issue'"),
+    ),
+    sa.Index(
+        "ux_b2b_partner_changes_partner",
+        "partner",
+        unique=True,
+        sqlite_where=sa.text("action = 'partner-add'"),
+        postgresql_where=sa.text("action = 'partner-add'"),
+    ),
+    sqlite_autoincrement=True,
 )

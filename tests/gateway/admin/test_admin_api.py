@@ -398,6 +398,7 @@ async def test_a_document_has_its_history_timeline_request_and_reply(admin_env):
     await wait_status(admin_env, mid, "replied")  # the reply is recorded just after it is answered
     doc = (await c.get(f"{API}/documents/{mid}", headers=BOB)).json()
     assert doc["status"] == "replied" and doc["doc_id"] == "PO-777" and doc["partner"] == "acme"
+    assert doc["auth"] == "key:acme-demo"  # the key's id, never the key
     assert [h["status"] for h in doc["history"]] == ["accepted", "replied"]
     assert [s["step"] for s in doc["timeline"]][:3] == ["received", "accepted", "replied"]
     assert "<cbc:ID>PO-777</cbc:ID>" in doc["document"]["xml"] and "OrderResponse" in doc["reply"]["xml"]
@@ -408,6 +409,20 @@ async def test_a_document_has_its_history_timeline_request_and_reply(admin_env):
     r = await c.get(f"{API}/documents/{mid}/request", headers=BOB)
     assert r.content == with_id(ORDER, "PO-777")
     assert (await c.get(f"{API}/documents/ID:none", headers=BOB)).status_code == 404
+
+
+async def test_a_document_says_which_key_sent_it_in_the_api_and_on_the_console(admin_env):
+    from gwtest import GLOBEX_KEY
+
+    [mid] = await post_invoices(admin_env, "INV-AUTH")
+    assert admin_env.gateway.ledger.get(mid).auth == "key:globex-demo"
+    doc = (await admin_env.client.get(f"{API}/documents/{mid}", headers=BOB)).json()
+    assert doc["auth"] == "key:globex-demo"
+    await console_login(admin_env, "bob", "bob-secret-22")
+    page = await admin_env.client.get(f"/console/ledger/{mid}")
+    assert page.status_code == 200
+    assert '<dd class="id" id="auth">key:globex-demo</dd>' in page.text
+    assert GLOBEX_KEY.split(".", 1)[1] not in page.text and GLOBEX_KEY.split(".", 1)[1] not in str(doc)
 
 
 async def test_partners_and_routes_count_documents_by_status(admin_env):

@@ -54,8 +54,8 @@ def test_migration_makes_exactly_the_contract_tables(broker):
     from alembic.migration import MigrationContext
 
     engine = broker.engine
-    assert current_revision(engine) == head_revision() == "g0009"
-    assert upgrade_ledger(engine) == "g0009"  # idempotent
+    assert current_revision(engine) == head_revision() == "g0011"
+    assert upgrade_ledger(engine) == "g0011"  # idempotent
     with engine.connect() as conn:
         ctx = MigrationContext.configure(
             conn, opts={"include_name": lambda name, type_, parent: type_ != "table" or name in metadata.tables}

@@ -11,7 +11,9 @@ import time
 import httpx
 import pytest
 from gwtest import ACME_KEY, GLOBEX_KEY, ORDER_CHANGE, with_id
-from trust_helpers import Served, make_pki, trust_config
+from trust_helpers import Served, fingerprint, make_pki, trust_config
+
+from gateway.trust.peer import PeerCertificate
 
 XML = {"Content-Type": "application/xml"}
 
@@ -222,6 +224,49 @@ def test_the_log_says_how_each_partner_was_authenticated(served):
         time.sleep(0.2)
     assert "certificate:sha256:" in text
     assert "key:acme-demo" in text
+
+
+def _ledger_auth(server: Served, message_id: str) -> str | None:
+    import sqlalchemy as sa
+
+    from ledger_contract.tables import documents
+
+    engine = sa.create_engine(f"sqlite:///{server.log.parent / 'gw.db'}")
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(documents.c.auth).where(documents.c.message_id == message_id)).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def _logged_with(server: Served, message_id: str) -> str:
+    """The log lines about the request that *message_id* was accepted from."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in server.log.read_text(errors="replace").splitlines() if message_id in line]
+        if lines or time.monotonic() > deadline:
+            return "\n".join(lines)
+        time.sleep(0.2)
+
+
+def test_the_ledger_and_the_log_line_say_which_credential_sent_each_document(served):
+    server, pki, keys = served
+    by_key = _post(server, _bearer(ACME_KEY))
+    by_cert = _post(server, {}, cert=pki.client("initech"))
+    by_both = _post(server, _bearer(keys.umbrella), cert=pki.client("umbrella"))
+    assert by_key.status_code == by_cert.status_code == by_both.status_code == 202
+    initech = PeerCertificate.from_pem(pki.client("initech").read_text()).sha256
+    umbrella = fingerprint(pki.client("umbrella"))
+    expected = {
+        by_key.headers["x-message-id"]: "key:acme-demo",
+        by_cert.headers["x-message-id"]: f"certificate:sha256:{initech}",
+        by_both.headers["x-message-id"]: f"key:umbrella-1+certificate:sha256:{umbrella}",
+    }
+    for message_id, auth in expected.items():
+        assert _ledger_auth(server, message_id) == auth
+        assert auth in _logged_with(server, message_id)
+    text = server.log.read_text(errors="replace") + str(expected)
+    assert ACME_KEY.split(".", 1)[1] not in text and keys.umbrella.split(".", 1)[1] not in text
 
 
 def test_plain_http_to_the_https_listener_is_answered_clearly(served):
