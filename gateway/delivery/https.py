@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from gateway.delivery.addresses import AddressPolicy, parse_networks
+from gateway.delivery.addresses import AddressPolicy, parse_policy
 from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.signing import parse_secret, signature_headers
 from gateway.delivery.transport import AttemptResult, OutboundRequest, register_transport
@@ -150,16 +150,6 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
         minimum=0,
         maximum=16 * 1024 * 1024,
     )
-    allow = parse_networks(
-        expect_list(body.get("allow_addresses"), body.at("allow_addresses"), f"{what} allow_addresses"),
-        body.at("allow_addresses"),
-        f"{what} allow_addresses",
-    )
-    deny = parse_networks(
-        expect_list(body.get("deny_addresses"), body.at("deny_addresses"), f"{what} deny_addresses"),
-        body.at("deny_addresses"),
-        f"{what} deny_addresses",
-    )
     cert, key = _path(body, "client_cert", what), _path(body, "client_key", what)
     if key and not cert:
         raise body.at("client_key").error(f"{what}: client_key needs client_cert")
@@ -174,7 +164,7 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
         secrets,
         redirects,
         max_body,
-        AddressPolicy(allow, deny),
+        parse_policy(body, f"{what} "),
     )
     try:
         _ssl_context(endpoint)
@@ -277,15 +267,9 @@ class HttpsTransport:
         return AttemptResult("failed", None, f"more than {MAX_REDIRECTS} redirects")
 
     async def _post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, str | None, float | None, str]:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or 443
-        address = await self.endpoint.addresses.resolve(host, port)
-        shown = f"[{address}]" if ":" in address else address
-        target = parts._replace(netloc=f"{shown}:{port}").geturl()
-        host_header = host if parts.port in (None, 443) else f"{host}:{port}"
+        target, host_header, extensions = await self.endpoint.addresses.pin(url)
         request = self._client.build_request(
-            "POST", target, content=body, headers={**headers, "host": host_header}, extensions={"sni_hostname": host}
+            "POST", target, content=body, headers={**headers, "host": host_header}, extensions=extensions
         )
         response = await self._client.send(request, stream=True)
         try:

@@ -54,6 +54,7 @@ from gateway.config.loader import (
     expect_mapping,
     expect_str,
 )
+from gateway.delivery.addresses import AddressPolicy
 from gateway.delivery.config import NO_DELIVERY, PartnerDelivery, parse_partner_delivery
 from gateway.errors import (
     AuthenticationBusyError,
@@ -243,10 +244,16 @@ class PartnerRegistry:
     def from_settings(cls, settings: Settings) -> PartnerRegistry:
         """Build the registry from the ``partners:`` section (and the partners file's ``defaults:``);
         ConfigError with file and line."""
-        return cls.from_mapping(settings.partners, getattr(settings, "partner_defaults", None))
+        return cls.from_mapping(
+            settings.partners,
+            getattr(settings, "partner_defaults", None),
+            getattr(settings, "delivery_addresses", None),
+        )
 
     @classmethod
-    def from_mapping(cls, section: MarkedDict, defaults: MarkedDict | None = None) -> PartnerRegistry:
+    def from_mapping(
+        cls, section: MarkedDict, defaults: MarkedDict | None = None, addresses: AddressPolicy | None = None
+    ) -> PartnerRegistry:
         base = DEFAULT_PARTNER_LIMITS
         if defaults:
             check_keys(defaults, {"limits"}, "defaults")
@@ -275,7 +282,7 @@ class PartnerRegistry:
             )
             as2 = parse_partner_as2(partner_id, entry["as2"], entry.at("as2")) if "as2" in entry else None
             partners[partner_id] = Partner(
-                partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id), as2
+                partner_id, name, enabled, limits, parse_partner_delivery(entry, partner_id, addresses), as2
             )
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):
