@@ -18,6 +18,11 @@ took a page of its own.
 ``digest`` is ``sha256:`` and the hex SHA-256 of the body as received: a document posted again under the same
 ``idempotency_key`` is the same document only if its digest is. Rows written before the column have none; the
 partial index ``ix_b2b_ledger_undigested`` finds them without reading the table.
+
+Outbound documents (the gateway's deliveries to partners) live in ``b2b_deliveries``, defined and migrated by the
+gateway; :data:`outbound` is what the warehouse reads of it. When a delivery is delivered, the gateway appends a
+``delivered`` event under the delivery's id to ``b2b_ledger_events`` in the transaction that records it, so the
+event log orders inbound and outbound documents alike.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "documents",
     "events",
     "metadata",
+    "outbound",
     "pack_xml",
     "tombstones",
     "unpack_xml",
@@ -50,6 +56,17 @@ metadata = sa.MetaData()
 STATUSES = ("accepted", "delivered", "replied", "failed", "dead_lettered")
 #: Statuses after which a document counts as a delivered transaction.
 DELIVERED_STATUSES = ("delivered", "replied")
+
+#: What a reader of the ledger sees of the outbound documents, by their delivery id (the table is the gateway's:
+#: it may be absent from a database the gateway's deliveries never used).
+outbound = sa.table(
+    "b2b_deliveries",
+    sa.column("message_id", sa.String),
+    sa.column("partner", sa.String),  # the receiving partner
+    sa.column("doc_type", sa.String),
+    sa.column("created_at", sa.BigInteger),
+    sa.column("document", sa.LargeBinary),
+)
 
 #: The first bytes of an LZ4 frame; no UTF-8 XML document starts with them (U+0004 is not an XML character).
 LZ4_MAGIC = b"\x04\x22\x4d\x18"

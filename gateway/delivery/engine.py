@@ -107,6 +107,8 @@ class DeliveryEngine:
 
     async def _main(self) -> None:
         self._stopping = asyncio.Event()
+        if self.ledger is not None:
+            await asyncio.to_thread(lambda: self.ledger.has_events)  # looked up once, off the loop
         connection = self.broker.connect(client_id=None)
         connection.start()
         try:
@@ -228,6 +230,8 @@ class DeliveryEngine:
             )
             if last.outcome == "delivered":
                 fns = [DeliveryLedger.record_attempt(delivery_id, step, "delivered")] if self.ledger else []
+                if self.ledger is not None and self.ledger.has_events:
+                    fns.append(DeliveryLedger.delivered_event(delivery_id, step.at))
                 await session.commit_async(in_transaction=fns)  # type: ignore[attr-defined]
                 self.metrics.delivered(config, time.time() - queued_at / 1000)
                 return

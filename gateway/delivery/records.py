@@ -7,6 +7,7 @@ queued, and marked delivered if and only if its message was acknowledged.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from broker_core import sql
 from broker_core.clock import now_ms
 from gateway.delivery.tables import attempts, deliveries
+from ledger_contract.tables import events
 
 __all__ = ["Attempt", "DeliveryLedger", "DeliveryRow", "EndpointSummary", "now_ms", "upgrade_deliveries"]
 
@@ -90,7 +92,22 @@ class DeliveryLedger:
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
 
+    @functools.cached_property
+    def has_events(self) -> bool:
+        """Whether the ledger's event log is in this database (always, where a gateway serves)."""
+        return sa.inspect(self.engine).has_table(events.name)
+
     # ------------------------------------------------------------------ writes (inside a store transaction)
+
+    @staticmethod
+    def delivered_event(message_id: str, at: int) -> Callable[[sa.Connection], None]:
+        """An outbound document's ``delivered`` event in the ledger's event log, where the warehouse load finds
+        it; written in the transaction that marks the delivery delivered, so the log orders it like any other."""
+
+        def run(conn: sa.Connection) -> None:
+            conn.execute(events.insert().values(message_id=message_id, status="delivered", at=at))
+
+        return run
 
     @staticmethod
     def insert(
