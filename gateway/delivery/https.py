@@ -208,27 +208,40 @@ def classify(status: int) -> str:
 
 
 class HttpsTransport:
-    """One endpoint's client: a connection pool of its own, reused between attempts to the same address."""
+    """One endpoint's clients: one per attempt in progress, each with one connection kept alive between the
+    attempts it makes (a pool of one is never searched, and a free client is found by a list's pop)."""
 
     kind: ClassVar[str] = "https"
 
     def __init__(self, endpoint: HttpsEndpoint) -> None:
         self.endpoint = endpoint
-        self._client = httpx.AsyncClient(
-            verify=_ssl_context(endpoint),
+        self._context = _ssl_context(endpoint)
+        self._idle: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient] = []
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._idle:
+            return self._idle.pop()
+        client = httpx.AsyncClient(
+            verify=self._context,
             follow_redirects=False,
             trust_env=False,
-            timeout=httpx.Timeout(endpoint.timeout, connect=endpoint.connect_timeout),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            timeout=httpx.Timeout(self.endpoint.timeout, connect=self.endpoint.connect_timeout),
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
         )
+        self._clients.append(client)
+        return client
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        clients, self._clients, self._idle = self._clients, [], []
+        for client in clients:
+            await client.aclose()
 
     async def send(self, request: OutboundRequest) -> AttemptResult:
+        client = self._client()
         try:
             async with asyncio.timeout(request.timeout):
-                return await self._send(request)
+                return await self._send(client, request)
         except TimeoutError:
             return AttemptResult("retry", None, f"no answer within {request.timeout:g} s")
         except BlockedAddressError as exc:
@@ -239,8 +252,10 @@ class HttpsTransport:
             )
         except OSError as exc:
             return AttemptResult("retry", None, clip(f"network error: {exc}", 300))
+        finally:
+            self._idle.append(client)
 
-    async def _send(self, request: OutboundRequest) -> AttemptResult:
+    async def _send(self, client: httpx.AsyncClient, request: OutboundRequest) -> AttemptResult:
         url = self.endpoint.url
         headers = {
             "content-type": request.content_type,
@@ -249,7 +264,7 @@ class HttpsTransport:
             **signature_headers(self.endpoint.secrets, request.delivery_id, request.body),
         }
         for _hop in range(MAX_REDIRECTS + 1):
-            status, location, retry_after, text = await self._post(url, headers, request.body)
+            status, location, retry_after, text = await self._post(client, url, headers, request.body)
             if 300 <= status < 400 and location:
                 target = urljoin(url, location)
                 if self.endpoint.redirects == "same-origin" and _origin(target) == _origin(url):
@@ -266,12 +281,14 @@ class HttpsTransport:
             return AttemptResult(outcome, status, clip(detail, 300), honoured)  # type: ignore[arg-type]
         return AttemptResult("failed", None, f"more than {MAX_REDIRECTS} redirects")
 
-    async def _post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, str | None, float | None, str]:
+    async def _post(
+        self, client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str | None, float | None, str]:
         target, host_header, extensions = await self.endpoint.addresses.pin(url)
-        request = self._client.build_request(
+        request = client.build_request(
             "POST", target, content=body, headers={**headers, "host": host_header}, extensions=extensions
         )
-        response = await self._client.send(request, stream=True)
+        response = await client.send(request, stream=True)
         try:
             text = await self._read_bounded(response)
         finally:
