@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -84,13 +85,13 @@ class AddressPolicy:
             )
 
     async def resolve(self, host: str, port: int) -> str:
-        """Resolve *host* once and return the address to connect to; every address it has must be allowed."""
+        """Resolve *host* (or take its answer of the last few seconds) and return the address to connect to;
+        every address it has must be allowed."""
         try:
             ipaddress.ip_address(host)
             addresses = [host]
         except ValueError:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            addresses = await _lookup(host, port)
         if not addresses:
             raise OSError(f"{host} has no address")
         for address in addresses:
@@ -110,6 +111,26 @@ class AddressPolicy:
         named = f"[{host}]" if ":" in host else host
         host_header = named if parts.port in (None, default) else f"{named}:{port}"
         return target, host_header, ({"sni_hostname": host} if parts.scheme == "https" else {})
+
+
+#: how long a host's addresses are reused (seconds): every attempt still checks them and connects to them,
+#: so the cache saves the resolver's round trip (a thread of the loop's executor) and nothing else
+RESOLVE_TTL = 5.0
+_RESOLVED: dict[tuple[str, int], tuple[float, list[str]]] = {}
+_RESOLVED_MAX = 1024
+
+
+async def _lookup(host: str, port: int) -> list[str]:
+    now = time.monotonic()
+    hit = _RESOLVED.get((host, port))
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if len(_RESOLVED) >= _RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[(host, port)] = (now + RESOLVE_TTL, addresses)
+    return addresses
 
 
 def parse_policy(section: MarkedDict, what: str) -> AddressPolicy:

@@ -3,7 +3,9 @@ read from a real configuration and enforced by the engine against real sockets o
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import ipaddress
 import os
 import socket
 
@@ -13,6 +15,9 @@ from test_https_delivery import DOC, run
 
 from broker_core import Broker
 from gateway.config.loader import settings_from_mapping
+from gateway.delivery import addresses
+from gateway.delivery.addresses import AddressPolicy
+from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.records import upgrade_deliveries
 from gateway.errors import ConfigError
 from gateway.marked import load_yaml
@@ -106,3 +111,27 @@ def test_an_unknown_key_of_the_section_is_refused(tmp_path):
     with pytest.raises(ConfigError) as caught:
         settings_from_mapping(load_yaml(text="delivery:\n  allow: [10.0.0.0/8]\n", name="b2bgw.yaml"))
     assert "allow" in caught.value.detail
+
+
+@pytest.mark.parametrize(("ttl", "lookups"), [(5.0, 1), (0.0, 3)])
+def test_a_host_is_resolved_once_within_the_ttl_and_checked_every_time(monkeypatch, ttl, lookups):
+    calls = []
+
+    async def getaddrinfo(self, host, port, **kw):
+        calls.append((host, port))
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.1.2.3", port))]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(addresses, "_RESOLVED", {})
+    monkeypatch.setattr(addresses, "RESOLVE_TTL", ttl)
+    allowed = AddressPolicy(allow=(ipaddress.ip_network("10.0.0.0/8"),))
+    denied = allowed.within(AddressPolicy(deny=(ipaddress.ip_network("10.1.0.0/16"),)))
+
+    async def attempts() -> None:
+        assert await allowed.resolve("partner.example", 443) == "10.1.2.3"
+        assert await allowed.resolve("partner.example", 443) == "10.1.2.3"
+        with pytest.raises(BlockedAddressError, match="delivery.deny_addresses"):
+            await denied.resolve("partner.example", 443)
+
+    asyncio.run(attempts())
+    assert calls == [("partner.example", 443)] * lookups
