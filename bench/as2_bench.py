@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -176,6 +177,7 @@ def _outbound(folder: Path, ours, partner, count: int) -> None:
     from gateway.as2.cms import Identity
     from gateway.as2.config import As2Settings
     from gateway.as2.outbound import As2Endpoint, OutboundRequest, send_message
+    from gateway.delivery.addresses import AddressPolicy
 
     options = folder / "receiver.json"
     options.write_text(
@@ -198,7 +200,8 @@ def _outbound(folder: Path, ours, partner, count: int) -> None:
     try:
         port = next(json.loads(line) for line in process.stdout if line.startswith(b"{"))["port"]
         cert = x509.load_pem_x509_certificate(partner.cert.read_bytes())
-        endpoint = As2Endpoint(f"http://127.0.0.1:{port}/as2", "ACME-AS2", (cert,), cert)
+        loopback = AddressPolicy(allow=(ipaddress.ip_network("127.0.0.0/8"),))  # the receiver runs on this machine
+        endpoint = As2Endpoint(f"http://127.0.0.1:{port}/as2", "ACME-AS2", (cert,), cert, addresses=loopback)
         key = serialization.load_pem_private_key(ours.key.read_bytes(), None)
         settings = As2Settings(OUR_ID, Identity(key, x509.load_pem_x509_certificate(ours.cert.read_bytes())))
 

@@ -14,6 +14,7 @@ Goal of (1): at least 1,000 deliveries/s with one endpoint and ``concurrency: 8`
 Usage::
 
     .venv/bin/python bench/delivery_bench.py [--deliveries 3000] [--seconds 10] [--rate 200] [--connections 32]
+        [--only 1|2|3]
 
 The receiver is uvicorn in a subprocess with a certificate from trustme; the store is SQLite
 (``synchronous=FULL``) in a temporary folder. Everything talks to 127.0.0.1 only and stops by itself.
@@ -255,6 +256,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of (2) and of each run of (3)")
     parser.add_argument("--rate", type=float, default=200.0, help="deliveries queued per second in (2)")
     parser.add_argument("--connections", type=int, default=32, help="clients of (3)")
+    parser.add_argument("--only", choices=("1", "2", "3"), help="run only this part (part 1: one endpoint only)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="b2bgw-delivery-bench-"))
     print(
@@ -262,28 +264,31 @@ def main() -> int:
         f"load average before: {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    for n in (1, 16):
-        r = drain(folder, args.deliveries, n)
+    if args.only in (None, "1"):
+        for n in (1,) if args.only else (1, 16):
+            r = drain(folder, args.deliveries, n)
+            print(
+                f"1. {n:2d} endpoint(s), concurrency 8: {r['rate']:.0f} deliveries/s ({args.deliveries} in "
+                f"{r['elapsed']:.1f} s), engine CPU {r['cpu_ms']:.2f} ms per delivery",
+                flush=True,
+            )
+    if args.only in (None, "2"):
+        r = latency(folder, args.seconds, args.rate)
         print(
-            f"1. {n:2d} endpoint(s), concurrency 8: {r['rate']:.0f} deliveries/s ({args.deliveries} in "
-            f"{r['elapsed']:.1f} s), engine CPU {r['cpu_ms']:.2f} ms per delivery",
+            f"2. commit to receipt at {args.rate:g}/s: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
+            f"({r['count']:.0f} deliveries)",
             flush=True,
         )
-    r = latency(folder, args.seconds, args.rate)
-    print(
-        f"2. commit to receipt at {args.rate:g}/s: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
-        f"({r['count']:.0f} deliveries)",
-        flush=True,
-    )
-    without = inbound(folder, args.seconds, args.connections, deliver=False)
-    print(f"3. inbound one-way without deliveries: {without['rate']:.0f} orders/s", flush=True)
-    with_ = inbound(folder, args.seconds, args.connections, deliver=True)
-    print(
-        f"   inbound one-way with each order delivered: {with_['rate']:.0f} orders/s "
-        f"({with_['rate'] / without['rate'] * 100:.0f}% of without; {with_['delivered_during_run']:.0f} "
-        "delivered by the end)",
-        flush=True,
-    )
+    if args.only in (None, "3"):
+        without = inbound(folder, args.seconds, args.connections, deliver=False)
+        print(f"3. inbound one-way without deliveries: {without['rate']:.0f} orders/s", flush=True)
+        with_ = inbound(folder, args.seconds, args.connections, deliver=True)
+        print(
+            f"   inbound one-way with each order delivered: {with_['rate']:.0f} orders/s "
+            f"({with_['rate'] / without['rate'] * 100:.0f}% of without; {with_['delivered_during_run']:.0f} "
+            "delivered by the end)",
+            flush=True,
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -22,6 +22,11 @@ partial index ``ix_b2b_ledger_undigested`` finds them without reading the table.
 ``auth`` is how the partner authenticated the request: ``key:<key id>``, ``certificate:sha256:<fingerprint>``
 or both joined with ``+`` (the key itself is never stored); NULL in rows written before the column, and for
 documents that came otherwise (AS2 messages are signed, not authenticated by key or pin).
+
+Outbound documents (the gateway's deliveries to partners) live in ``b2b_deliveries``, defined and migrated by the
+gateway; :data:`outbound` is what the warehouse reads of it. When a delivery is delivered, the gateway appends a
+``delivered`` event under the delivery's id to ``b2b_ledger_events`` in the transaction that records it, so the
+event log orders inbound and outbound documents alike.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ __all__ = [
     "documents",
     "events",
     "metadata",
+    "outbound",
     "pack_xml",
     "tombstones",
     "unpack_xml",
@@ -54,6 +60,17 @@ metadata = sa.MetaData()
 STATUSES = ("accepted", "delivered", "replied", "failed", "dead_lettered")
 #: Statuses after which a document counts as a delivered transaction.
 DELIVERED_STATUSES = ("delivered", "replied")
+
+#: What a reader of the ledger sees of the outbound documents, by their delivery id (the table is the gateway's:
+#: it may be absent from a database the gateway's deliveries never used).
+outbound = sa.table(
+    "b2b_deliveries",
+    sa.column("message_id", sa.String),
+    sa.column("partner", sa.String),  # the receiving partner
+    sa.column("doc_type", sa.String),
+    sa.column("created_at", sa.BigInteger),
+    sa.column("document", sa.LargeBinary),
+)
 
 #: The first bytes of an LZ4 frame; no UTF-8 XML document starts with them (U+0004 is not an XML character).
 LZ4_MAGIC = b"\x04\x22\x4d\x18"

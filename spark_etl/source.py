@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from broker_core.sql import make_engine, relative_sqlite_path
 from ledger_contract import facts as ledger_facts
 from ledger_contract.tables import DELIVERED_STATUSES, LZ4_MAGIC, documents, events, unpack_xml
+from ledger_contract.tables import outbound as outbound_table
 
 from . import ubl
 from .errors import SparkEtlError
@@ -85,14 +86,18 @@ def _first_delivery(lo: Any, hi: Any) -> sa.Select:
     )
 
 
-def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
+def window_query(lo: int, hi: int, *, content: str = "facts", outbound: bool = False) -> sa.Select:
     """The window's documents by seq: ``(message_id, partner, doc_type, seq,
     received_at, delivered_at, ...)`` and, by *content*:
 
     * ``facts``: ``document, facts``: the facts when they are current (then
       no document), else the document when its type is loaded (else neither);
     * ``reparse``: ``document, facts``: the document of every loaded type, no facts;
-    * ``raw``: ``document``: every document as it is.
+    * ``raw``: ``document``: every document as it is;
+
+    then ``direction``: ``inbound`` for the ledger's documents and, with *outbound*
+    (the database has the gateway's deliveries), ``outbound`` for the deliveries
+    delivered in the window (their partner the receiving one, their facts never stored).
     """
     first = _first_delivery(lo, hi).subquery("f")
     cols: list[Any] = [documents.c.message_id, documents.c.partner, documents.c.doc_type, first.c.seq,
@@ -109,22 +114,49 @@ def window_query(lo: int, hi: int, *, content: str = "facts") -> sa.Select:
                  sa.case((current, documents.c.facts), else_=null)]  # fmt: skip
     else:
         raise ValueError(f"unknown content {content!r}")
-    return (
-        sa.select(*cols).join_from(first, documents, documents.c.message_id == first.c.message_id).order_by(first.c.seq)
+    inbound = sa.select(*cols, sa.literal("inbound").label("direction")).join_from(
+        first, documents, documents.c.message_id == first.c.message_id
     )
+    if not outbound:
+        return inbound.order_by(first.c.seq)
+    out_cols: list[Any] = [outbound_table.c.message_id, outbound_table.c.partner, outbound_table.c.doc_type, first.c.seq,
+                           outbound_table.c.created_at, first.c.at]  # fmt: skip
+    if content == "raw":
+        out_cols.append(outbound_table.c.document)
+    else:
+        out_loaded = outbound_table.c.doc_type.in_(list(ledger_facts.LOADED_TYPES))
+        out_cols += [sa.case((out_loaded, outbound_table.c.document), else_=null), null]
+    sent = (
+        sa.select(*out_cols, sa.literal("outbound").label("direction"))
+        .join_from(first, outbound_table, outbound_table.c.message_id == first.c.message_id)
+        .where(outbound_table.c.doc_type.is_not(None))  # a handler's delivery of no known type
+    )
+    both = sa.union_all(inbound, sent).subquery("w")
+    return sa.select(*both.c).order_by(both.c.seq)
+
+
+def has_outbound(conn: sa.Connection) -> bool:
+    """Whether the database holds the gateway's deliveries (the outbound documents)."""
+    return sa.inspect(conn).has_table(outbound_table.name)
 
 
 def window_counts(conn: sa.Connection, window: Window) -> dict[str, int]:
-    """The ledger's side of reconciliation: documents in the window by doc_type."""
+    """The ledger's side of reconciliation: documents in the window by doc_type (inbound and outbound)."""
     if window.empty:
         return {}
-    first = _first_delivery(window.lo, window.hi).subquery("f")
-    q = (
-        sa.select(documents.c.doc_type, sa.func.count())
-        .select_from(first.join(documents, documents.c.message_id == first.c.message_id))
-        .group_by(documents.c.doc_type)
-    )
-    return {doc_type: int(n) for doc_type, n in conn.execute(q)}
+    out: dict[str, int] = {}
+    tables = [documents, outbound_table] if has_outbound(conn) else [documents]
+    for table in tables:
+        first = _first_delivery(window.lo, window.hi).subquery("f")
+        q = (
+            sa.select(table.c.doc_type, sa.func.count())
+            .select_from(first.join(table, table.c.message_id == first.c.message_id))
+            .where(table.c.doc_type.is_not(None))
+            .group_by(table.c.doc_type)
+        )
+        for doc_type, n in conn.execute(q):
+            out[doc_type] = out.get(doc_type, 0) + int(n)
+    return out
 
 
 def window_size(conn: sa.Connection, window: Window) -> int:
@@ -171,9 +203,9 @@ def _rows(url: str, lo: int, hi: int, *, content: str = "facts", fetch: int = 50
     server-side cursor."""
     engine = make_engine(url, read_only=True)
     try:
-        query = window_query(int(lo), int(hi), content=content)
-        sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
         with engine.connect() as conn:
+            query = window_query(int(lo), int(hi), content=content, outbound=has_outbound(conn))
+            sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
             raw = conn.connection.driver_connection
             if engine.dialect.name == "postgresql":
                 cur = raw.cursor(name=f"b2b_etl_{lo}_{hi}")

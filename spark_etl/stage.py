@@ -135,7 +135,7 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
     o = rows("order")
     if o.num_rows:
         out["fact_order"] = _conform({
-            "message_id": o["message_id"], "partner": o["partner"], "order_id": o["doc_id"],
+            "message_id": o["message_id"], "partner": o["partner"], "direction": o["direction"], "order_id": o["doc_id"],
             "buyer_id": o["party_a_id"], "buyer_name": o["party_a_name"], "seller_id": o["party_b_id"],
             "seller_name": o["party_b_name"], "currency": o["currency"], "line_count": o["ctl_lines"],
             "line_extension_amount": o["line_extension_amount"], "tax_amount": o["tax_amount"],
@@ -149,7 +149,7 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
     c = rows("change", "cancellation")
     if c.num_rows:
         out["fact_order_change"] = _conform({
-            "message_id": c["message_id"], "partner": c["partner"], "order_id": c["order_ref"],
+            "message_id": c["message_id"], "partner": c["partner"], "direction": c["direction"], "order_id": c["order_ref"],
             "change_id": c["doc_id"], "kind": c["kind"], "sequence_number": c["sequence_number"],
             "currency": c["currency"], "line_count": c["ctl_lines"], "line_extension_amount": c["line_extension_amount"],
             "payable_amount": c["payable_amount"], "note": c["note"], "received_at": _ts(c["received_ms"]),
@@ -159,7 +159,7 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
     i = rows("invoice")
     if i.num_rows:
         out["fact_invoice"] = _conform({
-            "message_id": i["message_id"], "partner": i["partner"], "invoice_id": i["doc_id"],
+            "message_id": i["message_id"], "partner": i["partner"], "direction": i["direction"], "invoice_id": i["doc_id"],
             "type_code": i["type_code"], "order_ref": i["order_ref"], "supplier_id": i["party_a_id"],
             "supplier_name": i["party_a_name"], "customer_id": i["party_b_id"], "customer_name": i["party_b_name"],
             "currency": i["currency"], "line_count": i["ctl_lines"],
@@ -190,13 +190,14 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
         if table == "fact_order_line":
             is_order = pc.equal(take("kind"), "order")
             cols = {
-                "message_id": take("message_id"), "partner": take("partner"),
+                "message_id": take("message_id"), "partner": take("partner"), "direction": take("direction"),
                 "order_id": pc.if_else(is_order, take("doc_id"), take("order_ref")),
                 "source_doc_type": pc.if_else(is_order, "Order", "OrderChange"),
                 "line_status": flat.field("line_status"), **lf, "is_current": True, "superseded_by": None,
             }  # fmt: skip
         else:
-            cols = {"message_id": take("message_id"), "partner": take("partner"), "invoice_id": take("doc_id"),
+            cols = {"message_id": take("message_id"), "partner": take("partner"), "direction": take("direction"),
+                    "invoice_id": take("doc_id"),
                     "order_line_ref": flat.field("ref_line_id"), **lf}  # fmt: skip
         cols.update({"ledger_seq": take("ledger_seq"), PARTITION: take("issue_date")})
         out[table] = _conform(cols, table, len(flat))
@@ -395,7 +396,12 @@ def _read(path: str, columns: list[str]) -> pa.Table | None:
     partition column from the directory names), None when there is none."""
     parts = []
     for f in _files(path):
-        tbl = pq.read_table(f, columns=[c for c in columns if c != PARTITION])
+        present = set(pq.read_schema(f).names)
+        tbl = pq.read_table(f, columns=[c for c in columns if c != PARTITION and c in present])
+        for c in columns:  # a column added since the file was written (direction: inbound before it)
+            if c != PARTITION and c not in present:
+                value = "inbound" if c == "direction" else None
+                tbl = tbl.append_column(c, pa.array([value] * tbl.num_rows, pa.string()))
         if PARTITION in columns:
             day = os.path.basename(os.path.dirname(f)).split("=", 1)[1]
             tbl = tbl.append_column(PARTITION, pa.array([_dt.date.fromisoformat(day)] * tbl.num_rows, pa.date32()))
@@ -433,15 +439,18 @@ def read_back(path: str, table: str, lo: int, hi: int) -> dict[str, Any]:
 
 def _party_rows(paths: list[str], table: str) -> pa.Table | None:
     a, name = ("buyer_id", "buyer_name") if table == "fact_order" else ("supplier_id", "supplier_name")
-    cols = ["partner", a, name, PARTITION, "delivered_at", "ledger_seq"]
+    b, b_name = ("seller_id", "seller_name") if table == "fact_order" else ("customer_id", "customer_name")
+    cols = ["partner", "direction", a, name, b, b_name, PARTITION, "delivered_at", "ledger_seq"]
     parts = [t for t in (_read(p, cols) for p in paths) if t is not None]
     if not parts:
         return None
     t = pa.concat_tables(parts, promote_options="permissive")
     n = t.num_rows
     is_order = table == "fact_order"
+    sent = pc.equal(t["direction"], "outbound")  # the partner is the other party of what it was sent
     return pa.table({
-        "partner": t["partner"], "party_id": t[a], "party_name": t[name], PARTITION: t[PARTITION],
+        "partner": t["partner"], "party_id": pc.if_else(sent, t[b], t[a]),
+        "party_name": pc.if_else(sent, t[b_name], t[name]), PARTITION: t[PARTITION],
         "delivered_at": pc.cast(t["delivered_at"], pa.timestamp("us", tz="UTC")), "ledger_seq": t["ledger_seq"],
         "o": pa.array([int(is_order)] * n, pa.int64()), "i": pa.array([int(not is_order)] * n, pa.int64()),
     })  # fmt: skip

@@ -84,6 +84,7 @@ _HEADER = [
     ("ledger_seq", pa.int64()),  # seq of the document's first delivered/replied event
     ("received_ms", pa.int64()),
     ("delivered_ms", pa.int64()),
+    ("direction", pa.string()),  # inbound (the ledger's) | outbound (a delivery to the partner)
     ("outcome", pa.string()),  # ok | quarantined | skipped
     ("reason", pa.string()),  # why quarantined or skipped
     ("kind", pa.string()),  # order | change | cancellation | invoice
@@ -149,6 +150,7 @@ class Doc:
     ledger_seq: int
     received_ms: int
     delivered_ms: int
+    direction: str = "inbound"
     outcome: str = "ok"
     reason: str | None = None
     header: dict[str, Any] = field(default_factory=dict)
@@ -165,10 +167,11 @@ def extract(
     ledger_seq: int = 0,
     received_ms: int = 0,
     delivered_ms: int = 0,
+    direction: str = "inbound",
 ) -> Doc:
     """One ledger document to a :class:`Doc` (``outcome`` ok, skipped or
     quarantined with a reason). Never raises for bad content."""
-    doc = Doc(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms)
+    doc = Doc(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms, direction)
     if doc_type not in KINDS:
         doc.outcome, doc.reason = "skipped", f"{doc_type} is not loaded into the warehouse"
         return doc
@@ -220,6 +223,7 @@ def _build(docs: list[Doc]) -> pa.RecordBatch:
         cols["ledger_seq"][i] = doc.ledger_seq
         cols["received_ms"][i] = doc.received_ms
         cols["delivered_ms"][i] = doc.delivered_ms
+        cols["direction"][i] = doc.direction
         cols["outcome"][i] = doc.outcome
         cols["reason"][i] = doc.reason
         if doc.outcome == "ok":
@@ -251,7 +255,7 @@ def _build(docs: list[Doc]) -> pa.RecordBatch:
 
 # --------------------------------------------------------------------------- facts extracted at the edge
 
-_EXTRACTED = _HEADER[8:]  # kind ... ctl_payable_amount: what the facts hold
+_EXTRACTED = _HEADER[9:]  # kind ... ctl_payable_amount: what the facts hold
 assert [name for name, _ in _EXTRACTED] == list(facts.HEADER_FIELDS)
 assert _LINE_FIELDS == list(facts.LINE_FIELDS)
 
@@ -277,11 +281,13 @@ _FACTS_ERRORS = (BadFactsError, pa.ArrowException, ValueError, TypeError)
 
 def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     """``(message_id, partner, doc_type, ledger_seq, received_ms, delivered_ms,
-    facts)`` tuples (facts: the JSON the gateway stored) to one record batch
-    of :data:`DOC_SCHEMA`, every document ``ok``. Raises :class:`BadFactsError`
-    (or an Arrow error) when a facts value does not read or cast."""
+    facts[, direction])`` tuples (facts: the JSON the gateway stored; direction
+    inbound unless given) to one record batch of :data:`DOC_SCHEMA`, every
+    document ``ok``. Raises :class:`BadFactsError` (or an Arrow error) when a
+    facts value does not read or cast."""
     n = len(rows)
-    mid, partner, doc_type, seq, received, delivered, fact = zip(*rows, strict=False)
+    mid, partner, doc_type, seq, received, delivered, fact = zip(*(r[:7] for r in rows), strict=False)
+    direction = [r[7] if len(r) > 7 else "inbound" for r in rows]
     data = "\n".join(fact).encode("utf-8")
     table = pa_json.read_json(
         io.BytesIO(data),
@@ -293,7 +299,7 @@ def from_facts(rows: list[tuple]) -> pa.RecordBatch:
     arrays = [
         pa.array(mid, pa.string()), pa.array(partner, pa.string()), pa.array(doc_type, pa.string()),
         pa.array(seq, pa.int64()), pa.array(received, pa.int64()), pa.array(delivered, pa.int64()),
-        pa.array(["ok"] * n, pa.string()), pa.nulls(n, pa.string()),
+        pa.array(direction, pa.string()), pa.array(["ok"] * n, pa.string()), pa.nulls(n, pa.string()),
     ]  # fmt: skip
     for name, typ in _EXTRACTED:
         col = table.column(name).combine_chunks()
@@ -320,7 +326,7 @@ def batches(
     documents: Callable[[list[str]], dict[str, bytes]] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Ledger rows ``(message_id, partner, doc_type, ledger_seq, received_ms,
-    delivered_ms, document, facts)`` to record batches of at most
+    delivered_ms, document, facts[, direction])`` to record batches of at most
     *batch_size* documents. A row with *facts* (current, as the reader
     selected them) is read from them, in bulk; any other row is parsed from
     its *document* (None for a type that is not loaded: it is skipped).
@@ -329,12 +335,12 @@ def batches(
     builder = BatchBuilder()
     with_facts: list[tuple] = []
 
-    def parse(row: tuple, document: Any) -> None:
+    def parse(row: tuple, document: Any, direction: str) -> None:
         message_id, partner, doc_type, seq, received, delivered = row[:6]
         if document is not None and not isinstance(document, bytes):
             document = bytes(document)
         builder.add(extract(document, message_id=message_id, partner=partner, doc_type=doc_type, ledger_seq=seq,
-                            received_ms=received, delivered_ms=delivered))  # fmt: skip
+                            received_ms=received, delivered_ms=delivered, direction=direction))  # fmt: skip
 
     def flush_facts() -> Iterator[pa.RecordBatch]:
         chunk = with_facts[:]
@@ -360,17 +366,18 @@ def batches(
             yield from_facts(good)
         xml = documents([r[0] for r in bad])
         for row in bad:
-            parse(row, xml.get(row[0]))
+            parse(row, xml.get(row[0]), row[7])
             if len(builder) >= batch_size:
                 yield builder.flush()
 
     for row in rows:
+        direction = row[8] if len(row) > 8 else "inbound"
         if row[7] is not None:
-            with_facts.append((*row[:6], row[7]))
+            with_facts.append((*row[:6], row[7], direction))
             if len(with_facts) >= batch_size:
                 yield from flush_facts()
         else:
-            parse(row, row[6])
+            parse(row, row[6], direction)
             if len(builder) >= batch_size:
                 yield builder.flush()
     if with_facts:

@@ -52,7 +52,7 @@ KEY = ["partner", "order_id"]
 
 _DDL = {
     "fact_order": f"""
-        message_id string, partner string, order_id string, buyer_id string, buyer_name string,
+        message_id string, partner string, direction string, order_id string, buyer_id string, buyer_name string,
         seller_id string, seller_name string, currency string, line_count int,
         line_extension_amount {AMOUNT}, tax_amount {AMOUNT}, allowance_total_amount {AMOUNT},
         charge_total_amount {AMOUNT}, payable_amount {AMOUNT}, received_at timestamp, delivered_at timestamp,
@@ -60,24 +60,24 @@ _DDL = {
         current_line_count int, current_line_extension_amount {AMOUNT}, current_payable_amount {AMOUNT},
         issue_date date""",
     "fact_order_line": f"""
-        message_id string, partner string, order_id string, source_doc_type string, line_no int, line_id string,
+        message_id string, partner string, direction string, order_id string, source_doc_type string, line_no int, line_id string,
         line_status string, item_id string, item_std_id string, item_name string, quantity {AMOUNT},
         unit_code string, price_amount {AMOUNT}, line_amount {AMOUNT}, tax_amount {AMOUNT}, currency string,
         ledger_seq bigint, is_current boolean, superseded_by string, issue_date date""",
     "fact_order_change": f"""
-        message_id string, partner string, order_id string, change_id string, kind string, sequence_number bigint,
+        message_id string, partner string, direction string, order_id string, change_id string, kind string, sequence_number bigint,
         currency string, line_count int, line_extension_amount {AMOUNT}, payable_amount {AMOUNT}, note string,
         received_at timestamp, delivered_at timestamp, ledger_seq bigint, applied boolean,
         applied_to_message_id string, issue_date date""",
     "fact_invoice": f"""
-        message_id string, partner string, invoice_id string, type_code string, order_ref string,
+        message_id string, partner string, direction string, invoice_id string, type_code string, order_ref string,
         supplier_id string, supplier_name string, customer_id string, customer_name string, currency string,
         line_count int, line_extension_amount {AMOUNT}, tax_exclusive_amount {AMOUNT},
         tax_inclusive_amount {AMOUNT}, tax_amount {AMOUNT}, allowance_total_amount {AMOUNT},
         charge_total_amount {AMOUNT}, prepaid_amount {AMOUNT}, payable_amount {AMOUNT},
         received_at timestamp, delivered_at timestamp, ledger_seq bigint, issue_date date""",
     "fact_invoice_line": f"""
-        message_id string, partner string, invoice_id string, line_no int, line_id string, order_line_ref string,
+        message_id string, partner string, direction string, invoice_id string, line_no int, line_id string, order_line_ref string,
         item_id string, item_std_id string, item_name string, quantity {AMOUNT}, unit_code string,
         price_amount {AMOUNT}, line_amount {AMOUNT}, tax_amount {AMOUNT}, currency string, ledger_seq bigint,
         issue_date date""",
@@ -158,7 +158,7 @@ def fact_rows(docs) -> dict[str, Any]:
     ts = F.timestamp_millis
     none = F.lit(None).cast("string")
     orders = lambda: ok.where(F.col("kind") == "order").select(
-        "message_id", "partner", F.col("doc_id").alias("order_id"),
+        "message_id", "partner", "direction", F.col("doc_id").alias("order_id"),
         F.col("party_a_id").alias("buyer_id"), F.col("party_a_name").alias("buyer_name"),
         F.col("party_b_id").alias("seller_id"), F.col("party_b_name").alias("seller_name"), "currency",
         F.col("ctl_lines").alias("line_count"), "line_extension_amount", "tax_amount", "allowance_total_amount",
@@ -172,22 +172,22 @@ def fact_rows(docs) -> dict[str, Any]:
     is_order = F.col("kind") == "order"
     order_lines = lambda: (
         ok.where(F.col("kind").isin("order", "change"))
-        .select("message_id", "partner", F.when(is_order, F.col("doc_id")).otherwise(F.col("order_ref")).alias("order_id"),
+        .select("message_id", "partner", "direction", F.when(is_order, F.col("doc_id")).otherwise(F.col("order_ref")).alias("order_id"),
                 F.when(is_order, F.lit("Order")).otherwise(F.lit("OrderChange")).alias("source_doc_type"),
                 "ledger_seq", "issue_date", F.explode("lines").alias("l"))
-        .select("message_id", "partner", "order_id", "source_doc_type", "l.line_no", "l.line_id", "l.line_status",
+        .select("message_id", "partner", "direction", "order_id", "source_doc_type", "l.line_no", "l.line_id", "l.line_status",
                 "l.item_id", "l.item_std_id", "l.item_name", "l.quantity", "l.unit_code", "l.price_amount",
                 "l.line_amount", "l.tax_amount", "l.currency", "ledger_seq", F.lit(True).alias("is_current"),
                 none.alias("superseded_by"), "issue_date")
     )  # fmt: skip
     changes = lambda: ok.where(F.col("kind").isin("change", "cancellation")).select(
-        "message_id", "partner", F.col("order_ref").alias("order_id"), F.col("doc_id").alias("change_id"), "kind",
+        "message_id", "partner", "direction", F.col("order_ref").alias("order_id"), F.col("doc_id").alias("change_id"), "kind",
         "sequence_number", "currency", F.col("ctl_lines").alias("line_count"), "line_extension_amount",
         "payable_amount", "note", ts("received_ms").alias("received_at"), ts("delivered_ms").alias("delivered_at"),
         "ledger_seq", F.lit(False).alias("applied"), none.alias("applied_to_message_id"), "issue_date",
     )  # fmt: skip
     invoices = lambda: ok.where(F.col("kind") == "invoice").select(
-        "message_id", "partner", F.col("doc_id").alias("invoice_id"), "type_code", "order_ref",
+        "message_id", "partner", "direction", F.col("doc_id").alias("invoice_id"), "type_code", "order_ref",
         F.col("party_a_id").alias("supplier_id"), F.col("party_a_name").alias("supplier_name"),
         F.col("party_b_id").alias("customer_id"), F.col("party_b_name").alias("customer_name"), "currency",
         F.col("ctl_lines").alias("line_count"), "line_extension_amount", "tax_exclusive_amount",
@@ -197,9 +197,9 @@ def fact_rows(docs) -> dict[str, Any]:
     )  # fmt: skip
     invoice_lines = lambda: (
         ok.where(F.col("kind") == "invoice")
-        .select("message_id", "partner", F.col("doc_id").alias("invoice_id"), "ledger_seq", "issue_date",
-                F.explode("lines").alias("l"))
-        .select("message_id", "partner", "invoice_id", "l.line_no", "l.line_id",
+        .select("message_id", "partner", "direction", F.col("doc_id").alias("invoice_id"), "ledger_seq",
+                "issue_date", F.explode("lines").alias("l"))
+        .select("message_id", "partner", "direction", "invoice_id", "l.line_no", "l.line_id",
                 F.col("l.ref_line_id").alias("order_line_ref"), "l.item_id", "l.item_std_id", "l.item_name",
                 "l.quantity", "l.unit_code", "l.price_amount", "l.line_amount", "l.tax_amount", "l.currency",
                 "ledger_seq", "issue_date")
@@ -303,17 +303,21 @@ def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any,
 
 def dim_partner(orders, invoices):
     """One row per ledger partner: the party it appears as in its own
-    documents (the buyer of its orders, the supplier of its invoices: the
-    latest one by delivery), its first/last issue dates and deliveries, and
-    how many orders and invoices it has in the warehouse."""
+    documents (the buyer of its orders, the supplier of its invoices; the
+    seller and the customer of those it was sent: the latest one by
+    delivery), its first/last issue dates and deliveries, and how many orders
+    and invoices it has in the warehouse, both directions."""
     from pyspark.sql import functions as F
 
+    sent = F.col("direction") == "outbound"
+    party = lambda ours, theirs, name: F.when(sent, F.col(theirs)).otherwise(F.col(ours)).alias(name)
     both = orders.select(
-        "partner", F.col("buyer_id").alias("party_id"), F.col("buyer_name").alias("party_name"), "issue_date",
-        "delivered_at", "ledger_seq", F.lit(1).alias("o"), F.lit(0).alias("i"),
+        "partner", party("buyer_id", "seller_id", "party_id"), party("buyer_name", "seller_name", "party_name"),
+        "issue_date", "delivered_at", "ledger_seq", F.lit(1).alias("o"), F.lit(0).alias("i"),
     ).unionByName(invoices.select(
-        "partner", F.col("supplier_id").alias("party_id"), F.col("supplier_name").alias("party_name"), "issue_date",
-        "delivered_at", "ledger_seq", F.lit(0).alias("o"), F.lit(1).alias("i"),
+        "partner", party("supplier_id", "customer_id", "party_id"),
+        party("supplier_name", "customer_name", "party_name"), "issue_date", "delivered_at", "ledger_seq",
+        F.lit(0).alias("o"), F.lit(1).alias("i"),
     ))  # fmt: skip
     latest = F.max(F.struct("ledger_seq", "party_id", "party_name"))
     out = both.groupBy("partner").agg(
@@ -456,7 +460,12 @@ class Storage:
         )  # fmt: skip
         if not has_files:
             return spark.createDataFrame([], schema(table))
-        return spark.read.schema(schema(table)).option("basePath", path).parquet(path)
+        df = spark.read.schema(schema(table)).option("basePath", path).parquet(path)
+        if table in FACT_TABLES:  # files written before the direction column hold inbound documents only
+            from pyspark.sql import functions as F
+
+            df = df.withColumn("direction", F.coalesce(F.col("direction"), F.lit("inbound")))
+        return df
 
 
 def partition_name(day: _dt.date | str) -> str:

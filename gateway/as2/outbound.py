@@ -36,6 +36,8 @@ from gateway.as2.errors import As2Error, As2MdnError
 from gateway.as2.mime import MimeLimits
 from gateway.as2.store import As2Store
 from gateway.as2.unwrap import mic_value
+from gateway.delivery.addresses import AddressPolicy, parse_policy
+from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.transport import AttemptResult, OutboundRequest
 from gateway.marked import MarkedDict, Where, expect_bool, expect_choice, expect_str
 
@@ -67,6 +69,8 @@ _ENDPOINT_KEYS = {
     "mdn",
     "signed_mdn",
     "mdn_url",
+    "allow_addresses",
+    "deny_addresses",
 }
 _MAX_MDN_BYTES = 256 * 1024
 
@@ -88,6 +92,9 @@ class As2Endpoint:
     mdn: str = "sync"  # sync | async | none
     signed_mdn: bool = True
     mdn_url: str | None = None
+    #: where a message may go: the endpoint's ``allow_addresses`` / ``deny_addresses`` under the gateway's
+    #: ``delivery`` lists; private, loopback and reserved addresses only when allowed (as for HTTPS endpoints)
+    addresses: AddressPolicy = AddressPolicy()
 
 
 def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
@@ -141,6 +148,7 @@ def parse_endpoint(mapping: MarkedDict, where: Where, what: str) -> As2Endpoint:
         digest=digest,
         mdn=mdn,
         mdn_url=mdn_url,
+        addresses=parse_policy(mapping, f"{what} "),
         **flags,
     )
 
@@ -297,6 +305,12 @@ async def send_message(
     store: As2Store | None = None,
 ) -> AttemptResult:
     """Send one AS2 message for *request* and judge its MDN (see the module docstring)."""
+    try:  # the address first: a blocked one is never sent to, nor recorded as sent
+        target, host, extensions = await asyncio.wait_for(endpoint.addresses.pin(endpoint.url), request.timeout)
+    except BlockedAddressError as exc:
+        return AttemptResult("failed", None, exc.detail)
+    except (TimeoutError, OSError) as exc:
+        return AttemptResult("retry", None, f"{endpoint.url} does not resolve: {type(exc).__name__}")
     message_id = message_id_for(request.delivery_id, ours.id)
     built = await asyncio.to_thread(build_message, endpoint, ours, request.body, request.content_type, message_id)
     if store is not None:
@@ -317,7 +331,13 @@ async def send_message(
     try:
         try:
             response = await asyncio.wait_for(
-                client.post(endpoint.url, content=built.body, headers=built.headers, timeout=request.timeout),
+                client.post(
+                    target,
+                    content=built.body,
+                    headers={**built.headers, "host": host},
+                    timeout=request.timeout,
+                    extensions=extensions,
+                ),
                 request.timeout,
             )
         except (TimeoutError, httpx.HTTPError, OSError) as exc:

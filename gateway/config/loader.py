@@ -8,7 +8,7 @@ XPath that does not compile, two routes that shadow each other) points at ``file
 mapping are an error (plain PyYAML silently keeps the last one).
 
 The sections, all optional: ``store``, ``server``, ``limits``, ``namespaces``, ``schemas``, ``partners``,
-``routes``, ``rules``, ``exchange``, ``workers``, ``etl``, ``stomp``, ``ledger``, ``operators``, ``admin``
+``routes``, ``rules``, ``exchange``, ``workers``, ``etl``, ``stomp``, ``ledger``, ``delivery``, ``operators``, ``admin``
 and ``logging`` (docs/configuration.md documents every key; tests/docs/test_configuration_reference.py
 reads the keys from the ``check_keys`` calls and fails on one it does not find there). Parsing checks shapes and types, and the
 ``store.options``, ``stomp:`` and ``etl:`` values whole (by ``Broker.check_options`` and
@@ -93,6 +93,7 @@ _KNOWN_SECTIONS = {
     "admin",
     "logging",  # gateway.config.operations
     "as2",  # gateway.as2.config
+    "delivery",  # gateway.delivery.config
 }
 
 
@@ -180,6 +181,9 @@ class Settings:
     trust: Any = DEFAULT_TRUST
     #: ``as2:`` (gateway.as2.config.As2Settings): our AS2 id, key and certificate; None: no AS2
     as2: Any = None
+    #: ``delivery.allow_addresses`` and ``deny_addresses`` (gateway.delivery.addresses.AddressPolicy): every
+    #: endpoint's connections are held to them
+    delivery_addresses: Any = None
     where: Where = NOWHERE
     #: the mapping these settings were built from: what rebuilds them in a worker process
     source: Any = field(default=None, repr=False, compare=False)
@@ -398,6 +402,12 @@ def settings_from_mapping(data: Any, *, config_path: Path | None = None, base_di
         from gateway.as2.config import parse_as2_section
 
         s.as2 = parse_as2_section(expect_mapping(root.get("as2"), root.at("as2"), "as2"))
+    if root.get("delivery") is not None:
+        from gateway.delivery.config import parse_delivery_section
+
+        s.delivery_addresses = parse_delivery_section(
+            expect_mapping(root.get("delivery"), root.at("delivery"), "delivery")
+        )
     from gateway.config.operations import apply_sections  # operators:, admin:, logging:
 
     apply_sections(s, root)

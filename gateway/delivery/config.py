@@ -8,9 +8,10 @@ needs no change here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gateway.delivery.addresses import AddressPolicy, parse_policy
 from gateway.delivery.transport import known_kinds, transport_kind
 from gateway.errors import clip
 from gateway.marked import (
@@ -22,7 +23,15 @@ from gateway.marked import (
     parse_duration,
 )
 
-__all__ = ["COMMON_KEYS", "Backoff", "Breaker", "EndpointConfig", "PartnerDelivery", "parse_partner_delivery"]
+__all__ = [
+    "COMMON_KEYS",
+    "Backoff",
+    "Breaker",
+    "EndpointConfig",
+    "PartnerDelivery",
+    "parse_delivery_section",
+    "parse_partner_delivery",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -89,8 +98,11 @@ class PartnerDelivery:
 NO_DELIVERY = PartnerDelivery()
 
 
-def parse_partner_delivery(entry: MarkedDict, partner_id: str) -> PartnerDelivery:
-    """Read a partner's ``endpoints:`` and ``notify:`` (ConfigError with file and line)."""
+def parse_partner_delivery(
+    entry: MarkedDict, partner_id: str, addresses: AddressPolicy | None = None
+) -> PartnerDelivery:
+    """Read a partner's ``endpoints:`` and ``notify:`` (ConfigError with file and line); *addresses* are the
+    gateway's ``delivery.allow_addresses`` and ``deny_addresses``, put under every endpoint's own."""
     if "endpoints" not in entry and "notify" not in entry:
         return NO_DELIVERY
     what = f"partner {partner_id!r}"
@@ -100,7 +112,9 @@ def parse_partner_delivery(entry: MarkedDict, partner_id: str) -> PartnerDeliver
         where = section.at(name)
         if not isinstance(name, str) or not _NAME.match(name):
             raise where.error(f"{what}: endpoint name {clip(str(name), 60)!r} must be 1-64 letters, digits, '-' or '_'")
-        endpoints[name] = _endpoint(partner_id, name, expect_mapping(body, where, f"{what} endpoint {name!r}"))
+        endpoints[name] = _endpoint(
+            partner_id, name, expect_mapping(body, where, f"{what} endpoint {name!r}"), addresses
+        )
     notify = expect_mapping(entry.get("notify"), entry.at("notify"), f"{what} notify")
     check_keys(notify, {"late_replies", "status", "statuses"}, f"{what} notify")
     late = _endpoint_name(notify, "late_replies", endpoints, what)
@@ -131,7 +145,7 @@ def _endpoint_name(notify: MarkedDict, key: str, endpoints: dict[str, EndpointCo
     return name
 
 
-def _endpoint(partner: str, name: str, body: MarkedDict) -> EndpointConfig:
+def _endpoint(partner: str, name: str, body: MarkedDict, addresses: AddressPolicy | None) -> EndpointConfig:
     what = f"partner {partner!r} endpoint {name!r}"
     kind_name = body.get("kind", "https")
     kind = transport_kind(kind_name) if isinstance(kind_name, str) else None
@@ -143,6 +157,8 @@ def _endpoint(partner: str, name: str, body: MarkedDict) -> EndpointConfig:
     own.where = body.where
     own.key_where = {k: body.at(k) for k in own}
     transport = kind.parse_endpoint(own, body.where, what)
+    if addresses is not None and isinstance(getattr(transport, "addresses", None), AddressPolicy):
+        transport = replace(transport, addresses=transport.addresses.within(addresses))
     concurrency = expect_int(
         body.get("concurrency", 1), body.at("concurrency"), f"{what} concurrency", minimum=1, maximum=256
     )
@@ -180,3 +196,9 @@ def _endpoint(partner: str, name: str, body: MarkedDict) -> EndpointConfig:
         parse_duration(breaker_map.get("cooldown", "30s"), breaker_map.at("cooldown"), f"{what} breaker.cooldown"),
     )
     return EndpointConfig(partner, name, kind.kind, transport, concurrency, rate, attempts, max_age, backoff, breaker)
+
+
+def parse_delivery_section(section: MarkedDict) -> AddressPolicy:
+    """The main configuration's ``delivery:`` section: the address lists every endpoint is held to."""
+    check_keys(section, {"allow_addresses", "deny_addresses"}, "delivery")
+    return parse_policy(section, "delivery.")

@@ -38,6 +38,8 @@ __all__ = ["DeliveryEngine"]
 log = logging.getLogger(__name__)
 #: how long a worker waits for a message before looking at the stop flag again (seconds)
 _POLL = 1.0
+#: deliveries a worker acknowledges in one transaction at most, while more are waiting
+_BATCH = 32
 
 
 @dataclass
@@ -107,6 +109,8 @@ class DeliveryEngine:
 
     async def _main(self) -> None:
         self._stopping = asyncio.Event()
+        if self.ledger is not None:
+            await asyncio.to_thread(lambda: self.ledger.has_events)  # looked up once, off the loop
         connection = self.broker.connect(client_id=None)
         connection.start()
         try:
@@ -143,31 +147,61 @@ class DeliveryEngine:
         assert self._stopping is not None
         session = connection.create_session(transacted=True)  # type: ignore[attr-defined]
         consumer = session.create_consumer(Queue(lane.config.queue), prefetch=1)
+        pending: list[tuple[str, Attempt, int]] = []
         try:
             while not self._stopping.is_set():
                 try:
-                    message = await consumer.receive_async(timeout=_POLL)
+                    # with deliveries to acknowledge, only what is waiting already: none, and they commit now
+                    message = await consumer.receive_async(timeout=0 if pending else _POLL)
                 except Exception:  # the store is away: wait and try again
                     log.exception("receiving from %s failed", lane.config.queue)
+                    self._give_back(session, pending, "the delivery engine failed")
                     await self._pause(5.0)
                     continue
                 if message is None:
+                    if pending:
+                        await self._settle(lane, session, pending)
                     continue
                 lane.in_flight += 1
                 try:
-                    await self._deliver(lane, session, message)
+                    await self._deliver(lane, session, message, pending)
+                    if len(pending) >= _BATCH:
+                        await self._settle(lane, session, pending)
                 except Exception:  # give it back; it will be delivered again
                     log.exception("delivery of %s failed in the engine", message.jms_message_id)
-                    session.rollback("the delivery engine failed")
+                    self._give_back(session, pending, "the delivery engine failed")
                     await self._pause(1.0)
                 finally:
                     lane.in_flight -= 1
+            if pending:
+                await self._settle(lane, session, pending)
         finally:
             try:
                 session.rollback("the delivery engine stopped")
             except Exception:
                 pass
             session.close()
+
+    async def _settle(self, lane: Lane, session: object, pending: list[tuple[str, Attempt, int]]) -> None:
+        """Acknowledge the deliveries the receiver took (*pending*) with their delivered attempts, in one
+        transaction: none is acknowledged before its answer and its timeline row are committed."""
+        fns = []
+        if self.ledger is not None:
+            fns.append(DeliveryLedger.record_delivered([(d, step) for d, step, _ in pending], self.ledger.has_events))
+        await session.commit_async(in_transaction=fns)  # type: ignore[attr-defined]
+        now = time.time()
+        for _, _, queued_at in pending:
+            self.metrics.delivered(lane.config, now - queued_at / 1000)
+        pending.clear()
+
+    @staticmethod
+    def _give_back(session: object, pending: list[tuple[str, Attempt, int]], reason: str) -> None:
+        """Roll back: the messages held come back to be delivered again (the same ``webhook-id``)."""
+        pending.clear()
+        try:
+            session.rollback(reason)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("rolling back a delivery session failed")
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep *seconds* unless the engine stops first; True when it stops."""
@@ -178,7 +212,11 @@ class DeliveryEngine:
         except TimeoutError:
             return False
 
-    async def _deliver(self, lane: Lane, session: object, message: object) -> None:
+    async def _deliver(
+        self, lane: Lane, session: object, message: object, pending: list[tuple[str, Attempt, int]]
+    ) -> None:
+        """Attempt *message* until it settles; a delivered one joins *pending* (acknowledged by
+        :meth:`_settle`), and whatever else happens to it first settles those before it."""
         config = lane.config
         delivery_id: str = message.jms_message_id  # type: ignore[attr-defined]
         body: bytes = message.get_body()  # type: ignore[attr-defined]
@@ -193,6 +231,8 @@ class DeliveryEngine:
         assert self._stopping is not None
         while True:
             if self._stopping.is_set():
+                if pending:
+                    await self._settle(lane, session, pending)
                 session.rollback("the delivery engine stopped")  # type: ignore[attr-defined]
                 return
             if made and time.time() >= deadline and not message.jms_redelivered:  # type: ignore[attr-defined]
@@ -205,6 +245,8 @@ class DeliveryEngine:
                     if made >= config.max_attempts
                     else f"older than max_age ({config.max_age:g} s)"
                 )
+                if pending:
+                    await self._settle(lane, session, pending)
                 await self._dead(lane, session, message, delivery_id, why, last)
                 return
             await lane.breaker.admit()
@@ -228,10 +270,10 @@ class DeliveryEngine:
                 made, now_ms(), config.name, last.outcome, last.status, last.detail, int(took * 1000), last.evidence
             )
             if last.outcome == "delivered":
-                fns = [DeliveryLedger.record_attempt(delivery_id, step, "delivered")] if self.ledger else []
-                await session.commit_async(in_transaction=fns)  # type: ignore[attr-defined]
-                self.metrics.delivered(config, time.time() - queued_at / 1000)
+                pending.append((delivery_id, step, queued_at))
                 return
+            if pending:  # not delivered (yet): what the receiver took is acknowledged before anything else
+                await self._settle(lane, session, pending)
             if last.outcome == "failed":
                 await self._dead(lane, session, message, delivery_id, f"permanent failure: {last.detail}", last, step)
                 return

@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from gateway.delivery.addresses import AddressPolicy, parse_networks
+from gateway.delivery.addresses import AddressPolicy, parse_policy
 from gateway.delivery.errors import BlockedAddressError
 from gateway.delivery.signing import parse_secret, signature_headers
 from gateway.delivery.transport import AttemptResult, OutboundRequest, register_transport
@@ -158,16 +158,6 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
         minimum=0,
         maximum=16 * 1024 * 1024,
     )
-    allow = parse_networks(
-        expect_list(body.get("allow_addresses"), body.at("allow_addresses"), f"{what} allow_addresses"),
-        body.at("allow_addresses"),
-        f"{what} allow_addresses",
-    )
-    deny = parse_networks(
-        expect_list(body.get("deny_addresses"), body.at("deny_addresses"), f"{what} deny_addresses"),
-        body.at("deny_addresses"),
-        f"{what} deny_addresses",
-    )
     cert, key = _path(body, "client_cert", what), _path(body, "client_key", what)
     if key and not cert:
         raise body.at("client_key").error(f"{what}: client_key needs client_cert")
@@ -182,7 +172,7 @@ def parse_https_endpoint(body: MarkedDict, where: Where, what: str) -> HttpsEndp
         secrets,
         redirects,
         max_body,
-        AddressPolicy(allow, deny),
+        parse_policy(body, f"{what} "),
     )
     try:
         _ssl_context(endpoint)
@@ -226,31 +216,46 @@ def classify(status: int) -> str:
 
 
 class HttpsTransport:
-    """One endpoint's client: a connection pool of its own, reused between attempts to the same address."""
+    """One endpoint's clients: one per attempt in progress, each with one connection kept alive between the
+    attempts it makes (a pool of one is never searched, and a free client is found by a list's pop)."""
 
     kind: ClassVar[str] = "https"
 
     def __init__(self, endpoint: HttpsEndpoint) -> None:
         self.endpoint = endpoint
-        self._client = httpx.AsyncClient(
-            verify=_ssl_context(endpoint),
+        self._context = _ssl_context(endpoint)
+        self._idle: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient] = []
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._idle:
+            return self._idle.pop()
+        client = httpx.AsyncClient(
+            verify=self._context,
             follow_redirects=False,
             trust_env=False,
-            timeout=httpx.Timeout(endpoint.timeout, connect=endpoint.connect_timeout),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            timeout=httpx.Timeout(self.endpoint.timeout, connect=self.endpoint.connect_timeout),
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
         )
+        self._clients.append(client)
+        return client
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        clients, self._clients, self._idle = self._clients, [], []
+        for client in clients:
+            await client.aclose()
 
     async def send(self, request: OutboundRequest) -> AttemptResult:
+        client = self._client()
         try:
             async with asyncio.timeout(request.timeout):
-                return await self._send(request)
+                return await self._send(client, request)
         except (TimeoutError, BlockedAddressError, httpx.HTTPError, OSError) as exc:
             return attempt_failure(exc, request.timeout)
+        finally:
+            self._idle.append(client)
 
-    async def _send(self, request: OutboundRequest) -> AttemptResult:
+    async def _send(self, client: httpx.AsyncClient, request: OutboundRequest) -> AttemptResult:
         url = self.endpoint.url
         headers = {
             "content-type": request.content_type,
@@ -259,7 +264,7 @@ class HttpsTransport:
             **signature_headers(self.endpoint.secrets, request.delivery_id, request.body),
         }
         for _hop in range(MAX_REDIRECTS + 1):
-            status, location, retry_after, text = await self._post(url, headers, request.body)
+            status, location, retry_after, text = await self._post(client, url, headers, request.body)
             if 300 <= status < 400 and location:
                 target = urljoin(url, location)
                 if self.endpoint.redirects == "same-origin" and _origin(target) == _origin(url):
@@ -276,10 +281,10 @@ class HttpsTransport:
             return AttemptResult(outcome, status, clip(detail, 300), honoured)  # type: ignore[arg-type]
         return AttemptResult("failed", None, f"more than {MAX_REDIRECTS} redirects")
 
-    async def _post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, str | None, float | None, str]:
-        return await post_checked(
-            self._client, url, headers, body, self.endpoint.addresses, self.endpoint.max_response_bytes
-        )
+    async def _post(
+        self, client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str | None, float | None, str]:
+        return await post_checked(client, url, headers, body, self.endpoint.addresses, self.endpoint.max_response_bytes)
 
 
 async def post_checked(
@@ -294,16 +299,9 @@ async def post_checked(
     TLS and ``Host``); returns the status, ``Location``, ``Retry-After`` and the start of the answer's body.
 
     Raises :class:`BlockedAddressError` before connecting to an address the policy refuses."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    default = 443 if parts.scheme == "https" else 80
-    port = parts.port or default
-    address = await addresses.resolve(host, port)
-    shown = f"[{address}]" if ":" in address else address
-    target = parts._replace(netloc=f"{shown}:{port}").geturl()
-    host_header = host if parts.port in (None, default) else f"{host}:{port}"
+    target, host_header, extensions = await addresses.pin(url)
     request = client.build_request(
-        "POST", target, content=body, headers={**headers, "host": host_header}, extensions={"sni_hostname": host}
+        "POST", target, content=body, headers={**headers, "host": host_header}, extensions=extensions
     )
     response = await client.send(request, stream=True)
     try:

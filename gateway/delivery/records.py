@@ -7,6 +7,7 @@ queued, and marked delivered if and only if its message was acknowledged.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from broker_core import sql
 from broker_core.clock import now_ms
 from gateway.delivery.tables import attempts, deliveries
+from ledger_contract.tables import events as ledger_events
 
 __all__ = ["Attempt", "DeliveryLedger", "DeliveryRow", "EndpointSummary", "now_ms", "upgrade_deliveries"]
 
@@ -90,7 +92,57 @@ class DeliveryLedger:
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
 
+    @functools.cached_property
+    def has_events(self) -> bool:
+        """Whether the ledger's event log is in this database (always, where a gateway serves)."""
+        return sa.inspect(self.engine).has_table(ledger_events.name)
+
     # ------------------------------------------------------------------ writes (inside a store transaction)
+
+    @staticmethod
+    def record_delivered(items: list[tuple[str, Attempt]], events: bool = False) -> Callable[[sa.Connection], None]:
+        """The delivered attempts of several deliveries (each its last: the row settles ``delivered``), in a
+        few statements; with *events*, each outbound document's ``delivered`` event in the ledger's event
+        log, where the warehouse load finds it, ordered like any other by the transaction that writes it."""
+
+        def run(conn: sa.Connection) -> None:
+            conn.execute(
+                attempts.insert(),
+                [
+                    {
+                        "message_id": message_id,
+                        "attempt": a.attempt,
+                        "at": a.at,
+                        "endpoint": a.endpoint,
+                        "outcome": a.outcome,
+                        "status": a.status,
+                        "detail": a.detail[:1000],
+                        "duration_ms": a.duration_ms,
+                        "evidence": a.evidence,
+                    }
+                    for message_id, a in items
+                ],
+            )
+            conn.execute(
+                deliveries.update()
+                .where(deliveries.c.message_id == sa.bindparam("m"))
+                .values(
+                    status="delivered",
+                    attempts=sa.bindparam("n"),
+                    updated_at=now_ms(),
+                    last_status=sa.bindparam("s"),
+                    last_detail=sa.bindparam("d"),
+                    failing_since=None,
+                ),
+                [{"m": message_id, "n": a.attempt, "s": a.status, "d": a.detail[:1000]} for message_id, a in items],
+            )
+            if events:
+                conn.execute(
+                    ledger_events.insert(),
+                    [{"message_id": message_id, "status": "delivered", "at": a.at} for message_id, a in items],
+                )
+
+        return run
 
     @staticmethod
     def insert(

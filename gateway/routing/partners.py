@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hashlib
 import math
 import os
@@ -55,6 +56,7 @@ from gateway.config.loader import (
     expect_mapping,
     expect_str,
 )
+from gateway.delivery.addresses import AddressPolicy
 from gateway.delivery.config import NO_DELIVERY, PartnerDelivery, parse_partner_delivery
 from gateway.errors import (
     AuthenticationBusyError,
@@ -266,10 +268,16 @@ class PartnerRegistry:
     def from_settings(cls, settings: Settings) -> PartnerRegistry:
         """Build the registry from the ``partners:`` section (and the partners file's ``defaults:``);
         ConfigError with file and line."""
-        return cls.from_mapping(settings.partners, getattr(settings, "partner_defaults", None))
+        return cls.from_mapping(
+            settings.partners,
+            getattr(settings, "partner_defaults", None),
+            getattr(settings, "delivery_addresses", None),
+        )
 
     @classmethod
-    def from_mapping(cls, section: MarkedDict, defaults: MarkedDict | None = None) -> PartnerRegistry:
+    def from_mapping(
+        cls, section: MarkedDict, defaults: MarkedDict | None = None, addresses: AddressPolicy | None = None
+    ) -> PartnerRegistry:
         base = DEFAULT_PARTNER_LIMITS
         if defaults:
             check_keys(defaults, {"limits"}, "defaults")
@@ -297,7 +305,9 @@ class PartnerRegistry:
                 else base
             )
             as2 = parse_partner_as2(partner_id, entry["as2"], entry.at("as2")) if "as2" in entry else None
-            delivery = with_mdn_endpoint(partner_id, parse_partner_delivery(entry, partner_id), as2, entry)
+            if as2 is not None and addresses is not None:  # asynchronous MDNs obey the gateway's lists too
+                as2 = dataclasses.replace(as2, async_mdn_addresses=as2.async_mdn_addresses.within(addresses))
+            delivery = with_mdn_endpoint(partner_id, parse_partner_delivery(entry, partner_id, addresses), as2, entry)
             partners[partner_id] = Partner(partner_id, name, enabled, limits, delivery, as2)
             key_list = expect_list(entry.get("keys"), entry.at("keys"), f"partner {partner_id!r} keys")
             for i, item in enumerate(key_list):

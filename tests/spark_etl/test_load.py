@@ -70,7 +70,8 @@ def test_warehouse_contents_row_by_row(spark, ledger, settings):
 
     orders = table(settings, "fact_order")
     assert orders == [{
-        "message_id": "m-order", "partner": "ACME", "order_id": "34", "buyer_id": "7300070011115",
+        "message_id": "m-order", "partner": "ACME", "direction": "inbound", "order_id": "34",
+        "buyer_id": "7300070011115",
         "buyer_name": "Johnssons byggvaror", "seller_id": "SellerPartyID123", "seller_name": "Moderna Produkter AB",
         "currency": "SEK", "line_count": 2, "line_extension_amount": D("6225"), "tax_amount": D("100"),
         "allowance_total_amount": D("100"), "charge_total_amount": D("100"), "payable_amount": D("6225"),
@@ -80,12 +81,14 @@ def test_warehouse_contents_row_by_row(spark, ledger, settings):
     }]  # fmt: skip
     lines = table(settings, "fact_order_line", sort=("message_id", "line_no"))
     assert lines == [
-        {"message_id": "m-order", "partner": "ACME", "order_id": "34", "source_doc_type": "Order", "line_no": 1,
+        {"message_id": "m-order", "partner": "ACME", "direction": "inbound", "order_id": "34",
+         "source_doc_type": "Order", "line_no": 1,
          "line_id": "1", "line_status": None, "item_id": "SItemNo001", "item_std_id": "1234567890123",
          "item_name": "Falu Rödfärg", "quantity": D("120"), "unit_code": "LTR", "price_amount": D("50"),
          "line_amount": D("6000"), "tax_amount": D("10"), "currency": "SEK", "ledger_seq": 2, "is_current": True,
          "superseded_by": None, "issue_date": "2010-01-20"},
-        {"message_id": "m-order", "partner": "ACME", "order_id": "34", "source_doc_type": "Order", "line_no": 2,
+        {"message_id": "m-order", "partner": "ACME", "direction": "inbound", "order_id": "34",
+         "source_doc_type": "Order", "line_no": 2,
          "line_id": "2", "line_status": None, "item_id": "SItemNo011", "item_std_id": "123452340123",
          "item_name": "Pensel 20 mm", "quantity": D("15"), "unit_code": "C62", "price_amount": D("15"),
          "line_amount": D("225"), "tax_amount": D("10"), "currency": "SEK", "ledger_seq": 2, "is_current": True,
@@ -94,10 +97,11 @@ def test_warehouse_contents_row_by_row(spark, ledger, settings):
     invoices = table(settings, "fact_invoice")
     assert len(invoices) == 1
     inv = invoices[0]
-    assert {k: inv[k] for k in ("message_id", "partner", "invoice_id", "type_code", "order_ref", "supplier_id",
-                                "supplier_name", "customer_id", "customer_name", "currency", "line_count",
-                                "issue_date")} == {
-        "message_id": "m-invoice", "partner": "SUPPLIER", "invoice_id": "TOSL108", "type_code": "380",
+    assert {k: inv[k] for k in ("message_id", "partner", "direction", "invoice_id", "type_code", "order_ref",
+                                "supplier_id", "supplier_name", "customer_id", "customer_name", "currency",
+                                "line_count", "issue_date")} == {
+        "message_id": "m-invoice", "partner": "SUPPLIER", "direction": "inbound", "invoice_id": "TOSL108",
+        "type_code": "380",
         "order_ref": "123", "supplier_id": "Supp123", "supplier_name": "Salescompany ltd.",
         "customer_id": "345KS5324", "customer_name": "Buyercompany ltd", "currency": "EUR", "line_count": 5,
         "issue_date": "2009-12-15"}  # fmt: skip

@@ -215,3 +215,18 @@ def test_which_urls_an_agreement_allows():
         "mailto:edi@p.example",
     ):
         assert allowed(url) is not None, url
+
+
+async def test_the_gateway_deny_list_wins_over_the_agreement(as2_env_factory, tmp_path, as2_pki, listener):
+    """``delivery.deny_addresses`` is the gateway's own: an address an agreement allows is still never
+    connected to when the gateway denies it."""
+    url, connected = listener
+    data = as2_data(tmp_path, as2_pki, async_mdn_urls=[url], async_mdn_allow_addresses=["127.0.0.1/32"])
+    data["delivery"] = {"deny_addresses": ["127.0.0.0/8"]}
+    async for env in as2_env_factory(data):
+        sent = await post_with_async_url(env, as2_pki, url)
+        record = await settled(env, sent["Message-ID"])
+        assert record.disposition == "processed" and len(env.ledger_rows()) == 1
+        assert record.mdn_delivery.startswith(f"not sent to {url}") and "delivery.deny_addresses" in record.mdn_delivery
+        assert DeliveryLedger(env.broker.engine).list(partner="globex") == []  # nothing queued
+    assert not connected()

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import hashlib
 import http.server
+import ipaddress
 import json
 import shutil
 import subprocess
@@ -205,9 +206,11 @@ def _endpoint(pki, url: str, **changes):
     from cryptography import x509
 
     from gateway.as2.outbound import As2Endpoint
+    from gateway.delivery.addresses import AddressPolicy
 
     cert = x509.load_pem_x509_certificate(pki.globex.cert.read_bytes())
-    return As2Endpoint(url, "GLOBEX-AS2", (cert,), cert, **changes)
+    loopback = AddressPolicy(allow=(ipaddress.ip_network("127.0.0.0/8"),))  # the partner runs on this machine
+    return As2Endpoint(url, "GLOBEX-AS2", (cert,), cert, addresses=loopback, **changes)
 
 
 def _ours(pki, key_of=None):

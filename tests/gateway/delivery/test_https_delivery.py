@@ -192,3 +192,13 @@ def test_in_order_with_one_worker(receiver, broker):
     run(broker, configs, [("main", d) for d in docs])
     bodies = [b for _, b, _ in receiver.requests["/flaky"]]
     assert bodies == [docs[0], *docs]  # the first retried in place; the rest after it, in order
+
+
+def test_a_backlog_is_delivered_once_each_and_acknowledged(receiver, broker):
+    configs = endpoints(receiver, {"main": "/ok"}, extra="    concurrency: 4\n")
+    docs = [f"<Doc><ID>{i}</ID></Doc>".encode() for i in range(120)]
+    rows = run(broker, configs, [("main", d) for d in docs])
+    assert all(r.status == "delivered" and [a.outcome for a in r.timeline] == ["delivered"] for r in rows)
+    received = [h["webhook-id"] for h, _, _ in receiver.requests["/ok"]]
+    assert sorted(received) == sorted(r.message_id for r in rows)  # each once: nothing sent twice
+    assert broker.stats(Queue(configs["main"].queue)).depth == 0  # every message acknowledged
