@@ -137,7 +137,6 @@ def _tombstone(row: Any) -> Tombstone:
         partner=m["partner"],
         idempotency_key=m["idempotency_key"],
         digest=m["digest"],
-        auth=m.get("auth"),
         received_at=m["received_at"],
         purged_at=m["purged_at"],
         batch_id=m["batch_id"],
