@@ -16,7 +16,7 @@ current facts. Locally the driver stages the window with Arrow
 Python Data Source (:mod:`~spark_etl.source`). Both give the same warehouse.
 
 OrderChanges and OrderCancellations apply to the order of the same key
-``(partner, order id)`` under the correction rule (:mod:`~spark_etl.warehouse`,
+``(partner, direction, order id)`` under the correction rule (:mod:`~spark_etl.warehouse`,
 stated in docs/data-guide.md): a key's rows depend only on the set of its
 documents, so a full rebuild equals the incremental history.
 """

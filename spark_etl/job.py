@@ -658,7 +658,7 @@ class _Job:
                 if live[t] is not None:
                     new_orders = new["fact_order"].select(*KEY)
                     keys.append(live[t].where(~in_win).select(*KEY).join(new_orders, KEY, "left_semi"))
-        repeated = (self.spark.createDataFrame(self.repeated_keys, "partner string, order_id string")
+        repeated = (self.spark.createDataFrame(self.repeated_keys, "partner string, direction string, order_id string")
                     if self.repeated_keys else None)  # fmt: skip
         if not keys:  # no Spark job: the repeated keys (counted with the control totals) are all there is
             return repeated, len(self.repeated_keys)

@@ -23,7 +23,7 @@ class WindowRead:
 
     new: Any  # the window's new fact rows per table (warehouse.fact_rows)
     summary: list[Any]  # the parse summary rows, for spark_etl.reconcile.control_totals
-    repeated_keys: list[tuple[str, str]]  # order keys sent more than once in the window
+    repeated_keys: list[tuple[str, str, str]]  # order keys sent more than once in the window
     quarantined: Callable[[], list[dict[str, Any]]]  # collects the quarantined documents (a Spark job)
 
 
@@ -63,12 +63,12 @@ def read_spark(
             docs.groupBy("doc_type", "outcome", "kind", PARTITION)
             .agg(F.count(F.lit(1)).alias("n"), F.sum("ctl_lines").alias("lines"),
                  F.sum("ctl_line_amount").alias("line_amount"), F.sum("ctl_payable_amount").alias("payable"))
-            .withColumns({"partner": none, "order_id": none})
+            .withColumns({"partner": none, "direction": none, "order_id": none})
         )  # fmt: skip
         repeated = (
             docs.where((F.col("outcome") == "ok") & (F.col("kind") == "order"))
-            .groupBy("partner", F.col("doc_id").alias("order_id")).count().where("count > 1")
-            .select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in summary.schema.fields[:-2]), *KEY)
+            .groupBy("partner", "direction", F.col("doc_id").alias("order_id")).count().where("count > 1")
+            .select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in summary.schema.fields[:-3]), *KEY)
         )  # fmt: skip
         rows = summary.unionByName(repeated).collect()
     finally:
@@ -86,7 +86,7 @@ def read_spark(
     return WindowRead(
         new=warehouse.fact_rows(docs),
         summary=[r for r in rows if r["n"] is not None],
-        repeated_keys=[(r["partner"], r["order_id"]) for r in rows if r["n"] is None],
+        repeated_keys=[(r["partner"], r["direction"], r["order_id"]) for r in rows if r["n"] is None],
         quarantined=quarantined,
     )
 

@@ -81,7 +81,7 @@ class Staged:
 
     path: str  # <staging>/new (a local directory)
     summary: list[dict[str, Any]]  # doc_type, outcome, kind, issue_date, n, lines, line_amount, payable
-    repeated_keys: list[tuple[str, str]]
+    repeated_keys: list[tuple[str, str, str]]
     quarantined: list[dict[str, Any]]
     rows: dict[str, int] = field(default_factory=dict)  # table -> rows staged
     dates: dict[str, list[str]] = field(default_factory=dict)  # table -> issue dates staged
@@ -207,11 +207,11 @@ def fact_tables(docs: pa.Table) -> dict[str, pa.Table]:
 # --------------------------------------------------------------------------- what the driver needs to know
 
 
-_SUMMARY_COLUMNS = ["message_id", "partner", "doc_type", "ledger_seq", "outcome", "reason", "kind", "doc_id",
+_SUMMARY_COLUMNS = ["message_id", "partner", "direction", "doc_type", "ledger_seq", "outcome", "reason", "kind", "doc_id",
                     PARTITION, "ctl_lines", "ctl_line_amount", "ctl_payable_amount"]  # fmt: skip
 
 
-def _summary(docs: pa.Table | None) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[dict[str, Any]]]:
+def _summary(docs: pa.Table | None) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]], list[dict[str, Any]]]:
     """(control totals per doc_type/outcome/kind/date, order keys sent more
     than once, quarantined documents): what the Spark path's summary query gives."""
     if docs is None or not docs.num_rows:
@@ -231,10 +231,17 @@ def _summary(docs: pa.Table | None) -> tuple[list[dict[str, Any]], list[tuple[st
         for r in g.to_pylist()
     ]  # fmt: skip
     is_order = pc.and_(pc.equal(docs["outcome"], "ok"), pc.equal(docs["kind"], "order"))
-    keys = docs.select(["partner", "doc_id"]).filter(is_order)
-    counted = keys.group_by(["partner", "doc_id"], use_threads=False).aggregate([("partner", "count")])
+    keys = docs.select(["partner", "direction", "doc_id"]).filter(is_order)
+    counted = keys.group_by(["partner", "direction", "doc_id"], use_threads=False).aggregate([("partner", "count")])
     repeated = counted.filter(pc.greater(counted["partner_count"], 1))
-    repeated_keys = list(zip(repeated["partner"].to_pylist(), repeated["doc_id"].to_pylist(), strict=False))
+    repeated_keys = list(
+        zip(
+            repeated["partner"].to_pylist(),
+            repeated["direction"].to_pylist(),
+            repeated["doc_id"].to_pylist(),
+            strict=True,
+        )
+    )
     q = docs.select(["message_id", "partner", "doc_type", "ledger_seq", "reason"])
     quarantined = q.filter(pc.equal(docs["outcome"], "quarantined")).to_pylist()
     return summary, repeated_keys, quarantined

@@ -48,7 +48,7 @@ __all__ = [
 
 PARTITION = "issue_date"
 AMOUNT = "decimal(18,6)"
-KEY = ["partner", "order_id"]
+KEY = ["partner", "direction", "order_id"]  # an order we sent and one we received never share a key
 
 _DDL = {
     "fact_order": f"""
@@ -216,7 +216,7 @@ def fact_rows(docs) -> dict[str, Any]:
 
 def derive_orders(orders, changes, lines, materialize: Any = None) -> tuple[Any, Any, Any]:
     """The correction rule, applied to ALL the rows of a set of order keys
-    ``(partner, order_id)`` (see the package docstring for the rule itself).
+    ``(partner, direction, order_id)`` (see the package docstring for the rule itself).
 
     It is a pure function of those rows, so whether they arrive in one run or
     several, in order or not, the result is the same. *materialize* (e.g.

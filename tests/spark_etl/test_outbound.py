@@ -115,3 +115,26 @@ def test_rows_written_before_the_column_read_as_inbound(spark, ledger, settings)
     assert stage._read(str(Path(settings["warehouse"], "fact_invoice")), ["message_id", "direction"]).to_pylist() == [
         {"message_id": "m-in", "direction": "inbound"}
     ]
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow-staging", "spark-data-source"])
+def test_an_order_sent_and_one_received_under_one_id_never_correct_each_other(spark, ledger, settings, receiver, arrow):
+    """The correction rule's key holds the direction: the partner's own order 7 and our order 7 to it are two
+    orders, each current; a second Order 7 from the partner replaces only the partner's."""
+    settings["arrow_staging"] = arrow
+    ledger.add("m-in-1", "Order", with_id(example(ORDER), "34", "7"), partner="RETAILER")
+    ledger.add("m-in-2", "Order", with_id(example(ORDER), "34", "7"), partner="RETAILER")
+    [sent] = deliver(ledger, receiver, [("Order", with_id(example(ORDER), "34", "7"))])
+
+    assert job.run(settings, ledger.url, spark=spark).status == "succeeded"
+    orders = {row["message_id"]: row for row in table(settings, "fact_order")}
+    assert {m: (row["direction"], row["partner"], row["order_id"]) for m, row in orders.items()} == {
+        "m-in-1": ("inbound", "RETAILER", "7"),
+        "m-in-2": ("inbound", "RETAILER", "7"),
+        sent: ("outbound", "RETAILER", "7"),
+    }
+    assert orders["m-in-1"]["status"] == "replaced" and orders["m-in-2"]["status"] != "replaced"
+    assert orders[sent]["status"] != "replaced"
+    current = {(r["message_id"], r["direction"]) for r in table(settings, "fact_order_line") if r["is_current"]}
+    assert ("m-in-1", "inbound") not in current
+    assert {"m-in-2", sent} <= {m for m, _ in current}
