@@ -8,13 +8,14 @@ from typing import Any
 
 import orjson
 
+from broker_core import XMLMessage
 from gateway.exchange.ids import iso_ms
 from gateway.ledger.records import NewDocument
 from gateway.routing.partners import Partner
 from gateway.routing.routes import Route
 from ledger_contract import facts as warehouse_facts
 
-__all__ = ["DOCUMENTS_PATH", "Outcome", "make_receipt", "new_document"]
+__all__ = ["DOCUMENTS_PATH", "Accepted", "Outcome", "make_receipt", "new_document"]
 
 #: Where a document's status lives (``DOCUMENTS_PATH + message_id``).
 DOCUMENTS_PATH = "/v1/documents/"
@@ -100,3 +101,41 @@ def new_document(
         digest=digest,
         auth=auth,
     )
+
+
+@dataclass(slots=True)
+class Accepted:
+    """A document through intake and rules, on its way to the store (one-way or request-reply): what its
+    receipt and ledger row are made of once the store has given its message an id."""
+
+    route: Route
+    partner: Partner
+    message: XMLMessage
+    correlation: str
+    key: str
+    doc_id: str | None
+    document: bytes
+    received_at: int
+    digest: str
+    facts: str | None = None
+    warnings: list[dict[str, Any]] | None = None
+    auth: str | None = None
+
+    def receipt(self, message_id: str) -> dict[str, Any]:
+        return make_receipt(self.route, message_id, self.correlation, self.doc_id, self.received_at, self.warnings)
+
+    def row(self, message_id: str, receipt: dict[str, Any]) -> NewDocument:
+        return new_document(
+            self.route,
+            self.partner,
+            message_id,
+            self.correlation,
+            self.key,
+            self.doc_id,
+            self.document,
+            self.received_at,
+            receipt,
+            self.digest,
+            self.facts,
+            self.auth,
+        )

@@ -18,12 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker_core import Message, Requestor, RequestTimeoutError, XMLMessage
+from broker_core import Message, Requestor, RequestTimeoutError
 from gateway.errors import BackendError, ReplyTimeoutError
-from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
+from gateway.exchange.receipts import DOCUMENTS_PATH, Accepted, Outcome
 from gateway.exchange.replies import ERROR_PROPERTY, PendingReplies, reply_parts
 from gateway.ledger.records import Ledger
-from gateway.routing.partners import Partner
 from gateway.routing.routes import Route
 
 if TYPE_CHECKING:
@@ -85,52 +84,22 @@ class RequestReply:
         for exchange in self._exchanges.values():
             exchange.requestor.close()
 
-    async def send(
-        self,
-        route: Route,
-        partner: Partner,
-        message: XMLMessage,
-        correlation: str,
-        key: str,
-        doc_id: str | None,
-        document: bytes,
-        received_at: int,
-        digest: str,
-        facts: str | None = None,
-        warnings: list[dict[str, Any]] | None = None,
-        auth: str | None = None,
-    ) -> Outcome:
+    async def send(self, accepted: Accepted) -> Outcome:
+        route, message, correlation = accepted.route, accepted.message, accepted.correlation
         exchange = self._exchanges[route.id]
         with exchange.lock:
             self._expire_late(exchange)
             if correlation in exchange.open:  # replies are matched by correlation id: keep it unique
                 correlation = f"{correlation}~{secrets.token_hex(4)}"
             exchange.open[correlation] = [message, None]
-        message.jms_correlation_id = correlation
+        accepted.correlation = message.jms_correlation_id = correlation
         ledger = self.ledger
         holder: dict[str, Any] = {}
 
         def record(conn: Any) -> None:
             message_id = message.jms_message_id
-            receipt = make_receipt(route, message_id, correlation, doc_id, received_at, warnings)
-            holder["receipt"] = receipt
-            ledger.insert(
-                conn,
-                new_document(
-                    route,
-                    partner,
-                    message_id,
-                    correlation,
-                    key,
-                    doc_id,
-                    document,
-                    received_at,
-                    receipt,
-                    digest,
-                    facts,
-                    auth,
-                ),
-            )
+            receipt = holder["receipt"] = accepted.receipt(message_id)
+            ledger.insert(conn, accepted.row(message_id, receipt))
 
         try:
             reply = await exchange.requestor.request_async(
@@ -143,7 +112,7 @@ class RequestReply:
             )
         except RequestTimeoutError:
             message_id = message.jms_message_id
-            self.idempotency.remember(key, message_id, digest)
+            self.idempotency.remember(accepted.key, message_id, accepted.digest)
             with exchange.lock:
                 entry = exchange.open.get(correlation)
                 if entry is not None:  # keep the id (not the message and its document) for a late reply
@@ -163,7 +132,7 @@ class RequestReply:
         with exchange.lock:
             exchange.open.pop(correlation, None)
         message_id = message.jms_message_id
-        self.idempotency.remember(key, message_id, digest)
+        self.idempotency.remember(accepted.key, message_id, accepted.digest)
         reply_bytes, reply_type, error = reply_parts(reply)
         self.replies.record(message_id, reply_bytes, reply_type, error, ("accepted", "delivered"))
         if error is not None:

@@ -39,7 +39,7 @@ from gateway.exchange.assemble import Assembly
 from gateway.exchange.idempotency import LEGACY_KEY_WINDOW, Idempotency
 from gateway.exchange.ids import iso_ms, uuid4_str
 from gateway.exchange.intake_workers import IntakeWorkers
-from gateway.exchange.receipts import DOCUMENTS_PATH, Outcome, make_receipt, new_document
+from gateway.exchange.receipts import DOCUMENTS_PATH, Accepted, Outcome
 from gateway.exchange.replies import PendingReplies
 from gateway.exchange.request_reply import RequestReply
 from gateway.exchange.stages import (
@@ -59,7 +59,6 @@ from gateway.intake.explainer import Explainer
 from gateway.intake.xmlsafe import parse_document
 from gateway.ledger.records import DuplicateDocumentError, Ledger, LedgerRecord, Tombstone, now_ms
 from gateway.routing.partners import Partner
-from gateway.routing.routes import Route
 from gateway.rules.rulesets import RulesRunner, violation, warnings_of
 
 # Gateway, and the names its callers have always imported from here (some live in the modules it is made of)
@@ -327,25 +326,13 @@ class Gateway:
         if route.rules:
             message.set_int_property("B2BRuleWarnings", warning_count)
 
+        accepted = Accepted(
+            route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings, auth
+        )
         try:
             if route.request_reply:
-                return await self.request_reply.send(
-                    route,
-                    partner,
-                    message,
-                    correlation,
-                    key,
-                    doc_id,
-                    document,
-                    received_at,
-                    digest,
-                    facts,
-                    warnings,
-                    auth,
-                )
-            return await self._one_way(
-                route, partner, message, correlation, key, doc_id, document, received_at, digest, facts, warnings, auth
-            )
+                return await self.request_reply.send(accepted)
+            return await self._one_way(accepted)
         except DuplicateDocumentError:  # accepted before (another process, or long ago), or a concurrent twin won
             existing = await asyncio.to_thread(self.ledger.find, key)
             if existing is None:  # purged by retention since: its tombstone holds the key
@@ -358,21 +345,8 @@ class Gateway:
             log.warning("store unavailable while accepting a document: %s", exc)
             raise StoreUnavailableError() from None
 
-    async def _one_way(
-        self,
-        route: Route,
-        partner: Partner,
-        message: XMLMessage,
-        correlation: str,
-        key: str,
-        doc_id: str | None,
-        document: bytes,
-        received_at: int,
-        digest: str,
-        facts: str | None = None,
-        warnings: list[dict[str, Any]] | None = None,
-        auth: str | None = None,
-    ) -> Outcome:
+    async def _one_way(self, accepted: Accepted) -> Outcome:
+        route, message, correlation = accepted.route, accepted.message, accepted.correlation
         message.jms_correlation_id = correlation
         session, producer = self._session()
         try:
@@ -384,25 +358,12 @@ class Gateway:
                 time_to_live=route.time_to_live_ms,
             )
             message_id = message.jms_message_id
-            receipt = make_receipt(route, message_id, correlation, doc_id, received_at, warnings)
-            record = new_document(
-                route,
-                partner,
-                message_id,
-                correlation,
-                key,
-                doc_id,
-                document,
-                received_at,
-                receipt,
-                digest,
-                facts,
-                auth,
-            )
+            receipt = accepted.receipt(message_id)
+            record = accepted.row(message_id, receipt)
             ledger = self.ledger
-            extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, document)]
+            extra = [] if route.deliver is None else [route_delivery(producer, route, message_id, accepted.document)]
             await session.commit_async(in_transaction=[lambda conn: ledger.insert(conn, record), *extra])
-            self.idempotency.remember(key, message_id, digest)
+            self.idempotency.remember(accepted.key, message_id, accepted.digest)
         except BaseException:
             try:
                 session.rollback()
