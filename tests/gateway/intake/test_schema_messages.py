@@ -107,8 +107,8 @@ def test_an_invalid_value_is_reported_in_plain_words(registry: SchemaRegistry, d
     _plain(error.message)
     assert name in error.message and xsd in error.message, error.message
     shown = re.sub(r"[ \t\r\n]+", " ", value).strip(" ")  # as XML collapses it
-    if shown:
-        assert shown[:10] in error.message, error.message
+    if shown:  # quoted as sent or as the schema's whitespace rule collapses it: the same words either way
+        assert shown[:10] in re.sub(r"[ \t\r\n]+", " ", error.message), error.message
     else:
         assert "is empty" in error.message, error.message
 
