@@ -592,6 +592,17 @@ def report_throughput(folder: Path, results: dict, cpu: dict[str, float]) -> Non
     )
 
 
+def finish_one_way(args: argparse.Namespace, folder: Path, results: dict, cpu: dict[str, float]) -> int:
+    """Phases 1-3's report alone (``--only-one-way``)."""
+    print()
+    report_throughput(folder, results, cpu)
+    print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
+    print(json.dumps({**results, "server_cpu_per_request_s": cpu}, default=float))
+    if not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
@@ -619,6 +630,7 @@ def main() -> int:
         "--responders", type=int, help="sessions of the sample order responder (default: as configured)"
     )
     parser.add_argument("--only-request-reply", action="store_true", help="run phase 4 only")
+    parser.add_argument("--only-one-way", action="store_true", help="run phases 1-3 only (no request-reply)")
     parser.add_argument(
         "--no-rules",
         action="store_true",
@@ -720,6 +732,8 @@ def main() -> int:
             results["validate_before"] = results["validate"]
             results["validate_after"] = validate_rate(min(args.seconds, 5.0))
             results["validate"] = (results["validate_before"] + results["validate_after"]) / 2
+        if args.only_one_way:
+            return finish_one_way(args, folder, results, cpu)
         print(f"4. request-reply, {args.clients} clients paced at {args.rate:g} requests/s ...", flush=True)
         before = server.cpu_seconds()
         phase_start = time.time()

@@ -34,6 +34,8 @@ from __future__ import annotations
 import lz4.frame
 import sqlalchemy as sa
 
+from broker_core.compression import lz4_frame
+
 __all__ = [
     "DELIVERED_STATUSES",
     "FINAL_STATUSES",
@@ -83,7 +85,7 @@ def pack_xml(data: bytes) -> bytes:
     eighth smaller so; and always when the bytes themselves begin like a frame (a malformed reply, say),
     so that :func:`unpack_xml` never mistakes one for the other."""
     if len(data) >= PACK_OVER or data.startswith(LZ4_MAGIC):
-        packed = lz4.frame.compress(data)
+        packed = lz4_frame(data)  # the message body's frame when the store has just made it
         if len(packed) <= len(data) - (len(data) >> 3) or data.startswith(LZ4_MAGIC):
             return packed
     return data

@@ -25,6 +25,7 @@ import lz4.frame
 from .._destinations import parse_destination
 from .._envelope import Byte, Envelope, Float, Int, Short
 from .._message import Char
+from ..compression import lz4_frame
 
 _TAG = "\u0000"
 _ESCAPED_TAG = "\\u0000"  # how json.dumps writes the tag
@@ -34,7 +35,7 @@ COMPRESSED = "+lz4"
 #: Bodies at least this long (encoded) are compressed by default: shorter ones share their page with
 #: other rows anyway.
 COMPRESS_OVER = 2048
-_compress = lz4.frame.compress
+_compress = lz4_frame
 _decompress = lz4.frame.decompress
 _TYPES = {code: cls for cls, code in _CODES.items()}
 
@@ -58,6 +59,11 @@ def _decode_value(value: Any) -> Any:
     return value
 
 
+#: ``json.dumps(..., separators=(",", ":"))`` makes an encoder per call: as costly as the encoding of a row's
+#: properties itself, in the store's writer thread
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def encode_properties(props: dict[str, Any]) -> str:
     if not props:
         return "{}"
@@ -68,8 +74,8 @@ def encode_properties(props: dict[str, Any]) -> str:
             plain = False
             break
     if plain:
-        return json.dumps(props, separators=(",", ":"))
-    return json.dumps({k: _encode_value(v) for k, v in props.items()}, separators=(",", ":"))
+        return _compact(props)
+    return _compact({k: _encode_value(v) for k, v in props.items()})
 
 
 def decode_properties(text: str) -> dict[str, Any]:
@@ -87,9 +93,9 @@ def encode_body(kind: str, body: Any) -> bytes | None:
     if kind == "text" or kind == "xml":
         return body.encode("utf-8")
     if kind == "map":
-        return json.dumps({k: _encode_value(v) for k, v in body.items()}, separators=(",", ":")).encode()
+        return _compact({k: _encode_value(v) for k, v in body.items()}).encode()
     if kind == "stream":
-        return json.dumps([_encode_value(v) for v in body], separators=(",", ":")).encode()
+        return _compact([_encode_value(v) for v in body]).encode()
     return body  # bytes, object: already bytes
 
 
