@@ -29,6 +29,7 @@ from sqlalchemy import exc as sa_exc
 
 from .._errors import StoreError, StoreUnavailableError
 from .._waiters import ThreadWaiter
+from ..compression import forget_frames
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +280,12 @@ class GroupCommitter:
                 return
 
     def _transaction(self, ops: list[_Op]) -> set[str]:
+        try:
+            return self._run_transaction(ops)
+        finally:
+            forget_frames()  # the bodies' frames made for this transaction (see broker_core.compression)
+
+    def _run_transaction(self, ops: list[_Op]) -> set[str]:
         conn = self._connection()
         batch = Batch(conn, next(self._numbers))
         asked = time.perf_counter()
