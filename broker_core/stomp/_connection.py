@@ -21,7 +21,10 @@ producer's) that go through the store are committed together, as one store
 write, once the read is handled, or earlier when another kind of frame, a
 ``receipt`` header or ``SEND_BATCH`` of them come; their order is kept. A
 RECEIPT is written only once every store write before it is committed (and,
-for a persistent message on a durable store, synced).
+for a persistent message on a durable store, synced); a SEND's RECEIPT is
+written when that happens, while the frames after it are read and handled,
+other frames' once it has happened, before the next frame. Receipts go out in
+the order they were asked for.
 
 Back-pressure: frames of one connection are handled in order and the socket
 is not read while a frame waits, so a producer faster than the store is
@@ -124,6 +127,7 @@ class StompConnection:
         self.inflight: collections.deque[asyncio.Future[None]] = collections.deque()
         self.inflight_items = 0  # messages and acknowledgements in the pipelined store writes
         self.sends: list[Any] = []  # SENDs of the current read not yet handed to the store (envelopes)
+        self.receipts: collections.deque[list[Any]] = collections.deque()  # [receipt-id, writes awaited]
         self._tokens = itertools.count(1)
         self.closed = False
         self._finished = False
@@ -218,20 +222,27 @@ class StompConnection:
             try:
                 await self.handle(frame)
             except ProtocolError as error:
-                self.error(error.message, error.detail, frame)
+                await self._error_after_receipts(error.message, error.detail, frame)
             except JMSError as error:
-                self.error(error_title(error), str(error), frame)
+                await self._error_after_receipts(error_title(error), str(error), frame)
             except (ConnectionError, OSError):
                 raise
             except Exception as error:
                 log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
-                self.error(
+                await self._error_after_receipts(
                     f"internal error: {error_title(error)}",
                     "the server failed processing this frame; see its log",
                     frame,
                 )
             if self.closed:
                 return
+
+    async def _error_after_receipts(self, message: str, detail: str, frame: Frame) -> None:
+        """The ERROR for *frame*, after the RECEIPTs asked for by the frames before it."""
+        if self.receipts and not self.closed:
+            await self.settle()
+            self._write_receipts(every=True)
+        self.error(message, detail, frame)
 
     def error(self, message: str, detail: str, frame: Frame | None = None) -> None:
         """Send an ERROR frame and close (after flushing it)."""
@@ -330,6 +341,36 @@ class StompConnection:
         self.inflight_items -= items
         if not future.cancelled() and future.exception() is not None:
             self.fail(future.exception())  # type: ignore[arg-type]
+
+    def _receipt_later(self, receipt: str) -> None:
+        """Write the RECEIPT of a SEND once every store write so far is done, without waiting for it:
+        a producer asking for a receipt now and then keeps its SENDs flowing. Receipts go out in order."""
+        self.flush_sends()
+        pending = [f for f in self.inflight if not f.done()]
+        entry = [receipt, len(pending)]
+        self.receipts.append(entry)
+        if not pending:
+            self._write_receipts()
+            return
+
+        def one_done(future: asyncio.Future[None]) -> None:
+            entry[1] -= 1  # a failed write closed the connection first (its callback came earlier): no RECEIPT
+            if entry[1] == 0:
+                self._write_receipts()
+
+        for future in pending:
+            future.add_done_callback(one_done)
+
+    def _write_receipts(self, every: bool = False) -> None:
+        """Write the receipts whose store writes are done, in order (*every*: all of them, once settled)."""
+        receipts = self.receipts
+        while receipts and (every or receipts[0][1] == 0):
+            receipt = receipts.popleft()[0]
+            if not self.closed:
+                try:
+                    self.send_frame("RECEIPT", {"receipt-id": receipt})
+                except (ConnectionError, OSError):
+                    pass
 
     async def settle(self) -> None:
         """Wait until every pipelined store write so far is done."""
@@ -441,7 +482,11 @@ class StompConnection:
         await handler(self, frame)
         receipt = frame.headers.get("receipt")
         if receipt is not None and not self.closed:
+            if command == "SEND" and len(self.receipts) < MAX_INFLIGHT:
+                self._receipt_later(receipt)  # the frames after it are read and handled meanwhile
+                return
             await self.settle()
+            self._write_receipts(every=True)
             self.send_frame("RECEIPT", {"receipt-id": receipt})
             await self.drain_if_needed()
         if command == "DISCONNECT":

@@ -120,6 +120,59 @@ def test_receipt_follows_the_durable_commit_of_every_send_before_it(sqlite_serve
     wire.receipt("bye")
 
 
+def test_receipts_come_in_order_while_the_stream_goes_on(sqlite_server):
+    store = sqlite_server.broker.store
+    committed = [0]  # persistent messages in completed commits
+    commit = store.commit
+
+    def recording(sends, acks, extra=(), callback=None, *, durable=True, finish_on=None):
+        def done(error):
+            if error is None:
+                committed[0] += len(sends)
+            callback(error)
+
+        return commit(sends, acks, extra, done if callback else None, durable=durable, finish_on=finish_on)
+
+    store.commit = recording
+    wire = Wire(sqlite_server.port)
+    wire.connect()
+    frames, asked = [], []
+    for i in range(400):
+        extra = {}
+        if i % 50 == 49:
+            extra = {"receipt": f"send-{i}"}
+            asked.append((f"send-{i}", i + 1))
+        frames.append(frame("SEND", b"x", destination="/queue/stream", persistent="true", **extra))
+        if i == 200:  # another kind of frame asking for a receipt, in the middle of the stream
+            frames.append(frame("SUBSCRIBE", destination="/queue/elsewhere", id="s", receipt="subscribed"))
+            asked.append(("subscribed", i + 1))
+    wire.write(*frames)
+    for rid, sent_before in asked:
+        got = wire.next()
+        assert got.command == "RECEIPT" and got.headers["receipt-id"] == rid, got
+        assert committed[0] >= sent_before
+    wire.write(frame("DISCONNECT", receipt="bye"))
+    wire.receipt("bye")
+
+
+def test_receipts_asked_before_a_refused_frame_come_before_its_error(sqlite_server):
+    wire = Wire(sqlite_server.port)
+    wire.connect()
+    wire.write(
+        *sends("/queue/refused", 0, 20, receipt="stored"),
+        frame("SEND", b"nowhere"),  # no destination
+    )
+    assert [wire.next().headers.get("receipt-id") for _ in range(20)] == ["stored"] * 20
+    error = wire.next()
+    assert error.command == "ERROR" and "destination" in error.headers["message"], error
+    again = Wire(sqlite_server.port)
+    again.connect()
+    again.write(frame("SUBSCRIBE", destination="/queue/refused", id="s"))
+    assert [int(m.headers["seq"]) for m in again.messages(20)] == list(range(20))
+    again.write(frame("DISCONNECT", receipt="bye"))
+    again.receipt("bye")
+
+
 def test_one_producers_messages_arrive_in_order(sqlite_server):
     consumer = Wire(sqlite_server.port)
     consumer.connect()
