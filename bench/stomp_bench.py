@@ -29,9 +29,18 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import stomp
+
+
+class Target(NamedTuple):
+    """A STOMP broker to drive: address and the login the clients use."""
+
+    host: str
+    port: int
+    login: str = "bench"
+    passcode: str = "bench"
 
 
 class Counter(stomp.ConnectionListener):
@@ -67,11 +76,11 @@ class Receipts(stomp.ConnectionListener):
                 raise TimeoutError(f"no receipt {rid}")
 
 
-def connect(port: int, listener: Any = None, **kw: Any) -> Any:
-    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0), **kw)
+def connect(target: Target, listener: Any = None, **kw: Any) -> Any:
+    conn = stomp.Connection12([(target.host, target.port)], heartbeats=(0, 0), **kw)
     if listener is not None:
         conn.set_listener("l", listener)
-    conn.connect("bench", "bench", wait=True)
+    conn.connect(target.login, target.passcode, wait=True)
     return conn
 
 
@@ -108,27 +117,37 @@ def start_server(url: str) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("the STOMP server did not start")
 
 
-def throughput(port: int, n: int, size: int, persistent: bool, queue: str) -> float:
+def throughput(target: Target, n: int, size: int, persistent: bool, queue: str, receipt_every: int = 0) -> float:
+    """Messages per second from the first SEND to the last MESSAGE; with ``receipt_every``, every such
+    SEND asks for a RECEIPT (not waited for: the stream goes on), as a producer that checks now and
+    then that what it sent is stored."""
     counter = Counter(n)
-    consumer = connect(port, counter)
+    consumer = connect(target, counter)
     consumer.subscribe(f"/queue/{queue}", id="c", ack="auto")
     sync = Receipts()
-    producer = connect(port, sync)
+    producer = connect(target, sync)
     body = b"x" * size
     headers = {"persistent": "true" if persistent else "false"}
     time.sleep(0.2)
     start = time.perf_counter()
-    for _ in range(n):
-        producer.send(f"/queue/{queue}", body, headers=headers)
+    last = None
+    for i in range(n):
+        if receipt_every and i % receipt_every == receipt_every - 1:
+            last = f"{queue}-{i}"
+            producer.send(f"/queue/{queue}", body, headers={**headers, "receipt": last})
+        else:
+            producer.send(f"/queue/{queue}", body, headers=headers)
     if not counter.done.wait(300):
         raise TimeoutError(f"received {counter.count} of {n}")
     elapsed = time.perf_counter() - start
+    if last is not None:
+        sync.wait(last)
     producer.disconnect()
     consumer.disconnect()
     return n / elapsed
 
 
-def request_reply(port: int, rounds: int) -> tuple[float, float]:
+def request_reply(target: Target, rounds: int, queue: str = "rr") -> tuple[float, float]:
     responder_conn: Any = None
 
     class Responder(stomp.ConnectionListener):
@@ -137,8 +156,8 @@ def request_reply(port: int, rounds: int) -> tuple[float, float]:
                 frame.headers["reply-to"], frame.body, headers={"correlation-id": frame.headers["message-id"]}
             )
 
-    responder_conn = connect(port, Responder())
-    responder_conn.subscribe("/queue/rr", id="r", ack="auto")
+    responder_conn = connect(target, Responder())
+    responder_conn.subscribe(f"/queue/{queue}", id="r", ack="auto")
 
     class Requester(stomp.ConnectionListener):
         def __init__(self) -> None:
@@ -148,14 +167,14 @@ def request_reply(port: int, rounds: int) -> tuple[float, float]:
             self.event.set()
 
     requester = Requester()
-    conn = connect(port, requester)
+    conn = connect(target, requester)
     conn.subscribe("/temp-queue/replies", id="t", ack="auto")
     time.sleep(0.2)
     times = []
     for i in range(rounds + 100):
         requester.event.clear()
         start = time.perf_counter()
-        conn.send("/queue/rr", "ping", headers={"reply-to": "/temp-queue/replies"})
+        conn.send(f"/queue/{queue}", "ping", headers={"reply-to": "/temp-queue/replies"})
         if not requester.event.wait(10):
             raise TimeoutError(f"no reply in round {i}")
         if i >= 100:  # warm-up rounds are not counted
@@ -166,22 +185,22 @@ def request_reply(port: int, rounds: int) -> tuple[float, float]:
     return times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000
 
 
-def selective(port: int, n: int, size: int) -> tuple[int, int, float]:
+def selective(target: Target, n: int, size: int, queue: str = "selective", wait: float = 120) -> tuple[int, int, float]:
     sync = Receipts()
-    producer = connect(port, sync)
+    producer = connect(target, sync)
     body = b"y" * size
     matches = 0
     for i in range(n):
         match = i % 10 == 0
         matches += match
-        producer.send("/queue/selective", body, headers={"kind": "wanted" if match else "other", "persistent": "true"})
-    producer.send("/queue/selective", b"", headers={"kind": "marker"}, receipt="filled")
+        producer.send(f"/queue/{queue}", body, headers={"kind": "wanted" if match else "other", "persistent": "true"})
+    producer.send(f"/queue/{queue}", b"", headers={"kind": "marker"}, receipt="filled")
     sync.wait("filled")
     counter = Counter(matches)
-    consumer = connect(port, counter)
+    consumer = connect(target, counter)
     start = time.perf_counter()
     consumer.subscribe(
-        "/queue/selective",
+        f"/queue/{queue}",
         id="s",
         ack="client-individual",
         headers={"selector": "kind = 'wanted'", "activemq.prefetchSize": "1000"},
@@ -193,7 +212,7 @@ def selective(port: int, n: int, size: int) -> tuple[int, int, float]:
             consumer.ack(frame.headers["ack"])
 
     consumer.set_listener("ack", Acker())
-    counter.done.wait(120)
+    counter.done.wait(wait)
     elapsed = time.perf_counter() - start
     got = counter.count
     consumer.disconnect()
@@ -210,18 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     workdir = tempfile.mkdtemp(prefix="stomp-bench-", dir="/tmp/stomp" if os.path.isdir("/tmp/stomp") else None)
     url = f"sqlite:///{workdir}/bench.db"
     proc, port = start_server(url)
+    target = Target("127.0.0.1", port)
     try:
         print(f"STOMP listener pid {proc.pid} on 127.0.0.1:{port}, store {url}; client stomp.py {stomp.__version__}")
-        rate = throughput(port, args.messages, args.size, False, "np")
+        rate = throughput(target, args.messages, args.size, False, "np")
         print(f"non-persistent: {args.messages} x {args.size} B end-to-end {rate:,.0f} msg/s  (ActiveMQ 5.17: ~14-15k)")
-        rate = throughput(port, args.messages, args.size, True, "p")
+        rate = throughput(target, args.messages, args.size, True, "p")
         print(f"persistent:     {args.messages} x {args.size} B end-to-end {rate:,.0f} msg/s  (ActiveMQ 5.17: ~6.3k)")
-        p50, p99 = request_reply(port, args.rounds)
+        p50, p99 = request_reply(target, args.rounds)
         print(
             f"request-reply via temp queue, {args.rounds} rounds: p50 {p50:.2f} ms, p99 {p99:.2f} ms  "
             f"(ActiveMQ 5.17: 0.4-0.5 / 1.5-4 ms)"
         )
-        got, matches, elapsed = selective(port, args.messages, args.size)
+        got, matches, elapsed = selective(target, args.messages, args.size)
         print(
             f"selective subscriber on a {args.messages}-deep queue, 10% match: {got} of {matches} in "
             f"{elapsed:.2f} s  (ActiveMQ 5.17: 58 of 1,560 in 60 s)"

@@ -26,10 +26,12 @@ def store_commit_async(
     in_transaction: Sequence[Callable[[Any], Any]] = (),
     *,
     durable: bool = True,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> asyncio.Future[None]:
     """Start a store commit and return a future of the running loop that
-    completes when it is durable."""
-    future, complete, post = loop_completion()
+    completes when it is durable. A caller that commits often passes the
+    running *loop* (looking it up costs a system call)."""
+    future, complete, post = loop_completion(loop)
     store.commit(sends, acks, in_transaction, complete, durable=durable, finish_on=post)
     return future
 

@@ -96,21 +96,23 @@ class _LoopBridge:
 _bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge] = weakref.WeakKeyDictionary()
 
 
-def _bridge() -> _LoopBridge:
-    loop = asyncio.get_running_loop()
+def _bridge(loop: asyncio.AbstractEventLoop | None = None) -> _LoopBridge:
+    if loop is None:
+        loop = asyncio.get_running_loop()  # asks the system for the process id, every time
     bridge = _bridges.get(loop)
     if bridge is None:
         bridge = _bridges[loop] = _LoopBridge(loop)
     return bridge
 
 
-def loop_completion() -> tuple[
-    asyncio.Future[None], Callable[[BaseException | None], None], Callable[[Callable[[], None]], None]
-]:
-    """A future of the running loop; ``complete(error)``, which completes it and is called on the loop;
-    and ``post(fn)``, which runs ``fn()`` on the loop from any thread: a store's completion handed over
-    whole, so that what follows the commit runs where its caller waits (see ``Store.commit``)."""
-    bridge = _bridge()
+def loop_completion(
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None], Callable[[Callable[[], None]], None]]:
+    """A future of the running loop (*loop*, if the caller knows it is the running one); ``complete(error)``,
+    which completes it and is called on the loop; and ``post(fn)``, which runs ``fn()`` on the loop from any
+    thread: a store's completion handed over whole, so that what follows the commit runs where its caller
+    waits (see ``Store.commit``)."""
+    bridge = _bridge(loop)
     future: asyncio.Future[None] = bridge.loop.create_future()
 
     def complete(error: BaseException | None) -> None:

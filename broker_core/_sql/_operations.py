@@ -216,7 +216,7 @@ class _Operations:
                 many=True,
             )
 
-    _RECENT_COUNT = 4096
+    _RECENT_COUNT = 16384
 
     _RECENT_BYTES = 32 << 20
 

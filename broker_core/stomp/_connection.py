@@ -16,9 +16,20 @@ connection's temporary destinations or destinations the user may send to.
 
 Bounds: see ``_limits`` (each has its own ERROR frame).
 
+Store writes: the SENDs that one read of the socket brings (a streaming
+producer's) that go through the store are committed together, as one store
+write, once the read is handled, or earlier when another kind of frame, a
+``receipt`` header or ``SEND_BATCH`` of them come; their order is kept. A
+RECEIPT is written only once every store write before it is committed (and,
+for a persistent message on a durable store, synced); a SEND's RECEIPT is
+written when that happens, while the frames after it are read and handled,
+other frames' once it has happened, before the next frame. Receipts go out in
+the order they were asked for.
+
 Back-pressure: frames of one connection are handled in order and the socket
 is not read while a frame waits, so a producer faster than the store is
-slowed by TCP (at most ``MAX_INFLIGHT`` store writes are pipelined); a
+slowed by TCP (at most ``MAX_INFLIGHT`` messages and acknowledgements are
+pipelined in store writes); a
 subscription delivers at most ``prefetch`` unacknowledged messages (client
 modes) and waits whenever the socket's send buffer is above its high-water
 mark, so a slow consumer does not make the server buffer without limit.
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import time
@@ -54,7 +66,8 @@ __all__ = ["StompConnection", "ProtocolError"]
 log = logging.getLogger(__name__)
 
 VERSIONS = ("1.2", "1.1", "1.0")
-MAX_INFLIGHT = 512  # pipelined store writes per connection before reading pauses
+MAX_INFLIGHT = 512  # messages and acknowledgements pipelined in store writes per connection before reading pauses
+SEND_BATCH = 64  # SENDs committed together at most
 WRITE_HIGH_WATER = 256 * 1024
 BUSY_SLICE = 0.005  # seconds a connection with data waiting handles frames before it lets others run
 MAX_CLIENT_IDS = 100000  # client ids remembered with their owner
@@ -112,6 +125,9 @@ class StompConnection:
         self.temps: dict[tuple[str, str], Destination] = {}
         self.aliases: dict[Destination, str] = {}
         self.inflight: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.inflight_items = 0  # messages and acknowledgements in the pipelined store writes
+        self.sends: list[Any] = []  # SENDs of the current read not yet handed to the store (envelopes)
+        self.receipts: collections.deque[list[Any]] = collections.deque()  # [receipt-id, writes awaited]
         self._tokens = itertools.count(1)
         self.closed = False
         self._finished = False
@@ -122,9 +138,8 @@ class StompConnection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self._connect_timer = asyncio.get_running_loop().call_later(
-            settings.limits.connect_timeout, self._connect_timed_out
-        )
+        self.loop = asyncio.get_running_loop()
+        self._connect_timer = self.loop.call_later(settings.limits.connect_timeout, self._connect_timed_out)
         try:
             self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         except Exception:
@@ -194,24 +209,40 @@ class StompConnection:
             except FrameError as error:
                 self.error("malformed frame", f"{error}\nThe connection is closed.")
                 return
-            for frame in frames:
-                try:
-                    await self.handle(frame)
-                except ProtocolError as error:
-                    self.error(error.message, error.detail, frame)
-                except JMSError as error:
-                    self.error(error_title(error), str(error), frame)
-                except (ConnectionError, OSError):
-                    raise
-                except Exception as error:
-                    log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
-                    self.error(
-                        f"internal error: {error_title(error)}",
-                        "the server failed processing this frame; see its log",
-                        frame,
-                    )
-                if self.closed:
-                    return
+            try:
+                await self._handle_read(frames)
+            finally:  # what was accepted goes to the store, whatever comes next
+                self.flush_sends()
+            if self.closed:
+                return
+
+    async def _handle_read(self, frames: list[Frame]) -> None:
+        """The frames of one read, in order (stops once the connection is closed)."""
+        for frame in frames:
+            try:
+                await self.handle(frame)
+            except ProtocolError as error:
+                await self._error_after_receipts(error.message, error.detail, frame)
+            except JMSError as error:
+                await self._error_after_receipts(error_title(error), str(error), frame)
+            except (ConnectionError, OSError):
+                raise
+            except Exception as error:
+                log.exception("STOMP %s frame from %s failed", frame.command, self.peer)
+                await self._error_after_receipts(
+                    f"internal error: {error_title(error)}",
+                    "the server failed processing this frame; see its log",
+                    frame,
+                )
+            if self.closed:
+                return
+
+    async def _error_after_receipts(self, message: str, detail: str, frame: Frame) -> None:
+        """The ERROR for *frame*, after the RECEIPTs asked for by the frames before it."""
+        if self.receipts and not self.closed:
+            await self.settle()
+            self._write_receipts(every=True)
+        self.error(message, detail, frame)
 
     def error(self, message: str, detail: str, frame: Frame | None = None) -> None:
         """Send an ERROR frame and close (after flushing it)."""
@@ -287,7 +318,14 @@ class StompConnection:
 
     # ------------------------------------------------------------ pipelined store writes
 
-    def track(self, future: asyncio.Future[None]) -> None:
+    def flush_sends(self) -> None:
+        """Hand the SENDs held so far to the store: one commit, in their order."""
+        sends = self.sends
+        if sends:
+            self.sends = []
+            self.track(_store_commit_async(self.store, sends, (), loop=self.loop), len(sends))
+
+    def track(self, future: asyncio.Future[None], items: int = 1) -> None:
         inflight = self.inflight
         while inflight and inflight[0].done():
             inflight.popleft()
@@ -295,15 +333,48 @@ class StompConnection:
             if future.exception() is not None:
                 self.fail(future.exception())  # type: ignore[arg-type]
             return
-        future.add_done_callback(self._settled)
+        self.inflight_items += items
+        future.add_done_callback(functools.partial(self._settled, items))
         inflight.append(future)
 
-    def _settled(self, future: asyncio.Future[None]) -> None:
+    def _settled(self, items: int, future: asyncio.Future[None]) -> None:
+        self.inflight_items -= items
         if not future.cancelled() and future.exception() is not None:
             self.fail(future.exception())  # type: ignore[arg-type]
 
+    def _receipt_later(self, receipt: str) -> None:
+        """Write the RECEIPT of a SEND once every store write so far is done, without waiting for it:
+        a producer asking for a receipt now and then keeps its SENDs flowing. Receipts go out in order."""
+        self.flush_sends()
+        pending = [f for f in self.inflight if not f.done()]
+        entry = [receipt, len(pending)]
+        self.receipts.append(entry)
+        if not pending:
+            self._write_receipts()
+            return
+
+        def one_done(future: asyncio.Future[None]) -> None:
+            entry[1] -= 1  # a failed write closed the connection first (its callback came earlier): no RECEIPT
+            if entry[1] == 0:
+                self._write_receipts()
+
+        for future in pending:
+            future.add_done_callback(one_done)
+
+    def _write_receipts(self, every: bool = False) -> None:
+        """Write the receipts whose store writes are done, in order (*every*: all of them, once settled)."""
+        receipts = self.receipts
+        while receipts and (every or receipts[0][1] == 0):
+            receipt = receipts.popleft()[0]
+            if not self.closed:
+                try:
+                    self.send_frame("RECEIPT", {"receipt-id": receipt})
+                except (ConnectionError, OSError):
+                    pass
+
     async def settle(self) -> None:
         """Wait until every pipelined store write so far is done."""
+        self.flush_sends()
         inflight = self.inflight
         if inflight:
             pending = [f for f in inflight if not f.done()]
@@ -315,8 +386,10 @@ class StompConnection:
         inflight = self.inflight
         while inflight and inflight[0].done():
             inflight.popleft()
-        if len(inflight) >= MAX_INFLIGHT:
+        while inflight and self.inflight_items >= MAX_INFLIGHT:
             await asyncio.wait([inflight[0]])
+            while inflight and inflight[0].done():
+                inflight.popleft()
 
     # ------------------------------------------------------------ destinations
 
@@ -396,6 +469,8 @@ class StompConnection:
                 raise ProtocolError("not connected", f"the first frame must be CONNECT (or STOMP), got {command}")
             await self._connect(frame)
             return
+        if command != "SEND":  # what follows the SENDs held sees them stored (an ACK, a COMMIT, ...)
+            self.flush_sends()
         handler = _HANDLERS.get(command)
         if handler is None:
             if command in ("CONNECT", "STOMP"):
@@ -407,7 +482,11 @@ class StompConnection:
         await handler(self, frame)
         receipt = frame.headers.get("receipt")
         if receipt is not None and not self.closed:
+            if command == "SEND" and len(self.receipts) < MAX_INFLIGHT:
+                self._receipt_later(receipt)  # the frames after it are read and handled meanwhile
+                return
             await self.settle()
+            self._write_receipts(every=True)
             self.send_frame("RECEIPT", {"receipt-id": receipt})
             await self.drain_if_needed()
         if command == "DISCONNECT":
@@ -567,7 +646,9 @@ class StompConnection:
             self.store.send(env)
         else:
             await self._throttle()
-            self.track(_store_commit_async(self.store, (env,), ()))
+            self.sends.append(env)  # committed with the other SENDs of this read (see flush_sends)
+            if len(self.sends) >= SEND_BATCH:
+                self.flush_sends()
 
     def _resolve_reply_to(self, text: str) -> Destination:
         return self.resolve(text, "reply-to")
@@ -729,7 +810,7 @@ class StompConnection:
             tx.acks.extend(deliveries)
         elif deliveries:
             await self._throttle()
-            self.track(_store_commit_async(self.store, (), deliveries))
+            self.track(_store_commit_async(self.store, (), deliveries, loop=self.loop), len(deliveries))
 
     async def on_nack(self, frame: Frame) -> None:
         if self.version == "1.0":
@@ -770,7 +851,7 @@ class StompConnection:
         try:
             if staged or tx.acks:
                 await self.settle()
-                await _store_commit_async(self.store, staged, tx.acks)
+                await _store_commit_async(self.store, staged, tx.acks, loop=self.loop)
             if tx.nacks:
                 await self.blocking(self.store.release, tx.nacks, "NACK from the STOMP client")
         finally:

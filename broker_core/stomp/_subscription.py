@@ -77,7 +77,12 @@ class StompSubscription:
                 chunks = []
                 now = now_ms()
                 while room > 0:
-                    delivery = reader.claim(now, auto)
+                    if not reader.claim_may_wait(now):
+                        delivery = reader.claim(now, auto)
+                    elif chunks:  # what is claimed goes out before a claim that waits for the store
+                        break
+                    else:  # the store's writer claims: the loop serves the other clients meanwhile
+                        delivery = await reader.claim_async(now, auto)
                     if delivery is None:
                         break
                     room -= 1
