@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import sys
 from collections.abc import Sequence
+
+from broker_core.collector import STOMP_YOUNG, settle_collector
 
 from .. import Broker
 from ._passcodes import hash_passcode, is_passcode_hash
@@ -92,14 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             selector_string_numbers=args.selector_string_numbers,
         )
         await server.start()
-        # The store, the modules and the listener built so far live as long as the process: out of the
-        # collector's sight, a full collection no longer walks them. Each message in flight allocates
-        # dozens of objects that live until its commit: with the default threshold (700) the young
-        # collections ran every few messages and promoted them, to be walked again by older ones (a
-        # quarter of the listener's CPU on a stream of persistent SENDs).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20000, 20, 20)
+        settle_collector(STOMP_YOUNG)  # see broker_core.collector
         print(f"STOMP listening on {server.host}:{server.port} ({args.url})", flush=True)
         await server.serve_forever()
 

@@ -317,6 +317,7 @@ def _child_args(args: argparse.Namespace, settings: Settings) -> list[str]:
 def cmd_stomp(args: argparse.Namespace) -> int:
     import asyncio
 
+    from broker_core.collector import STOMP_YOUNG, settle_collector
     from gateway.runtime.serving import open_broker, start_stomp, stomp_options
 
     if args.hash_passcode:
@@ -347,6 +348,7 @@ def cmd_stomp(args: argparse.Namespace) -> int:
             raise CommandError(
                 "the STOMP listener did not start (the reason is logged above); choose a free port with --port"
             )
+        settle_collector(STOMP_YOUNG)  # see broker_core.collector
         print(f"STOMP listener on {server.host}:{server.port} (store {shown_url(settings.store_url)})", flush=True)
         try:
             await asyncio.Event().wait()
