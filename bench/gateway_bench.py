@@ -16,7 +16,9 @@ are in flight per commit rather than by the server's work: 32 clients left a fif
 CPU idle, waiting for commits, and measured 20-25% fewer orders per second;
 4. request-reply round trips through the sample order responder (in-process worker) with
    100 concurrent clients: p50 / p99 latency, paced (each client sends, waits for its
-   reply, then thinks), and closed-loop (no think time) for the saturation figures. The paced
+   reply, then thinks), and closed-loop (no think time) for the saturation figures, with the
+   server's CPU per round trip (all its processes: serving, responder threads, rules workers;
+   the rules workers' share apart). The paced
    phase also lists the store commits the server logged as slower than 20 ms meanwhile (its
    ``slow_commit_warning``): one such commit, nearly always the disk's sync, holds up every
    round trip waiting on it, so a p99 over the goal says whether the disk was the cause.
@@ -752,6 +754,8 @@ def main() -> int:
         time.sleep(0.2)  # the log's last lines written
         results["rr_paced"]["slow_commits_ms"] = slow_commits(server.log, phase_start, time.time())
         print("   ... and closed-loop (no think time) ...", flush=True)
+        before = server.cpu_seconds()
+        helper_before = server.helper_cpu_seconds()
         results["rr_closed"] = asyncio.run(
             closed_loop(
                 f"{base}/v1/documents",
@@ -762,6 +766,9 @@ def main() -> int:
                 200,
             )
         )
+        trips = max(1, results["rr_closed"]["total"])
+        cpu["rr_closed"] = (server.cpu_seconds() - before) / trips
+        cpu["rr_closed_helpers"] = (server.helper_cpu_seconds() - helper_before) / trips
     finally:
         server.stop()
 
@@ -787,7 +794,9 @@ def main() -> int:
     )
     print(
         f"request-reply, {args.clients} clients closed-loop: {closed_rr['rate']:.0f} round trips/s, "
-        f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed"
+        f"p50 {closed_rr['p50_ms']:.1f} ms, p99 {closed_rr['p99_ms']:.1f} ms; {closed_rr['bad']:.0f} failed; "
+        f"server CPU {cpu['rr_closed'] * 1e3:.2f} ms per round trip, of which "
+        f"{cpu['rr_closed_helpers'] * 1e3:.2f} ms in helper processes (business rules)"
     )
     print(f"load average after: {os.getloadavg()[0]:.2f} (other processes share these {os.cpu_count()} CPUs)")
     print(json.dumps({**results, "server_cpu_per_request_s": cpu}, default=float))
