@@ -19,6 +19,12 @@ from gateway.http import protocol as http_protocol
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
+    if scope["path"] == "/chunks":  # a streamed answer: no length, three writes of its body
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"one,", b"two,", b"three"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/early":  # answers at once, never reads the body (like a 429)
         body = b'{"code":"too-many-concurrent-requests"}'
     else:
@@ -161,3 +167,26 @@ def test_the_event_loop_never_drains(port, monkeypatch):
     while not threads and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threads == {"b2bgw-http-drain"}
+
+
+def test_a_client_expecting_100_continue_gets_it_before_it_sends_the_body(port):
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.settimeout(10)
+        conn.sendall(b"POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        interim = conn.recv(65536)  # the server asks for the body when it reads it: nothing is sent yet
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n")
+        conn.sendall(b"hello")
+        conn.sendall(b"GET /chunks HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        answers = _read_all(conn)
+    first, _, rest = answers.partition(b"read 5")
+    assert first.startswith(b"HTTP/1.1 200 ") and b"content-length: 6" in first.lower()
+    assert rest.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_streamed_answer_arrives_whole_in_its_chunks(port):
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET /chunks HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        answer = _read_all(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert body == b"4\r\none,\r\n4\r\ntwo,\r\n5\r\nthree\r\n0\r\n\r\n"
