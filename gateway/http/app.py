@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from broker_core.collector import GATEWAY_YOUNG, settle_collector
+from broker_core.collector import settle_collector
 from gateway.config.loader import Settings
 from gateway.errors import (
     GatewayError,
@@ -444,7 +444,7 @@ def _lifespan(
         if served is not None:  # the partner changes made from the admin side, over the partners file
             api.partners.adopt(served)
         if freeze_gc:
-            settle_collector(GATEWAY_YOUNG)  # see broker_core.collector
+            settle_collector()  # see broker_core.collector
         await ops.started(api.runtime)
         if on_started is not None:
             on_started()
@@ -490,8 +490,7 @@ def create_app(
     collector's sight once it has started (``gc.freeze``), as ``b2bgw serve``
     does with the configuration before: every full collection would otherwise
     walk them again, a pause of tens of milliseconds in the middle of some
-    requests; and it raises the young generation's threshold
-    (:mod:`broker_core.collector`). *on_started* is called once everything has started (``b2bgw
+    requests (:mod:`broker_core.collector`). *on_started* is called once everything has started (``b2bgw
     serve --processes`` tells its supervisor so). The console, the admin API
     and ``/metrics`` come from :class:`gateway.admin.Operations`; with
     *admin_listener* (process 0's) the admin side's own listener starts when
