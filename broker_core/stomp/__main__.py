@@ -12,9 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from broker_core.collector import STOMP_YOUNG, settle_collector
-
 from .. import Broker
+from ..collector import STOMP_YOUNG, settle_collector
 from ._passcodes import hash_passcode, is_passcode_hash
 from ._server import DEFAULT_PORT, StompServer
 from ._users import StompUser

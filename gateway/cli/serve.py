@@ -71,10 +71,9 @@ def _freeze_startup_objects() -> None:
     """Move everything built so far (the compiled schemas, routes, partners: a few hundred thousand
     long-lived objects) out of the garbage collector's sight: a full collection would otherwise walk them
     all, a pause in the middle of some request, every so often."""
-    import gc
+    from broker_core.collector import settle_collector
 
-    gc.collect()
-    gc.freeze()
+    settle_collector()
 
 
 #: Seconds a thread may hold the interpreter lock while another waits for it (see :func:`_serve_one`).
