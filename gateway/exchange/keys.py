@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gateway.exchange.ids import uuid4_str
+from gateway.exchange.ids import uuid7_str
 from gateway.routing.routes import Route
 
 __all__ = ["idempotency_key"]
@@ -26,7 +26,7 @@ def idempotency_key(
         key = f"{partner_id}|key|{header}"
     elif values is not None:
         if not any(values):
-            return f"{partner_id}|unique|{uuid4_str()}"
+            return f"{partner_id}|unique|{uuid7_str()}"
         key = f"{partner_id}|{route.root}|xpath|" + "|".join(f"{len(v)}:{v}" for v in values)
     elif doc_id is not None:
         key = (
@@ -35,7 +35,7 @@ def idempotency_key(
             else f"{partner_id}|{route.root}|{doc_id}|party={party}"
         )
     else:
-        return f"{partner_id}|unique|{uuid4_str()}"
+        return f"{partner_id}|unique|{uuid7_str()}"
     if len(key) > 500:
         key = f"{partner_id}|sha256|{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
     return key

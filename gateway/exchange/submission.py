@@ -37,7 +37,7 @@ from gateway.delivery.notify import push_late_reply
 from gateway.errors import DocumentArchivedError, GatewayError, NotFoundError, StoreUnavailableError
 from gateway.exchange.assemble import Assembly
 from gateway.exchange.idempotency import LEGACY_KEY_WINDOW, Idempotency
-from gateway.exchange.ids import iso_ms, uuid4_str
+from gateway.exchange.ids import iso_ms, uuid7_str
 from gateway.exchange.intake_workers import IntakeWorkers
 from gateway.exchange.receipts import DOCUMENTS_PATH, Accepted, Outcome
 from gateway.exchange.replies import PendingReplies
@@ -313,7 +313,7 @@ class Gateway:
         properties, text, document, facts = intake.properties, intake.text, intake.document, intake.facts
         if intake.facts_deferred:
             self.facts_deferred += 1
-        correlation = correlation_id or uuid4_str()
+        correlation = correlation_id or uuid7_str()
 
         # the document's bytes are the text's encoding as received: the store need not encode it again
         message = XMLMessage(text, utf8=document if intake.text_is_document else None)

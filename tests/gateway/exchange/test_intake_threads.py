@@ -150,21 +150,42 @@ async def test_intake_threads_take_concurrent_documents(gw_env):
     assert sorted(row.doc_id for row in gw_env.ledger_rows()) == sorted(ids)
 
 
-def test_uuid4_str_is_a_random_version_4_uuid_in_every_thread():
+def test_uuid7_str_is_a_version_7_uuid_of_now_in_every_thread():
+    """RFC 9562, 5.7: version 7, the RFC's variant, the Unix time in milliseconds in the first 48 bits."""
+    import time
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.exchange.ids import uuid4_str
+    from gateway.exchange.ids import uuid7_str
 
     def many(_: int) -> list[str]:
-        return [uuid4_str() for _ in range(700)]  # more than one 4 KiB pool of random bytes
+        return [uuid7_str() for _ in range(700)]  # more than one 4 KiB pool of random bytes
 
+    before = time.time_ns() // 1_000_000
     with ThreadPoolExecutor(4) as pool:
         ids = [i for chunk in pool.map(many, range(4)) for i in chunk]
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == len(ids) == 2800
     for text in ids:
         parsed = uuid.UUID(text)
-        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == text and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after
+
+
+def test_uuid7_str_sorts_by_time_and_keeps_74_random_bits():
+    import time
+    import uuid
+
+    from gateway.exchange.ids import uuid7_str
+
+    earlier = uuid7_str()
+    time.sleep(0.002)
+    later = [uuid7_str() for _ in range(2000)]
+    assert all(earlier < text for text in later)  # the text sorts as the time does: the index grows at its end
+    random_parts = [uuid.UUID(text).int & ~(((1 << 48) - 1) << 80) & ~(0xF << 76) & ~(0x3 << 62) for text in later]
+    assert len(set(random_parts)) == len(later)
+    ones = sum(bin(part).count("1") for part in random_parts) / (74 * len(later))
+    assert 0.45 < ones < 0.55  # every random bit is used, none is a constant
 
 
 async def test_a_generated_correlation_id_is_a_uuid(gw_env):
@@ -173,7 +194,7 @@ async def test_a_generated_correlation_id_is_a_uuid(gw_env):
     response = await gw_env.client.post("/v1/documents", content=INVOICE, headers=GLOBEX)
     assert response.status_code == 202
     correlation = response.json()["correlation_id"]
-    assert uuid.UUID(correlation).version == 4 and response.headers["x-correlation-id"] == correlation
+    assert uuid.UUID(correlation).version == 7 and response.headers["x-correlation-id"] == correlation
 
 
 async def test_serve_freezes_what_the_start_up_made(make_assembly):
