@@ -15,6 +15,7 @@ from .._errors import StoreError
 from .._store import Delivery
 from .._waiters import loop_future
 from . import _codec
+from ._common import _body_size
 
 if TYPE_CHECKING:
     from ._reader import _SQLReader
@@ -49,23 +50,24 @@ class _Claims:
         result = self._write(lambda batch: self._op_claim(batch, box, limit, ids, now), durable=False)
         return self._claimed(box, ids, result)
 
-    async def _claim_rows_async(self, reader: _SQLReader, limit: int, now: int) -> int:
+    async def _claim_rows_async(self, reader: _SQLReader, limit: int, now: int) -> tuple[int, int]:
         """:meth:`_claim_rows` for an event loop: the writer's completion wakes it (no thread waits). The rows
         go to *reader* from the writer's thread, as a hand-over does (back to the box if it closed meanwhile),
-        so that a claim whose task is cancelled while it waits loses nothing. How many it got."""
+        so that a claim whose task is cancelled while it waits loses nothing. How many it got, and their
+        bodies' bytes."""
         future, settle = loop_future()
         if self._closed or self._writer is None:
             raise StoreError("the store is closed")
         box = reader._box
 
         def landed(result: Any, error: BaseException | None) -> None:
-            got = 0
+            got = (0, 0)
             if error is None:
                 try:
                     rows = self._claimed(box, None, result)
+                    got = (len(rows), sum(_body_size(d.envelope) for d in rows))
                     if rows:  # the task awaiting the claim is woken by its future, not by the reader
                         self._hand_over({reader: rows}, wake=False)
-                    got = len(rows)
                 except Exception as exc:  # the waiting task gets it
                     error = exc
             settle(got, error)
@@ -73,7 +75,7 @@ class _Claims:
         self._writer.submit(
             lambda batch: self._op_claim(batch, box, limit, None, now), callback=landed, durable=False, awaited=True
         )
-        return int(await future)
+        return await future
 
     def _claimed(self, box: str, ids: list[int] | None, result: Any) -> list[Delivery]:
         claimed, next_ready = result

@@ -13,6 +13,7 @@ from .._envelope import Envelope
 from .._errors import StoreError
 from .._store import Delivery, Reader
 from . import _codec
+from ._common import _body_size
 
 if TYPE_CHECKING:
     from ._store import SQLStore
@@ -23,13 +24,16 @@ log = logging.getLogger(__name__)
 
 #: How many candidates beyond its prefetch a selective consumer offers to one claim.
 _CLAIM_WINDOW = 15
+#: A consumer's claims grow (up to its prefetch) only while the bodies each one got came to less than half of
+#: this: a large prefetch on large messages must not hold thousands of documents in memory at once.
+CLAIM_BYTES = 8 << 20
 
 
 class _SQLReader(Reader):
     """A consumer's cursor over both tiers of one box.
 
-    Rows are claimed ``prefetch`` at a time (fewer while the box is quiet) and
-    handed out one by one. With a selector, new rows are scanned once each (by
+    Rows are claimed ``prefetch`` at a time (fewer while the box is quiet, or
+    while a claim's bodies come to :data:`CLAIM_BYTES`) and handed out one by one. With a selector, new rows are scanned once each (by
     id, which grows in commit order), matching ones kept as candidates, so a
     selective consumer never rescans a backlog it does not match.
     """
@@ -105,9 +109,9 @@ class _SQLReader(Reader):
                     return None
                 continue
             # the rows land in the buffer (or go back, if closed meanwhile) even if this task is cancelled
-            got = await self._store._claim_rows_async(self, batch, now)
+            got, size = await self._store._claim_rows_async(self, batch, now)
             with self._lock:
-                if not self._grown(got, version, batch):
+                if not self._grown(got, version, batch, size):
                     return None
 
     def _fill_selective_now(self, now: int) -> bool:
@@ -148,20 +152,24 @@ class _SQLReader(Reader):
 
     def _filled(self, rows: list[Delivery], version: int, batch: int) -> bool:
         """Keep what a claim of ``batch`` rows, asked at box ``version``, got. False if it got nothing."""
-        if self._grown(len(rows), version, batch):
+        if self._grown(len(rows), version, batch, sum(_body_size(d.envelope) for d in rows)):
             self._extend(rows)
             return True
         return False
 
-    def _grown(self, got: int, version: int, batch: int) -> bool:
-        """After a claim of ``batch`` rows asked at box ``version`` got ``got``: the next claim grows while
-        claims come back full. False if it got nothing."""
+    def _grown(self, got: int, version: int, batch: int, size: int) -> bool:
+        """After a claim of ``batch`` rows asked at box ``version`` got ``got`` rows of ``size`` bytes of
+        bodies: the next claim grows while claims come back full and small (:data:`CLAIM_BYTES`), and
+        shrinks to what fits in it. False if it got nothing."""
         if not got:
             self._empty_at = version
             self._batch = 1
             return False
         self._empty_at = None
-        self._batch = min(self.prefetch, batch * 2) if got == batch else max(1, got)
+        if size * 2 > CLAIM_BYTES:
+            self._batch = max(1, min(got, got * CLAIM_BYTES // size))
+        else:
+            self._batch = min(self.prefetch, batch * 2) if got == batch else max(1, got)
         return True
 
     def _extend(self, deliveries: list[Delivery]) -> None:

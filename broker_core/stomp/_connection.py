@@ -726,7 +726,13 @@ class StompConnection:
                     )
                 consumer = session.create_durable_subscriber(destination, durable_name, selector, no_local)
             else:
-                consumer = session.create_consumer(destination, selector, no_local)
+                # the subscription's prefetch is also the most the store claims for it at once (ActiveMQ's
+                # prefetch: messages dispatched ahead): the store's default (64) starves a consumer while
+                # producers keep its writer busy, each claim waiting behind their commits. A selective
+                # subscription claims its candidates in windows of its own.
+                consumer = session.create_consumer(
+                    destination, selector, no_local, prefetch=prefetch if selector is None else None
+                )
         except BaseException:
             session.close()
             raise
