@@ -8,6 +8,8 @@ from the other consumers of the queue.
 
 from __future__ import annotations
 
+import pytest
+
 from broker_core import Broker, Queue
 from broker_core._sql import _reader
 
@@ -41,30 +43,23 @@ def _left_over(broker: Broker, queue: Queue, first_takes: int, prefetch: int) ->
     return got
 
 
-def test_claims_stop_growing_once_their_bodies_fill_the_claim_budget(tmp_path, monkeypatch):
-    monkeypatch.setattr(_reader, "CLAIM_BYTES", 64 * 1024)  # 16 bodies of 4 KiB
-    queue = Queue("claims.large")
-    with Broker.open(f"sqlite:///{tmp_path / 'c.db'}", sweep_interval=0) as broker:
-        _backlog(broker, queue, 300, 4096)
-        got = _left_over(broker, queue, 40, prefetch=1000)
-    # the first consumer's claims went 1, 2, 4, 8, 16 and 16 (47 messages) for the 40 it received
-    assert got == 300 - 47
-
-
-def test_small_bodies_are_claimed_in_growing_batches(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("count", "size", "first_takes", "claimed"),
+    [
+        # small bodies: claims of 1, 2, 4, 8, 16 and 32 (63 messages) for the 40 the first consumer received
+        (300, 16, 40, 63),
+        # 4 KiB bodies against a 64 KiB budget: the claims stop growing at 16 (1, 2, 4, 8, 16, 16: 47)
+        (300, 4096, 40, 47),
+        # a body larger than the budget: one claim per message, nothing held ahead
+        (20, 200 * 1024, 5, 5),
+    ],
+    ids=["small", "budget", "huge"],
+)
+def test_a_consumers_claims_grow_while_their_bodies_stay_within_the_budget(
+    tmp_path, monkeypatch, count, size, first_takes, claimed
+):
     monkeypatch.setattr(_reader, "CLAIM_BYTES", 64 * 1024)
-    queue = Queue("claims.small")
+    queue = Queue("claims")
     with Broker.open(f"sqlite:///{tmp_path / 'c.db'}", sweep_interval=0) as broker:
-        _backlog(broker, queue, 300, 16)
-        got = _left_over(broker, queue, 40, prefetch=1000)
-    # 1, 2, 4, 8, 16 and 32 (63 messages) claimed for the 40 the first consumer received
-    assert got == 300 - 63
-
-
-def test_a_body_larger_than_the_budget_is_claimed_one_at_a_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(_reader, "CLAIM_BYTES", 64 * 1024)
-    queue = Queue("claims.huge")
-    with Broker.open(f"sqlite:///{tmp_path / 'c.db'}", sweep_interval=0) as broker:
-        _backlog(broker, queue, 20, 200 * 1024)
-        got = _left_over(broker, queue, 5, prefetch=1000)
-    assert got == 20 - 5  # one claim per message: the first consumer holds none ahead
+        _backlog(broker, queue, count, size)
+        assert _left_over(broker, queue, first_takes, prefetch=1000) == count - claimed
