@@ -33,9 +33,10 @@ class _SQLReader(Reader):
     """A consumer's cursor over both tiers of one box.
 
     Rows are claimed ``prefetch`` at a time (fewer while the box is quiet, or
-    while a claim's bodies come to :data:`CLAIM_BYTES`) and handed out one by one. With a selector, new rows are scanned once each (by
-    id, which grows in commit order), matching ones kept as candidates, so a
-    selective consumer never rescans a backlog it does not match.
+    while a claim's bodies come near :data:`CLAIM_BYTES`) and handed out one
+    by one. With a selector, new rows are scanned once each (by id, which
+    grows in commit order), matching ones kept as candidates, so a selective
+    consumer never rescans a backlog it does not match.
     """
 
     def __init__(self, store: SQLStore, box: str, selector: Any, memory: Reader, prefetch: int | None = None) -> None:
