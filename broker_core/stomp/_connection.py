@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 VERSIONS = ("1.2", "1.1", "1.0")
 MAX_INFLIGHT = 512  # messages and acknowledgements pipelined in store writes per connection before reading pauses
+CLAIM_MAX = 1000  # the most messages the store claims for one subscription at once, whatever its prefetch
 SEND_BATCH = 64  # SENDs committed together at most
 WRITE_HIGH_WATER = 256 * 1024
 BUSY_SLICE = 0.005  # seconds a connection with data waiting handles frames before it lets others run
@@ -727,11 +728,11 @@ class StompConnection:
                 consumer = session.create_durable_subscriber(destination, durable_name, selector, no_local)
             else:
                 # the subscription's prefetch is also the most the store claims for it at once (ActiveMQ's
-                # prefetch: messages dispatched ahead): the store's default (64) starves a consumer while
-                # producers keep its writer busy, each claim waiting behind their commits. A selective
-                # subscription claims its candidates in windows of its own.
+                # prefetch: messages dispatched ahead), up to CLAIM_MAX whatever a client asks: the store's
+                # default (64) starves a consumer while producers keep its writer busy, each claim waiting
+                # behind their commits. A selective subscription claims its candidates in windows of its own.
                 consumer = session.create_consumer(
-                    destination, selector, no_local, prefetch=prefetch if selector is None else None
+                    destination, selector, no_local, prefetch=min(prefetch, CLAIM_MAX) if selector is None else None
                 )
         except BaseException:
             session.close()
