@@ -21,6 +21,7 @@ non-persistent, ~6.3k msg/s persistent, request-reply p50 0.4-0.5 ms / p99
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import shutil
@@ -117,13 +118,58 @@ def start_server(url: str) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("the STOMP server did not start")
 
 
-def throughput(target: Target, n: int, size: int, persistent: bool, queue: str, receipt_every: int = 0) -> float:
+def throughput(
+    target: Target,
+    n: int,
+    size: int,
+    persistent: bool,
+    queue: str,
+    receipt_every: int = 0,
+    *,
+    split: bool = False,
+    child_cpu: list[float] | None = None,
+) -> float:
     """Messages per second from the first SEND to the last MESSAGE; with ``receipt_every``, every such
     SEND asks for a RECEIPT (not waited for: the stream goes on), as a producer that checks now and
-    then that what it sent is stored."""
+    then that what it sent is stored. ``split``: the consumer runs in a process of its own (the producer
+    stays in this one), so that the two clients do not share one interpreter lock; its processor seconds
+    are appended to ``child_cpu``."""
+    if split:
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        child = ctx.Process(target=_consume, args=(target, n, queue, results), daemon=True)
+        child.start()
+        try:
+            if results.get(timeout=60) != "ready":
+                raise RuntimeError("the consumer process did not subscribe")
+            started, finished, cpu = _produce(target, n, size, persistent, queue, receipt_every, results)
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+        if child_cpu is not None:
+            child_cpu.append(cpu)
+        return n / (finished - started)
     counter = Counter(n)
     consumer = connect(target, counter)
     consumer.subscribe(f"/queue/{queue}", id="c", ack="auto")
+    started, finished, _ = _produce(target, n, size, persistent, queue, receipt_every, None, counter)
+    consumer.disconnect()
+    return n / (finished - started)
+
+
+def _produce(
+    target: Target,
+    n: int,
+    size: int,
+    persistent: bool,
+    queue: str,
+    receipt_every: int,
+    results: Any,
+    counter: Counter | None = None,
+) -> tuple[float, float, float]:
+    """Send the stream; wait for its consumer (``counter`` here, or the consumer process's answer on
+    ``results``). Returns the start, the last MESSAGE's time and the consumer process's CPU seconds."""
     sync = Receipts()
     producer = connect(target, sync)
     body = b"x" * size
@@ -137,14 +183,37 @@ def throughput(target: Target, n: int, size: int, persistent: bool, queue: str, 
             producer.send(f"/queue/{queue}", body, headers={**headers, "receipt": last})
         else:
             producer.send(f"/queue/{queue}", body, headers=headers)
-    if not counter.done.wait(300):
-        raise TimeoutError(f"received {counter.count} of {n}")
-    elapsed = time.perf_counter() - start
+    finished, cpu = 0.0, 0.0
+    if counter is not None:
+        if not counter.done.wait(300):
+            raise TimeoutError(f"received {counter.count} of {n}")
+        finished = time.perf_counter()
+    else:
+        answer = results.get(timeout=300)
+        if not isinstance(answer, tuple):
+            raise TimeoutError(f"the consumer process: {answer}")
+        finished, cpu = answer
     if last is not None:
         sync.wait(last)
     producer.disconnect()
+    return start, finished, cpu
+
+
+def _consume(target: Target, n: int, queue: str, results: Any) -> None:
+    """The consumer process of a split :func:`throughput`: subscribes, says ready, then answers with the
+    time of the n-th MESSAGE (``time.perf_counter``: the system's monotonic clock, the same in every
+    process on Linux) and its own processor seconds."""
+    cpu = sum(os.times()[:2])
+    counter = Counter(n)
+    consumer = connect(target, counter)
+    consumer.subscribe(f"/queue/{queue}", id="c", ack="auto")
+    results.put("ready")
+    if not counter.done.wait(300):
+        results.put(f"received {counter.count} of {n}")
+        return
+    finished = time.perf_counter()
+    results.put((finished, sum(os.times()[:2]) - cpu))
     consumer.disconnect()
-    return n / elapsed
 
 
 def request_reply(target: Target, rounds: int, queue: str = "rr") -> tuple[float, float]:

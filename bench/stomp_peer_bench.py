@@ -2,7 +2,7 @@
 
     python bench/stomp_peer_bench.py --peer 127.0.0.1:61623 [--peer-login admin --peer-passcode admin]
         [--runs 3] [--messages 20000] [--size 2048] [--rounds 2000] [--selective-wait 60]
-        [--cases np,p,pr,rr,sel] [--peer-pid PID]
+        [--cases np,p,pr,rr,sel] [--peer-pid PID] [--split-client]
 
 Runs stomp_bench's workloads (non-persistent and persistent end-to-end
 throughput, request-reply through a temporary queue, a selective subscriber
@@ -19,8 +19,10 @@ selective case's unmatched messages are drained afterwards, so no round
 starts with another's leftovers. Prints each figure per broker (median,
 min-max), the median of the per-round ratios, the servers' CPU per message
 (b2bgw's, and the peer's with ``--peer-pid``), the clients' (this process,
-stomp.py), and the load average before and after.
-Nothing is installed or started for the peer.
+stomp.py), and the load average before and after. With ``--split-client``
+the throughput cases' consumer runs in a process of its own (its CPU counted
+with the clients'), so that it does not share the producer's interpreter
+lock. Nothing is installed or started for the peer.
 """
 
 from __future__ import annotations
@@ -122,12 +124,14 @@ class Side:
         before = cpu_seconds(self.pid)
         client_before = sum(os.times()[:2])
         count = args.messages
+        child: list[float] = []  # the consumer process's CPU seconds (--split-client)
+        split = {"split": args.split_client, "child_cpu": child}
         if case == "np":
-            figures = {"np": throughput(target, args.messages, args.size, False, f"np-{tag}")}
+            figures = {"np": throughput(target, args.messages, args.size, False, f"np-{tag}", **split)}
         elif case == "p":
-            figures = {"p": throughput(target, args.messages, args.size, True, f"p-{tag}")}
+            figures = {"p": throughput(target, args.messages, args.size, True, f"p-{tag}", **split)}
         elif case == "pr":
-            figures = {"pr": throughput(target, args.messages, args.size, True, f"pr-{tag}", 100)}
+            figures = {"pr": throughput(target, args.messages, args.size, True, f"pr-{tag}", 100, **split)}
         elif case == "rr":
             count = 2 * (args.rounds + 100)  # requests and replies, warm-up rounds included
             p50, p99 = request_reply(target, args.rounds, f"rr-{tag}")
@@ -138,7 +142,7 @@ class Side:
             figures = {"sel": got / elapsed}
             self.notes.append(f"selective round {tag}: {got} of {matches} in {elapsed:.2f} s")
         after = cpu_seconds(self.pid)
-        client = sum(os.times()[:2]) - client_before
+        client = sum(os.times()[:2]) - client_before + sum(child)
         if case == "sel":
             drain(target, f"sel-{tag}")
         if not record:
@@ -201,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2000, help="request-reply rounds")
     parser.add_argument("--selective-wait", type=float, default=60, help="seconds the selective subscriber waits")
     parser.add_argument("--cases", default=",".join(CASES), help="some of " + ",".join(CASES))
+    parser.add_argument(
+        "--split-client",
+        action="store_true",
+        help="throughput cases (np, p, pr): the consumer in a process of its own, the producer in this one",
+    )
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             f"b2bgw: pid {proc.pid} on 127.0.0.1:{our_port}, store {url}; {args.peer_name}: {args.peer}"
             f"{f' pid {args.peer_pid}' if args.peer_pid else ''}; client stomp.py {stomp.__version__}; "
             f"{args.messages} x {args.size} B, {args.rounds} request-reply rounds; cases {','.join(cases)}"
+            f"{'; consumer and producer in two processes' if args.split_client else ''}"
         )
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for number in range(args.runs + 1):
