@@ -133,6 +133,26 @@ def frames(draw):
     return Frame(command, headers, body)
 
 
+# STOMP 1.2, "Value Encoding": carriage return, line feed, colon and backslash are written \r, \n, \c and
+# \\; STOMP 1.1 has the same escapes except \r; every other character is itself.
+SPEC_ESCAPES = {
+    "1.2": {"\r": "\\r", "\n": "\\n", ":": "\\c", "\\": "\\\\"},
+    "1.1": {"\n": "\\n", ":": "\\c", "\\": "\\\\"},
+}
+
+
+@settings(max_examples=400)
+@given(
+    st.text(st.sampled_from("ab:\\\n\rc\u00e9\u2603") | st.characters(blacklist_categories=("Cs",))),
+    st.sampled_from(["1.1", "1.2"]),
+)
+def test_escape_is_the_specification_s_character_by_character(value, version):
+    table = SPEC_ESCAPES[version]
+    expected = "".join(table.get(char, char) for char in value)
+    assert escape(value, version) == expected
+    assert unescape(expected, version) == value
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=400), st.sampled_from(["1.0", "1.1", "1.2"]))
 def test_fuzz_arbitrary_bytes_only_raise_frame_error(data, version):
